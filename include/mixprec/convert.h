@@ -1,0 +1,40 @@
+// Scalar and bulk conversions between f32 and the 16-bit floats (bf16, f16), plus any-to-any.
+// Round-to-nearest-even, NaN stays NaN (quiet), overflow goes to inf, f16 subnormals kept.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "mixprec/dtype.h"
+
+namespace mixprec {
+
+// 16-bit storage types. Plain bit containers: arithmetic goes through float.
+struct bf16_t { uint16_t bits; };
+struct f16_t { uint16_t bits; };
+
+inline float bits_to_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t f32_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+// ---- scalar conversions (the reference: bulk conversions must agree bit for bit) ----
+inline float bf16_to_f32(uint16_t h) { return bits_to_f32(uint32_t(h) << 16); }
+uint16_t f32_to_bf16(float f);   // RNE; NaN -> quiet NaN with sign kept
+float f16_to_f32(uint16_t h);    // exact, subnormals included
+uint16_t f32_to_f16(float f);    // RNE; |f| >= 65520 -> inf; subnormals down to 2^-24; NaN kept
+
+inline float to_f32(bf16_t v) { return bf16_to_f32(v.bits); }
+inline float to_f32(f16_t v) { return f16_to_f32(v.bits); }
+
+// ---- bulk conversions: vectorised (AVX512-BF16 / AVX512-FP16 / F16C) when the CPU has it ----
+void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n);
+void convert_bf16_to_f32(const uint16_t* src, float* dst, size_t n);
+void convert_f32_to_f16(const float* src, uint16_t* dst, size_t n);
+void convert_f16_to_f32(const uint16_t* src, float* dst, size_t n);
+
+// Any dtype to any dtype over n contiguous elements (float->int truncates toward zero).
+void convert(const void* src, DType src_t, void* dst, DType dst_t, size_t n);
+
+// Force the scalar path for bulk conversions (tests compare the two); returns the old value.
+bool set_scalar_conversions_only(bool on);
+
+}  // namespace mixprec
