@@ -1,0 +1,162 @@
+// The counting, caching, budgeted allocator behind every tensor.
+#include "mixprec/allocator.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "mixprec/error.h"
+
+namespace mixprec {
+namespace {
+
+constexpr size_t kAlign = 64;                  // one cache line; AVX-512 loads are aligned
+constexpr size_t kCacheMinBytes = 1 << 16;     // blocks this large are kept for reuse
+constexpr int64_t kCacheMaxBytes = int64_t(1) << 31;  // cap on idle cached bytes
+
+size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+struct State {
+  std::mutex mu;
+  MemoryStats s;
+  std::multimap<size_t, void*> free_blocks;  // rounded size -> block
+
+  void release_cache_locked() {
+    for (auto& [bytes, p] : free_blocks) std::free(p);
+    free_blocks.clear();
+    s.cached_bytes = 0;
+  }
+  void note_alloc(size_t bytes, MemCategory cat) {
+    auto i = static_cast<size_t>(cat);
+    s.live_bytes[i] += int64_t(bytes);
+    s.live_total += int64_t(bytes);
+    if (s.live_bytes[i] > s.peak_bytes[i]) s.peak_bytes[i] = s.live_bytes[i];
+    if (s.live_total > s.peak_total) {
+      s.peak_total = s.live_total;
+      s.at_peak_bytes = s.live_bytes;
+    }
+  }
+};
+
+State& state() {
+  static State* st = new State();  // never destroyed: tensors may outlive static destruction
+  return *st;
+}
+
+thread_local MemCategory tl_category = MemCategory::activations;
+
+}  // namespace
+
+std::string_view mem_category_name(MemCategory c) {
+  switch (c) {
+    case MemCategory::parameters: return "parameters";
+    case MemCategory::gradients: return "gradients";
+    case MemCategory::optimizer_state: return "optimizer_state";
+    case MemCategory::activations: return "activations";
+    case MemCategory::temporaries: return "temporaries";
+    case MemCategory::workspace: return "workspace";
+    case MemCategory::data: return "data";
+    case MemCategory::other: return "other";
+    case MemCategory::count_: break;
+  }
+  return "?";
+}
+
+MemCategory current_mem_category() { return tl_category; }
+MemoryScope::MemoryScope(MemCategory c) : prev_(tl_category) { tl_category = c; }
+MemoryScope::~MemoryScope() { tl_category = prev_; }
+
+namespace allocator {
+
+void* allocate(size_t bytes, MemCategory cat) {
+  const size_t size = round_up(bytes == 0 ? 1 : bytes);
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.s.budget_bytes > 0 && st.s.live_total + int64_t(size) > st.s.budget_bytes) {
+    throw OutOfMemory(detail::concat(
+        "out of memory: allocating ", size, " bytes of ", mem_category_name(cat), " with ",
+        st.s.live_total, " bytes live would exceed the budget of ", st.s.budget_bytes, " bytes"));
+  }
+  void* p = nullptr;
+  if (size >= kCacheMinBytes) {
+    auto it = st.free_blocks.find(size);
+    if (it != st.free_blocks.end()) {
+      p = it->second;
+      st.free_blocks.erase(it);
+      st.s.cached_bytes -= int64_t(size);
+      ++st.s.num_cache_hits;
+    }
+  }
+  if (p == nullptr) {
+    // With a budget, live + cached must fit too (a device has only so much); drop the cache.
+    if (st.s.budget_bytes > 0 && st.s.live_total + st.s.cached_bytes + int64_t(size) > st.s.budget_bytes)
+      st.release_cache_locked();
+    p = std::aligned_alloc(kAlign, size);
+    if (p == nullptr) {
+      st.release_cache_locked();
+      p = std::aligned_alloc(kAlign, size);
+    }
+    if (p == nullptr)
+      throw OutOfMemory(detail::concat("out of memory: the system refused ", size, " bytes"));
+    ++st.s.num_allocs;
+  }
+  st.note_alloc(size, cat);
+  return p;
+}
+
+void deallocate(void* ptr, size_t bytes, MemCategory cat) {
+  if (ptr == nullptr) return;
+  const size_t size = round_up(bytes == 0 ? 1 : bytes);
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  auto i = static_cast<size_t>(cat);
+  st.s.live_bytes[i] -= int64_t(size);
+  st.s.live_total -= int64_t(size);
+  MIXPREC_ASSERT(st.s.live_bytes[i] >= 0, "category ", mem_category_name(cat), " went negative");
+  if (size >= kCacheMinBytes && st.s.cached_bytes + int64_t(size) <= kCacheMaxBytes) {
+    st.free_blocks.emplace(size, ptr);
+    st.s.cached_bytes += int64_t(size);
+  } else {
+    std::free(ptr);
+  }
+}
+
+void recategorize(size_t bytes, MemCategory from, MemCategory to) {
+  if (from == to) return;
+  const size_t size = round_up(bytes == 0 ? 1 : bytes);
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.s.live_bytes[static_cast<size_t>(from)] -= int64_t(size);
+  st.s.live_total -= int64_t(size);
+  st.note_alloc(size, to);
+}
+
+MemoryStats stats() {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.s;
+}
+
+void reset_peak() {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.s.peak_bytes = st.s.live_bytes;
+  st.s.peak_total = st.s.live_total;
+  st.s.at_peak_bytes = st.s.live_bytes;
+}
+
+void set_budget(int64_t bytes) {
+  MIXPREC_CHECK(bytes >= 0, "memory budget must be >= 0 bytes, got ", bytes);
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.s.budget_bytes = bytes;
+}
+
+void empty_cache() {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.release_cache_locked();
+}
+
+}  // namespace allocator
+}  // namespace mixprec
