@@ -1,0 +1,148 @@
+// Tensor: a reference-counted view (shape, strides, offset, dtype) onto counted storage, with
+// the autograd fields (requires_grad, grad, grad_fn). Copying a Tensor copies the handle.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mixprec/allocator.h"
+#include "mixprec/dtype.h"
+
+namespace mixprec {
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);  // "[512, 784]"
+int64_t shape_numel(const Shape& s);
+Shape contiguous_strides(const Shape& s);
+
+namespace autograd {
+struct Node;
+}
+
+// Bytes owned through the allocator, tagged with the category they were allocated under.
+class Storage {
+ public:
+  Storage(size_t bytes, MemCategory cat);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  MemCategory category() const { return cat_; }
+  void set_category(MemCategory c);  // ownership moved (e.g. a temporary becomes a .grad)
+
+ private:
+  void* data_;
+  size_t bytes_;
+  MemCategory cat_;
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  Shape strides;  // in elements
+  int64_t offset = 0;
+  DType dtype = DType::f32;
+  bool requires_grad = false;
+  bool is_leaf = true;  // false once produced by a recorded op
+  std::shared_ptr<TensorImpl> grad;
+  std::shared_ptr<autograd::Node> grad_fn;
+  std::weak_ptr<autograd::Node> grad_accumulator;
+  uint64_t version = 0;  // bumped by in-place writes through the API (checked by saved tensors)
+};
+
+class Generator;
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- factories (allocate under the current MemoryScope category) ----
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32);
+  static Tensor zeros(const Shape& shape, DType dtype = DType::f32);
+  static Tensor ones(const Shape& shape, DType dtype = DType::f32);
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32);
+  static Tensor scalar(double value, DType dtype = DType::f32);
+  static Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype = DType::f32);
+  static Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f64);
+  static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape);  // i64
+  static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32, double std = 1.0);
+  static Tensor uniform(const Shape& shape, Generator& gen, double lo, double hi, DType dtype = DType::f32);
+  static Tensor arange(int64_t n, DType dtype = DType::f32);
+
+  // ---- metadata ----
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl_->shape; }
+  const Shape& strides() const { return impl_->strides; }
+  int64_t dim() const { return int64_t(impl_->shape.size()); }
+  int64_t size(int64_t d) const;  // negative d counts from the end
+  int64_t numel() const { return shape_numel(impl_->shape); }
+  DType dtype() const { return impl_->dtype; }
+  int64_t offset() const { return impl_->offset; }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype()); }
+  bool is_contiguous() const;
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  const std::shared_ptr<Storage>& storage() const { return impl_->storage; }
+  bool same(const Tensor& o) const { return impl_ == o.impl_; }
+
+  // Raw element pointer at this view's offset.
+  void* data_ptr() const;
+  template <class T>
+  T* data() const { return static_cast<T*>(data_ptr()); }
+
+  // ---- values (host-side conveniences, not differentiable) ----
+  double item() const;                  // one-element tensor -> double
+  std::vector<float> to_vector() const;  // any dtype, any layout -> row-major floats
+  std::vector<double> to_vector_f64() const;
+  std::vector<int64_t> to_vector_i64() const;
+  Tensor clone() const;                  // contiguous copy, same dtype, not recorded
+  Tensor contiguous() const;             // this if contiguous, else clone (differentiable)
+  Tensor detach() const;                 // same storage, no autograd history
+  void copy_(const Tensor& src);         // in-place copy with dtype conversion and broadcasting-free shape check
+  void fill_(double value);
+  void zero_() { fill_(0.0); }
+
+  // ---- views and casts (differentiable) ----
+  Tensor reshape(const Shape& shape) const;  // -1 allowed once; copies only if not viewable
+  Tensor view(const Shape& shape) const;     // must be contiguous
+  Tensor flatten(int64_t start_dim = 1) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor t() const { return transpose(0, 1); }
+  Tensor slice(int64_t dim, int64_t start, int64_t end) const;  // [start, end) along dim
+  Tensor to(DType dtype) const;  // differentiable cast; same dtype returns *this
+
+  // ---- autograd ----
+  bool requires_grad() const { return impl_->requires_grad; }
+  Tensor& set_requires_grad(bool on = true);
+  bool is_leaf() const { return impl_->is_leaf; }
+  Tensor grad() const { return Tensor(impl_->grad); }
+  void set_grad(const Tensor& g) { impl_->grad = g.impl_; }
+  const std::shared_ptr<autograd::Node>& grad_fn() const { return impl_->grad_fn; }
+  // Backpropagate from this tensor. grad defaults to ones for a one-element tensor.
+  void backward(const Tensor& grad = Tensor()) const;
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Deterministic random numbers (mt19937_64), for initialisation, dropout and data order.
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0) { manual_seed(seed); }
+  void manual_seed(uint64_t seed);
+  uint64_t next_u64();
+  double uniform();  // [0, 1)
+  double normal();   // N(0, 1)
+
+ private:
+  uint64_t s_[4];
+  bool has_spare_ = false;
+  double spare_ = 0;
+};
+Generator& default_generator();  // thread-local, seed 0 until manual_seed
+
+}  // namespace mixprec

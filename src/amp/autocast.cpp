@@ -1,0 +1,119 @@
+// The autocast guard, the per-op casting policy applied at op entry, and the weight-cast cache.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "amp/autocast_state.h"
+#include "mixprec/error.h"
+#include "mixprec/autograd.h"
+#include "mixprec/ops.h"
+
+namespace mixprec::amp {
+namespace {
+
+struct CacheEntry {
+  std::weak_ptr<TensorImpl> src;
+  Tensor cast;
+};
+struct ThreadState {
+  AutocastState s;
+  std::map<std::pair<TensorImpl*, DType>, CacheEntry> cache;
+  bool tracing = false;
+  std::set<std::tuple<std::string, std::string, std::string>> trace;
+};
+ThreadState& ts() {
+  thread_local ThreadState t;
+  return t;
+}
+
+// 16-bit copy of a leaf parameter, made once per outermost autocast region.
+Tensor cached_cast(const Tensor& t, DType dtype) {
+  auto& cache = ts().cache;
+  const bool cacheable = t.is_leaf() && t.requires_grad() && autograd::grad_enabled();
+  if (!cacheable) return t.to(dtype);
+  auto key = std::make_pair(t.impl(), dtype);
+  auto it = cache.find(key);
+  if (it != cache.end() && !it->second.src.expired()) return it->second.cast;
+  Tensor c = t.to(dtype);
+  cache[key] = CacheEntry{t.impl_ptr(), c};
+  return c;
+}
+
+}  // namespace
+
+AutocastState& autocast_state() { return ts().s; }
+
+Autocast::Autocast(DType dtype, bool enabled) : prev_enabled_(ts().s.enabled), prev_dtype_(ts().s.dtype) {
+  MIXPREC_CHECK(is_half(dtype) || !enabled, "autocast dtype must be bf16 or f16, got ", dtype_name(dtype));
+  ts().s.enabled = enabled;
+  if (enabled) ts().s.dtype = dtype;
+  ++ts().s.depth;
+}
+
+Autocast::~Autocast() {
+  ThreadState& t = ts();
+  t.s.enabled = prev_enabled_;
+  t.s.dtype = prev_dtype_;
+  if (--t.s.depth == 0) t.cache.clear();
+}
+
+bool is_autocast_enabled() { return ts().s.enabled; }
+DType autocast_dtype() { return ts().s.dtype; }
+size_t autocast_cache_size() { return ts().cache.size(); }
+
+void apply_autocast(OpId op, std::initializer_list<Tensor*> inputs) {
+  ThreadState& t = ts();
+  if (!t.s.enabled || t.s.suspended) return;
+  std::string in_dtypes;
+  if (t.tracing) {
+    for (Tensor* x : inputs)
+      if (x->defined()) in_dtypes += std::string(in_dtypes.empty() ? "" : ",") + std::string(dtype_name(x->dtype()));
+  }
+  DType run = DType::f32;
+  switch (op_class(op)) {
+    case AutocastClass::lower:
+      run = t.s.dtype;
+      for (Tensor* x : inputs)
+        // f64 stays f64, as in PyTorch: only f32 and the other 16-bit type are eligible.
+        if (x->defined() && is_floating(x->dtype()) && x->dtype() != DType::f64 && x->dtype() != run)
+          *x = cached_cast(*x, run);
+      break;
+    case AutocastClass::fp32:
+      run = DType::f32;
+      for (Tensor* x : inputs)
+        if (x->defined() && is_half(x->dtype())) *x = x->to(DType::f32);
+      break;
+    case AutocastClass::promote: {
+      bool any = false;
+      for (Tensor* x : inputs)
+        if (x->defined() && is_floating(x->dtype())) {
+          run = any ? promote_floating(run, x->dtype()) : x->dtype();
+          any = true;
+        }
+      for (Tensor* x : inputs)
+        if (x->defined() && is_floating(x->dtype()) && x->dtype() != run) *x = x->to(run);
+      break;
+    }
+    case AutocastClass::keep:
+      run = inputs.size() && (*inputs.begin())->defined() ? (*inputs.begin())->dtype() : DType::f32;
+      break;
+  }
+  if (t.tracing) t.trace.emplace(std::string(op_name(op)), in_dtypes, std::string(dtype_name(run)));
+}
+
+void start_trace() {
+  ts().tracing = true;
+  ts().trace.clear();
+}
+
+std::vector<TraceEntry> stop_trace() {
+  ThreadState& t = ts();
+  t.tracing = false;
+  std::vector<TraceEntry> out;
+  for (const auto& [op, in, run] : t.trace) out.push_back({op, in, run});
+  t.trace.clear();
+  return out;
+}
+
+}  // namespace mixprec::amp

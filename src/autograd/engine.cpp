@@ -1,0 +1,187 @@
+// The backward engine: topological order by an explicit stack (a 10,000-op chain cannot
+// overflow the C++ stack), gradients summed per node, saved tensors released as nodes run.
+#include <unordered_map>
+#include <unordered_set>
+
+#include "amp/autocast_state.h"
+#include "kernels/kernels.h"
+#include "mixprec/autograd.h"
+#include "mixprec/error.h"
+
+namespace mixprec::autograd {
+namespace {
+thread_local bool tl_grad_enabled = true;
+bool g_anomaly = false;
+}  // namespace
+
+bool grad_enabled() { return tl_grad_enabled; }
+NoGradGuard::NoGradGuard() : prev_(tl_grad_enabled) { tl_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { tl_grad_enabled = prev_; }
+EnableGradGuard::EnableGradGuard() : prev_(tl_grad_enabled) { tl_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { tl_grad_enabled = prev_; }
+bool anomaly_enabled() { return g_anomaly; }
+void set_anomaly_enabled(bool on) { g_anomaly = on; }
+
+std::vector<Tensor> FunctionNode::apply(const Tensor& grad_out) {
+  MIXPREC_CHECK(fn != nullptr, "trying to backward through the graph a second time (at ", name,
+                "): saved tensors were freed after the first backward");
+  return fn(grad_out, *this);
+}
+
+std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_out) {
+  auto impl = leaf.lock();
+  if (!impl) return {};
+  Tensor var(impl);
+  const Tensor& g = grad_out;
+  if (g.dtype() != var.dtype() || g.shape() != var.shape())
+    MIXPREC_ASSERT(false, "gradient ", shape_str(g.shape()), " ", dtype_name(g.dtype()), " for leaf ",
+                   shape_str(var.shape()), " ", dtype_name(var.dtype()));
+  if (!impl->grad) {
+    // Steal the incoming buffer when nobody else holds it; otherwise copy. Either way the
+    // bytes now count as gradients.
+    // use_count 1: only the engine holds this handle, and no other view shares the bytes.
+    if (g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() && g.offset() == 0 &&
+        g.storage()->bytes() == g.nbytes()) {
+      g.storage()->set_category(MemCategory::gradients);
+      impl->grad = g.detach().impl_ptr();
+    } else {
+      MemoryScope scope(MemCategory::gradients);
+      impl->grad = g.clone().impl_ptr();
+    }
+  } else {
+    Tensor acc(impl->grad);
+    kernels::add_inplace(acc, g);
+  }
+  return {};
+}
+
+bool any_requires_grad(std::initializer_list<Tensor> inputs) {
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+static std::shared_ptr<Node> edge_of(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return nullptr;
+  TensorImpl* impl = t.impl();
+  if (impl->grad_fn) return impl->grad_fn;
+  auto acc = impl->grad_accumulator.lock();
+  if (!acc) {
+    auto a = std::make_shared<AccumulateGrad>();
+    a->name = "AccumulateGrad";
+    a->leaf = t.impl_ptr();
+    impl->grad_accumulator = a;
+    acc = a;
+  }
+  return acc;
+}
+
+template <class Range>
+static Tensor record_impl(Tensor out, std::string_view name, const Range& inputs, BackwardFn fn) {
+  if (g_anomaly) kernels::check_finite_or_throw(out, name);
+  if (!tl_grad_enabled) return out;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) return out;
+  auto node = std::make_shared<FunctionNode>();
+  node->name = name;
+  node->fn = std::move(fn);
+  for (const Tensor& t : inputs) {
+    node->next.push_back(edge_of(t));
+    node->inputs.push_back(t.defined() ? InputMeta{t.shape(), t.dtype()} : InputMeta{{}, DType::f32});
+  }
+  // `out` may share its impl with nobody yet; give it history.
+  TensorImpl* impl = out.impl();
+  impl->requires_grad = true;
+  impl->is_leaf = false;
+  impl->grad_fn = std::move(node);
+  return out;
+}
+
+Tensor record(Tensor out, std::string_view name, std::initializer_list<Tensor> inputs, BackwardFn fn) {
+  return record_impl(std::move(out), name, inputs, std::move(fn));
+}
+Tensor record(Tensor out, std::string_view name, const std::vector<Tensor>& inputs, BackwardFn fn) {
+  return record_impl(std::move(out), name, inputs, std::move(fn));
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
+  MIXPREC_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
+  NoGradGuard no_grad;
+  amp::AutocastSuspend no_autocast;
+  MemoryScope scope(MemCategory::temporaries);
+
+  // 1. Dependencies: how many edges point at each node among the reachable ones.
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack;
+  std::unordered_set<Node*> seen;
+  for (const Tensor& r : roots) {
+    MIXPREC_CHECK(r.requires_grad(), "backward: the tensor does not require grad and has no grad_fn");
+    Node* n = edge_of(r).get();
+    if (seen.insert(n).second) stack.push_back(n);
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (auto& e : n->next) {
+      if (!e) continue;
+      ++deps[e.get()];
+      if (seen.insert(e.get()).second) stack.push_back(e.get());
+    }
+  }
+
+  // 2. Run nodes whose every consumer has delivered its gradient.
+  std::unordered_map<Node*, Tensor> pending;
+  std::vector<std::shared_ptr<Node>> ready;
+  auto deliver = [&](const std::shared_ptr<Node>& n, const Tensor& g) {
+    auto it = pending.find(n.get());
+    if (it == pending.end()) {
+      pending.emplace(n.get(), g);
+    } else {
+      Tensor& acc = it->second;
+      // Never write into a buffer someone else may hold: sum out of place when shared.
+      if (acc.impl_ptr().use_count() == 1 && acc.storage().use_count() == 1 && acc.is_contiguous() &&
+          acc.dtype() == g.dtype())
+        kernels::add_inplace(acc, g);
+      else
+        acc = kernels::add(acc, g);
+    }
+  };
+  for (size_t i = 0; i < roots.size(); ++i) {
+    auto n = edge_of(roots[i]);
+    MIXPREC_CHECK(grads[i].shape() == roots[i].shape(), "backward: gradient shape ", shape_str(grads[i].shape()),
+                  " does not match the tensor's ", shape_str(roots[i].shape()));
+    Tensor g = grads[i].dtype() == roots[i].dtype() ? grads[i] : kernels::cast(grads[i], roots[i].dtype());
+    deliver(n, g);
+    if (deps[n.get()] == 0) ready.push_back(n);
+  }
+  while (!ready.empty()) {
+    std::shared_ptr<Node> n = std::move(ready.back());
+    ready.pop_back();
+    auto it = pending.find(n.get());
+    MIXPREC_ASSERT(it != pending.end(), "node ", n->name, " ran without a gradient");
+    Tensor g = std::move(it->second);
+    pending.erase(it);
+    std::vector<Tensor> in_grads = n->apply(g);
+    g = Tensor();
+    n->release();
+    for (size_t i = 0; i < n->next.size(); ++i) {
+      const auto& e = n->next[i];
+      if (!e) continue;
+      if (i < in_grads.size() && in_grads[i].defined()) {
+        Tensor gi = in_grads[i];
+        const InputMeta& meta = n->inputs[i];
+        MIXPREC_ASSERT(gi.shape() == meta.shape, n->name, " returned gradient ", shape_str(gi.shape()),
+                       " for input ", i, " of shape ", shape_str(meta.shape));
+        if (gi.dtype() != meta.dtype) gi = kernels::cast(gi, meta.dtype);
+        if (g_anomaly) kernels::check_finite_or_throw(gi, n->name, /*backward=*/true);
+        deliver(e, gi);
+      }
+      if (--deps[e.get()] == 0) {
+        if (pending.count(e.get())) ready.push_back(e);
+      }
+    }
+  }
+}
+
+}  // namespace mixprec::autograd

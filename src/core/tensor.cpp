@@ -1,0 +1,267 @@
+// Tensor storage, factories, views and host-side value access.
+#include "mixprec/tensor.h"
+
+#include <cmath>
+#include <numbers>
+#include <cstring>
+#include <sstream>
+
+#include "kernels/kernels.h"
+#include "mixprec/autograd.h"
+#include "mixprec/convert.h"
+#include "mixprec/error.h"
+#include "mixprec/ops.h"
+
+namespace mixprec {
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << ']';
+  return os.str();
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& s) {
+  Shape st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(s[i], 1);
+  }
+  return st;
+}
+
+Storage::Storage(size_t bytes, MemCategory cat)
+    : data_(allocator::allocate(bytes, cat)), bytes_(bytes), cat_(cat) {}
+Storage::~Storage() { allocator::deallocate(data_, bytes_, cat_); }
+void Storage::set_category(MemCategory c) {
+  allocator::recategorize(bytes_, cat_, c);
+  cat_ = c;
+}
+
+// ---------------------------------------------------------------- factories
+
+Tensor Tensor::empty(const Shape& shape, DType dtype) {
+  for (int64_t d : shape) MIXPREC_CHECK(d >= 0, "tensor dimensions must be >= 0, got ", shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->storage = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), current_mem_category());
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  std::memset(t.data_ptr(), 0, t.nbytes());
+  return t;
+}
+Tensor Tensor::ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
+Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  t.fill_(value);
+  return t;
+}
+Tensor Tensor::scalar(double value, DType dtype) { return full({}, value, dtype); }
+
+Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape, DType dtype) {
+  MIXPREC_CHECK(int64_t(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
+                " values do not fill shape ", shape_str(shape));
+  Tensor t = empty(shape, dtype);
+  convert(values.data(), DType::f32, t.data_ptr(), dtype, values.size());
+  return t;
+}
+Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape, DType dtype) {
+  MIXPREC_CHECK(int64_t(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
+                " values do not fill shape ", shape_str(shape));
+  Tensor t = empty(shape, dtype);
+  convert(values.data(), DType::f64, t.data_ptr(), dtype, values.size());
+  return t;
+}
+Tensor Tensor::from_vector(const std::vector<int64_t>& values, const Shape& shape) {
+  MIXPREC_CHECK(int64_t(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
+                " values do not fill shape ", shape_str(shape));
+  Tensor t = empty(shape, DType::i64);
+  std::memcpy(t.data_ptr(), values.data(), values.size() * sizeof(int64_t));
+  return t;
+}
+
+Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, double std) {
+  std::vector<double> v(size_t(shape_numel(shape)));
+  for (double& x : v) x = gen.normal() * std;
+  return from_vector(v, shape, dtype);
+}
+Tensor Tensor::uniform(const Shape& shape, Generator& gen, double lo, double hi, DType dtype) {
+  std::vector<double> v(size_t(shape_numel(shape)));
+  for (double& x : v) x = lo + (hi - lo) * gen.uniform();
+  return from_vector(v, shape, dtype);
+}
+Tensor Tensor::arange(int64_t n, DType dtype) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = double(i);
+  return from_vector(v, {n}, dtype);
+}
+
+// ---------------------------------------------------------------- metadata
+
+int64_t Tensor::size(int64_t d) const {
+  const int64_t nd = dim();
+  if (d < 0) d += nd;
+  MIXPREC_CHECK(d >= 0 && d < nd, "dimension ", d, " out of range for a tensor of shape ", shape_str(shape()));
+  return impl_->shape[size_t(d)];
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expect = 1;
+  for (size_t i = impl_->shape.size(); i-- > 0;) {
+    if (impl_->shape[i] == 1) continue;
+    if (impl_->strides[i] != expect) return false;
+    expect *= impl_->shape[i];
+  }
+  return true;
+}
+
+void* Tensor::data_ptr() const {
+  return static_cast<char*>(impl_->storage->data()) + impl_->offset * int64_t(dtype_size(impl_->dtype));
+}
+
+// ---------------------------------------------------------------- values
+
+std::vector<float> Tensor::to_vector() const {
+  Tensor c = contiguous().detach();
+  std::vector<float> out(size_t(c.numel()));
+  convert(c.data_ptr(), c.dtype(), out.data(), DType::f32, out.size());
+  return out;
+}
+std::vector<double> Tensor::to_vector_f64() const {
+  Tensor c = contiguous().detach();
+  std::vector<double> out(size_t(c.numel()));
+  convert(c.data_ptr(), c.dtype(), out.data(), DType::f64, out.size());
+  return out;
+}
+std::vector<int64_t> Tensor::to_vector_i64() const {
+  Tensor c = contiguous().detach();
+  std::vector<int64_t> out(size_t(c.numel()));
+  convert(c.data_ptr(), c.dtype(), out.data(), DType::i64, out.size());
+  return out;
+}
+
+double Tensor::item() const {
+  MIXPREC_CHECK(numel() == 1, "item() needs a one-element tensor, got shape ", shape_str(shape()));
+  double v = 0;
+  convert(data_ptr(), dtype(), &v, DType::f64, 1);
+  return v;
+}
+
+Tensor Tensor::clone() const {
+  Tensor dst = empty(shape(), dtype());
+  kernels::copy(*this, dst);
+  return dst;
+}
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->shape = impl_->shape;
+  impl->strides = impl_->strides;
+  impl->offset = impl_->offset;
+  impl->dtype = impl_->dtype;
+  return Tensor(std::move(impl));
+}
+
+void Tensor::copy_(const Tensor& src) {
+  MIXPREC_CHECK(src.shape() == shape(), "copy_: source shape ", shape_str(src.shape()),
+                " does not match destination shape ", shape_str(shape()));
+  Tensor dst = *this;
+  kernels::copy(src, dst);
+  ++impl_->version;
+}
+
+void Tensor::fill_(double value) {
+  kernels::fill(*this, value);
+  ++impl_->version;
+}
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  MIXPREC_CHECK(!on || is_floating(dtype()), "only floating tensors can require grad, got ",
+                dtype_name(dtype()));
+  MIXPREC_CHECK(is_leaf(), "requires_grad can only be set on a leaf tensor");
+  impl_->requires_grad = on;
+  return *this;
+}
+
+void Tensor::backward(const Tensor& grad) const {
+  Tensor g = grad;
+  if (!g.defined()) {
+    MIXPREC_CHECK(numel() == 1, "backward() without a gradient needs a one-element tensor, got shape ",
+                  shape_str(shape()));
+    g = Tensor::ones(shape(), dtype());
+  }
+  autograd::backward({*this}, {g});
+}
+
+// ---------------------------------------------------------------- views (recorded in ops/shape.cpp)
+
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : ops::contiguous(*this); }
+Tensor Tensor::reshape(const Shape& s) const { return ops::reshape(*this, s); }
+Tensor Tensor::view(const Shape& s) const {
+  MIXPREC_CHECK(is_contiguous(), "view", shape_str(s), " needs a contiguous tensor; use reshape");
+  return ops::reshape(*this, s);
+}
+Tensor Tensor::flatten(int64_t start_dim) const { return ops::flatten(*this, start_dim); }
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return ops::transpose(*this, d0, d1); }
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end) const { return ops::slice(*this, d, start, end); }
+Tensor Tensor::to(DType t) const { return t == dtype() ? *this : ops::cast(*this, t); }
+
+// ---------------------------------------------------------------- Generator (xoshiro256**)
+
+static uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+void Generator::manual_seed(uint64_t seed) {
+  for (auto& s : s_) s = splitmix64(seed);
+  has_spare_ = false;
+}
+uint64_t Generator::next_u64() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+double Generator::uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
+double Generator::normal() {
+  if (has_spare_) {
+    has_spare_ = false;
+    return spare_;
+  }
+  double u1 = 0;
+  while (u1 <= 0) u1 = uniform();
+  const double u2 = uniform();
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  spare_ = r * std::sin(2 * std::numbers::pi * u2);
+  has_spare_ = true;
+  return r * std::cos(2 * std::numbers::pi * u2);
+}
+Generator& default_generator() {
+  thread_local Generator gen(0);
+  return gen;
+}
+
+}  // namespace mixprec

@@ -1,0 +1,87 @@
+// matmul and linear (autocast class lower): oneDNN on the fast path, reference otherwise.
+#include "ops/common.h"
+
+namespace mixprec::ops {
+namespace {
+
+// dst[m,n] = op(a) @ op(b) in the dtype of a (inputs share a dtype after autocast/promotion).
+Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor* bias = nullptr) {
+  const int64_t m = ta ? a.size(1) : a.size(0), n = tb ? b.size(0) : b.size(1);
+  Tensor dst = Tensor::empty({m, n}, a.dtype());
+  kernels::MatmulOpts o;
+  o.trans_a = ta;
+  o.trans_b = tb;
+  o.bias = bias;
+  kernels::matmul(a, b, dst, o);
+  return dst;
+}
+
+void same_dtype(Tensor& a, Tensor& b, std::string_view op) {
+  if (a.dtype() != b.dtype()) {
+    const DType t = promote_floating(a.dtype(), b.dtype());
+    a = a.to(t);
+    b = b.to(t);
+  }
+  (void)op;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  Tensor a = a_in, b = b_in;
+  amp::autocast(OpId::matmul, {&a, &b});
+  check_floating(a, "matmul", "first operand");
+  check_floating(b, "matmul", "second operand");
+  same_dtype(a, b, "matmul");
+  MIXPREC_CHECK(b.dim() == 2 && a.dim() >= 2, "matmul: expected [.., m, k] @ [k, n], got ", shape_str(a.shape()), " @ ",
+                shape_str(b.shape()));
+  MIXPREC_CHECK(a.size(-1) == b.size(0), "matmul: inner dimensions differ: ", shape_str(a.shape()), " @ ",
+                shape_str(b.shape()));
+  Shape out_shape = a.shape();
+  out_shape.back() = b.size(1);
+  Tensor a2 = kernels::contig(a.detach()).reshape({-1, a.size(-1)});
+  Tensor bd = b.detach();
+  Tensor out = mm(a2, bd, false, false).reshape(out_shape);
+  return autograd::record(out, "matmul", {a, b}, [a2, bd, a_shape = a.shape()](const Tensor& g, const autograd::Node& n) {
+    Tensor g2 = kernels::contig(g).reshape({-1, g.size(-1)});
+    Tensor ga, gb;
+    if (n.needs_grad(0)) ga = mm(g2, bd, false, true).reshape(a_shape);  // g @ b^T
+    if (n.needs_grad(1)) gb = mm(a2, g2, true, false);                  // a^T @ g
+    return std::vector<Tensor>{ga, gb};
+  });
+}
+
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
+  Tensor x = x_in, w = w_in, b = b_in;
+  amp::autocast(OpId::linear, {&x, &w, &b});
+  check_floating(x, "linear", "input");
+  check_floating(w, "linear", "weight");
+  MIXPREC_CHECK(w.dim() == 2, "linear: weight must be [out, in], got ", shape_str(w.shape()));
+  MIXPREC_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input ", shape_str(x.shape()),
+                " does not end in in_features = ", w.size(1), " of weight ", shape_str(w.shape()));
+  MIXPREC_CHECK(x.dtype() == w.dtype(), "linear: input is ", dtype_name(x.dtype()), " but weight is ",
+                dtype_name(w.dtype()), " (use autocast, or cast one of them)");
+  if (b.defined()) {
+    MIXPREC_CHECK(b.dim() == 1 && b.size(0) == w.size(0), "linear: bias must be [", w.size(0), "], got ",
+                  shape_str(b.shape()));
+    if (b.dtype() != x.dtype()) b = b.to(x.dtype());
+  }
+  Shape out_shape = x.shape();
+  out_shape.back() = w.size(0);
+  Tensor x2 = kernels::contig(x.detach()).reshape({-1, x.size(-1)});  // [M, in]
+  Tensor wd = w.detach();                                             // [out, in]
+  Tensor bd = b.defined() ? b.detach() : Tensor();
+  Tensor out = mm(x2, wd, false, true, bd.defined() ? &bd : nullptr).reshape(out_shape);  // [M, out]
+  std::vector<Tensor> inputs{x, w};
+  if (b.defined()) inputs.push_back(b);
+  return autograd::record(out, "linear", inputs, [x2, wd, x_shape = x.shape()](const Tensor& g, const autograd::Node& n) {
+    Tensor g2 = kernels::contig(g).reshape({-1, g.size(-1)});  // [M, out]
+    std::vector<Tensor> grads(n.next.size());
+    if (n.needs_grad(0)) grads[0] = mm(g2, wd, false, false).reshape(x_shape);  // [M,out]@[out,in]
+    if (n.needs_grad(1)) grads[1] = mm(g2, x2, true, false);                   // [out,M]@[M,in]
+    if (n.next.size() > 2 && n.needs_grad(2)) grads[2] = kernels::sum(g2, {0}, false, g2.dtype());
+    return grads;
+  });
+}
+
+}  // namespace mixprec::ops

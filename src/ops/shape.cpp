@@ -1,0 +1,99 @@
+// Shape and dtype ops: reshape/flatten/transpose/slice (views where possible), contiguous, cast.
+#include "ops/common.h"
+
+namespace mixprec::ops {
+
+static Tensor make_view(const Tensor& x, Shape shape, Shape strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = x.storage();
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = x.dtype();
+  return Tensor(std::move(impl));
+}
+
+Tensor reshape(const Tensor& x, const Shape& shape_in) {
+  Shape shape = shape_in;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      MIXPREC_CHECK(infer < 0, "reshape ", shape_str(x.shape()), " -> ", shape_str(shape_in), ": only one -1 allowed");
+      infer = int64_t(i);
+    } else {
+      MIXPREC_CHECK(shape[i] >= 0, "reshape: bad dimension in ", shape_str(shape_in));
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    MIXPREC_CHECK(known > 0 && x.numel() % known == 0, "reshape ", shape_str(x.shape()), " -> ", shape_str(shape_in),
+                  ": ", x.numel(), " elements do not divide");
+    shape[size_t(infer)] = x.numel() / known;
+  }
+  MIXPREC_CHECK(shape_numel(shape) == x.numel(), "reshape ", shape_str(x.shape()), " -> ", shape_str(shape_in), ": ",
+                x.numel(), " elements vs ", shape_numel(shape));
+  Tensor src = x.is_contiguous() ? x : x.contiguous();
+  Tensor out = make_view(src, shape, contiguous_strides(shape), src.offset());
+  const Shape in_shape = src.shape();
+  return autograd::record(out, "reshape", {src}, [in_shape](const Tensor& g, const autograd::Node&) {
+    return std::vector<Tensor>{kernels::contig(g).reshape(in_shape)};
+  });
+}
+
+Tensor flatten(const Tensor& x, int64_t start_dim) {
+  const int64_t sd = wrap_dim(start_dim, x.dim(), "flatten");
+  Shape s(x.shape().begin(), x.shape().begin() + sd);
+  int64_t rest = 1;
+  for (int64_t d = sd; d < x.dim(); ++d) rest *= x.size(d);
+  s.push_back(rest);
+  return reshape(x, s);
+}
+
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
+  const int64_t a = wrap_dim(d0, x.dim(), "transpose"), b = wrap_dim(d1, x.dim(), "transpose");
+  Shape shape = x.shape(), strides = x.strides();
+  std::swap(shape[size_t(a)], shape[size_t(b)]);
+  std::swap(strides[size_t(a)], strides[size_t(b)]);
+  Tensor out = make_view(x, shape, strides, x.offset());
+  return autograd::record(out, "transpose", {x}, [a, b](const Tensor& g, const autograd::Node&) {
+    return std::vector<Tensor>{g.transpose(a, b)};
+  });
+}
+
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
+  const int64_t d = wrap_dim(dim, x.dim(), "slice");
+  const int64_t n = x.size(d);
+  MIXPREC_CHECK(0 <= start && start <= end && end <= n, "slice: range [", start, ", ", end, ") out of bounds for dimension ",
+                d, " of size ", n);
+  Shape shape = x.shape();
+  shape[size_t(d)] = end - start;
+  Tensor out = make_view(x, shape, x.strides(), x.offset() + start * x.strides()[size_t(d)]);
+  const Shape in_shape = x.shape();
+  const DType dt = x.dtype();
+  return autograd::record(out, "slice", {x}, [=](const Tensor& g, const autograd::Node&) {
+    Tensor full = Tensor::zeros(in_shape, dt);
+    Tensor part = make_view(full, g.shape(), full.strides(), start * full.strides()[size_t(d)]);
+    kernels::copy(g, part);
+    return std::vector<Tensor>{full};
+  });
+}
+
+Tensor contiguous(const Tensor& x) {
+  if (x.is_contiguous()) return x;
+  Tensor out = x.detach().clone();
+  return autograd::record(out, "contiguous", {x}, [](const Tensor& g, const autograd::Node&) {
+    return std::vector<Tensor>{g};
+  });
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  Tensor out = kernels::cast(x, dtype);
+  if (!is_floating(dtype) || !is_floating(x.dtype())) return out;  // integer results carry no gradient
+  const DType src_t = x.dtype();
+  return autograd::record(out, "cast", {x}, [src_t](const Tensor& g, const autograd::Node&) {
+    return std::vector<Tensor>{kernels::cast(g, src_t)};
+  });
+}
+
+}  // namespace mixprec::ops
