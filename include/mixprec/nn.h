@@ -1,0 +1,115 @@
+// Modules with PyTorch's parameter names and default initialisation: Linear, activations,
+// Dropout, Flatten, Sequential. Parameters are allocated as MemCategory::parameters.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mixprec/ops.h"
+#include "mixprec/tensor.h"
+
+namespace mixprec::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  virtual Tensor forward(const Tensor& x) = 0;
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  virtual std::string name() const = 0;
+
+  NamedTensors named_parameters() const;  // "0.weight", "fc1.bias", ... (recursive)
+  std::vector<Tensor> parameters() const;
+  NamedTensors named_buffers() const;     // running statistics etc.
+  NamedTensors state_dict() const;        // parameters then buffers, PyTorch order
+  // Copies values (with dtype conversion) into this module's tensors; every key must match
+  // in name and shape, and no key may be missing or extra (strict, as PyTorch's default).
+  void load_state_dict(const NamedTensors& sd);
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  int64_t num_parameters() const;
+
+ protected:
+  Tensor register_parameter(const std::string& name, Tensor t);
+  Tensor register_buffer(const std::string& name, Tensor t);
+  void register_module(const std::string& name, std::shared_ptr<Module> m);
+
+ private:
+  NamedTensors params_, buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+struct LinearOptions {
+  bool bias = true;
+};
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, LinearOptions o = {});
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+  Tensor weight, bias;  // weight [out, in] as PyTorch stores it
+  int64_t in_features, out_features;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return ops::relu(x); }
+  std::string name() const override { return "ReLU()"; }
+};
+
+class GELU : public Module {
+ public:
+  explicit GELU(bool tanh_approx = false) : tanh_(tanh_approx) {}
+  Tensor forward(const Tensor& x) override { return ops::gelu(x, tanh_); }
+  std::string name() const override { return tanh_ ? "GELU(approximate='tanh')" : "GELU()"; }
+
+ private:
+  bool tanh_;
+};
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x) override { return ops::dropout(x, p_, is_training()); }
+  std::string name() const override;
+
+ private:
+  double p_;
+};
+
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1) : start_dim_(start_dim) {}
+  Tensor forward(const Tensor& x) override { return ops::flatten(x, start_dim_); }
+  std::string name() const override { return "Flatten()"; }
+
+ private:
+  int64_t start_dim_;
+};
+
+// Children named "0", "1", ... as torch.nn.Sequential names them.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  template <class... Ms>
+  explicit Sequential(Ms&&... ms) {
+    (push_back(std::make_shared<std::decay_t<Ms>>(std::forward<Ms>(ms))), ...);
+  }
+  void push_back(std::shared_ptr<Module> m);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "Sequential"; }
+  size_t size() const { return children().size(); }
+  Module& operator[](size_t i) const { return *children()[i].second; }
+};
+
+// Multi-line summary, like printing a torch module.
+std::string describe(const Module& m);
+
+}  // namespace mixprec::nn
