@@ -1,0 +1,175 @@
+// End-to-end tests of the CLI binary: a short training run on a small idx data set made
+// here, the metrics file, and the one-line errors for bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "mixprec/data.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+RunResult run_cli(const std::string& args, const fs::path& dir) {
+  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+  const std::string cmd = std::string(MIXPREC_CLI) + " " + args + " >" + out.string() + " 2>" + err.string();
+  const int status = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+// A small learnable data set: the class is which of 10 image bands is bright.
+void write_dataset(const fs::path& dir, const std::string& split, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  mixprec::data::IdxArray images, labels;
+  images.dims = {n, 28, 28};
+  labels.dims = {n};
+  images.data.resize(size_t(n) * 28 * 28);
+  labels.data.resize(size_t(n));
+  for (int i = 0; i < n; ++i) {
+    const int c = int(rng() % 10);
+    labels.data[size_t(i)] = uint8_t(c);
+    for (int r = 0; r < 28; ++r)
+      for (int col = 0; col < 28; ++col) {
+        const bool band = r / 3 == c;
+        images.data[size_t(i) * 784 + size_t(r) * 28 + size_t(col)] = uint8_t(band ? 150 + rng() % 100 : rng() % 100);
+      }
+  }
+  mixprec::data::write_idx((dir / (split + "-images-idx3-ubyte.gz")).string(), images, true);
+  mixprec::data::write_idx((dir / (split + "-labels-idx1-ubyte.gz")).string(), labels, true);
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("mixprec_cli_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+int count_lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+}  // namespace
+
+TEST_F(Cli, TrainsAndWritesMetrics) {
+  write_dataset(dir_, "train", 1000, 1);
+  write_dataset(dir_, "t10k", 300, 2);
+  for (const char* precision : {"fp32", "amp-bf16"}) {
+    const fs::path metrics = dir_ / (std::string(precision) + ".jsonl");
+    RunResult r = run_cli("train --data " + dir_.string() + " --epochs 2 --hidden 32 --batch-size 50 --precision " +
+                              precision + " --metrics " + metrics.string() + " --log-every 5",
+                          dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream f(metrics);
+    std::string line;
+    int steps = 0, epochs = 0, summaries = 0;
+    double acc = 0;
+    while (std::getline(f, line)) {
+      auto j = nlohmann::json::parse(line);
+      const std::string ev = j.at("event");
+      if (ev == "step") {
+        ++steps;
+        EXPECT_EQ(j.at("step").get<int>() % 5, 0);
+        EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
+      } else if (ev == "epoch") {
+        ++epochs;
+        acc = j.at("test_accuracy").get<double>();
+        EXPECT_GT(j.at("seconds").get<double>(), 0.0);
+      } else if (ev == "summary") {
+        ++summaries;
+        EXPECT_EQ(j.at("precision").get<std::string>(), precision);
+        EXPECT_GT(j.at("peak_bytes").at("total").get<int64_t>(), 0);
+        EXPECT_GT(j.at("peak_bytes").at("parameters").get<int64_t>(), 4 * (784 * 32 + 32 * 10));
+        EXPECT_GT(j.at("samples_per_s").get<double>(), 0.0);
+      }
+    }
+    EXPECT_EQ(steps, 2 * 20 / 5);  // 1000/50 = 20 steps per epoch, every 5th logged
+    EXPECT_EQ(epochs, 2);
+    EXPECT_EQ(summaries, 1);
+    EXPECT_GT(acc, 0.9) << precision;  // the bands are easy: chance is 0.1
+    EXPECT_NE(r.out.find("test accuracy"), std::string::npos);
+  }
+}
+
+TEST_F(Cli, BenchPrintsOneJsonObject) {
+  RunResult r = run_cli("bench --hidden 16 --batch-size 8 --steps 3 --warmup 1 --precision fp32", dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("impl"), "mixprec");
+  EXPECT_GT(j.at("steps_per_s").at("median").get<double>(), 0.0);
+  EXPECT_GE(j.at("step_ms").at("median").get<double>(), j.at("step_ms").at("best").get<double>());
+  EXPECT_GT(j.at("peak_bytes").at("total").get<int64_t>(), 0);
+}
+
+TEST_F(Cli, RejectsBadFlagsBeforeWork) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"train --batch-size 0", "--batch-size"},
+      {"train --lr -0.1", "--lr"},
+      {"train --lr abc", "--lr"},
+      {"train --epochs 0", "--epochs"},
+      {"train --bogus 3", "unknown flag --bogus"},
+      {"train --precision fp8", "--precision"},
+      {"train --hidden 10,,3", "--hidden"},
+      {"bench --steps 0", "--steps"},
+      {"frobnicate", "unknown command"},
+  };
+  for (const auto& [args, expect] : cases) {
+    RunResult r = run_cli(args, dir_);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(r.out, "") << args;
+  }
+}
+
+TEST_F(Cli, BadDataGivesOneLineAndNoCrash) {
+  // Missing directory.
+  RunResult r = run_cli("train --data " + (dir_ / "nope").string(), dir_);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("nope"), std::string::npos) << r.err;
+
+  // Truncated image file.
+  write_dataset(dir_, "train", 100, 1);
+  write_dataset(dir_, "t10k", 50, 2);
+  const fs::path img = dir_ / "train-images-idx3-ubyte.gz";
+  const std::string bytes = slurp(img);
+  std::ofstream(img, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size() / 2));
+  r = run_cli("train --epochs 1 --data " + dir_.string(), dir_);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("train-images-idx3-ubyte.gz"), std::string::npos) << r.err;
+
+  // Bad magic number in the labels.
+  write_dataset(dir_, "train", 100, 1);
+  const fs::path lab = dir_ / "t10k-labels-idx1-ubyte.gz";
+  std::ofstream(lab, std::ios::binary | std::ios::trunc) << "this is not an idx file at all";
+  r = run_cli("train --epochs 1 --data " + dir_.string(), dir_);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("t10k-labels-idx1-ubyte.gz"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("magic"), std::string::npos) << r.err;
+}
