@@ -1,0 +1,268 @@
+#!/usr/bin/python3
+"""Compare `mixprec bench` with the PyTorch peer (bench/peers/torch_bench.py).
+
+Runs both implementations for each precision, interleaved:
+    for r in range(repeats): for precision: for impl: run once
+and takes each run's median step time as that run's figure. Per impl and precision
+it reports the min and median of those figures over the repeats, and the ratios
+    mixprec <p> vs mixprec fp32, pytorch <p> vs pytorch fp32   (speedup of <p>)
+    mixprec vs pytorch at each precision                       (times faster)
+computed pair-wise within each repeat (same repeat index) and summarised as
+min/median/max, because this shared machine's throughput (AMX especially) drifts up to
+2x from minute to minute: runs close in time are comparable, runs minutes apart are not.
+
+Usage (from anywhere; standard library only, torch is only needed by the peer):
+    /usr/bin/python3 bench/compare.py --model mlp --batch-size 512 --steps 30 --warmup 5
+    /usr/bin/python3 bench/compare.py --model cnn --channels 420,1000 --batch-size 64 \\
+        --steps 10 --warmup 3 --repeats 3 --json-out /tmp/cnn.json
+"""
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER = os.path.join(REPO, "bench", "peers", "torch_bench.py")
+TORCH_PRECISIONS = ("fp32", "amp-bf16")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mixprec", default="build/mixprec",
+                   help="mixprec CLI (relative paths are relative to the repo root)")
+    p.add_argument("--python", default="/usr/bin/python3",
+                   help="interpreter with torch for the peer (default /usr/bin/python3)")
+    p.add_argument("--impls", default="mixprec,pytorch",
+                   help="which implementations to run (default mixprec,pytorch)")
+    p.add_argument("--model", choices=("mlp", "cnn", "cnn-bn"), default="mlp")
+    p.add_argument("--hidden", default="1024,1024")
+    p.add_argument("--channels", default="8,16")
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--precisions", default="fp32,amp-bf16")
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--torch-linear", choices=("native", "onednn"), default="native",
+                   help="peer's nn.Linear path: native (Debian torch: netlib BLAS in fp32) "
+                        "or onednn (fp32 Linear as a oneDNN 1x1 conv); see bench/peers/models.py")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    p.add_argument("--json-out", metavar="FILE", help="write raw results + summary here")
+    a = p.parse_args(argv)
+    a.precisions = [s for s in a.precisions.replace(" ", "").split(",") if s]
+    a.impls = [s for s in a.impls.replace(" ", "").split(",") if s]
+    bad = [i for i in a.impls if i not in ("mixprec", "pytorch")]
+    if bad or not a.impls:
+        p.error(f"--impls: unknown {bad}; expected mixprec and/or pytorch")
+    if not a.precisions:
+        p.error("--precisions is empty")
+    if a.repeats < 1:
+        p.error("--repeats must be >= 1")
+    if not os.path.isabs(a.mixprec):
+        a.mixprec = os.path.join(REPO, a.mixprec)
+    return a
+
+
+def common_flags(a, precision):
+    f = ["--model", a.model]
+    if a.model == "mlp":
+        f += ["--hidden", a.hidden]
+    if a.model == "cnn":
+        f += ["--channels", a.channels]
+    f += ["--precision", precision, "--batch-size", str(a.batch_size),
+          "--steps", str(a.steps), "--warmup", str(a.warmup),
+          "--optimizer", a.optimizer, "--threads", str(a.threads)]
+    if a.lr is not None:
+        f += ["--lr", repr(a.lr)]
+    return f
+
+
+def command(a, impl, precision):
+    if impl == "mixprec":
+        return [a.mixprec, "bench"] + common_flags(a, precision)
+    cmd = [a.python, PEER] + common_flags(a, precision)
+    if a.torch_linear != "native":
+        cmd += ["--linear", a.torch_linear]
+    return cmd
+
+
+def parse_result(stdout):
+    """The last stdout line that parses as a JSON object with "steps_per_s"."""
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "steps_per_s" in obj:
+            return obj
+    return None
+
+
+class RunError(Exception):
+    pass
+
+
+def run_once(a, impl, precision):
+    cmd = command(a, impl, precision)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                              timeout=a.timeout)
+    except OSError as e:
+        raise RunError(f"cannot run {shlex.join(cmd)}: {e}") from e
+    except subprocess.TimeoutExpired as e:
+        raise RunError(f"timed out after {a.timeout:.0f} s: {shlex.join(cmd)}") from e
+    wall = time.perf_counter() - t0
+    res = parse_result(proc.stdout)
+    if proc.returncode != 0 or res is None:
+        tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-15:])
+        why = (f"exit status {proc.returncode}" if proc.returncode != 0
+               else "no JSON line with \"steps_per_s\" on stdout")
+        raise RunError(f"{impl} {precision} failed ({why}): {shlex.join(cmd)}\n{tail}")
+    try:
+        float(res["step_ms"]["median"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise RunError(f"{impl} {precision}: result has no step_ms.median: {res}") from e
+    return {"cmd": cmd, "wall_s": wall, "result": res}
+
+
+def stats(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
+
+
+def summarise(a, runs):
+    """runs: list of {"repeat", "impl", "precision", "result", ...}."""
+    ms = {}  # (impl, precision) -> {repeat: median step ms}
+    for r in runs:
+        ms.setdefault((r["impl"], r["precision"]), {})[r["repeat"]] = \
+            float(r["result"]["step_ms"]["median"])
+
+    per = []
+    for (impl, prec), by_rep in ms.items():
+        s = stats(list(by_rep.values()))
+        per.append({"impl": impl, "precision": prec, "step_ms_min": s["min"],
+                    "step_ms_median": s["median"], "step_ms_max": s["max"],
+                    "samples_per_s_best": 1000.0 * a.batch_size / s["min"],
+                    "samples_per_s_median": 1000.0 * a.batch_size / s["median"],
+                    "repeats": s["n"]})
+
+    def ratio(name, slow_key, fast_key):
+        """Pair-wise slow_ms / fast_ms per repeat: > 1 means fast_key is faster."""
+        slow, fast = ms.get(slow_key), ms.get(fast_key)
+        if not slow or not fast:
+            return None
+        vals = [slow[r] / fast[r] for r in sorted(slow) if r in fast and fast[r] > 0]
+        s = stats(vals)
+        if s is None:
+            return None
+        return {"name": name, "numerator": list(slow_key), "denominator": list(fast_key),
+                "per_repeat": vals, **s}
+
+    ratios = []
+    for impl in a.impls:
+        for p in a.precisions:
+            if p != "fp32" and "fp32" in a.precisions:
+                ratios.append(ratio(f"{impl} {p} speedup over {impl} fp32",
+                                    (impl, "fp32"), (impl, p)))
+    if "mixprec" in a.impls and "pytorch" in a.impls:
+        for p in a.precisions:
+            ratios.append(ratio(f"mixprec {p} vs pytorch {p} (x faster)",
+                                ("pytorch", p), ("mixprec", p)))
+    return {"per_impl": per, "ratios": [r for r in ratios if r is not None]}
+
+
+def print_table(a, summary):
+    print()
+    print(f"model={a.model}" + (f" hidden={a.hidden}" if a.model == "mlp" else "")
+          + (f" channels={a.channels}" if a.model == "cnn" else "")
+          + f" batch={a.batch_size} threads={a.threads} steps={a.steps} warmup={a.warmup}"
+          f" optimizer={a.optimizer} repeats={a.repeats}"
+          + (f" torch-linear={a.torch_linear}" if a.torch_linear != "native" else ""))
+    print("step time = each run's median step; min / median over repeats")
+    hdr = f"{'impl':<8} {'precision':<10} {'ms min':>9} {'ms median':>10} " \
+          f"{'ms max':>9} {'samples/s (med)':>16}"
+    print(hdr)
+    print("-" * len(hdr))
+    for row in summary["per_impl"]:
+        print(f"{row['impl']:<8} {row['precision']:<10} {row['step_ms_min']:9.2f} "
+              f"{row['step_ms_median']:10.2f} {row['step_ms_max']:9.2f} "
+              f"{row['samples_per_s_median']:16.0f}")
+    if summary["ratios"]:
+        print()
+        print("ratios, pair-wise per repeat (> 1: the first named is faster)")
+        w = max(len(r["name"]) for r in summary["ratios"])
+        print(f"{'':<{w}} {'min':>7} {'median':>7} {'max':>7}")
+        for r in summary["ratios"]:
+            print(f"{r['name']:<{w}} {r['min']:7.2f} {r['median']:7.2f} {r['max']:7.2f}")
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    if "mixprec" in a.impls and not (os.path.isfile(a.mixprec)
+                                     and os.access(a.mixprec, os.X_OK)):
+        print(f"compare.py: mixprec CLI not found or not executable: {a.mixprec}\n"
+              f"  build it first (cmake --build build) or pass --mixprec PATH",
+              file=sys.stderr)
+        return 2
+    if "pytorch" in a.impls and not os.access(a.python, os.X_OK):
+        print(f"compare.py: peer interpreter not found: {a.python} (pass --python)",
+              file=sys.stderr)
+        return 2
+
+    jobs = []
+    for p in a.precisions:
+        for impl in a.impls:
+            if impl == "pytorch" and p not in TORCH_PRECISIONS:
+                print(f"compare.py: note: the PyTorch peer has no {p}; skipping it",
+                      file=sys.stderr)
+                continue
+            jobs.append((impl, p))
+
+    runs = []
+    failed = None
+    for rep in range(a.repeats):
+        for impl, p in jobs:
+            try:
+                out = run_once(a, impl, p)
+            except RunError as e:
+                failed = str(e)
+                break
+            runs.append({"repeat": rep, "impl": impl, "precision": p, **out})
+            res = out["result"]
+            print(f"[{rep + 1}/{a.repeats}] {impl:<8} {p:<9} "
+                  f"step_ms median {float(res['step_ms']['median']):8.2f}  "
+                  f"best {float(res['step_ms']['best']):8.2f}  ({out['wall_s']:.0f} s)",
+                  flush=True)
+        if failed:
+            break
+
+    if failed:
+        print(f"compare.py: {failed}", file=sys.stderr)
+    summary = summarise(a, runs) if runs else {"per_impl": [], "ratios": []}
+    if runs:
+        print_table(a, summary)
+    if a.json_out:
+        cfg = {k: v for k, v in vars(a).items() if k != "json_out"}
+        with open(a.json_out, "w") as f:
+            json.dump({"config": cfg, "complete": failed is None, "error": failed,
+                       "runs": runs, "summary": summary}, f, indent=1)
+        print(f"\nwrote {a.json_out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
