@@ -1,0 +1,137 @@
+// oneDNN plumbing shared by the CPU primitives: engine and stream, dtype mapping, user
+// scratchpads from the counting allocator, a bounded primitive cache, and CPU feature queries.
+#pragma once
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "mixprec/dtype.h"
+
+namespace mixprec::kernels::cpu {
+
+// One CPU engine and one stream per process, created on first use (thread-safe static init).
+// A CPU stream with the OpenMP runtime executes synchronously in the calling thread and keeps
+// no per-call state, so sharing it is safe (PyTorch's ideep shares one the same way).
+// Outside this namespace call them qualified: oneDNN's C API declares global `struct dnnl_engine`
+// and `struct dnnl_stream`, so after a using-directive the bare names are ambiguous.
+dnnl::engine& dnnl_engine();
+dnnl::stream& dnnl_stream();
+
+// f32, bf16, f16; any other dtype is an internal error (callers check support first).
+dnnl::memory::data_type to_dnnl(DType t);
+
+// The attribute every mixprec primitive starts from: scratchpad_mode::user, so that (1) the
+// scratchpad bytes are counted by our allocator and (2) one primitive can run on several
+// threads at once (a library-owned scratchpad would be shared between them).
+dnnl::primitive_attr user_scratchpad_attr();
+
+// CPU features, from cpuid and XCR0 (hardware and OS support both required).
+bool has_avx512_bf16();
+bool has_amx_bf16();
+// The ISA oneDNN dispatches to, e.g. "avx512_core_amx" (ONEDNN_MAX_CPU_ISA can lower it).
+std::string dnnl_isa_name();
+
+// Bytes from mixprec::allocator (MemCategory::workspace), released on scope exit. Used for
+// scratchpads and for temporary dense copies of operands.
+class WorkspaceBuffer {
+ public:
+  WorkspaceBuffer() = default;
+  explicit WorkspaceBuffer(size_t bytes);
+  ~WorkspaceBuffer();
+  WorkspaceBuffer(const WorkspaceBuffer&) = delete;
+  WorkspaceBuffer& operator=(const WorkspaceBuffer&) = delete;
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The scratchpad one execution of `pd` needs, allocated per execution: the allocator's
+// free-list makes the repeat allocation of a large block a lookup, and the workspace bytes
+// are live exactly while the primitive runs.
+class Scratchpad {
+ public:
+  explicit Scratchpad(const dnnl::primitive_desc_base& pd);
+  // Adds DNNL_ARG_SCRATCHPAD when the primitive needs one.
+  void add_to(std::unordered_map<int, dnnl::memory>& args) const;
+  size_t bytes() const { return buf_.bytes(); }
+
+ private:
+  WorkspaceBuffer buf_;
+  dnnl::memory mem_;
+};
+
+struct CacheStats {
+  int64_t hits = 0;
+  int64_t misses = 0;     // = primitives created
+  int64_t evictions = 0;
+  int64_t size = 0;
+};
+
+// Bounded LRU map from a shape key to a created primitive (and whatever goes with it).
+// Creating a oneDNN primitive costs microseconds to milliseconds (JIT): never once per step.
+// Key needs operator== and Hash; Value should be cheap to copy (oneDNN objects are handles).
+template <class Key, class Value, class Hash = std::hash<Key>>
+class PrimitiveCache {
+ public:
+  // 256: several models' worth of layers times fwd/bwd products, still small in memory.
+  explicit PrimitiveCache(size_t capacity = 256) : capacity_(capacity == 0 ? 1 : capacity) {}
+
+  // The cached value for key, or make() stored and returned. make() runs under the lock so a
+  // key is created once even when threads race; if it throws, nothing is stored.
+  template <class Make>
+  Value get_or_create(const Key& key, Make&& make) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = index_.find(key); it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      ++hits_;
+      return it->second->second;
+    }
+    Value value = std::forward<Make>(make)();
+    ++misses_;
+    lru_.emplace_front(key, value);
+    index_.emplace(key, lru_.begin());
+    if (lru_.size() > capacity_) {
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+      ++evictions_;
+    }
+    return value;
+  }
+
+  CacheStats stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {hits_, misses_, evictions_, static_cast<int64_t>(lru_.size())};
+  }
+
+  // Drops every entry and zeroes the counters.
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    index_.clear();
+    lru_.clear();
+    hits_ = misses_ = evictions_ = 0;
+  }
+
+ private:
+  using List = std::list<std::pair<Key, Value>>;  // front: most recently used
+  mutable std::mutex mu_;
+  size_t capacity_;
+  List lru_;
+  std::unordered_map<Key, typename List::iterator, Hash> index_;
+  int64_t hits_ = 0, misses_ = 0, evictions_ = 0;
+};
+
+// Mixes v into a running hash (boost::hash_combine's constant, widened to 64 bits).
+inline size_t hash_mix(size_t seed, uint64_t v) {
+  return seed ^ (std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (seed << 6) + (seed >> 2));
+}
+
+}  // namespace mixprec::kernels::cpu
