@@ -2,6 +2,7 @@
 #include "mixprec/cpu.h"
 
 #include <cpuid.h>
+#include <cstdint>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -12,17 +13,30 @@ struct Features {
   bool avx512f = false, avx512_bf16 = false, avx512_fp16 = false, amx_bf16 = false;
 };
 
+// XCR0: which register states the OS saves on context switch. Read with inline asm so this
+// file needs no -mxsave.
+uint64_t read_xcr0() {
+  uint32_t eax = 0, edx = 0;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (uint64_t(edx) << 32) | eax;
+}
+
 Features detect() {
   Features f;
-  unsigned a, b, c, d;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return f;  // OSXSAVE
+  const uint64_t xcr0 = read_xcr0();
+  const bool os_avx512 = (xcr0 & 0xE6) == 0xE6;               // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
+  const bool os_amx = (xcr0 & (3ull << 17)) == (3ull << 17);  // XTILECFG, XTILEDATA
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
-  f.avx512f = (b >> 16) & 1;
-  f.avx512_fp16 = (d >> 23) & 1;
+  const unsigned max_sub = a;
+  f.avx512f = os_avx512 && ((b >> 16) & 1);
+  f.avx512_fp16 = f.avx512f && ((d >> 23) & 1);
   const bool amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1;
-  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = (a >> 5) & 1;
-  if (amx_tile && amx_bf16) {
-    // Linux hands out the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM);
-    // oneDNN makes the same request. Without it AMX instructions fault.
+  if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = f.avx512f && ((a >> 5) & 1);
+  if (os_amx && amx_tile && amx_bf16) {
+    // Linux hands out the AMX tile data state only on request (arch_prctl
+    // ARCH_REQ_XCOMP_PERM); oneDNN makes the same request. Without it AMX instructions fault.
     constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     f.amx_bf16 = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   }

@@ -31,7 +31,7 @@ dnnl::memory::data_type to_dnnl(DType t);
 // threads at once (a library-owned scratchpad would be shared between them).
 dnnl::primitive_attr user_scratchpad_attr();
 
-// CPU features, from cpuid and XCR0 (hardware and OS support both required).
+// CPU features (mixprec/cpu.h: cpuid and XCR0, hardware and OS support both required).
 bool has_avx512_bf16();
 bool has_amx_bf16();
 // The ISA oneDNN dispatches to, e.g. "avx512_core_amx" (ONEDNN_MAX_CPU_ISA can lower it).

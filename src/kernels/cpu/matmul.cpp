@@ -1,6 +1,52 @@
-// Fast CPU matmul glue: tensors -> oneDNN (f32, bf16 on AMX); f16 computed through f32.
+// Fast CPU matmul glue: tensors -> oneDNN MatmulArgs (f32; bf16 on AMX). oneDNN has no f16
+// matmul on CPU, so f16 operands are widened to f32, multiplied, and the result rounded to f16
+// once on store: f16 storage, range and rounding stay real (design decision 4).
+#include "kernels/cpu/dnnl_matmul.h"
 #include "kernels/kernels.h"
 
 namespace mixprec::kernels::cpu {
-bool matmul(const Tensor&, const Tensor&, Tensor&, const MatmulOpts&) { return false; }
+
+bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) {
+  const DType t = a.dtype();
+  if (b.dtype() != t || a.dim() != 2 || b.dim() != 2 || !dst.is_contiguous()) return false;
+  if (t == DType::f16) {
+    if (dst.dtype() != DType::f16) return false;
+    Tensor a32 = kernels::cast(a, DType::f32), b32 = kernels::cast(b, DType::f32);
+    Tensor bias32 = o.bias ? kernels::cast(*o.bias, DType::f32) : Tensor();
+    Tensor d32 = o.accumulate ? kernels::cast(dst, DType::f32) : Tensor::empty(dst.shape(), DType::f32);
+    MatmulOpts o32 = o;
+    o32.bias = o.bias ? &bias32 : nullptr;
+    if (!kernels::cpu::matmul(a32, b32, d32, o32)) return false;
+    kernels::copy(d32, dst);
+    return true;
+  }
+  if (t != DType::f32 && t != DType::bf16) return false;
+  if (dst.dtype() != t && !(t == DType::bf16 && dst.dtype() == DType::f32)) return false;
+  MatmulArgs args;
+  args.m = dst.size(0);
+  args.n = dst.size(1);
+  args.k = o.trans_a ? a.size(0) : a.size(1);
+  args.src_t = args.wei_t = t;
+  args.dst_t = dst.dtype();
+  args.src = a.data_ptr();
+  args.src_stride_m = o.trans_a ? a.strides()[1] : a.strides()[0];
+  args.src_stride_k = o.trans_a ? a.strides()[0] : a.strides()[1];
+  args.wei = b.data_ptr();
+  args.wei_stride_k = o.trans_b ? b.strides()[1] : b.strides()[0];
+  args.wei_stride_n = o.trans_b ? b.strides()[0] : b.strides()[1];
+  args.dst = dst.data_ptr();
+  args.dst_stride_m = args.n;
+  Tensor bias;
+  if (o.bias) {
+    bias = kernels::contig(*o.bias);
+    if (bias.dtype() != DType::f32 && bias.dtype() != t) bias = kernels::cast(bias, DType::f32);
+    args.bias = bias.data_ptr();
+    args.bias_t = bias.dtype();
+  }
+  args.accumulate = o.accumulate;
+  if (!matmul_supported(args)) return false;
+  cpu::matmul(args);
+  return true;
+}
+
 }  // namespace mixprec::kernels::cpu
