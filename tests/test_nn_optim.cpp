@@ -1,0 +1,154 @@
+// nn modules (PyTorch names, initialisation bounds, train/eval, state_dict) and the optimizer
+// update rules against PyTorch's formulas written out independently here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "mixprec/autograd.h"
+#include "mixprec/error.h"
+#include "mixprec/nn.h"
+#include "mixprec/optim.h"
+
+using namespace mixprec;
+
+TEST(Nn, SequentialNamesMatchPyTorch) {
+  auto m = nn::Sequential(nn::Flatten(), nn::Linear(784, 32), nn::ReLU(), nn::Linear(32, 10));
+  const auto sd = m.state_dict();
+  ASSERT_EQ(sd.size(), 4u);
+  EXPECT_EQ(sd[0].first, "1.weight");
+  EXPECT_EQ(sd[1].first, "1.bias");
+  EXPECT_EQ(sd[2].first, "3.weight");
+  EXPECT_EQ(sd[3].first, "3.bias");
+  EXPECT_EQ(sd[0].second.shape(), Shape({32, 784}));  // [out, in], as PyTorch stores it
+  EXPECT_EQ(m.num_parameters(), 784 * 32 + 32 + 32 * 10 + 10);
+}
+
+TEST(Nn, LinearInitWithinKaimingBound) {
+  default_generator().manual_seed(3);
+  nn::Linear l(400, 50);
+  const double bound = 1.0 / std::sqrt(400.0);
+  double mx = 0, sum = 0;
+  for (float v : l.weight.to_vector()) {
+    mx = std::max(mx, double(std::fabs(v)));
+    sum += v;
+  }
+  EXPECT_LE(mx, bound);
+  EXPECT_GT(mx, 0.95 * bound);  // uniform over the whole range, not a narrower one
+  EXPECT_NEAR(sum / 20000.0, 0.0, 0.01 * bound * 10);
+  for (float v : l.bias.to_vector()) EXPECT_LE(std::fabs(v), bound);
+  EXPECT_TRUE(l.weight.requires_grad());
+  EXPECT_EQ(l.weight.storage()->category(), MemCategory::parameters);
+}
+
+TEST(Nn, DropoutFollowsTrainEval) {
+  auto m = nn::Sequential(nn::Dropout(0.5));
+  Tensor x = Tensor::ones({1000});
+  auto y = m(x).to_vector();
+  int zeros = 0;
+  for (float v : y) {
+    EXPECT_TRUE(v == 0.f || v == 2.f);
+    zeros += v == 0.f;
+  }
+  EXPECT_GT(zeros, 400);
+  EXPECT_LT(zeros, 600);
+  m.eval();
+  EXPECT_FALSE(m[0].is_training());
+  for (float v : m(x).to_vector()) EXPECT_EQ(v, 1.f);
+}
+
+TEST(Nn, LoadStateDictStrict) {
+  auto a = nn::Sequential(nn::Linear(3, 2));
+  auto b = nn::Sequential(nn::Linear(3, 2));
+  b.load_state_dict(a.state_dict());
+  EXPECT_EQ(a.state_dict()[0].second.to_vector(), b.state_dict()[0].second.to_vector());
+  auto c = nn::Sequential(nn::Linear(3, 4));
+  EXPECT_THROW(c.load_state_dict(a.state_dict()), Error);
+  nn::NamedTensors missing = {a.state_dict()[0]};
+  EXPECT_THROW(b.load_state_dict(missing), Error);
+  nn::NamedTensors extra = a.state_dict();
+  extra.emplace_back("9.weight", Tensor::zeros({1}));
+  EXPECT_THROW(b.load_state_dict(extra), Error);
+}
+
+namespace {
+// One parameter with a fixed gradient per step.
+struct Fixture {
+  Tensor p = Tensor::from_vector(std::vector<float>{0.5f, -1.5f, 2.0f, 0.0f}, {4}).set_requires_grad();
+  std::vector<std::vector<float>> grads = {{0.1f, -0.2f, 0.3f, 0.0f}, {-0.4f, 0.5f, 0.1f, 1.0f}, {0.2f, 0.2f, -0.3f, -1.0f}};
+  void set_grad(int step) { p.set_grad(Tensor::from_vector(grads[size_t(step)], {4})); }
+};
+}  // namespace
+
+TEST(Optim, SgdMomentumNesterovWeightDecayMatchesPyTorchRule) {
+  for (bool nesterov : {false, true}) {
+    Fixture f;
+    optim::SGDOptions o{.lr = 0.1, .momentum = 0.9, .dampening = 0.0, .weight_decay = 0.01, .nesterov = nesterov};
+    optim::SGD opt({f.p}, o);
+    std::vector<double> p = {0.5, -1.5, 2.0, 0.0}, buf(4, 0.0);
+    for (int s = 0; s < 3; ++s) {
+      f.set_grad(s);
+      opt.step();
+      for (size_t j = 0; j < 4; ++j) {
+        double d = f.grads[size_t(s)][j] + 0.01 * p[j];
+        buf[j] = s == 0 ? d : 0.9 * buf[j] + d;
+        d = nesterov ? d + 0.9 * buf[j] : buf[j];
+        p[j] -= 0.1 * d;
+      }
+      const auto got = f.p.to_vector();
+      for (size_t j = 0; j < 4; ++j) EXPECT_NEAR(got[j], p[j], 1e-6) << "step " << s << " nesterov " << nesterov;
+    }
+  }
+}
+
+TEST(Optim, AdamWMatchesPyTorchRule) {
+  Fixture f;
+  optim::AdamW opt({f.p}, {.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1});
+  std::vector<double> p = {0.5, -1.5, 2.0, 0.0}, m(4, 0.0), v(4, 0.0);
+  for (int s = 0; s < 3; ++s) {
+    f.set_grad(s);
+    opt.step();
+    const double t = s + 1;
+    for (size_t j = 0; j < 4; ++j) {
+      const double g = f.grads[size_t(s)][j];
+      p[j] *= 1 - 0.01 * 0.1;
+      m[j] = 0.9 * m[j] + 0.1 * g;
+      v[j] = 0.999 * v[j] + 0.001 * g * g;
+      const double mhat = m[j] / (1 - std::pow(0.9, t)), vhat = v[j] / (1 - std::pow(0.999, t));
+      p[j] -= 0.01 * mhat / (std::sqrt(vhat) + 1e-8);
+    }
+    const auto got = f.p.to_vector();
+    for (size_t j = 0; j < 4; ++j) EXPECT_NEAR(got[j], p[j], 1e-6) << "step " << s;
+  }
+}
+
+TEST(Optim, SkipsParamsWithoutGradAndZeroGrad) {
+  Fixture f;
+  optim::SGD opt({f.p}, {.lr = 1.0});
+  opt.step();  // no grad yet: nothing changes
+  EXPECT_EQ(f.p.to_vector(), (std::vector<float>{0.5f, -1.5f, 2.0f, 0.0f}));
+  f.set_grad(0);
+  opt.zero_grad(/*set_to_none=*/false);
+  EXPECT_EQ(f.p.grad().to_vector(), std::vector<float>(4, 0.f));
+  opt.zero_grad();
+  EXPECT_FALSE(f.p.grad().defined());
+}
+
+TEST(Optim, RejectsBadOptions) {
+  Fixture f;
+  EXPECT_THROW(optim::SGD({f.p}, {.lr = -1.0}), Error);
+  EXPECT_THROW(optim::AdamW({f.p}, {.beta1 = 1.0}), Error);
+  EXPECT_THROW(optim::SGD({f.p}, {.lr = 0.1, .nesterov = true}), Error);
+  EXPECT_THROW(optim::SGD(std::vector<Tensor>{}, {}), Error);
+  Tensor not_leaf = ops::affine(f.p, 2.0);
+  EXPECT_THROW(optim::SGD({not_leaf}, {}), Error);
+}
+
+TEST(Optim, StateIsCountedAsOptimizerState) {
+  Fixture f;
+  const int64_t before = allocator::stats().live_bytes[size_t(MemCategory::optimizer_state)];
+  optim::AdamW opt({f.p});
+  f.set_grad(0);
+  opt.step();
+  const int64_t after = allocator::stats().live_bytes[size_t(MemCategory::optimizer_state)];
+  EXPECT_GE(after - before, 2 * 4 * 4);  // exp_avg and exp_avg_sq, 4 floats each
+}
