@@ -27,14 +27,23 @@ ThreadState& ts() {
   return t;
 }
 
-// 16-bit copy of a leaf parameter, made once per outermost autocast region.
+// True once a backward pass has run through the cast's node: the engine releases every node it
+// runs, so the cached copy can no longer carry a gradient (and an optimizer step has likely
+// changed the parameter since). Gradient accumulation inside one region needs a fresh cast.
+bool consumed(const Tensor& cast) {
+  const auto* node = dynamic_cast<const autograd::FunctionNode*>(cast.grad_fn().get());
+  return node != nullptr && !node->fn;
+}
+
+// 16-bit copy of a leaf parameter, made once per outermost autocast region (and again after a
+// backward pass has consumed it).
 Tensor cached_cast(const Tensor& t, DType dtype) {
   auto& cache = ts().cache;
   const bool cacheable = t.is_leaf() && t.requires_grad() && autograd::grad_enabled();
   if (!cacheable) return t.to(dtype);
   auto key = std::make_pair(t.impl(), dtype);
   auto it = cache.find(key);
-  if (it != cache.end() && !it->second.src.expired()) return it->second.cast;
+  if (it != cache.end() && !it->second.src.expired() && !consumed(it->second.cast)) return it->second.cast;
   Tensor c = t.to(dtype);
   cache[key] = CacheEntry{t.impl_ptr(), c};
   return c;

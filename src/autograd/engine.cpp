@@ -115,9 +115,12 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   std::unordered_map<Node*, int> deps;
   std::vector<Node*> stack;
   std::unordered_set<Node*> seen;
+  // Held here: a leaf root's AccumulateGrad is otherwise owned by nobody (the leaf keeps a weak_ptr).
+  std::vector<std::shared_ptr<Node>> root_nodes;
   for (const Tensor& r : roots) {
     MIXPREC_CHECK(r.requires_grad(), "backward: the tensor does not require grad and has no grad_fn");
-    Node* n = edge_of(r).get();
+    root_nodes.push_back(edge_of(r));
+    Node* n = root_nodes.back().get();
     if (seen.insert(n).second) stack.push_back(n);
   }
   while (!stack.empty()) {
@@ -148,13 +151,16 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
   };
   for (size_t i = 0; i < roots.size(); ++i) {
-    auto n = edge_of(roots[i]);
+    const auto& n = root_nodes[i];
     MIXPREC_CHECK(grads[i].shape() == roots[i].shape(), "backward: gradient shape ", shape_str(grads[i].shape()),
                   " does not match the tensor's ", shape_str(roots[i].shape()));
     Tensor g = grads[i].dtype() == roots[i].dtype() ? grads[i] : kernels::cast(grads[i], roots[i].dtype());
     deliver(n, g);
-    if (deps[n.get()] == 0) ready.push_back(n);
   }
+  // Once per node: a root given twice has its gradients summed above and must run only once.
+  std::unordered_set<Node*> queued;
+  for (const auto& n : root_nodes)
+    if (deps[n.get()] == 0 && queued.insert(n.get()).second) ready.push_back(n);
   while (!ready.empty()) {
     std::shared_ptr<Node> n = std::move(ready.back());
     ready.pop_back();

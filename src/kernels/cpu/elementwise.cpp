@@ -184,9 +184,8 @@ bool sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, Tensor
   if (!f32_compute(t) || !x.is_contiguous() || dst.dtype() == DType::f64) return false;
   for (size_t i = 0; i < dims.size(); ++i)
     if (dims[i] != int64_t(i)) return false;
-  int64_t rows = 1;
-  for (int64_t d : dims) rows *= x.size(d);
-  const int64_t cols = rows ? x.numel() / rows : 0;
+  int64_t rows = 1, cols = 1;  // cols from the kept dims: numel / rows breaks when rows == 0
+  for (int64_t d = 0; d < x.dim(); ++d) (d < int64_t(dims.size()) ? rows : cols) *= x.size(d);
   std::vector<float> acc(size_t(cols), 0.f);
   if (cols == 1) {
     // Whole-tensor sum: per-block partial sums in f32, combined in f64 so the order of blocks

@@ -1,0 +1,176 @@
+// The allocator: bytes by category (MemoryScope), live and peak accounting, 64-byte alignment,
+// reuse of large blocks, the budget (OutOfMemory, nothing leaked), reset_peak.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "mixprec/allocator.h"
+#include "mixprec/error.h"
+#include "mixprec/ops.h"
+#include "mixprec/tensor.h"
+
+namespace mixprec {
+namespace {
+
+int64_t live(MemCategory c) { return allocator::stats().live_bytes[static_cast<size_t>(c)]; }
+int64_t peak(MemCategory c) { return allocator::stats().peak_bytes[static_cast<size_t>(c)]; }
+int64_t rounded(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 63) / 64 * 64; }
+
+// Restores "no budget" however the test exits.
+struct BudgetGuard {
+  ~BudgetGuard() { allocator::set_budget(0); }
+};
+
+TEST(Allocator, MemoryScopeSetsTheCategory) {
+  EXPECT_EQ(current_mem_category(), MemCategory::activations);  // the default
+  const int64_t p0 = live(MemCategory::parameters), o0 = live(MemCategory::optimizer_state),
+                a0 = live(MemCategory::activations);
+  Tensor p, o, a;
+  {
+    MemoryScope params(MemCategory::parameters);
+    p = Tensor::zeros({100});  // 400 bytes -> 448
+    {
+      MemoryScope opt(MemCategory::optimizer_state);
+      EXPECT_EQ(current_mem_category(), MemCategory::optimizer_state);
+      o = Tensor::zeros({10}, DType::f64);  // 80 -> 128
+    }
+    EXPECT_EQ(current_mem_category(), MemCategory::parameters);
+  }
+  a = Tensor::zeros({3});
+  EXPECT_EQ(live(MemCategory::parameters) - p0, rounded(400));
+  EXPECT_EQ(live(MemCategory::optimizer_state) - o0, rounded(80));
+  EXPECT_EQ(live(MemCategory::activations) - a0, rounded(12));
+  EXPECT_EQ(p.storage()->category(), MemCategory::parameters);
+  EXPECT_EQ(o.storage()->category(), MemCategory::optimizer_state);
+  p = Tensor();
+  o = Tensor();
+  EXPECT_EQ(live(MemCategory::parameters), p0);
+  EXPECT_EQ(live(MemCategory::optimizer_state), o0);
+  EXPECT_EQ(mem_category_name(MemCategory::gradients), "gradients");
+}
+
+TEST(Allocator, LiveAndPeakAccounting) {
+  allocator::reset_peak();
+  const MemoryStats s0 = allocator::stats();
+  EXPECT_EQ(s0.peak_total, s0.live_total);
+  Tensor a = Tensor::empty({1000});       // 4000 -> 4032
+  Tensor b = Tensor::empty({10, 10, 10});  // 4032
+  const MemoryStats s1 = allocator::stats();
+  EXPECT_EQ(s1.live_total - s0.live_total, 2 * 4032);
+  EXPECT_EQ(s1.peak_total - s0.live_total, 2 * 4032);
+  a = Tensor();
+  const MemoryStats s2 = allocator::stats();
+  EXPECT_EQ(s2.live_total - s0.live_total, 4032);
+  EXPECT_EQ(s2.peak_total - s0.live_total, 2 * 4032);  // the peak stays
+  const size_t act = static_cast<size_t>(MemCategory::activations);
+  EXPECT_EQ(s2.at_peak_bytes[act] - s0.live_bytes[act], 2 * 4032);
+  // Views share storage: no new bytes.
+  Tensor v = b.reshape({100, 10}).transpose(0, 1).slice(0, 2, 5);
+  EXPECT_EQ(allocator::stats().live_total, s2.live_total);
+  b = Tensor();
+  EXPECT_EQ(allocator::stats().live_total, s2.live_total);  // v keeps the storage alive
+  v = Tensor();
+  EXPECT_EQ(allocator::stats().live_total, s0.live_total);
+}
+
+TEST(Allocator, ResetPeakForgetsThePast) {
+  {
+    Tensor big = Tensor::empty({1 << 16});
+    EXPECT_GE(allocator::stats().peak_total, allocator::stats().live_total);
+  }
+  const MemoryStats before = allocator::stats();
+  EXPECT_GE(before.peak_total - before.live_total, int64_t(4) << 16);
+  allocator::reset_peak();
+  const MemoryStats after = allocator::stats();
+  EXPECT_EQ(after.peak_total, after.live_total);
+  for (size_t c = 0; c < kNumMemCategories; ++c) EXPECT_EQ(after.peak_bytes[c], after.live_bytes[c]) << c;
+  Tensor t = Tensor::empty({16});
+  EXPECT_EQ(peak(MemCategory::activations), live(MemCategory::activations));
+}
+
+TEST(Allocator, SixtyFourByteAlignment) {
+  for (int64_t n : {1, 3, 17, 64, 65, 1000, 20000, 100000}) {
+    Tensor t = Tensor::empty({n}, DType::u8);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.storage()->data()) % 64, 0u) << n;
+  }
+  for (size_t bytes : {size_t(0), size_t(1), size_t(63), size_t(4097), size_t(1) << 17}) {
+    void* p = allocator::allocate(bytes, MemCategory::workspace);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << bytes;
+    allocator::deallocate(p, bytes, MemCategory::workspace);
+  }
+  EXPECT_EQ(live(MemCategory::workspace), 0);
+}
+
+TEST(Allocator, LargeBlocksAreReused) {
+  const int64_t n = 1 << 18;  // 1 MiB of f32: above the cache threshold
+  allocator::empty_cache();
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({n});
+    first = t.storage()->data();
+  }
+  const MemoryStats s0 = allocator::stats();
+  EXPECT_GE(s0.cached_bytes, n * 4);
+  Tensor again = Tensor::empty({n});
+  const MemoryStats s1 = allocator::stats();
+  EXPECT_EQ(s1.num_cache_hits, s0.num_cache_hits + 1);
+  EXPECT_EQ(s1.num_allocs, s0.num_allocs);
+  EXPECT_EQ(s1.cached_bytes, s0.cached_bytes - n * 4);
+  EXPECT_EQ(again.storage()->data(), first);
+  // Small blocks go back to the system: no cache hit.
+  { Tensor small = Tensor::empty({16}); }
+  Tensor small2 = Tensor::empty({16});
+  EXPECT_EQ(allocator::stats().num_cache_hits, s1.num_cache_hits);
+  again = Tensor();
+  allocator::empty_cache();
+  EXPECT_EQ(allocator::stats().cached_bytes, 0);
+}
+
+TEST(Allocator, BudgetThrowsOutOfMemoryAndLeaksNothing) {
+  BudgetGuard guard;
+  allocator::empty_cache();
+  const int64_t live0 = allocator::stats().live_total;
+  const int64_t budget = live0 + (int64_t(1) << 20);  // 1 MiB of headroom
+  allocator::set_budget(budget);
+  EXPECT_EQ(allocator::stats().budget_bytes, budget);
+  Tensor fits = Tensor::empty({1 << 17});  // 512 KiB
+  try {
+    Tensor too_big = Tensor::empty({1 << 18});  // another 1 MiB
+    FAIL() << "no OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("budget"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(budget)), std::string::npos) << msg;
+  }
+  EXPECT_EQ(allocator::stats().live_total, live0 + (int64_t(4) << 17));
+  fits = Tensor();
+  EXPECT_EQ(allocator::stats().live_total, live0);
+
+  // An op that runs out half way (its output does not fit) leaves nothing behind, graph included.
+  Generator g(1);
+  Tensor w = Tensor::randn({256, 256}, g).set_requires_grad();  // 256 KiB
+  Tensor x = Tensor::randn({512, 256}, g);                      // 512 KiB
+  const int64_t live1 = allocator::stats().live_total;
+  EXPECT_THROW(ops::gelu(ops::linear(x, w)), OutOfMemory);     // the 512 KiB linear output does not fit
+  EXPECT_EQ(allocator::stats().live_total, live1);
+  EXPECT_THROW(ops::exp(x), OutOfMemory);
+  EXPECT_EQ(allocator::stats().live_total, live1);
+  allocator::set_budget(0);
+  EXPECT_NO_THROW(ops::gelu(ops::linear(x, w)));
+  EXPECT_THROW(allocator::set_budget(-1), Error);
+}
+
+TEST(Allocator, BudgetCountsCachedBlocksAsReclaimable) {
+  BudgetGuard guard;
+  allocator::empty_cache();
+  { Tensor t = Tensor::empty({1 << 18}); }  // leaves 1 MiB cached
+  ASSERT_GE(allocator::stats().cached_bytes, int64_t(4) << 18);
+  // A budget with room for one 1.5 MiB block: the cached 1 MiB must be dropped, not counted.
+  allocator::set_budget(allocator::stats().live_total + (int64_t(3) << 19));
+  EXPECT_NO_THROW(Tensor::empty({3 << 17}));
+  EXPECT_EQ(allocator::stats().cached_bytes, int64_t(3) << 19);
+}
+
+}  // namespace
+}  // namespace mixprec

@@ -1,0 +1,258 @@
+// The autocast guard: each op class runs in the dtype ops.def gives it, parameters get f32
+// gradients through the casts, the weight-cast cache lives as long as the outermost guard,
+// guards nest, and the trace names what ran in which dtype.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "mixprec/amp.h"
+#include "mixprec/autograd.h"
+#include "mixprec/error.h"
+#include "mixprec/ops.h"
+
+namespace mixprec {
+// gtest prints a failing case's DType parameter by name.
+static void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+
+namespace {
+
+struct Model {
+  Tensor w, b;  // f32 leaf parameters
+};
+Model make_model(Generator& g, int64_t in = 8, int64_t out = 6) {
+  return {Tensor::randn({out, in}, g, DType::f32, 0.3).set_requires_grad(),
+          Tensor::randn({out}, g, DType::f32, 0.1).set_requires_grad()};
+}
+Tensor targets(int64_t n, int64_t classes) {
+  std::vector<int64_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[size_t(i)] = i % classes;
+  return Tensor::from_vector(t, {n});
+}
+
+class AutocastBoth : public ::testing::TestWithParam<DType> {};
+
+TEST_P(AutocastBoth, LowerOpsRunInTheAutocastDtype) {
+  const DType half = GetParam();
+  Generator g(1);
+  Model m = make_model(g);
+  Tensor x = Tensor::randn({4, 8}, g);
+  amp::Autocast ac(half);
+  EXPECT_TRUE(amp::is_autocast_enabled());
+  EXPECT_EQ(amp::autocast_dtype(), half);
+  EXPECT_EQ(ops::linear(x, m.w, m.b).dtype(), half);
+  EXPECT_EQ(ops::linear(x, m.w).dtype(), half);
+  EXPECT_EQ(ops::matmul(x, m.w.t()).dtype(), half);
+  EXPECT_EQ(ops::matmul(x.reshape({2, 2, 8}), m.w.t()).dtype(), half);
+  EXPECT_EQ(ops::linear(x.to(half), m.w, m.b).dtype(), half);
+  // f64 is left alone, as in PyTorch.
+  EXPECT_EQ(ops::matmul(x.to(DType::f64), m.w.t().to(DType::f64)).dtype(), DType::f64);
+}
+
+TEST_P(AutocastBoth, Fp32OpsUpcastHalfInputs) {
+  const DType half = GetParam();
+  Generator g(2);
+  Tensor x = Tensor::randn({4, 6}, g, half);
+  Tensor pos = Tensor::uniform({4, 6}, g, 0.5, 2.0, half);
+  amp::Autocast ac(half);
+  EXPECT_EQ(ops::softmax(x).dtype(), DType::f32);
+  EXPECT_EQ(ops::log_softmax(x, 0).dtype(), DType::f32);
+  EXPECT_EQ(ops::cross_entropy(x, targets(4, 6)).dtype(), DType::f32);
+  EXPECT_EQ(ops::nll_loss(x, targets(4, 6)).dtype(), DType::f32);
+  EXPECT_EQ(ops::mse_loss(x, pos).dtype(), DType::f32);
+  EXPECT_EQ(ops::sum(x).dtype(), DType::f32);
+  EXPECT_EQ(ops::sum(x, {0}).dtype(), DType::f32);
+  EXPECT_EQ(ops::mean(x).dtype(), DType::f32);
+  EXPECT_EQ(ops::exp(x).dtype(), DType::f32);
+  EXPECT_EQ(ops::log(pos).dtype(), DType::f32);
+  EXPECT_EQ(ops::pow(pos, 2.0).dtype(), DType::f32);
+  EXPECT_EQ(ops::sqrt(pos).dtype(), DType::f32);
+}
+
+TEST_P(AutocastBoth, PromoteAndKeep) {
+  const DType half = GetParam();
+  const DType other_half = half == DType::bf16 ? DType::f16 : DType::bf16;
+  Generator g(3);
+  Tensor h = Tensor::randn({3, 4}, g, half), f = Tensor::randn({3, 4}, g);
+  amp::Autocast ac(half);
+  EXPECT_EQ(ops::add(h, f).dtype(), DType::f32);
+  EXPECT_EQ(ops::mul(f, h).dtype(), DType::f32);
+  EXPECT_EQ(ops::sub(h, h).dtype(), half);
+  EXPECT_EQ(ops::div(h, Tensor::randn({3, 4}, g, other_half)).dtype(), DType::f32);
+  EXPECT_EQ(ops::relu(h).dtype(), half);
+  EXPECT_EQ(ops::relu(f).dtype(), DType::f32);
+  EXPECT_EQ(ops::gelu(h).dtype(), half);
+  EXPECT_EQ(ops::dropout(h, 0.5, true).dtype(), half);
+  EXPECT_EQ(ops::neg(h).dtype(), half);
+  EXPECT_EQ(ops::reshape(h, {12}).dtype(), half);
+}
+
+// An f32 parameter used in a 16-bit linear gets an f32 gradient (the cast's backward casts back),
+// equal to the f32 computation within 16-bit rounding.
+TEST_P(AutocastBoth, ParameterReceivesF32Gradient) {
+  const DType half = GetParam();
+  Generator g(4);
+  Model m = make_model(g);
+  Tensor x = Tensor::randn({5, 8}, g);
+  Tensor loss;
+  {
+    amp::Autocast ac(half);
+    Tensor y = ops::linear(x, m.w, m.b);
+    ASSERT_EQ(y.dtype(), half);
+    loss = ops::sum(ops::mul(y, y));
+    ASSERT_EQ(loss.dtype(), DType::f32);
+  }
+  loss.backward();
+  ASSERT_TRUE(m.w.grad().defined());
+  EXPECT_EQ(m.w.grad().dtype(), DType::f32);
+  EXPECT_EQ(m.b.grad().dtype(), DType::f32);
+  EXPECT_EQ(m.w.grad().shape(), m.w.shape());
+  // f32 reference: dL/dW = 2 y^T x, dL/db = 2 sum_rows(y).
+  Tensor w32 = m.w.detach().set_requires_grad(), b32 = m.b.detach().set_requires_grad();
+  Tensor y32 = ops::linear(x, w32, b32);
+  ops::sum(ops::mul(y32, y32)).backward();
+  const auto gw = m.w.grad().to_vector(), rw = w32.grad().to_vector();
+  const auto gb = m.b.grad().to_vector(), rb = b32.grad().to_vector();
+  float scale = 0;
+  for (float v : rw) scale = std::max(scale, std::fabs(v));
+  for (size_t i = 0; i < gw.size(); ++i) EXPECT_NEAR(gw[i], rw[i], 0.05f * scale) << i;
+  for (size_t i = 0; i < gb.size(); ++i) EXPECT_NEAR(gb[i], rb[i], 0.05f * scale) << i;
+  // And not bit-identical: the forward really ran in 16 bits.
+  EXPECT_NE(gw, rw);
+}
+
+TEST_P(AutocastBoth, WeightCastCacheLivesUntilTheOutermostGuardExits) {
+  const DType half = GetParam();
+  Generator g(5);
+  Model m = make_model(g), m2 = make_model(g);
+  Tensor fresh = Tensor::randn({6, 8}, g).set_requires_grad();
+  Tensor x = Tensor::randn({2, 8}, g);
+  ASSERT_EQ(amp::autocast_cache_size(), 0u);
+  {
+    amp::Autocast outer(half);
+    Tensor y1 = ops::linear(x, m.w, m.b);
+    EXPECT_EQ(amp::autocast_cache_size(), 2u);  // w and b
+    Tensor y2 = ops::linear(ops::relu(x), m.w, m.b);
+    EXPECT_EQ(amp::autocast_cache_size(), 2u);  // reused, not re-cast
+    // Both uses share one cast node for w: one copy, one gradient path.
+    ASSERT_NE(y1.grad_fn(), nullptr);
+    EXPECT_EQ(y1.grad_fn()->next[1], y2.grad_fn()->next[1]);
+    {
+      amp::Autocast inner(half);
+      ops::linear(x, m2.w);
+      EXPECT_EQ(amp::autocast_cache_size(), 3u);
+    }
+    EXPECT_EQ(amp::autocast_cache_size(), 3u);  // inner exit keeps the outer's cache
+    // Activations (non-leaves) and parameters under no_grad are not cached.
+    ops::matmul(ops::affine(x, 2.0), ops::affine(m2.w, 1.0).t());
+    {
+      autograd::NoGradGuard ng;
+      ops::linear(x, fresh);
+    }
+    EXPECT_EQ(amp::autocast_cache_size(), 3u);
+  }
+  EXPECT_EQ(amp::autocast_cache_size(), 0u);
+}
+
+TEST_P(AutocastBoth, NestedDisabledGuardRunsInInputDtypes) {
+  const DType half = GetParam();
+  Generator g(6);
+  Model m = make_model(g);
+  Tensor x = Tensor::randn({3, 8}, g);
+  amp::Autocast outer(half);
+  {
+    amp::Autocast off(false);
+    EXPECT_FALSE(amp::is_autocast_enabled());
+    EXPECT_EQ(ops::linear(x, m.w, m.b).dtype(), DType::f32);
+    EXPECT_EQ(ops::softmax(x.to(half)).dtype(), half);
+    {
+      amp::Autocast on_again(half);
+      EXPECT_EQ(ops::linear(x, m.w, m.b).dtype(), half);
+    }
+    EXPECT_EQ(ops::linear(x, m.w).dtype(), DType::f32);
+  }
+  EXPECT_TRUE(amp::is_autocast_enabled());
+  EXPECT_EQ(ops::linear(x, m.w, m.b).dtype(), half);
+}
+
+// Gradient accumulation over micro-batches inside one autocast region: each backward runs
+// through the cached cast once, and the next forward must still be differentiable.
+TEST_P(AutocastBoth, TwoBackwardsInsideOneRegion) {
+  const DType half = GetParam();
+  Generator g(7);
+  Model m = make_model(g);
+  Tensor x = Tensor::randn({4, 8}, g);
+  std::vector<float> first;
+  {
+    amp::Autocast ac(half);
+    for (int step = 0; step < 2; ++step) {
+      Tensor loss = ops::cross_entropy(ops::linear(x, m.w, m.b), targets(4, 6));
+      ASSERT_NO_THROW(loss.backward()) << "step " << step;
+      if (step == 0) first = m.w.grad().to_vector();
+    }
+    EXPECT_LE(amp::autocast_cache_size(), 2u);
+  }
+  const auto twice = m.w.grad().to_vector();
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_FLOAT_EQ(twice[i], 2 * first[i]) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Amp, AutocastBoth, ::testing::Values(DType::bf16, DType::f16),
+                         [](const ::testing::TestParamInfo<DType>& p) { return std::string(dtype_name(p.param)); });
+
+TEST(Autocast, OffByDefaultAndOutsideTheGuard) {
+  Generator g(8);
+  Model m = make_model(g);
+  Tensor x = Tensor::randn({3, 8}, g);
+  EXPECT_FALSE(amp::is_autocast_enabled());
+  EXPECT_EQ(ops::linear(x, m.w, m.b).dtype(), DType::f32);
+  {
+    amp::Autocast ac;
+    EXPECT_EQ(amp::autocast_dtype(), DType::bf16);  // the CPU default, as PyTorch
+    EXPECT_EQ(ops::linear(x, m.w, m.b).dtype(), DType::bf16);
+  }
+  EXPECT_FALSE(amp::is_autocast_enabled());
+  EXPECT_EQ(ops::linear(x, m.w, m.b).dtype(), DType::f32);
+  EXPECT_EQ(ops::softmax(x.to(DType::bf16)).dtype(), DType::bf16);  // no upcast without autocast
+}
+
+TEST(Autocast, RejectsANonHalfDtype) {
+  EXPECT_THROW(amp::Autocast(DType::f32), Error);
+  EXPECT_FALSE(amp::is_autocast_enabled());
+  EXPECT_NO_THROW(amp::Autocast(DType::f32, /*enabled=*/false));
+}
+
+TEST(Autocast, TraceListsOpsWithTheirRunDtypes) {
+  Generator g(9);
+  Model m = make_model(g);
+  Tensor x = Tensor::randn({3, 8}, g);
+  amp::start_trace();
+  {
+    amp::Autocast ac(DType::bf16);
+    Tensor h = ops::relu(ops::linear(x, m.w, m.b));      // linear f32,f32,f32 -> bf16; relu bf16
+    Tensor p = ops::softmax(h);                          // bf16 -> f32
+    Tensor s = ops::add(h, p);                           // bf16,f32 -> f32
+    ops::linear(x, m.w);                                 // a second, distinct signature
+    ops::relu(ops::linear(x, m.w, m.b));                 // duplicates are listed once
+  }
+  const std::vector<amp::TraceEntry> t = amp::stop_trace();
+  auto has = [&](const char* op, const char* in, const char* run) {
+    return std::any_of(t.begin(), t.end(), [&](const amp::TraceEntry& e) {
+      return e.op == op && e.input_dtypes == in && e.run_dtype == run;
+    });
+  };
+  EXPECT_TRUE(has("linear", "f32,f32,f32", "bf16"));
+  EXPECT_TRUE(has("linear", "f32,f32", "bf16"));
+  EXPECT_TRUE(has("relu", "bf16", "bf16"));
+  EXPECT_TRUE(has("softmax", "bf16", "f32"));
+  EXPECT_TRUE(has("add", "bf16,f32", "f32"));
+  EXPECT_EQ(t.size(), 5u);
+  // Stopped: nothing more is recorded.
+  {
+    amp::Autocast ac(DType::bf16);
+    ops::linear(x, m.w);
+  }
+  EXPECT_TRUE(amp::stop_trace().empty());
+}
+
+}  // namespace
+}  // namespace mixprec

@@ -1,0 +1,495 @@
+// Every fast kernel (kernels::cpu::*) against its reference (kernels::ref::*) in f32, bf16 and
+// f16, on sizes that hit vector tails and OpenMP blocks; and the matmul dispatch (backend cpu)
+// against ref::matmul. Inputs are rounded to the dtype first, so both sides see the same values.
+// Tolerance: 1 ulp of the output dtype for element-wise kernels; reductions, softmax and
+// matmul add an f32 accumulation bound (n * 2^-24 * sum of |terms|).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "mixprec/convert.h"
+
+namespace mixprec {
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+constexpr double kU32 = 0x1p-24;  // f32 unit roundoff
+const std::vector<DType> kDTypes = {DType::f32, DType::bf16, DType::f16};
+const std::vector<int64_t> kSizes = {1, 7, 4095, 4097, 100000};
+
+// Spacing of dtype t's values at magnitude |v| (subnormal spacing below the normal range).
+double ulp_of(DType t, double v) {
+  int mant = 23, emin = -126;
+  if (t == DType::bf16) mant = 7;
+  if (t == DType::f16) mant = 10, emin = -14;
+  if (t == DType::f64) mant = 52, emin = -1022;
+  v = std::fabs(v);
+  if (v == 0 || !std::isfinite(v)) return std::ldexp(1.0, emin - mant);
+  int e;
+  std::frexp(v, &e);  // v in [2^(e-1), 2^e)
+  return std::ldexp(1.0, std::max(e - 1, emin) - mant);
+}
+
+std::vector<float> uniform(Generator& g, int64_t n, double lo, double hi) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = float(lo + (hi - lo) * g.uniform());
+  return v;
+}
+std::vector<float> away_from_zero(Generator& g, int64_t n, double lo, double hi) {
+  std::vector<float> v = uniform(g, n, lo, hi);
+  for (float& x : v) x = g.uniform() < 0.5 ? -x : x;
+  return v;
+}
+Tensor make(const std::vector<float>& v, const Shape& s, DType t) { return Tensor::from_vector(v, s, t); }
+
+// Element i may differ by tol(i); NaN must match NaN, inf must match inf of the same sign.
+template <class Tol>
+::testing::AssertionResult close(const Tensor& fast, const Tensor& ref, Tol tol) {
+  if (fast.shape() != ref.shape() || fast.dtype() != ref.dtype())
+    return ::testing::AssertionFailure() << "fast " << shape_str(fast.shape()) << " " << dtype_name(fast.dtype())
+                                         << " vs ref " << shape_str(ref.shape()) << " " << dtype_name(ref.dtype());
+  const std::vector<double> f = fast.to_vector_f64(), r = ref.to_vector_f64();
+  int64_t bad = 0;
+  std::ostringstream msg;
+  msg.precision(10);
+  for (size_t i = 0; i < f.size(); ++i) {
+    bool ok;
+    if (std::isnan(r[i]) || std::isnan(f[i])) ok = std::isnan(r[i]) && std::isnan(f[i]);
+    else if (std::isinf(r[i]) || std::isinf(f[i])) ok = f[i] == r[i];
+    else ok = std::fabs(f[i] - r[i]) <= tol(i);
+    if (!ok && bad++ < 5)
+      msg << "\n  element " << i << ": fast " << f[i] << " ref " << r[i] << " tol " << tol(i);
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << f.size() << " elements differ (" << dtype_name(ref.dtype())
+                                       << " " << shape_str(ref.shape()) << ")" << msg.str();
+}
+::testing::AssertionResult within_ulp(const Tensor& fast, const Tensor& ref) {
+  const std::vector<double> r = ref.to_vector_f64();
+  const DType t = ref.dtype();
+  return close(fast, ref, [&](size_t i) { return ulp_of(t, r[i]); });
+}
+::testing::AssertionResult bit_equal(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() != b.nbytes() || a.dtype() != b.dtype()) return ::testing::AssertionFailure() << "size/dtype differ";
+  const auto* pa = static_cast<const unsigned char*>(a.data_ptr());
+  const auto* pb = static_cast<const unsigned char*>(b.data_ptr());
+  for (size_t i = 0; i < a.nbytes(); ++i)
+    if (pa[i] != pb[i]) return ::testing::AssertionFailure() << "byte " << i << " differs";
+  return ::testing::AssertionSuccess();
+}
+
+// Restores the kernel backend on scope exit.
+struct BackendGuard {
+  kernels::Backend prev = kernels::backend();
+  explicit BackendGuard(kernels::Backend b) { kernels::set_backend(b); }
+  ~BackendGuard() { kernels::set_backend(prev); }
+};
+
+std::string tag(DType t, const Shape& s) { return std::string(dtype_name(t)) + " " + shape_str(s); }
+
+// ---------------------------------------------------------------- copy / conversion
+
+TEST(Kernels, CopyConvertsLikeTheReference) {
+  Generator g(1);
+  for (DType src_t : kDTypes)
+    for (DType dst_t : kDTypes)
+      for (int64_t n : kSizes) {
+        std::vector<float> v = uniform(g, n, -70000, 70000);  // f16 overflow and subnormal ranges too
+        for (size_t i = 0; i < v.size(); i += 3) v[i] *= 1e-9f;
+        const Tensor src = make(v, {n}, src_t);
+        Tensor fast = Tensor::empty({n}, dst_t), ref = Tensor::empty({n}, dst_t);
+        ASSERT_TRUE(kernels::cpu::copy(src, fast)) << tag(src_t, {n});
+        kernels::ref::copy(src, ref);
+        EXPECT_TRUE(bit_equal(fast, ref)) << dtype_name(src_t) << " -> " << dtype_name(dst_t) << " n=" << n;
+      }
+}
+
+TEST(Kernels, CopyOfAStridedViewFallsBackCorrectly) {
+  Generator g(2);
+  for (DType t : kDTypes) {
+    const Tensor src = make(uniform(g, 35, -2, 2), {5, 7}, t).detach().transpose(0, 1);  // [7, 5] strided
+    Tensor fast = Tensor::empty({7, 5}, DType::f32), ref = Tensor::empty({7, 5}, DType::f32);
+    kernels::copy(src, fast);  // dispatch: the cpu path must decline or agree
+    kernels::ref::copy(src, ref);
+    EXPECT_TRUE(bit_equal(fast, ref)) << dtype_name(t);
+    const auto rv = ref.to_vector(), sv = src.to_vector();
+    EXPECT_EQ(rv, sv);
+  }
+}
+
+// ---------------------------------------------------------------- binary
+
+const std::vector<kernels::BinaryOp> kBinaryOps = {kernels::BinaryOp::add, kernels::BinaryOp::sub,
+                                                   kernels::BinaryOp::mul, kernels::BinaryOp::div};
+
+struct BinCase {
+  Shape a, b;
+  bool fast_must_support;  // contiguous same-shape or suffix-row broadcast
+};
+
+void check_binary(const BinCase& c, Generator& g) {
+  for (DType t : kDTypes)
+    for (kernels::BinaryOp op : kBinaryOps) {
+      const Tensor a = make(uniform(g, shape_numel(c.a), -3, 3), c.a, t);
+      const Tensor b = make(away_from_zero(g, shape_numel(c.b), 0.25, 3), c.b, t);
+      const Tensor ref = kernels::ref::binary(op, a, b);
+      Tensor fast = Tensor::empty(kernels::broadcast_shapes(c.a, c.b, "test"), t);
+      const bool ok = kernels::cpu::binary(op, a, b, fast);
+      const std::string what = tag(t, c.a) + " op" + std::to_string(int(op)) + " " + shape_str(c.b);
+      if (c.fast_must_support) {
+        EXPECT_TRUE(ok) << "fast path declined " << what;
+      }
+      if (ok) {
+        EXPECT_TRUE(within_ulp(fast, ref)) << what;
+      }
+      const BackendGuard cpu(kernels::Backend::cpu);
+      EXPECT_TRUE(within_ulp(kernels::binary(op, a, b), ref)) << "dispatch " << what;
+    }
+}
+
+TEST(Kernels, BinarySameShape) {
+  Generator g(3);
+  for (int64_t n : kSizes) check_binary({{n}, {n}, true}, g);
+  check_binary({{3, 4097}, {3, 4097}, true}, g);
+}
+
+TEST(Kernels, BinaryBroadcastRowsAndScalars) {
+  Generator g(4);
+  const std::vector<BinCase> cases = {
+      {{5, 4000}, {4000}, true},    // bias rows, period not a divisor of the block
+      {{4000}, {5, 4000}, true},    // row on the left (sub/div operand order)
+      {{6667, 3}, {3}, true},       // short rows, 5 blocks (parallel)
+      {{3, 4097}, {1, 4097}, true}, // leading ones
+      {{2, 3, 7}, {3, 7}, true},    // suffix of two dims
+      {{20000}, {}, true},          // scalar right
+      {{}, {4097}, true},           // scalar left
+      {{7}, {1}, true},
+      {{}, {}, true},
+      {{4097, 3}, {4097, 1}, false},  // [N,1] columns
+      {{4097, 1}, {1, 5}, false},     // outer broadcast
+      {{2, 1, 7}, {3, 1}, false},
+  };
+  for (const BinCase& c : cases) check_binary(c, g);
+}
+
+TEST(Kernels, AddInplaceAccumulates) {
+  Generator g(5);
+  for (DType t : kDTypes)
+    for (int64_t n : kSizes) {
+      Tensor acc = make(uniform(g, n, -2, 2), {n}, t);
+      const Tensor x = make(uniform(g, n, -2, 2), {n}, t);
+      const Tensor ref = kernels::ref::binary(kernels::BinaryOp::add, acc, x);
+      const BackendGuard cpu(kernels::Backend::cpu);
+      kernels::add_inplace(acc, x);
+      EXPECT_TRUE(within_ulp(acc, ref)) << tag(t, {n});
+    }
+}
+
+// ---------------------------------------------------------------- unary and unary_grad
+
+struct UnaryCase {
+  kernels::UnaryOp op;
+  kernels::UnaryParams p;
+  double lo, hi;
+  const char* name;
+};
+const std::vector<UnaryCase> kUnaryCases = {
+    {kernels::UnaryOp::neg, {}, -5, 5, "neg"},
+    {kernels::UnaryOp::affine, {1.7, -0.3}, -5, 5, "affine"},
+    {kernels::UnaryOp::exp, {}, -12, 12, "exp"},  // overflows f16 above ~11.1
+    {kernels::UnaryOp::log, {}, 1e-3, 100, "log"},
+    {kernels::UnaryOp::pow, {2.5, 0}, 0.01, 20, "pow2.5"},
+    {kernels::UnaryOp::pow, {3.0, 0}, -4, 4, "pow3"},
+    {kernels::UnaryOp::sqrt, {}, 0, 100, "sqrt"},
+    {kernels::UnaryOp::relu, {}, -3, 3, "relu"},
+    {kernels::UnaryOp::gelu, {}, -6, 6, "gelu"},
+    {kernels::UnaryOp::gelu_tanh, {}, -6, 6, "gelu_tanh"},
+};
+
+TEST(Kernels, Unary) {
+  Generator g(6);
+  for (const UnaryCase& c : kUnaryCases)
+    for (DType t : kDTypes)
+      for (int64_t n : kSizes) {
+        std::vector<float> v = uniform(g, n, c.lo, c.hi);
+        if (c.op == kernels::UnaryOp::relu && n > 2) v[1] = 0.f, v[2] = NAN;
+        const Tensor x = make(v, {n}, t);
+        Tensor fast = Tensor::empty({n}, t);
+        ASSERT_TRUE(kernels::cpu::unary(c.op, x, c.p, fast)) << c.name;
+        EXPECT_TRUE(within_ulp(fast, kernels::ref::unary(c.op, x, c.p))) << c.name << " " << tag(t, {n});
+      }
+}
+
+TEST(Kernels, UnaryGrad) {
+  using G = kernels::UnaryGradOp;
+  struct GradCase {
+    G op;
+    kernels::UnaryParams p;
+    double lo, hi;
+    const char* name;
+  };
+  const std::vector<GradCase> cases = {
+      {G::relu, {}, -3, 3, "relu"},         {G::gelu, {}, -6, 6, "gelu"},
+      {G::gelu_tanh, {}, -6, 6, "gelu_tanh"}, {G::exp, {}, -8, 8, "exp"},
+      {G::log, {}, 1e-2, 100, "log"},        {G::pow, {2.5, 0}, 0.01, 20, "pow"},
+      {G::sqrt, {}, 1e-2, 100, "sqrt"},
+  };
+  Generator g(7);
+  for (const GradCase& c : cases)
+    for (DType t : kDTypes)
+      for (int64_t n : kSizes) {
+        const Tensor x = make(uniform(g, n, c.lo, c.hi), {n}, t);
+        const Tensor gr = make(uniform(g, n, -2, 2), {n}, t);
+        Tensor fast = Tensor::empty({n}, t);
+        ASSERT_TRUE(kernels::cpu::unary_grad(c.op, gr, x, c.p, fast)) << c.name;
+        EXPECT_TRUE(within_ulp(fast, kernels::ref::unary_grad(c.op, gr, x, c.p))) << c.name << " " << tag(t, {n});
+      }
+}
+
+// ---------------------------------------------------------------- sum
+
+// Bound for element j of a sum over n_j terms: f32 accumulation plus one rounding to out_t.
+::testing::AssertionResult sum_close(const Tensor& fast, const Tensor& ref, const Tensor& x,
+                                     const std::vector<int64_t>& dims, bool keepdim) {
+  Tensor xabs = Tensor::from_vector(x.to_vector_f64(), x.shape(), DType::f64);
+  {
+    double* p = xabs.data<double>();
+    for (int64_t i = 0; i < xabs.numel(); ++i) p[i] = std::fabs(p[i]);
+  }
+  const std::vector<double> s = kernels::ref::sum(xabs, dims, keepdim, DType::f64).to_vector_f64();
+  const std::vector<double> r = ref.to_vector_f64();
+  const double n = double(x.numel()) / double(std::max<int64_t>(ref.numel(), 1));
+  const DType t = ref.dtype();
+  return close(fast, ref, [&](size_t i) { return (n + 1) * kU32 * s[i] + ulp_of(t, r[i]); });
+}
+
+void check_sum(const Shape& shape, const std::vector<int64_t>& dims, bool keepdim, bool fast_must_support,
+               Generator& g) {
+  for (DType t : kDTypes)
+    for (DType out_t : {t, DType::f32}) {
+      const Tensor x = make(uniform(g, shape_numel(shape), -2, 3), shape, t);
+      const Tensor ref = kernels::ref::sum(x, dims, keepdim, out_t);
+      Tensor fast = Tensor::empty(ref.shape(), out_t);
+      const bool ok = kernels::cpu::sum(x, dims, keepdim, fast);
+      const std::string what = tag(t, shape) + " -> " + std::string(dtype_name(out_t)) + " keepdim=" +
+                               std::to_string(keepdim) + " dims[0]=" + std::to_string(dims.empty() ? -1 : dims[0]);
+      if (fast_must_support) {
+        EXPECT_TRUE(ok) << "fast path declined " << what;
+      }
+      if (ok) {
+        EXPECT_TRUE(sum_close(fast, ref, x, dims, keepdim)) << what;
+      }
+      const BackendGuard cpu(kernels::Backend::cpu);
+      EXPECT_TRUE(sum_close(kernels::sum(x, dims, keepdim, out_t), ref, x, dims, keepdim)) << "dispatch " << what;
+    }
+}
+
+TEST(Kernels, SumFull) {
+  Generator g(8);
+  for (int64_t n : kSizes) check_sum({n}, {0}, false, true, g);
+  check_sum({317, 311}, {0, 1}, false, true, g);
+  check_sum({4, 5, 6}, {0, 1, 2}, true, true, g);
+}
+
+TEST(Kernels, SumOverLeadingDims) {
+  Generator g(9);
+  check_sum({4097, 3}, {0}, false, true, g);       // bias gradient of a narrow layer
+  check_sum({7, 4097}, {0}, false, true, g);       // columns across two column blocks
+  check_sum({100, 1000}, {0}, true, true, g);      // parallel over columns
+  check_sum({6250, 16}, {0}, false, true, g);      // 100000 elements, few columns
+  check_sum({10, 20, 33}, {0, 1}, false, true, g);
+  check_sum({1, 4095}, {0}, false, true, g);
+}
+
+TEST(Kernels, SumOverOtherDimsMatchesThroughDispatch) {
+  Generator g(10);
+  check_sum({33, 17}, {1}, false, false, g);
+  check_sum({5, 6, 7}, {1}, true, false, g);
+  check_sum({5, 6, 7}, {0, 2}, false, false, g);
+}
+
+TEST(Kernels, SumOverAnEmptyDimIsZero) {
+  for (DType t : kDTypes) {
+    const Tensor x = Tensor::empty({0, 5}, t);
+    const Tensor ref = kernels::ref::sum(x, {0}, false, t);
+    ASSERT_EQ(ref.to_vector(), std::vector<float>(5, 0.f));
+    Tensor fast = Tensor::full({5}, 7.0, t);  // garbage a kernel must overwrite
+    if (kernels::cpu::sum(x, {0}, false, fast)) {
+      EXPECT_EQ(fast.to_vector(), std::vector<float>(5, 0.f)) << dtype_name(t);
+    }
+    const BackendGuard cpu(kernels::Backend::cpu);
+    EXPECT_EQ(kernels::sum(x, {0}, false, t).to_vector(), std::vector<float>(5, 0.f)) << dtype_name(t);
+  }
+}
+
+// ---------------------------------------------------------------- softmax
+
+const std::vector<Shape> kSoftmaxShapes = {{1, 1}, {7, 7}, {3, 4095}, {2, 4096}, {100, 1000}, {4097, 8},
+                                           {4, 5, 33}, {9}, {3, 4097}};
+
+TEST(Kernels, SoftmaxForward) {
+  Generator g(11);
+  for (const Shape& s : kSoftmaxShapes)
+    for (DType t : kDTypes)
+      for (bool log : {false, true}) {
+        const Tensor x = make(uniform(g, shape_numel(s), -8, 8), s, t);
+        const Tensor ref = kernels::ref::softmax_lastdim(x, log);
+        const double cols = double(s.back());
+        const std::vector<double> r = ref.to_vector_f64();
+        // log: v = x - lse, |x|, |lse| <= 8 + log(cols); the sum of exps is good to cols * u.
+        auto tol = [&](size_t i) {
+          return ulp_of(t, r[i]) + 4 * kU32 * (log ? cols + 20 + std::log(cols) : (cols + 20) * std::fabs(r[i]));
+        };
+        Tensor fast = Tensor::empty(s, t);
+        const bool ok = kernels::cpu::softmax_lastdim(x, log, fast);
+        const std::string what = tag(t, s) + (log ? " log" : "");
+        if (s.back() <= 4096) {
+          EXPECT_TRUE(ok) << "fast path declined " << what;
+        }
+        if (ok) {
+          EXPECT_TRUE(close(fast, ref, tol)) << what;
+        }
+        const BackendGuard cpu(kernels::Backend::cpu);
+        EXPECT_TRUE(close(kernels::softmax_lastdim(x, log), ref, tol)) << "dispatch " << what;
+      }
+}
+
+TEST(Kernels, SoftmaxBackward) {
+  Generator g(12);
+  for (const Shape& s : kSoftmaxShapes)
+    for (DType t : kDTypes)
+      for (bool log : {false, true}) {
+        const int64_t cols = s.back(), rows = shape_numel(s) / cols;
+        const Tensor y = kernels::ref::softmax_lastdim(make(uniform(g, shape_numel(s), -8, 8), s, t), log);
+        const Tensor gy = make(uniform(g, shape_numel(s), -2, 2), s, t);
+        const Tensor ref = kernels::ref::softmax_lastdim_backward(y, gy, log);
+        const std::vector<double> yv = y.to_vector_f64(), gv = gy.to_vector_f64(), r = ref.to_vector_f64();
+        std::vector<double> row_s(size_t(rows), 0.0);  // sum of |terms| of the row's dot product
+        for (int64_t i = 0; i < rows * cols; ++i)
+          row_s[size_t(i / cols)] += std::fabs(gv[size_t(i)]) * (log ? 1.0 : std::fabs(yv[size_t(i)]));
+        auto tol = [&](size_t i) {
+          const double w = log ? std::exp(yv[i]) : std::fabs(yv[i]);
+          return ulp_of(t, r[i]) + 4 * double(cols + 2) * kU32 * (std::fabs(gv[i]) * (1 + w) + w * row_s[i / size_t(cols)]);
+        };
+        Tensor fast = Tensor::empty(s, t);
+        const bool ok = kernels::cpu::softmax_lastdim_backward(y, gy, log, fast);
+        const std::string what = tag(t, s) + (log ? " log" : "");
+        if (cols <= 4096) {
+          EXPECT_TRUE(ok) << "fast path declined " << what;
+        }
+        if (ok) {
+          EXPECT_TRUE(close(fast, ref, tol)) << what;
+        }
+        const BackendGuard cpu(kernels::Backend::cpu);
+        EXPECT_TRUE(close(kernels::softmax_lastdim_backward(y, gy, log), ref, tol)) << "dispatch " << what;
+      }
+}
+
+// ---------------------------------------------------------------- matmul (dispatch cpu vs ref)
+
+struct MatmulShape {
+  int64_t m, k, n;
+};
+
+// dst = op(a) @ op(b) (+ bias) (+ dst) through kernels::matmul with the cpu backend, against
+// ref::matmul. Bound: f32 accumulation over k products plus one rounding to the dst dtype.
+void check_matmul(const MatmulShape& sh, DType t, bool ta, bool tb, bool bias, bool acc, bool strided_a,
+                  Generator& g) {
+  const Shape as = ta ? Shape{sh.k, sh.m} : Shape{sh.m, sh.k};
+  const Shape bs = tb ? Shape{sh.n, sh.k} : Shape{sh.k, sh.n};
+  Tensor a = make(uniform(g, shape_numel(as), -2, 2), as, t);
+  if (strided_a)  // same logical values, column-major storage
+    a = make(uniform(g, shape_numel(as), -2, 2), {as[1], as[0]}, t).detach().transpose(0, 1);
+  const Tensor b = make(uniform(g, shape_numel(bs), -2, 2), bs, t);
+  const Tensor bias_t = make(uniform(g, sh.n, -1, 1), {sh.n}, t);
+  const Tensor prev = make(uniform(g, sh.m * sh.n, -4, 4), {sh.m, sh.n}, t);
+  kernels::MatmulOpts o;
+  o.trans_a = ta;
+  o.trans_b = tb;
+  o.bias = bias ? &bias_t : nullptr;
+  o.accumulate = acc;
+  Tensor ref = prev.clone(), fast = prev.clone(), direct = prev.clone();
+  kernels::ref::matmul(a, b, ref, o);
+  {
+    const BackendGuard cpu(kernels::Backend::cpu);
+    kernels::matmul(a, b, fast, o);
+  }
+  // The fast path itself must take every contiguous case (else the dispatch check is vacuous).
+  const bool took = kernels::cpu::matmul(a, b, direct, o);
+  if (!strided_a) {
+    EXPECT_TRUE(took) << "cpu::matmul declined " << dtype_name(t);
+  }
+  // Sum of |terms| per output element, from the stored (rounded) inputs.
+  const std::vector<double> av = a.to_vector_f64(), bv = b.to_vector_f64(), biasv = bias_t.to_vector_f64(),
+                            pv = prev.to_vector_f64(), r = ref.to_vector_f64();
+  std::vector<double> bound(size_t(sh.m * sh.n));
+  for (int64_t i = 0; i < sh.m; ++i)
+    for (int64_t j = 0; j < sh.n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < sh.k; ++p) {
+        const double x = ta ? av[size_t(p * sh.m + i)] : av[size_t(i * sh.k + p)];
+        const double y = tb ? bv[size_t(j * sh.k + p)] : bv[size_t(p * sh.n + j)];
+        s += std::fabs(x * y);
+      }
+      if (bias) s += std::fabs(biasv[size_t(j)]);
+      if (acc) s += std::fabs(pv[size_t(i * sh.n + j)]);
+      bound[size_t(i * sh.n + j)] = double(sh.k + 3) * kU32 * s;
+    }
+  if (took) {
+    EXPECT_TRUE(close(direct, ref, [&](size_t i) { return bound[i] + ulp_of(t, r[i]); })) << "direct";
+  }
+  EXPECT_TRUE(close(fast, ref, [&](size_t i) { return bound[i] + ulp_of(t, r[i]); }))
+      << dtype_name(t) << " m=" << sh.m << " k=" << sh.k << " n=" << sh.n << " ta=" << ta << " tb=" << tb
+      << " bias=" << bias << " acc=" << acc << " strided_a=" << strided_a;
+}
+
+TEST(Kernels, MatmulCpuBackendMatchesReference) {
+  const std::vector<MatmulShape> shapes =
+      kSanitized ? std::vector<MatmulShape>{{1, 1, 1}, {7, 13, 5}, {24, 70, 17}}
+                 : std::vector<MatmulShape>{{1, 1, 1}, {7, 13, 5}, {33, 64, 17}, {64, 300, 48}};
+  Generator g(13);
+  for (DType t : kDTypes)
+    for (const MatmulShape& sh : shapes)
+      for (int flags = 0; flags < 16; ++flags)
+        check_matmul(sh, t, flags & 1, flags & 2, flags & 4, flags & 8, false, g);
+}
+
+TEST(Kernels, MatmulStridedOperand) {
+  Generator g(14);
+  for (DType t : kDTypes)
+    for (bool ta : {false, true}) check_matmul({9, 31, 6}, t, ta, true, true, false, true, g);
+}
+
+// The reference itself, on a product small enough to write down.
+TEST(Kernels, ReferenceMatmulIsExact) {
+  const Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor b = Tensor::from_vector(std::vector<float>{1, 0, -1, 2, 0.5f, 1}, {3, 2});
+  const Tensor bias = Tensor::from_vector(std::vector<float>{10, 20}, {2});
+  Tensor dst = Tensor::full({2, 2}, 100.0);
+  kernels::MatmulOpts o;
+  o.bias = &bias;
+  o.accumulate = true;
+  kernels::ref::matmul(a, b, dst, o);
+  // [1 2 3; 4 5 6] @ [1 0; -1 2; .5 1] = [0.5 7; 2 16]
+  EXPECT_EQ(dst.to_vector(), (std::vector<float>{110.5f, 127.f, 112.f, 136.f}));
+}
+
+TEST(Kernels, UlpHelper) {
+  EXPECT_EQ(ulp_of(DType::f32, 1.0), 0x1p-23);
+  EXPECT_EQ(ulp_of(DType::bf16, 1.5), 0x1p-7);
+  EXPECT_EQ(ulp_of(DType::f16, 1000.0), 0.5);
+  EXPECT_EQ(ulp_of(DType::f16, 1e-6), 0x1p-24);  // subnormal spacing
+}
+
+}  // namespace
+}  // namespace mixprec
