@@ -30,6 +30,20 @@ void store_block(void* dst, DType t, int64_t begin, int64_t len, const float* bu
   else convert_f32_to_f16(buf, reinterpret_cast<uint16_t*>(p), size_t(len));
 }
 
+// f32 blocks are used in place; 16-bit blocks are converted into buf.
+const float* in_block(const void* src, DType t, int64_t begin, int64_t len, float* buf) {
+  if (t == DType::f32) return static_cast<const float*>(src) + begin;
+  load_block(src, t, begin, len, buf);
+  return buf;
+}
+// Where to compute an output block: straight into f32 dst, else into buf (then flush_block).
+float* out_block(void* dst, DType t, int64_t begin, float* buf) {
+  return t == DType::f32 ? static_cast<float*>(dst) + begin : buf;
+}
+void flush_block(void* dst, DType t, int64_t begin, int64_t len, const float* buf) {
+  if (t != DType::f32) store_block(dst, t, begin, len, buf);
+}
+
 // f(begin, len) over [0, n) in blocks, in parallel when there is enough work.
 template <class F>
 void for_blocks(int64_t n, F&& f) {
@@ -118,11 +132,10 @@ bool binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& dst) {
   };
   const std::vector<float> ra = whole(a, a_mod), rb = whole(b, b_mod);
   for_blocks(n, [&](int64_t begin, int64_t len) {
-    float xa[kBlock], xb[kBlock], xd[kBlock];
-    if (a_mod == 0) load_block(a.data_ptr(), t, begin, len, xa);
-    if (b_mod == 0) load_block(b.data_ptr(), t, begin, len, xb);
-    const float* pa = a_mod ? ra.data() : xa;
-    const float* pb = b_mod ? rb.data() : xb;
+    float xa[kBlock], xb[kBlock], bd[kBlock];
+    const float* pa = a_mod ? ra.data() : in_block(a.data_ptr(), t, begin, len, xa);
+    const float* pb = b_mod ? rb.data() : in_block(b.data_ptr(), t, begin, len, xb);
+    float* xd = out_block(dst.data_ptr(), t, begin, bd);
     const int64_t oa = a_mod ? begin % a_mod : 0, ob = b_mod ? begin % b_mod : 0;
     switch (op) {
       case BinaryOp::add: binary_loop<BinaryOp::add>(pa, pb, xd, len, a_mod, b_mod, oa, ob); break;
@@ -130,7 +143,7 @@ bool binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& dst) {
       case BinaryOp::mul: binary_loop<BinaryOp::mul>(pa, pb, xd, len, a_mod, b_mod, oa, ob); break;
       case BinaryOp::div: binary_loop<BinaryOp::div>(pa, pb, xd, len, a_mod, b_mod, oa, ob); break;
     }
-    store_block(dst.data_ptr(), t, begin, len, xd);
+    flush_block(dst.data_ptr(), t, begin, len, xd);
   });
   return true;
 }
@@ -140,23 +153,24 @@ bool unary(UnaryOp op, const Tensor& x, UnaryParams p, Tensor& dst) {
   if (!f32_compute(t) || !x.is_contiguous() || !dst.is_contiguous()) return false;
   const float a = float(p.a), b = float(p.b);
   for_blocks(x.numel(), [&](int64_t begin, int64_t len) {
-    float v[kBlock];
-    load_block(x.data_ptr(), t, begin, len, v);
+    float bx[kBlock], bo[kBlock];
+    const float* v = in_block(x.data_ptr(), t, begin, len, bx);
+    float* o = out_block(dst.data_ptr(), t, begin, bo);
     switch (op) {
       case UnaryOp::relu:
-        for (int64_t i = 0; i < len; ++i) v[i] = v[i] > 0.f ? v[i] : (v[i] != v[i] ? v[i] : 0.f);
+        for (int64_t i = 0; i < len; ++i) o[i] = v[i] > 0.f ? v[i] : (v[i] != v[i] ? v[i] : 0.f);
         break;
       case UnaryOp::neg:
-        for (int64_t i = 0; i < len; ++i) v[i] = -v[i];
+        for (int64_t i = 0; i < len; ++i) o[i] = -v[i];
         break;
       case UnaryOp::affine:
-        for (int64_t i = 0; i < len; ++i) v[i] = v[i] * a + b;
+        for (int64_t i = 0; i < len; ++i) o[i] = v[i] * a + b;
         break;
       default:
-        for (int64_t i = 0; i < len; ++i) v[i] = unary_value<float>(op, v[i], p);
+        for (int64_t i = 0; i < len; ++i) o[i] = unary_value<float>(op, v[i], p);
         break;
     }
-    store_block(dst.data_ptr(), t, begin, len, v);
+    flush_block(dst.data_ptr(), t, begin, len, o);
   });
   return true;
 }
@@ -165,15 +179,16 @@ bool unary_grad(UnaryGradOp op, const Tensor& grad, const Tensor& x, UnaryParams
   const DType t = x.dtype();
   if (!f32_compute(t) || grad.dtype() != t) return false;
   for_blocks(x.numel(), [&](int64_t begin, int64_t len) {
-    float g[kBlock], v[kBlock];
-    load_block(grad.data_ptr(), t, begin, len, g);
-    load_block(x.data_ptr(), t, begin, len, v);
+    float bg[kBlock], bx[kBlock], bo[kBlock];
+    const float* g = in_block(grad.data_ptr(), t, begin, len, bg);
+    const float* v = in_block(x.data_ptr(), t, begin, len, bx);
+    float* o = out_block(dst.data_ptr(), t, begin, bo);
     if (op == UnaryGradOp::relu) {
-      for (int64_t i = 0; i < len; ++i) g[i] = v[i] > 0.f ? g[i] : 0.f;
+      for (int64_t i = 0; i < len; ++i) o[i] = v[i] > 0.f ? g[i] : 0.f;
     } else {
-      for (int64_t i = 0; i < len; ++i) g[i] *= unary_derivative<float>(op, v[i], p);
+      for (int64_t i = 0; i < len; ++i) o[i] = g[i] * unary_derivative<float>(op, v[i], p);
     }
-    store_block(dst.data_ptr(), t, begin, len, g);
+    flush_block(dst.data_ptr(), t, begin, len, o);
   });
   return true;
 }
@@ -194,8 +209,8 @@ bool sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, Tensor
     const int64_t nb = (n + kBlock - 1) / kBlock;
     std::vector<double> partial(size_t(nb), 0.0);
     for_blocks(n, [&](int64_t begin, int64_t len) {
-      float v[kBlock];
-      load_block(x.data_ptr(), t, begin, len, v);
+      float buf[kBlock];
+      const float* v = in_block(x.data_ptr(), t, begin, len, buf);
       float s = 0.f;
       for (int64_t i = 0; i < len; ++i) s += v[i];
       partial[size_t(begin / kBlock)] = s;
@@ -210,9 +225,9 @@ bool sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, Tensor
 #pragma omp parallel for schedule(static) if (rows * cols >= (1 << 15))
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t c0 = b * cb, len = std::min(cb, cols - c0);
-      float v[kBlock];
+      float buf[kBlock];
       for (int64_t r = 0; r < rows; ++r) {
-        load_block(x.data_ptr(), t, r * cols + c0, len, v);
+        const float* v = in_block(x.data_ptr(), t, r * cols + c0, len, buf);
         for (int64_t i = 0; i < len; ++i) acc[size_t(c0 + i)] += v[i];
       }
     }
