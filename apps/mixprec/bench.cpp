@@ -42,6 +42,7 @@ int cmd_bench(Args& a) {
   j["samples_per_s"] = {{"best", 1000.0 * double(opt.batch_size) / best}, {"median", 1000.0 * double(opt.batch_size) / median}};
   j["step_ms"] = {{"best", best}, {"median", median}};
   j["peak_bytes"] = nlohmann::ordered_json::parse(peak_memory_json());
+  j["category_peak_bytes"] = nlohmann::ordered_json::parse(category_peak_json());
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

@@ -19,13 +19,25 @@ commands:
 shared flags (train, bench):
   --model mlp                  model to build (mlp: 784-hidden...-10)
   --hidden 1024,1024           mlp hidden widths
-  --precision auto|fp32|amp-bf16
-                               auto = amp-bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32
+  --precision auto|fp32|amp-bf16|amp-fp16|half-bf16|half-fp16|pure-bf16|pure-fp16
+                               auto = amp-bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32;
+                               amp-*: autocast, f32 parameters; half-*: 16-bit parameters, f32 master
+                               weights and optimizer state, norms f32; pure-bf16: no master copy,
+                               stochastic rounding (--stochastic-rounding false: round to nearest);
+                               pure-fp16: the naive baseline (no master, round to nearest)
+  --loss-scale dynamic|static:N|none   (default: dynamic for the fp16 presets, else none)
+  --init-scale X (65536)  --growth-interval N (2000)  --hysteresis N (1: back off at once)
+  --accumulate N               split each batch into N micro-batches (one optimizer step)
+  --clip-grad-norm X  --clip-grad-value X   clip the unscaled gradients
+  --loss-weight W              multiply the loss by W before backward (an auxiliary-loss weight;
+                               W = 1e-5 shows fp16 gradient underflow)
   --optimizer adamw|sgd        (adamw: lr 1e-3; sgd: lr 0.05, --momentum 0.9)
   --lr X  --weight-decay X  --momentum X
   --batch-size N (512)  --seed N (0)  --threads N (available cores)
 
 train:   --epochs N (5)  --data DIR  --metrics FILE (JSON lines)  --log-every K (1)  --detect-anomaly
+         --diagnose K   every K steps: per-parameter share of gradient values fp16 flushes to zero or
+                        overflows, at the loss scale and without; autocast trace; scale trace
 bench:   --steps N (30)  --warmup N (5)
 )";
 

@@ -6,24 +6,73 @@
 namespace mixprec::cli {
 
 const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names = {"mlp"};
+  static const std::vector<std::string> names = {"mlp", "cnn", "cnn-bn"};
   return names;
 }
 
-std::shared_ptr<nn::Sequential> build_model(const ModelSpec& s) {
+namespace {
+
+std::shared_ptr<nn::Sequential> mlp(const ModelSpec& s) {
+  // Flatten, then Linear/ReLU pairs, then the classifier: 784-1024-1024-10 by default.
   auto m = std::make_shared<nn::Sequential>();
-  if (s.name == "mlp") {
-    // Flatten, then Linear/ReLU pairs, then the classifier: 784-1024-1024-10 by default.
-    m->push_back(std::make_shared<nn::Flatten>());
-    int64_t in = s.image_rows * s.image_cols;
-    for (int64_t h : s.hidden) {
-      m->push_back(std::make_shared<nn::Linear>(in, h));
-      m->push_back(std::make_shared<nn::ReLU>());
-      in = h;
-    }
-    m->push_back(std::make_shared<nn::Linear>(in, s.num_classes));
-    return m;
+  m->push_back(std::make_shared<nn::Flatten>());
+  int64_t in = s.image_rows * s.image_cols;
+  for (int64_t h : s.hidden) {
+    m->push_back(std::make_shared<nn::Linear>(in, h));
+    m->push_back(std::make_shared<nn::ReLU>());
+    in = h;
   }
+  m->push_back(std::make_shared<nn::Linear>(in, s.num_classes));
+  return m;
+}
+
+// The PyTorch tutorial CNN: two 3x3 conv/ReLU/2x2-max-pool stages and a linear classifier;
+// --channels 420,1000 gives the wide version of the AMP demonstration.
+std::shared_ptr<nn::Sequential> cnn(const ModelSpec& s) {
+  MIXPREC_CHECK(s.channels.size() == 2, "--channels: cnn needs exactly 2 widths (c1,c2), got ", s.channels.size());
+  const int64_t c1 = s.channels[0], c2 = s.channels[1];
+  auto m = std::make_shared<nn::Sequential>();
+  m->push_back(std::make_shared<nn::Conv2d>(1, c1, 3, nn::Conv2dOptions{.padding = 1}));   // 0
+  m->push_back(std::make_shared<nn::ReLU>());                                             // 1
+  m->push_back(std::make_shared<nn::MaxPool2d>(2));                                       // 2
+  m->push_back(std::make_shared<nn::Conv2d>(c1, c2, 3, nn::Conv2dOptions{.padding = 1}));  // 3
+  m->push_back(std::make_shared<nn::ReLU>());                                             // 4
+  m->push_back(std::make_shared<nn::MaxPool2d>(2));                                       // 5
+  m->push_back(std::make_shared<nn::Flatten>());                                          // 6
+  m->push_back(std::make_shared<nn::Linear>(c2 * (s.image_rows / 4) * (s.image_cols / 4), s.num_classes));  // 7
+  return m;
+}
+
+// A stronger small conv net: two (conv-BN-ReLU) x2 + max-pool stages (32, then 64 channels),
+// dropout, a 128-unit hidden layer. Layer order fixed by bench/peers/models.py:cnn_bn.
+std::shared_ptr<nn::Sequential> cnn_bn(const ModelSpec& s) {
+  auto m = std::make_shared<nn::Sequential>();
+  auto conv_bn_relu = [&](int64_t in, int64_t out) {
+    m->push_back(std::make_shared<nn::Conv2d>(in, out, 3, nn::Conv2dOptions{.padding = 1}));
+    m->push_back(std::make_shared<nn::BatchNorm2d>(out));
+    m->push_back(std::make_shared<nn::ReLU>());
+  };
+  conv_bn_relu(1, 32);                                 // 0-2
+  conv_bn_relu(32, 32);                                // 3-5
+  m->push_back(std::make_shared<nn::MaxPool2d>(2));    // 6
+  conv_bn_relu(32, 64);                                // 7-9
+  conv_bn_relu(64, 64);                                // 10-12
+  m->push_back(std::make_shared<nn::MaxPool2d>(2));    // 13
+  m->push_back(std::make_shared<nn::Flatten>());       // 14
+  m->push_back(std::make_shared<nn::Dropout>(0.25));   // 15
+  m->push_back(std::make_shared<nn::Linear>(64 * (s.image_rows / 4) * (s.image_cols / 4), 128));  // 16
+  m->push_back(std::make_shared<nn::ReLU>());          // 17
+  m->push_back(std::make_shared<nn::Dropout>(0.25));   // 18
+  m->push_back(std::make_shared<nn::Linear>(128, s.num_classes));  // 19
+  return m;
+}
+
+}  // namespace
+
+std::shared_ptr<nn::Sequential> build_model(const ModelSpec& s) {
+  if (s.name == "mlp") return mlp(s);
+  if (s.name == "cnn") return cnn(s);
+  if (s.name == "cnn-bn") return cnn_bn(s);
   throw Error(detail::concat("unknown model '", s.name, "'"));
 }
 

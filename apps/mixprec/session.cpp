@@ -1,15 +1,18 @@
-// Shared flags and the training step of the CLI.
+// Shared flags and the training step of the CLI: presets, loss scaling, accumulation, clipping.
 #include "session.h"
 
 #include <omp.h>
 #include <sched.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "mixprec/cpu.h"
 #include "mixprec/allocator.h"
 #include "mixprec/amp.h"
+#include "mixprec/clip.h"
+#include "mixprec/cpu.h"
 #include "mixprec/error.h"
 
 namespace mixprec::cli {
@@ -21,22 +24,72 @@ int available_cores() {
 }
 
 Precision resolve_precision(const std::string& name) {
-  Precision p;
   if (name == "auto") {
     const bool amx = cpu::has_amx_bf16(), avx = cpu::has_avx512_bf16();
     // Without AMX or AVX512-BF16, bf16 math is emulated and slower than f32: stay in f32.
-    p = resolve_precision(amx || avx ? "amp-bf16" : "fp32");
-    p.why = amx ? "the CPU has AMX-BF16" : avx ? "the CPU has AVX512-BF16" : "the CPU has neither AMX-BF16 nor AVX512-BF16";
+    Precision p = resolve_precision(amx || avx ? "amp-bf16" : "fp32");
+    p.why = amx   ? "the CPU has AMX-BF16"
+            : avx ? "the CPU has AVX512-BF16"
+                  : "the CPU has neither AMX-BF16 nor AVX512-BF16";
     return p;
   }
-  p.name = name;
-  if (name == "amp-bf16") {
-    p.autocast = true;
-    p.autocast_dtype = DType::bf16;
-  } else if (name != "fp32") {
-    throw Error(detail::concat("unknown precision '", name, "'"));
-  }
+  Precision p;
+  static_cast<amp::Precision&>(p) = amp::precision_preset(name);
   return p;
+}
+
+namespace {
+
+std::vector<std::string> precision_choices() {
+  std::vector<std::string> c = {"auto"};
+  for (const auto& n : amp::precision_preset_names()) c.push_back(n);
+  return c;
+}
+
+// --loss-scale dynamic | static:N | none, plus the dynamic scaler's knobs.
+void parse_loss_scale(Args& a, SessionOptions& o) {
+  const std::string def = o.precision.loss_scaling ? "dynamic" : "none";
+  const std::string v = a.str("loss-scale", def);
+  amp::GradScalerOptions& so = o.scaler;
+  so = amp::GradScalerOptions{};
+  so.init_scale = a.real("init-scale", so.init_scale, 0.0, 3.0e38, /*lo_open=*/true);
+  so.growth_interval = a.integer("growth-interval", so.growth_interval, 1, INT64_MAX);
+  so.hysteresis = a.integer("hysteresis", so.hysteresis, 1, 1000000);
+  if (v == "dynamic") {
+    so.enabled = true;
+  } else if (v == "none") {
+    so.enabled = false;
+  } else if (v.rfind("static:", 0) == 0) {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str() + 7, &end);
+    MIXPREC_CHECK(v.size() > 7 && *end == '\0' && std::isfinite(x) && x > 0 && x < 3.0e38,
+                  "--loss-scale static:N needs a number N > 0, got '", v, "'");
+    MIXPREC_CHECK(!a.has("init-scale"), "--init-scale conflicts with --loss-scale ", v, " (the static scale)");
+    so.enabled = true;
+    so.dynamic = false;
+    so.init_scale = x;
+  } else {
+    throw Error(detail::concat("--loss-scale must be dynamic, static:N or none, got '", v, "'"));
+  }
+  o.loss_scale = v;
+  MIXPREC_CHECK(so.enabled || (!a.has("init-scale") && !a.has("growth-interval") && !a.has("hysteresis")),
+                "--init-scale, --growth-interval and --hysteresis need a loss scale (--loss-scale dynamic)");
+}
+
+}  // namespace
+
+std::string describe_loss_scale(const SessionOptions& o) {
+  if (!o.scaler.enabled) return "none";
+  std::ostringstream os;
+  if (!o.scaler.dynamic) {
+    os << "static " << o.scaler.init_scale;
+  } else {
+    os << "dynamic (init " << o.scaler.init_scale << ", x" << o.scaler.growth_factor << " every "
+       << o.scaler.growth_interval << " finite steps, x" << o.scaler.backoff_factor << " on overflow";
+    if (o.scaler.hysteresis > 1) os << " after " << o.scaler.hysteresis << " in a row";
+    os << ")";
+  }
+  return os.str();
 }
 
 SessionOptions parse_session(Args& a) {
@@ -44,12 +97,28 @@ SessionOptions parse_session(Args& a) {
   o.model.name = a.choice("model", "mlp", model_names());
   o.model.hidden = a.int_list("hidden", o.model.hidden, 1, 1 << 16);
   o.model.channels = a.int_list("channels", o.model.channels, 1, 1 << 14);
-  o.precision = resolve_precision(a.choice("precision", "auto", {"auto", "fp32", "amp-bf16"}));
+  o.precision = resolve_precision(a.choice("precision", "auto", precision_choices()));
+  const bool half_params = o.precision.param_dtype != DType::f32;
+  if (a.has("stochastic-rounding")) {
+    const bool sr = a.flag("stochastic-rounding");
+    MIXPREC_CHECK(half_params && !o.precision.master_weights,
+                  "--stochastic-rounding applies to pure-bf16/pure-fp16 (16-bit weights without a master copy), not ",
+                  o.precision.name);
+    o.precision.stochastic_rounding = sr;
+  }
+  parse_loss_scale(a, o);
   o.optimizer = a.choice("optimizer", "adamw", {"adamw", "sgd"});
   o.lr = a.real("lr", o.optimizer == "sgd" ? 0.05 : 1e-3, 0.0, 1e3, /*lo_open=*/true);
   o.weight_decay = a.real("weight-decay", 0.0, 0.0, 1.0);
   o.momentum = a.real("momentum", 0.9, 0.0, 0.999999);
   o.batch_size = a.integer("batch-size", 512, 1, 1 << 20);
+  o.accumulate = a.integer("accumulate", 1, 1, 1 << 20);
+  MIXPREC_CHECK(o.accumulate <= o.batch_size, "--accumulate ", o.accumulate,
+                " splits each batch into micro-batches: ", "it cannot exceed --batch-size ", o.batch_size);
+  o.clip_grad_norm = a.real("clip-grad-norm", 0.0, 0.0, 1e30);
+  o.clip_grad_value = a.real("clip-grad-value", 0.0, 0.0, 1e30);
+  MIXPREC_CHECK(o.clip_grad_norm == 0 || o.clip_grad_value == 0, "--clip-grad-norm and --clip-grad-value: pick one");
+  o.loss_weight = a.real("loss-weight", 1.0, 0.0, 1e30, /*lo_open=*/true);
   o.seed = uint64_t(a.integer("seed", 0, 0, INT64_MAX));
   o.threads = int(a.integer("threads", available_cores(), 1, 1024));
   return o;
@@ -61,31 +130,64 @@ Session make_session(const SessionOptions& opt) {
   Session s;
   s.opt = opt;
   s.model = build_model(opt.model);
+  amp::apply_precision(*s.model, opt.precision);
+  const optim::HalfParamOptions half = amp::half_param_options(opt.precision, opt.seed);
   if (opt.optimizer == "sgd") {
     optim::SGDOptions so;
     so.lr = opt.lr;
     so.momentum = opt.momentum;
     so.weight_decay = opt.weight_decay;
+    so.half = half;
     s.optimizer = std::make_unique<optim::SGD>(s.model->parameters(), so);
   } else {
     optim::AdamWOptions ao;
     ao.lr = opt.lr;
     ao.weight_decay = opt.weight_decay;
+    ao.half = half;
     s.optimizer = std::make_unique<optim::AdamW>(s.model->parameters(), ao);
   }
+  s.scaler = std::make_unique<amp::GradScaler>(opt.scaler);
   return s;
 }
 
-double train_step(Session& s, const Tensor& x, const Tensor& y) {
+StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
+  StepResult r;
   s.optimizer->zero_grad();
-  Tensor loss;
-  {
-    amp::Autocast ac(s.opt.precision.autocast_dtype, s.opt.precision.autocast);
-    loss = ops::cross_entropy((*s.model)(x), y);
+  r.scale = s.scaler->get_scale();
+  const int64_t n = x.size(0), parts = std::min<int64_t>(s.opt.accumulate, n);
+  for (int64_t k = 0; k < parts; ++k) {
+    // Micro-batch k of the batch; each loss is weighted by its share so the gradients (and the
+    // reported loss) sum to the full batch's mean, with the scale constant across them.
+    const int64_t lo = k * n / parts, hi = (k + 1) * n / parts;
+    const Tensor xk = parts == 1 ? x : x.slice(0, lo, hi), yk = parts == 1 ? y : y.slice(0, lo, hi);
+    Tensor loss;
+    {
+      amp::Autocast ac(s.opt.precision.autocast_dtype, s.opt.precision.autocast);
+      loss = ops::cross_entropy((*s.model)(xk), yk);
+    }
+    const double share = double(hi - lo) / double(n), weight = share * s.opt.loss_weight;
+    r.loss += loss.item() * share;
+    if (weight != 1.0) loss = ops::affine(loss, weight);
+    s.scaler->scale(loss).backward();
   }
-  loss.backward();
-  s.optimizer->step();
-  return loss.item();
+  if (s.after_backward) s.after_backward();
+  const std::vector<Tensor>& params = s.optimizer->params();
+  if (s.opt.clip_grad_norm > 0 || s.opt.clip_grad_value > 0) {
+    s.scaler->unscale(*s.optimizer);  // clip the real gradients
+    if (s.opt.clip_grad_norm > 0) {
+      r.grad_norm = nn::clip_grad_norm(params, s.opt.clip_grad_norm);
+    } else {
+      if (s.measure_grad_norm) r.grad_norm = nn::grad_norm(params);
+      nn::clip_grad_value(params, s.opt.clip_grad_value);
+    }
+  } else if (s.measure_grad_norm) {
+    // The gradients still carry the scale; the norm divides it out in f64 (exact up to rounding,
+    // and without unscaling 16-bit gradients in place).
+    r.grad_norm = nn::grad_norm(params) / r.scale;
+  }
+  r.skipped = !s.scaler->step(*s.optimizer);
+  s.scaler->update();
+  return r;
 }
 
 std::string peak_memory_json() {
@@ -94,6 +196,13 @@ std::string peak_memory_json() {
   j["total"] = st.peak_total;
   for (size_t i = 0; i < kNumMemCategories; ++i)
     j[std::string(mem_category_name(MemCategory(i)))] = st.at_peak_bytes[i];
+  return j.dump();
+}
+
+std::string category_peak_json() {
+  const MemoryStats st = allocator::stats();
+  nlohmann::ordered_json j;
+  for (size_t i = 0; i < kNumMemCategories; ++i) j[std::string(mem_category_name(MemCategory(i)))] = st.peak_bytes[i];
   return j.dump();
 }
 
@@ -106,7 +215,8 @@ std::string peak_memory_table() {
   os << line;
   for (size_t i = 0; i < kNumMemCategories; ++i) {
     if (st.at_peak_bytes[i] == 0) continue;
-    std::snprintf(line, sizeof line, " %s %.1f", std::string(mem_category_name(MemCategory(i))).c_str(), mib(st.at_peak_bytes[i]));
+    std::snprintf(line, sizeof line, " %s %.1f", std::string(mem_category_name(MemCategory(i))).c_str(),
+                  mib(st.at_peak_bytes[i]));
     os << line;
   }
   return os.str();

@@ -1,19 +1,20 @@
-// What train and bench share: model/optimizer/precision flags, and one training step.
+// What train and bench share: model/optimizer/precision/loss-scale flags, and one training step
+// (micro-batches, GradScaler, clipping).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "args.h"
+#include "mixprec/grad_scaler.h"
 #include "mixprec/nn.h"
 #include "mixprec/optim.h"
+#include "mixprec/precision.h"
 #include "models.h"
 
 namespace mixprec::cli {
 
-struct Precision {
-  std::string name = "fp32";  // resolved preset name (never "auto")
-  bool autocast = false;
-  DType autocast_dtype = DType::bf16;
+struct Precision : amp::Precision {
   std::string why;  // for auto: what was detected
 };
 
@@ -25,26 +26,50 @@ struct SessionOptions {
   int64_t batch_size = 512;
   uint64_t seed = 0;
   int threads = 1;
+  // ---- mixed precision ----
+  std::string loss_scale = "none";  // dynamic | static:N | none (resolved from the preset)
+  amp::GradScalerOptions scaler;    // enabled unless loss_scale is none
+  int64_t accumulate = 1;           // micro-batches per optimizer step (each batch is split)
+  double clip_grad_norm = 0;        // 0: off
+  double clip_grad_value = 0;       // 0: off
+  double loss_weight = 1;           // the loss is multiplied by this before backward (gradients shrink with it)
 };
 
-// Reads the flags train and bench share (model, precision, optimizer, batch size, seed, threads).
+// Reads the flags train and bench share (model, precision, loss scale, optimizer, batch size,
+// accumulation, clipping, seed, threads).
 SessionOptions parse_session(Args& args);
 Precision resolve_precision(const std::string& name);
 int available_cores();
+std::string describe_loss_scale(const SessionOptions& opt);  // "dynamic (init 65536, growth every 2000)", "none"
 
 struct Session {
   SessionOptions opt;
   std::shared_ptr<nn::Sequential> model;
   std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<amp::GradScaler> scaler;  // always present; disabled for --loss-scale none
+  // Called after the backward pass of a step, before unscale/clip/step (the gradients still
+  // carry the scale): the diagnostics hook.
+  std::function<void()> after_backward;
+  bool measure_grad_norm = false;  // compute StepResult::grad_norm even without clipping
 };
-Session make_session(const SessionOptions& opt);  // seeds the generator, builds model and optimizer
+// Seeds the generator, builds the model, converts it to the preset's parameter dtype, then
+// builds the optimizer (which takes its f32 master copies) and the GradScaler.
+Session make_session(const SessionOptions& opt);
 
-// zero_grad, forward under the precision's autocast, cross-entropy, backward, optimizer step.
-// Returns the loss as a double (this syncs nothing: the CPU is synchronous).
-double train_step(Session& s, const Tensor& x, const Tensor& y);
+struct StepResult {
+  double loss = 0;        // mean over the batch (micro-batch losses weighted by their size)
+  double scale = 1;       // the factor this step's loss was multiplied by (before update())
+  bool skipped = false;   // the optimizer step was skipped for inf/NaN gradients
+  double grad_norm = -1;  // L2 norm of the unscaled gradients (before clipping); -1 if not measured
+};
+// zero_grad; per micro-batch forward under the precision's autocast, cross-entropy and
+// scaler.scale(loss).backward(); then unscale + clip (if asked), scaler.step, scaler.update.
+StepResult train_step(Session& s, const Tensor& x, const Tensor& y);
 
 // Peak bytes by category as a JSON-able map ("total" first), at the moment of the total peak.
 std::string peak_memory_json();
 std::string peak_memory_table();
+// Each category's own peak (not simultaneous: they need not add up to the total).
+std::string category_peak_json();
 
 }  // namespace mixprec::cli

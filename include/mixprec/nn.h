@@ -1,6 +1,7 @@
 // Modules with PyTorch's parameter names and default initialisation: Linear, activations,
 // Dropout, Flatten, Sequential. Parameters are allocated as MemCategory::parameters.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +35,15 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
   int64_t num_parameters() const;
+
+  // Converts in place, keeping every handle valid (the TensorImpl gets new storage and dtype),
+  // the floating parameters and buffers of this module and its descendants for which
+  // `select(module)` is true (every module when no predicate). Gradients are dropped. Used by
+  // the half/pure precision presets, which keep normalization layers in f32.
+  void to(DType dtype, const std::function<bool(const Module&)>& select = nullptr);
+  // True for normalization layers (BatchNorm*, LayerNorm, GroupNorm, ...), which 16-bit presets
+  // keep in f32; by default decided from name().
+  virtual bool is_normalization() const;
 
  protected:
   Tensor register_parameter(const std::string& name, Tensor t);
@@ -111,5 +121,96 @@ class Sequential : public Module {
 
 // Multi-line summary, like printing a torch module.
 std::string describe(const Module& m);
+
+}  // namespace mixprec::nn
+
+// ---- convolution, pooling and normalisation layers (src/nn/conv.cpp, src/nn/norm.cpp) ----
+namespace mixprec::nn {
+
+struct Conv2dOptions {
+  ops::IntPair stride = 1, padding = 0, dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+// weight [out, in/groups, kH, kW] and bias [out], PyTorch's default init: U(-1/sqrt(fan_in), +)
+// with fan_in = in/groups * kH * kW. Shape errors name the layer.
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, ops::IntPair kernel_size, Conv2dOptions o = {});
+  Tensor forward(const Tensor& x) override;
+  // The convolution followed by ReLU in one oneDNN primitive (a container calls this instead of
+  // forward() then ReLU when it sees the pair; same result and gradients).
+  Tensor forward_relu(const Tensor& x);
+  std::string name() const override;
+  Tensor weight, bias;
+  int64_t in_channels, out_channels;
+  ops::IntPair kernel_size;
+  Conv2dOptions options;
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(ops::IntPair kernel_size, ops::Pool2dOptions o = {});
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+
+ private:
+  ops::IntPair kernel_size_;
+  ops::Pool2dOptions o_;
+};
+
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(ops::IntPair kernel_size, ops::Pool2dOptions o = {});
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+
+ private:
+  ops::IntPair kernel_size_;
+  ops::Pool2dOptions o_;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(ops::IntPair output_size) : output_size_(output_size) {}
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+
+ private:
+  ops::IntPair output_size_;
+};
+
+struct BatchNormOptions {
+  double eps = 1e-5;
+  std::optional<double> momentum = 0.1;  // nullopt: cumulative average over num_batches_tracked
+  bool affine = true;
+  bool track_running_stats = true;
+};
+// Parameters weight (ones), bias (zeros); buffers running_mean (zeros), running_var (ones),
+// num_batches_tracked (i64 scalar), named and ordered as PyTorch's state_dict. Training mode
+// normalises with batch statistics and updates the running ones; eval mode uses the running ones.
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t num_features, BatchNormOptions o = {});
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+  int64_t num_features;
+  BatchNormOptions options;
+};
+
+struct LayerNormOptions {
+  double eps = 1e-5;
+  bool elementwise_affine = true;
+};
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, LayerNormOptions o = {});
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override;
+  Tensor weight, bias;
+  Shape normalized_shape;
+  LayerNormOptions options;
+};
 
 }  // namespace mixprec::nn

@@ -9,7 +9,7 @@
 namespace mixprec::ops {
 
 // ---- matmul family (autocast: lower) ----
-Tensor matmul(const Tensor& a, const Tensor& b);  // [m,k]@[k,n], or [b,m,k]@[b,k,n]; [.., k] @ [k, n] flattens leading dims
+Tensor matmul(const Tensor& a, const Tensor& b);  // [.., m, k] @ [k, n]: leading dims of a are flattened
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());  // x[.., in] @ weight[out,in]^T + bias[out]
 
 // ---- element-wise binary with broadcasting (autocast: promote) ----
@@ -54,5 +54,55 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end);
 Tensor contiguous(const Tensor& x);
 Tensor cast(const Tensor& x, DType dtype);  // gradient is cast back to x's dtype
+
+}  // namespace mixprec::ops
+
+// ---- convolution, pooling, normalisation, concatenation (src/ops/{conv,pool,norm,cat}.cpp) ----
+namespace mixprec::ops {
+
+// A 2-d size: one value for both dimensions (`3`) or (h, w) (`{3, 5}`), as PyTorch's int-or-tuple.
+struct IntPair {
+  int64_t h = 0, w = 0;
+  IntPair() = default;
+  IntPair(int64_t v) : h(v), w(v) {}  // NOLINT(google-explicit-constructor): `.padding = 1` must work
+  IntPair(int64_t h_, int64_t w_) : h(h_), w(w_) {}
+  bool operator==(const IntPair&) const = default;
+};
+
+struct Conv2dOptions {
+  IntPair stride = 1, padding = 0, dilation = 1;
+  int64_t groups = 1;
+  bool relu = false;  // fused ReLU after the bias (one oneDNN post-op): relu(conv(x) + b)
+};
+// x [N, C, H, W], weight [OC, C/groups, KH, KW], bias [OC] -> [N, OC, OH, OW] (autocast: lower).
+// Zero padding; OH = (H + 2*pad - dil*(KH-1) - 1) / stride + 1.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dOptions& o = {});
+
+struct Pool2dOptions {
+  IntPair stride = 0;  // 0: the kernel size, as PyTorch's default
+  IntPair padding = 0;  // at most half the kernel; max pooling pads with -inf, avg with 0
+  IntPair dilation = 1;  // max pooling only
+  bool ceil_mode = false;
+  bool count_include_pad = true;  // avg pooling only
+};
+// Pooling over [N, C, H, W] (or [C, H, W]) windows (autocast: keep). max_pool2d keeps the argmax of
+// each window for backward (one byte per output when the window has at most 256 elements).
+Tensor max_pool2d(const Tensor& x, IntPair kernel_size, const Pool2dOptions& o = {});
+Tensor avg_pool2d(const Tensor& x, IntPair kernel_size, const Pool2dOptions& o = {});
+// Output [N, C, OH, OW]; window i covers [floor(i*H/OH), ceil((i+1)*H/OH)), as PyTorch.
+Tensor adaptive_avg_pool2d(const Tensor& x, IntPair output_size);
+
+// Batch normalisation over dim 1 of [N, C, ...] (autocast: fp32). Training: normalises with the
+// batch mean and biased variance, and updates running_mean/var in place (running = (1-m)*running +
+// m*batch, unbiased variance) when they are defined. Eval: normalises with the running statistics.
+// weight/bias [C] may be undefined (affine=false).
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5);
+// Layer normalisation over the trailing dims `normalized_shape` (autocast: fp32).
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// Concatenation along dim (autocast: promote; mixed floating dtypes promote as in PyTorch).
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
 
 }  // namespace mixprec::ops

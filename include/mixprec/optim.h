@@ -1,31 +1,87 @@
 // Optimizers: SGD (momentum, nesterov, weight decay) and AdamW, PyTorch's update rules, one
-// fused pass over each parameter; state allocated as MemCategory::optimizer_state.
+// fused pass over each parameter; state allocated as MemCategory::optimizer_state. 16-bit
+// parameters get an f32 master copy (or stochastic rounding without one), and the pass can
+// unscale gradients on the fly for GradScaler.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "mixprec/tensor.h"
 
 namespace mixprec::optim {
 
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;  // the same type as nn::NamedTensors
+
+// How an optimizer updates 16-bit (bf16/f16) parameters; f32 and f64 parameters ignore it.
+// The optimizer state (momentum, Adam moments) is f32 for every 16-bit parameter.
+struct HalfParamOptions {
+  // Keep an f32 master copy of each 16-bit parameter (counted as optimizer state): the update
+  // goes to the master and the parameter becomes its round-to-nearest-even copy (Apex O2).
+  bool master_weights = true;
+  // Without a master: round each updated weight stochastically into 16 bits, so an update
+  // below half an ulp still moves the weight on average (llm.c). Ignored with a master.
+  bool stochastic_rounding = false;
+  uint64_t seed = 0;  // of the stochastic-rounding stream (a hash of seed, step, parameter, element)
+};
+
 class Optimizer {
  public:
-  explicit Optimizer(std::vector<Tensor> params, double lr);
+  Optimizer(std::vector<Tensor> params, double lr, HalfParamOptions half = {});
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  virtual void step() = 0;
+  // One update of every parameter that has a gradient.
+  void step() { step_unscale(1.0f); }
+  // The same update with each gradient multiplied by inv_grad_scale as it is read: unscaling,
+  // the update of the f32 master (if any) and the write-back of the 16-bit parameter happen in
+  // one pass over memory. GradScaler::step() calls it after its inf/NaN check.
+  void step_unscale(float inv_grad_scale);
+
   void zero_grad(bool set_to_none = true);
   const std::vector<Tensor>& params() const { return params_; }
   double lr() const { return lr_; }
   void set_lr(double lr);
   int64_t steps() const { return steps_; }
+  const HalfParamOptions& half_options() const { return half_; }
+  // The f32 master copy of parameter i (undefined when it has none).
+  const Tensor& master(size_t i) const { return master_[i]; }
+
+  // Rounding diagnostics for 16-bit parameters: with tracking on, every update counts the
+  // weights whose f32 value changed and, of those, the ones whose 16-bit value did not (rounded
+  // away without a master copy; held in the master with one). take_ returns and resets them.
+  struct RoundingStats {
+    int64_t changed = 0;          // weights whose f32 value (master, or the update before rounding) moved
+    int64_t unchanged_16bit = 0;  // ... whose stored 16-bit value stayed the same
+  };
+  void set_track_rounding(bool on) { track_ = on; }
+  RoundingStats take_rounding_stats();
+
+  // "step", "lr", then per parameter i "state.<i>.<name>" (exp_avg, exp_avg_sq,
+  // momentum_buffer, master), as PyTorch names the state. load_state_dict checks every key,
+  // shape and dtype, and restores bit-exactly.
+  NamedTensors state_dict() const;
+  void load_state_dict(const NamedTensors& sd);
+
+  virtual std::string name() const = 0;       // "SGD", "AdamW"
+  virtual double eps() const { return 0.0; }  // AdamW's eps (0 where there is none)
+  virtual double weight_decay() const = 0;
 
  protected:
+  // One update of parameter i; the base class has checked and prepared everything.
+  virtual void update(float inv_grad_scale) = 0;
+  virtual NamedTensors named_state(size_t i) const = 0;  // the tensors the subclass holds
+  virtual void set_named_state(size_t i, const std::string& key, const Tensor& t) = 0;
+
   std::vector<Tensor> params_;
+  std::vector<Tensor> master_;  // per parameter: f32 master of a 16-bit parameter, or undefined
   double lr_;
   int64_t steps_ = 0;
+  HalfParamOptions half_;
+  bool track_ = false;
+  RoundingStats rounding_;
 };
 
 struct SGDOptions {
@@ -34,12 +90,19 @@ struct SGDOptions {
   double dampening = 0.0;
   double weight_decay = 0.0;
   bool nesterov = false;
+  HalfParamOptions half{};
 };
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions o = {});
-  void step() override;
   const SGDOptions& options() const { return o_; }
+  std::string name() const override { return "SGD"; }
+  double weight_decay() const override { return o_.weight_decay; }
+
+ protected:
+  void update(float inv_grad_scale) override;
+  NamedTensors named_state(size_t i) const override;
+  void set_named_state(size_t i, const std::string& key, const Tensor& t) override;
 
  private:
   SGDOptions o_;
@@ -52,12 +115,20 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;  // PyTorch's AdamW default; 0 makes it Adam
+  HalfParamOptions half{};
 };
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions o = {});
-  void step() override;
   const AdamWOptions& options() const { return o_; }
+  std::string name() const override { return "AdamW"; }
+  double eps() const override { return o_.eps; }
+  double weight_decay() const override { return o_.weight_decay; }
+
+ protected:
+  void update(float inv_grad_scale) override;
+  NamedTensors named_state(size_t i) const override;
+  void set_named_state(size_t i, const std::string& key, const Tensor& t) override;
 
  private:
   AdamWOptions o_;

@@ -87,3 +87,114 @@ bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o);
 Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op);
 
 }  // namespace mixprec::kernels
+
+// ---- convolution, pooling, normalisation (NCHW activations; src/kernels/{ref,cpu}/{conv,pool,norm}.cpp) ----
+namespace mixprec::kernels {
+
+// One 2-d convolution: x [n, c, h, w] * weight [oc, c/groups, kh, kw] -> dst [n, oc, oh, ow].
+struct ConvGeometry {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t oc = 0, kh = 0, kw = 0;
+  int64_t oh = 0, ow = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1, groups = 1;
+  Shape x_shape() const { return {n, c, h, w}; }
+  Shape w_shape() const { return {oc, c / groups, kh, kw}; }
+  Shape y_shape() const { return {n, oc, oh, ow}; }
+};
+// x, weight contiguous and of one dtype; bias [oc] (undefined: none) of that dtype or f32.
+// dst = relu?(conv(x, weight) + bias), in x's dtype; products accumulate in f32 (f64 for f64).
+Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu);
+// The gradients asked for: x [n,c,h,w] and weight in grad_y's dtype, bias [oc] in bias_dtype.
+// `weight` is the tensor the forward used (its storage and version key the reordered-weight cache).
+struct ConvGrads {
+  Tensor x, weight, bias;
+};
+ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype);
+
+// One 2-d pooling over the planes of x [n, c, h, w]. Max windows start at oy*stride - pad and step by
+// dilation (padding never wins); avg windows follow PyTorch's divisor rule; adaptive windows cover
+// [floor(oy*h/oh), ceil((oy+1)*h/oh)).
+struct PoolGeometry {
+  int64_t n = 0, c = 0, h = 0, w = 0, oh = 0, ow = 0;
+  int64_t kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
+  bool count_include_pad = true;
+  bool adaptive = false;
+  // argmax holds the window position ky*kw + kx: u8 when the window has at most 256 elements, else i64.
+  DType argmax_dtype() const { return kh * kw <= 256 ? DType::u8 : DType::i64; }
+};
+struct MaxPoolResult {
+  Tensor dst, argmax;  // [n, c, oh, ow]
+};
+MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g);
+Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g);  // -> [n,c,h,w]
+Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
+Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
+
+// Normalisation of x viewed as [outer, channels, inner] (batch norm: [N, C, H*W], statistics per
+// channel over outer and inner) or [rows, cols] (layer norm: statistics per row). Statistics are
+// f32 (f64 for f64 x); weight/bias (undefined: none) may be x's dtype or the statistics dtype.
+struct NormGrads {
+  Tensor x, weight, bias;
+};
+// Per-channel mean and biased variance (two passes: the mean first, then squared deviations).
+void batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& var);
+// y = (x - mean[c]) * invstd[c] * weight[c] + bias[c], in x's dtype.
+Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                          const Tensor& bias);
+// training: mean/invstd are the batch's, so grad_x includes their dependence on x.
+NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                              const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias);
+// x [rows, cols]: mean/rstd [rows] (outputs), y in x's dtype.
+Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
+                          Tensor& rstd);
+NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias);
+
+// The backward of a fused ReLU in place: grad = y > 0 ? grad : 0 (grad contiguous; y same shape).
+void relu_mask_inplace(Tensor& grad, const Tensor& y);
+
+namespace ref {
+Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu);
+ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype);
+MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g);
+Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g);
+Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
+Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
+void batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& var);
+Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                          const Tensor& bias);
+NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                              const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias);
+Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
+                          Tensor& rstd);
+NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias);
+}  // namespace ref
+
+// Fast paths (oneDNN convolution; OpenMP loops over planes/channels/rows with f32 compute for
+// pooling and norms); each returns false when it does not support the case.
+namespace cpu {
+bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
+                    Tensor& dst);
+// Fills the defined members of `out` (allocated by the caller).
+bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g, ConvGrads& out);
+bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& out);
+bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g, Tensor& grad_x);
+bool avg_pool2d_forward(const Tensor& x, const PoolGeometry& g, Tensor& dst);
+bool avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g, Tensor& grad_x);
+bool batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& var);
+bool batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                        const Tensor& bias, Tensor& dst);
+bool batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                         const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias,
+                         NormGrads& out);
+bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
+                        Tensor& rstd, Tensor& dst);
+bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& weight, bool need_x, bool need_weight, bool need_bias, NormGrads& out);
+bool relu_mask_inplace(Tensor& grad, const Tensor& y);
+}  // namespace cpu
+
+}  // namespace mixprec::kernels

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "mixprec/autograd.h"
+#include "mixprec/convert.h"
 #include "mixprec/error.h"
 #include "mixprec/nn.h"
 
@@ -66,6 +67,39 @@ void Module::train(bool on) {
   for (auto& [n, c] : children_) c->train(on);
 }
 
+// The precision presets' in-place conversion: the impl keeps its identity (so Linear::weight,
+// the optimizer and any other handle see the new dtype) and gets a fresh contiguous storage of
+// the same memory category.
+static void convert_in_place(const Tensor& t, DType dtype) {
+  TensorImpl* impl = t.impl();
+  if (impl->dtype == dtype || !is_floating(impl->dtype)) return;
+  const Tensor src = t.detach().is_contiguous() ? t.detach() : t.detach().clone();
+  auto storage = std::make_shared<Storage>(size_t(t.numel()) * dtype_size(dtype), impl->storage->category());
+  convert(src.data_ptr(), src.dtype(), storage->data(), dtype, size_t(t.numel()));
+  impl->storage = std::move(storage);
+  impl->dtype = dtype;
+  impl->strides = contiguous_strides(impl->shape);
+  impl->offset = 0;
+  impl->grad.reset();
+  ++impl->version;
+}
+
+void Module::to(DType dtype, const std::function<bool(const Module&)>& select) {
+  MIXPREC_CHECK(is_floating(dtype), "Module::to: ", dtype_name(dtype), " is not a floating dtype");
+  if (!select || select(*this)) {
+    for (auto& [n, t] : params_) convert_in_place(t, dtype);
+    for (auto& [n, t] : buffers_) convert_in_place(t, dtype);
+  }
+  for (auto& [n, c] : children_) c->to(dtype, select);
+}
+
+bool Module::is_normalization() const {
+  const std::string n = name();
+  for (const char* prefix : {"BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "RMSNorm", "LocalResponseNorm"})
+    if (n.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
 int64_t Module::num_parameters() const {
   int64_t n = 0;
   for (const auto& t : parameters()) n += t.numel();
@@ -111,7 +145,18 @@ std::string Dropout::name() const {
 void Sequential::push_back(std::shared_ptr<Module> m) { register_module(std::to_string(children().size()), std::move(m)); }
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (const auto& [n, c] : children()) h = c->forward(h);
+  const auto& ch = children();
+  for (size_t i = 0; i < ch.size(); ++i) {
+    // Conv2d then ReLU run as one oneDNN convolution with a ReLU post-op: the same values and
+    // gradients, one pass over the activation fewer (src/ops/conv.cpp).
+    auto* conv = dynamic_cast<Conv2d*>(ch[i].second.get());
+    if (conv && i + 1 < ch.size() && dynamic_cast<ReLU*>(ch[i + 1].second.get())) {
+      h = conv->forward_relu(h);
+      ++i;
+      continue;
+    }
+    h = ch[i].second->forward(h);
+  }
   return h;
 }
 

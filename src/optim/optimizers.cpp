@@ -1,21 +1,155 @@
-// SGD and AdamW: PyTorch's update rules as one fused loop per parameter (f32 math; f64 params
-// update in f64).
+// SGD and AdamW: PyTorch's update rules as one fused pass per parameter. Blocks of the
+// gradient are loaded to f32 (and unscaled on the fly), the f32 weights (the parameter, its
+// master copy, or a buffer for a 16-bit parameter without one) are updated with the f32 state,
+// and a 16-bit parameter is written back rounded once. f64 parameters update in f64.
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
-#include "kernels/ref/access.h"
 #include "mixprec/autograd.h"
+#include "mixprec/convert.h"
 #include "mixprec/error.h"
 #include "mixprec/optim.h"
+#include "optim/rounding.h"
 
 namespace mixprec::optim {
+namespace {
 
-Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
+constexpr int64_t kBlock = 2048;  // elements per block: a few 8 KiB f32 buffers stay in L1/L2
+
+void load_f32(const void* src, DType t, int64_t begin, int64_t len, float* dst) {
+  const char* p = static_cast<const char*>(src) + begin * int64_t(dtype_size(t));
+  if (t == DType::f32)
+    std::memcpy(dst, p, size_t(len) * 4);
+  else if (t == DType::bf16)
+    convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(p), dst, size_t(len));
+  else
+    convert_f16_to_f32(reinterpret_cast<const uint16_t*>(p), dst, size_t(len));
+}
+
+// Writes len f32 weights into a 16-bit parameter: round-to-nearest-even, or stochastically.
+void store_half(void* dst, DType t, int64_t begin, int64_t len, const float* src, bool stochastic, uint64_t key) {
+  uint16_t* p = static_cast<uint16_t*>(dst) + begin;
+  if (!stochastic) {
+    if (t == DType::bf16)
+      convert_f32_to_bf16(src, p, size_t(len));
+    else
+      convert_f32_to_f16(src, p, size_t(len));
+    return;
+  }
+  for (int64_t j = 0; j < len; ++j) {
+    const uint32_t r = rounding_bits(key, uint64_t(begin + j));
+    p[j] = t == DType::bf16 ? f32_to_bf16_stochastic(src[j], r) : f32_to_f16_stochastic(src[j], r);
+  }
+}
+
+// Runs rule(w, g, begin, len) over the blocks of one parameter: w are len weights to update in
+// place (f32, or f64 for an f64 parameter), g the len gradients already multiplied by inv_scale.
+// With `track`, counts for a 16-bit parameter the updates that changed the f32 weight but left
+// the 16-bit one as it was (rounded away without a master; deferred into the master with one).
+template <class Rule>
+void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, float inv_scale, bool stochastic,
+                  uint64_t key, Optimizer::RoundingStats* track, Rule&& rule) {
+  const int64_t n = p.numel(), nb = (n + kBlock - 1) / kBlock;
+  const DType pt = p.dtype(), gt = grad.dtype();
+  if (pt == DType::f64) {
+    double* w = p.data<double>();
+    const double* g = grad.data<double>();
+#pragma omp parallel for schedule(static) if (nb >= 8)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t begin = b * kBlock, len = std::min(kBlock, n - begin);
+      double gb[kBlock];
+      for (int64_t j = 0; j < len; ++j) gb[j] = g[begin + j] * double(inv_scale);
+      rule(w + begin, gb, begin, len);
+    }
+    return;
+  }
+  void* pp = p.data_ptr();
+  const void* gp = grad.data_ptr();
+  float* mp = master.defined() ? master.data<float>() : nullptr;
+  const bool direct_g = gt == DType::f32 && inv_scale == 1.0f;
+  const bool counting = track && is_half(pt);
+  int64_t changed = 0, stuck = 0;
+#pragma omp parallel for schedule(static) reduction(+ : changed, stuck) if (nb >= 8)
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t begin = b * kBlock, len = std::min(kBlock, n - begin);
+    alignas(64) float gb[kBlock];
+    alignas(64) float wb[kBlock];
+    const float* g = gb;
+    if (direct_g) {
+      g = static_cast<const float*>(gp) + begin;
+    } else {
+      load_f32(gp, gt, begin, len, gb);
+      if (inv_scale != 1.0f)
+        for (int64_t j = 0; j < len; ++j) gb[j] *= inv_scale;
+    }
+    float* w = wb;
+    if (pt == DType::f32)
+      w = static_cast<float*>(pp) + begin;
+    else if (mp)
+      w = mp + begin;
+    else
+      load_f32(pp, pt, begin, len, wb);
+    alignas(64) float w_before[kBlock];
+    alignas(64) float h_before[kBlock];
+    if (counting) {
+      std::memcpy(w_before, w, size_t(len) * 4);
+      load_f32(pp, pt, begin, len, h_before);
+    }
+    rule(w, g, begin, len);
+    if (is_half(pt)) store_half(pp, pt, begin, len, w, !mp && stochastic, key);
+    if (counting) {
+      load_f32(pp, pt, begin, len, gb);  // the stored 16-bit weights (g is no longer needed)
+      for (int64_t j = 0; j < len; ++j) {
+        const bool moved = w[j] != w_before[j];
+        changed += moved;
+        stuck += moved && gb[j] == h_before[j];
+      }
+    }
+  }
+  if (counting) {
+    track->changed += changed;
+    track->unchanged_16bit += stuck;
+  }
+}
+
+Tensor zeros_state(const Tensor& p) {
+  MemoryScope scope(MemCategory::optimizer_state);
+  return Tensor::zeros(p.shape(), p.dtype() == DType::f64 ? DType::f64 : DType::f32);
+}
+
+// The gradient of p as the update reads it: contiguous, in p's dtype or f32 (an unscaled f16
+// gradient), f64 for f64.
+Tensor checked_grad(const Tensor& p, size_t i) {
+  Tensor g = p.grad();
+  MIXPREC_CHECK(g.shape() == p.shape(), "optimizer: gradient of parameter ", i, " has shape ", shape_str(g.shape()),
+                ", the parameter ", shape_str(p.shape()));
+  const bool ok =
+      p.dtype() == DType::f64 ? g.dtype() == DType::f64 : (g.dtype() == p.dtype() || g.dtype() == DType::f32);
+  MIXPREC_CHECK(ok, "optimizer: gradient of parameter ", i, " is ", dtype_name(g.dtype()), " for a ",
+                dtype_name(p.dtype()), " parameter");
+  return g.is_contiguous() && g.offset() == 0 ? g : g.clone();
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<Tensor> params, double lr, HalfParamOptions half)
+    : params_(std::move(params)), lr_(lr), half_(half) {
   MIXPREC_CHECK(!params_.empty(), "optimizer got an empty parameter list");
+  master_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    MIXPREC_CHECK(params_[i].defined() && params_[i].is_leaf() && params_[i].requires_grad(),
-                  "optimizer parameter ", i, " must be a leaf tensor that requires grad");
-    MIXPREC_CHECK(params_[i].dtype() == DType::f32 || params_[i].dtype() == DType::f64, "optimizer parameter ", i,
-                  " is ", dtype_name(params_[i].dtype()), ": SGD/AdamW update f32 (or f64) parameters");
+    const Tensor& p = params_[i];
+    MIXPREC_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "optimizer parameter ", i,
+                  " must be a leaf tensor that requires grad");
+    MIXPREC_CHECK(is_floating(p.dtype()), "optimizer parameter ", i, " is ", dtype_name(p.dtype()),
+                  ": SGD/AdamW update f64, f32, bf16 or f16 parameters");
+    MIXPREC_CHECK(p.is_contiguous() && p.offset() == 0, "optimizer parameter ", i, " ", shape_str(p.shape()),
+                  " must be contiguous");
+    if (is_half(p.dtype()) && half.master_weights) {
+      MemoryScope scope(MemCategory::optimizer_state);
+      master_[i] = Tensor::empty(p.shape(), DType::f32);
+      convert(p.data_ptr(), p.dtype(), master_[i].data_ptr(), DType::f32, size_t(p.numel()));
+    }
   }
   set_lr(lr);
 }
@@ -28,64 +162,131 @@ void Optimizer::set_lr(double lr) {
 void Optimizer::zero_grad(bool set_to_none) {
   for (Tensor& p : params_) {
     if (!p.grad().defined()) continue;
-    if (set_to_none) p.set_grad(Tensor());
-    else p.grad().zero_();
+    if (set_to_none)
+      p.set_grad(Tensor());
+    else
+      p.grad().zero_();
   }
 }
 
-namespace {
-
-Tensor zeros_like_state(const Tensor& p) {
-  MemoryScope scope(MemCategory::optimizer_state);
-  return Tensor::zeros(p.shape(), p.dtype());
+void Optimizer::step_unscale(float inv_grad_scale) {
+  MIXPREC_CHECK(std::isfinite(inv_grad_scale), name(), ".step: the gradient unscale factor is ", inv_grad_scale);
+  ++steps_;
+  update(inv_grad_scale);
 }
 
-// Calls f(T{}) for f32 or f64 parameters.
-template <class F>
-void by_param_type(DType t, F&& f) {
-  if (t == DType::f64) f(double{});
-  else f(float{});
+Optimizer::RoundingStats Optimizer::take_rounding_stats() {
+  const RoundingStats r = rounding_;
+  rounding_ = {};
+  return r;
 }
 
-}  // namespace
+NamedTensors Optimizer::state_dict() const {
+  NamedTensors sd;
+  sd.emplace_back("step", Tensor::from_vector(std::vector<int64_t>{steps_}, {}));
+  sd.emplace_back("lr", Tensor::scalar(lr_, DType::f64));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string prefix = "state." + std::to_string(i) + ".";
+    if (master_[i].defined()) sd.emplace_back(prefix + "master", master_[i]);
+    for (auto& [k, t] : named_state(i)) sd.emplace_back(prefix + k, t);
+  }
+  return sd;
+}
 
-SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params), o.lr), o_(o) {
+void Optimizer::load_state_dict(const NamedTensors& sd) {
+  bool has_step = false;
+  for (const auto& [key, t] : sd) {
+    if (key == "step" || key == "lr") {
+      MIXPREC_CHECK(t.numel() == 1, name(), ".load_state_dict: '", key, "' must hold one value");
+      has_step = has_step || key == "step";
+      continue;
+    }
+    size_t i = 0, dot = 0;
+    const bool shaped = key.rfind("state.", 0) == 0 && (dot = key.find('.', 6)) != std::string::npos &&
+                        (i = size_t(std::strtoull(key.c_str() + 6, nullptr, 10)), i < params_.size());
+    MIXPREC_CHECK(shaped, name(), ".load_state_dict: unexpected key '", key, "' (", params_.size(), " parameters)");
+    const Tensor& p = params_[i];
+    const DType want = p.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    MIXPREC_CHECK(t.shape() == p.shape() && t.dtype() == want, name(), ".load_state_dict: '", key, "' is ",
+                  dtype_name(t.dtype()), " ", shape_str(t.shape()), ", parameter ", i, " needs ", dtype_name(want), " ",
+                  shape_str(p.shape()));
+    const std::string k = key.substr(dot + 1);
+    if (k == "master")
+      MIXPREC_CHECK(master_[i].defined(), name(), ".load_state_dict: '", key, "' but parameter ", i,
+                    " keeps no master copy");
+  }
+  MIXPREC_CHECK(has_step, name(), ".load_state_dict: missing key 'step'");
+  for (const auto& [key, t] : sd) {
+    if (key == "step") {
+      steps_ = t.to_vector_i64()[0];
+    } else if (key == "lr") {
+      set_lr(t.item());
+    } else {
+      const size_t dot = key.find('.', 6), i = size_t(std::strtoull(key.c_str() + 6, nullptr, 10));
+      const std::string k = key.substr(dot + 1);
+      MemoryScope scope(MemCategory::optimizer_state);
+      Tensor copy = t.detach().clone();
+      if (k == "master")
+        master_[i].copy_(copy);
+      else
+        set_named_state(i, k, copy);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------- SGD
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params), o.lr, o.half), o_(o) {
   MIXPREC_CHECK(o.momentum >= 0, "SGD: momentum must be >= 0, got ", o.momentum);
   MIXPREC_CHECK(o.weight_decay >= 0, "SGD: weight_decay must be >= 0, got ", o.weight_decay);
-  MIXPREC_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD: nesterov needs momentum > 0 and dampening 0");
+  MIXPREC_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
+                "SGD: nesterov needs momentum > 0 and dampening 0");
   momentum_.resize(params_.size());
 }
 
-void SGD::step() {
-  ++steps_;
+void SGD::update(float inv_scale) {
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
+    if (!p.grad().defined()) continue;
+    const Tensor g = checked_grad(p, i);
+    ++p.impl()->version;  // an in-place write: caches keyed by version (reordered conv weights) must see it
     const bool first = o_.momentum != 0 && !momentum_[i].defined();
-    if (o_.momentum != 0 && first) momentum_[i] = zeros_like_state(p);
-    by_param_type(p.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      T* pp = p.data<T>();
-      const T* pg = g.data<T>();
-      T* buf = o_.momentum != 0 ? momentum_[i].data<T>() : nullptr;
-      const T lr = T(lr_), wd = T(o_.weight_decay), mom = T(o_.momentum), damp = T(1 - o_.dampening);
-      const bool nesterov = o_.nesterov;
-      const int64_t n = p.numel();
-#pragma omp parallel for schedule(static) if (n > (1 << 15))
-      for (int64_t j = 0; j < n; ++j) {
-        T d = pg[j] + wd * pp[j];
-        if (buf) {
-          buf[j] = first ? d : mom * buf[j] + damp * d;  // PyTorch: the first step copies d
-          d = nesterov ? d + mom * buf[j] : buf[j];
-        }
-        pp[j] -= lr * d;
-      }
-    });
+    if (first) momentum_[i] = zeros_state(p);
+    void* buf_base = o_.momentum != 0 ? momentum_[i].data_ptr() : nullptr;
+    const double lr = lr_, wd = o_.weight_decay, mom = o_.momentum, damp = 1 - o_.dampening;
+    const bool nesterov = o_.nesterov;
+    const uint64_t key = rounding_key(half_.seed, uint64_t(steps_), i);
+    fused_update(p, g, master_[i], inv_scale, half_.stochastic_rounding, key, track_ ? &rounding_ : nullptr,
+                 [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
+                   using T = std::remove_pointer_t<decltype(w)>;
+                   T* buf = buf_base ? static_cast<T*>(buf_base) + begin : nullptr;
+                   const T tlr = T(lr), twd = T(wd), tmom = T(mom), tdamp = T(damp);
+                   for (int64_t j = 0; j < len; ++j) {
+                     T d = gr[j] + twd * w[j];
+                     if (buf) {
+                       buf[j] = first ? d : tmom * buf[j] + tdamp * d;  // PyTorch: the first step copies d
+                       d = nesterov ? d + tmom * buf[j] : buf[j];
+                     }
+                     w[j] -= tlr * d;
+                   }
+                 });
   }
 }
 
-AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : Optimizer(std::move(params), o.lr), o_(o) {
+NamedTensors SGD::named_state(size_t i) const {
+  if (!momentum_[i].defined()) return {};
+  return {{"momentum_buffer", momentum_[i]}};
+}
+
+void SGD::set_named_state(size_t i, const std::string& key, const Tensor& t) {
+  MIXPREC_CHECK(key == "momentum_buffer", "SGD.load_state_dict: unknown state '", key, "' for parameter ", i);
+  MIXPREC_CHECK(o_.momentum != 0, "SGD.load_state_dict: a momentum_buffer for an optimizer without momentum");
+  momentum_[i] = t;
+}
+
+// -------------------------------------------------------------------------------------- AdamW
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : Optimizer(std::move(params), o.lr, o.half), o_(o) {
   MIXPREC_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "AdamW: betas must be in [0, 1), got (",
                 o.beta1, ", ", o.beta2, ")");
   MIXPREC_CHECK(o.eps >= 0, "AdamW: eps must be >= 0, got ", o.eps);
@@ -94,37 +295,53 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : Optimizer(std::move(p
   exp_avg_sq_.resize(params_.size());
 }
 
-void AdamW::step() {
-  ++steps_;
+void AdamW::update(float inv_scale) {
   const double bc1 = 1 - std::pow(o_.beta1, double(steps_));
   const double bc2 = 1 - std::pow(o_.beta2, double(steps_));
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
+    if (!p.grad().defined()) continue;
+    const Tensor g = checked_grad(p, i);
+    ++p.impl()->version;  // an in-place write: caches keyed by version (reordered conv weights) must see it
     if (!exp_avg_[i].defined()) {
-      exp_avg_[i] = zeros_like_state(p);
-      exp_avg_sq_[i] = zeros_like_state(p);
+      exp_avg_[i] = zeros_state(p);
+      exp_avg_sq_[i] = zeros_state(p);
     }
-    by_param_type(p.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      T* pp = p.data<T>();
-      const T* pg = g.data<T>();
-      T* m = exp_avg_[i].data<T>();
-      T* v = exp_avg_sq_[i].data<T>();
-      const T decay = T(1 - lr_ * o_.weight_decay), b1 = T(o_.beta1), b2 = T(o_.beta2);
-      const T step_size = T(lr_ / bc1), inv_sqrt_bc2 = T(1 / std::sqrt(bc2)), eps = T(o_.eps);
-      const int64_t n = p.numel();
-#pragma omp parallel for schedule(static) if (n > (1 << 15))
-      for (int64_t j = 0; j < n; ++j) {
-        const T gj = pg[j];
-        m[j] = b1 * m[j] + (T(1) - b1) * gj;
-        v[j] = b2 * v[j] + (T(1) - b2) * gj * gj;
-        const T denom = std::sqrt(v[j]) * inv_sqrt_bc2 + eps;
-        pp[j] = pp[j] * decay - step_size * m[j] / denom;
-      }
-    });
+    void* m_base = exp_avg_[i].data_ptr();
+    void* v_base = exp_avg_sq_[i].data_ptr();
+    const double decay = 1 - lr_ * o_.weight_decay, b1 = o_.beta1, b2 = o_.beta2;
+    const double step_size = lr_ / bc1, inv_sqrt_bc2 = 1 / std::sqrt(bc2), eps = o_.eps;
+    const uint64_t key = rounding_key(half_.seed, uint64_t(steps_), i);
+    fused_update(p, g, master_[i], inv_scale, half_.stochastic_rounding, key, track_ ? &rounding_ : nullptr,
+                 [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
+                   using T = std::remove_pointer_t<decltype(w)>;
+                   T* m = static_cast<T*>(m_base) + begin;
+                   T* v = static_cast<T*>(v_base) + begin;
+                   const T tdecay = T(decay), tb1 = T(b1), tb2 = T(b2), tstep = T(step_size), tbc2 = T(inv_sqrt_bc2),
+                           teps = T(eps);
+                   for (int64_t j = 0; j < len; ++j) {
+                     const T gj = gr[j];
+                     m[j] = tb1 * m[j] + (T(1) - tb1) * gj;
+                     v[j] = tb2 * v[j] + (T(1) - tb2) * gj * gj;
+                     const T denom = std::sqrt(v[j]) * tbc2 + teps;
+                     w[j] = w[j] * tdecay - tstep * m[j] / denom;
+                   }
+                 });
   }
+}
+
+NamedTensors AdamW::named_state(size_t i) const {
+  if (!exp_avg_[i].defined()) return {};
+  return {{"exp_avg", exp_avg_[i]}, {"exp_avg_sq", exp_avg_sq_[i]}};
+}
+
+void AdamW::set_named_state(size_t i, const std::string& key, const Tensor& t) {
+  if (key == "exp_avg")
+    exp_avg_[i] = t;
+  else if (key == "exp_avg_sq")
+    exp_avg_sq_[i] = t;
+  else
+    throw Error(detail::concat("AdamW.load_state_dict: unknown state '", key, "' for parameter ", i));
 }
 
 }  // namespace mixprec::optim

@@ -1,0 +1,114 @@
+// amp::GradScaler: dynamic loss scaling with PyTorch's exact semantics (torch.cuda.amp.GradScaler),
+// plus what PyTorch lacks: hysteresis, min/max scale, an error at the minimum, skip counters.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "mixprec/optim.h"
+#include "mixprec/tensor.h"
+
+namespace mixprec::amp {
+
+struct GradScalerOptions {
+  double init_scale = 65536.0;     // 2^16: PyTorch's default
+  double growth_factor = 2.0;      // > 1
+  double backoff_factor = 0.5;     // in (0, 1)
+  int64_t growth_interval = 2000;  // finite steps in a row before growing
+  bool enabled = true;             // false: every call passes through (scale 1, step = optimizer.step())
+  // ---- beyond PyTorch (the defaults reproduce PyTorch exactly) ----
+  bool dynamic = true;     // false: a static scale: inf/NaN steps are still skipped, the scale never changes
+  int64_t hysteresis = 1;  // back off only after this many overflows in a row (DeepSpeed); 1 = at once
+  double min_scale = 0.0;  // the scale never backs off below this (0: no bound)
+  double max_scale = std::numeric_limits<double>::infinity();  // nor grows above this
+  bool error_at_min_scale = false;  // throw when an overflow happens with the scale already at min_scale
+};
+
+// The PyTorch loop, line for line:
+//   scaler.scale(loss).backward();
+//   scaler.unscale(opt);              // optional, e.g. before clip_grad_norm
+//   scaler.step(opt);                 // skipped when opt's gradients hold inf/NaN
+//   scaler.update();
+// Each optimizer goes READY -> (unscale) UNSCALED -> (step) STEPPED between two update() calls;
+// one scale is shared by every optimizer and loss. Calls out of that order throw mixprec::Error
+// naming the call that was expected.
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions o = {});
+
+  // loss * scale (a recorded op, so backward() yields scaled gradients); loss itself when disabled.
+  Tensor scale(const Tensor& loss);
+  // One fused pass over the gradients of opt's parameters: multiplies them by 1/scale and
+  // records whether any was inf/NaN. f32 and bf16 gradients are unscaled in place; an f16
+  // gradient becomes an f32 one (f16 cannot hold what the scale protected: PyTorch refuses
+  // with "Attempting to unscale FP16 gradients").
+  void unscale(optim::Optimizer& opt);
+  // Steps opt unless its gradients held inf/NaN. Without a prior unscale(), the gradients are
+  // checked (read-only) and the optimizer unscales them on the fly inside its fused update.
+  // Returns true when the optimizer stepped.
+  bool step(optim::Optimizer& opt);
+  // Adjusts the scale from the steps since the last update() (PyTorch's rule; hysteresis and
+  // bounds when set) and makes every optimizer READY again.
+  void update();
+  void update(double new_scale);  // sets the scale (PyTorch's update(new_scale))
+
+  bool is_enabled() const { return o_.enabled; }
+  double get_scale() const { return o_.enabled ? double(scale_) : 1.0; }
+  int64_t growth_tracker() const { return growth_tracker_; }
+  int64_t hysteresis_left() const { return hysteresis_left_; }
+  const GradScalerOptions& options() const { return o_; }
+  // True when the last step(opt) found inf/NaN in opt's gradients (since the last update()).
+  bool found_inf(const optim::Optimizer& opt) const;
+
+  // Counters over the scaler's life (kept in state_dict).
+  int64_t num_skipped_steps() const { return skipped_steps_; }  // optimizer steps skipped
+  int64_t num_overflows() const { return overflows_; }          // update() calls that saw inf/NaN
+  int64_t num_updates() const { return updates_; }
+
+  // scale, growth tracker, factors, interval, hysteresis state, bounds and counters (empty when
+  // disabled, as PyTorch). load_state_dict continues the same sequence of scales.
+  std::map<std::string, double> state_dict() const;
+  void load_state_dict(const std::map<std::string, double>& sd);
+
+ private:
+  enum class Stage { ready, unscaled, stepped };
+  struct OptState {
+    Stage stage = Stage::ready;
+    bool checked = false;  // an inf check ran for this optimizer since the last update()
+    bool found_inf = false;
+  };
+  OptState& state_of(const optim::Optimizer& opt) { return per_opt_[&opt]; }
+  void require_scale(const char* call) const;
+
+  GradScalerOptions o_;
+  float scale_;  // f32, as PyTorch's _scale tensor
+  int64_t growth_tracker_ = 0;
+  int64_t hysteresis_left_;
+  bool scaled_since_update_ = false;
+  std::unordered_map<const optim::Optimizer*, OptState> per_opt_;
+  int64_t skipped_steps_ = 0, overflows_ = 0, updates_ = 0;
+};
+
+// The update rule alone (for tests and tools): the next (scale, growth tracker, hysteresis
+// left) after one update() that saw `found_inf`.
+struct ScaleState {
+  float scale;
+  int64_t growth_tracker;
+  int64_t hysteresis_left;
+};
+ScaleState next_scale_state(const ScaleState& s, bool found_inf, const GradScalerOptions& o);
+
+// One parallel pass over the gradients of all `params` (PyTorch's
+// _amp_foreach_non_finite_check_and_unscale_): records whether any value is inf or NaN and,
+// unless check_only, multiplies every gradient by inv_scale (an f16 gradient is replaced by an
+// f32 one). With check_only the gradients are only read.
+struct InfCheck {
+  bool found_inf = false;
+  int64_t num_grads = 0;  // parameters that had a gradient
+};
+InfCheck unscale_and_check(const std::vector<Tensor>& params, float inv_scale, bool check_only);
+
+}  // namespace mixprec::amp

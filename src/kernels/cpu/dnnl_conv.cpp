@@ -1,0 +1,549 @@
+// oneDNN convolution for NCHW tensors (see dnnl_conv.h): f32 and bf16 (AMX where present), f16
+// through f32. Primitives take oneDNN's preferred layouts; the user's NCHW/OIHW buffers are
+// reordered in and out around them, weights once per version via the weight cache.
+#include "kernels/cpu/dnnl_conv.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "mixprec/convert.h"
+#include "mixprec/error.h"
+
+namespace mixprec::kernels::cpu {
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+
+struct ConvKey {
+  std::array<int64_t, 17> geometry;
+  DType t, bias_t;
+  bool has_bias, relu;
+  ConvPass pass;
+  bool split;  // backward-weights over one thread's share of the batch (see backward_weights_split)
+  bool operator==(const ConvKey&) const = default;
+};
+struct ConvKeyHash {
+  size_t operator()(const ConvKey& k) const {
+    size_t h = 0;
+    for (int64_t v : k.geometry) h = hash_mix(h, uint64_t(v));
+    h = hash_mix(h, uint64_t(k.t) | uint64_t(k.bias_t) << 8 | uint64_t(k.has_bias) << 16 | uint64_t(k.relu) << 17 |
+                        uint64_t(k.pass) << 18 | uint64_t(k.split) << 20);
+    return h;
+  }
+};
+
+ConvKey make_key(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bool relu, ConvPass pass, bool split) {
+  return ConvKey{{g.n, g.c, g.h, g.w, g.oc, g.kh, g.kw, g.oh, g.ow, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.dil_h,
+                  g.dil_w, g.groups, 0},
+                 t,
+                 has_bias ? bias_t : DType::f32,
+                 has_bias,
+                 relu,
+                 pass,
+                 split};
+}
+
+// One operand: the caller's dense layout and the primitive's; a reorder between them (user ->
+// primitive for inputs, primitive -> user for outputs) when they differ.
+struct Operand {
+  int arg = 0;
+  memory::desc user, prim;
+  dnnl::reorder reorder;
+  dnnl::primitive_desc_base reorder_pd;
+};
+
+struct ConvEntry {
+  dnnl::primitive prim;
+  dnnl::primitive_desc_base pd;
+  std::vector<Operand> inputs, outputs;
+  std::string impl;
+};
+
+// Input channels up to which a forward convolution counts as a first layer (see create_entry).
+constexpr int64_t kFirstLayerChannels = 4;
+
+PrimitiveCache<ConvKey, ConvEntry, ConvKeyHash>& cache() {
+  static PrimitiveCache<ConvKey, ConvEntry, ConvKeyHash> c;
+  return c;
+}
+
+memory::desc act_md(int64_t n, int64_t c, int64_t h, int64_t w, DType t, Tag tag) {
+  return memory::desc({n, c, h, w}, to_dnnl(t), tag);
+}
+// OIHW, or GOIHW with groups (oneDNN's grouped weights carry the group as a leading dim).
+memory::desc wei_md(const ConvGeometry& g, DType t, bool any) {
+  if (g.groups == 1) return memory::desc({g.oc, g.c, g.kh, g.kw}, to_dnnl(t), any ? Tag::any : Tag::oihw);
+  return memory::desc({g.groups, g.oc / g.groups, g.c / g.groups, g.kh, g.kw}, to_dnnl(t), any ? Tag::any : Tag::goihw);
+}
+
+Operand operand(int arg, const memory::desc& user, const memory::desc& prim, bool input) {
+  Operand op;
+  op.arg = arg;
+  op.user = user;
+  op.prim = prim;
+  if (user != prim) {
+    const dnnl::primitive_attr attr = user_scratchpad_attr();
+    auto rpd = input ? dnnl::reorder::primitive_desc(dnnl_engine(), user, dnnl_engine(), prim, attr)
+                     : dnnl::reorder::primitive_desc(dnnl_engine(), prim, dnnl_engine(), user, attr);
+    op.reorder = dnnl::reorder(rpd);
+    op.reorder_pd = rpd;
+  }
+  return op;
+}
+
+struct Descs {
+  memory::dims strides, dilates, pad_l, pad_r;
+  memory::desc src, wei, bias, dst;  // `any` layouts for the primitive
+  memory::desc user_src, user_wei, user_bias, user_dst;
+};
+
+Descs descs(const ConvGeometry& g, DType t, bool has_bias, DType bias_t) {
+  Descs d;
+  d.strides = {g.stride_h, g.stride_w};
+  d.dilates = {g.dil_h - 1, g.dil_w - 1};  // oneDNN counts the gaps: PyTorch's dilation 1 is 0
+  d.pad_l = {g.pad_h, g.pad_w};
+  // Right padding that makes oneDNN's output size equal ours (floor mode can leave it below pad_l).
+  d.pad_r = {(g.oh - 1) * g.stride_h + (g.kh - 1) * g.dil_h + 1 - g.h - g.pad_h,
+             (g.ow - 1) * g.stride_w + (g.kw - 1) * g.dil_w + 1 - g.w - g.pad_w};
+  d.src = act_md(g.n, g.c, g.h, g.w, t, Tag::any);
+  d.dst = act_md(g.n, g.oc, g.oh, g.ow, t, Tag::any);
+  d.wei = wei_md(g, t, true);
+  d.user_src = act_md(g.n, g.c, g.h, g.w, t, Tag::nchw);
+  d.user_dst = act_md(g.n, g.oc, g.oh, g.ow, t, Tag::nchw);
+  d.user_wei = wei_md(g, t, false);
+  if (has_bias) d.bias = d.user_bias = memory::desc({g.oc}, to_dnnl(bias_t), Tag::x);
+  return d;
+}
+
+dnnl::convolution_forward::primitive_desc forward_pd(const Descs& d, bool has_bias, const dnnl::primitive_attr& attr) {
+  using F = dnnl::convolution_forward;
+  const auto prop = dnnl::prop_kind::forward_training;
+  const auto alg = dnnl::algorithm::convolution_direct;
+  const F::desc desc = has_bias ? F::desc(prop, alg, d.src, d.wei, d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
+                                : F::desc(prop, alg, d.src, d.wei, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
+  return F::primitive_desc(desc, attr, dnnl_engine());
+}
+
+// oneDNN (OpenMP runtime) sizes a primitive's thread team when it is created.
+struct SingleThreadScope {
+  int prev = omp_get_max_threads();
+  SingleThreadScope() { omp_set_num_threads(1); }
+  ~SingleThreadScope() { omp_set_num_threads(prev); }
+  SingleThreadScope(const SingleThreadScope&) = delete;
+  SingleThreadScope& operator=(const SingleThreadScope&) = delete;
+};
+
+ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
+  const Descs d = descs(g, key.t, key.has_bias, key.bias_t);
+  const dnnl::primitive_attr attr = user_scratchpad_attr();
+  ConvEntry e;
+  const auto alg = dnnl::algorithm::convolution_direct;
+  if (key.pass == ConvPass::forward) {
+    dnnl::primitive_attr fwd_attr = attr;
+    if (key.relu) {
+      dnnl::post_ops ops;
+      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+      fwd_attr.set_post_ops(ops);
+    }
+    auto pd = forward_pd(d, key.has_bias, fwd_attr);
+    if (g.c <= kFirstLayerChannels && pd.dst_desc() != d.user_dst) {
+      // A first layer (1-4 input channels) writes NCHW directly: oneDNN's im2col kernel costs what
+      // its blocked kernel does at K = 9*C, and the blocked output would need a reorder of the
+      // largest activation in the net (docs/conv.md).
+      Descs plain = d;
+      plain.dst = d.user_dst;
+      try {
+        auto pd_plain = forward_pd(plain, key.has_bias, fwd_attr);
+        if (!std::string_view(pd_plain.impl_info_str()).starts_with("ref")) pd = pd_plain;
+      } catch (const dnnl::error&) {
+      }
+    }
+    e.pd = pd;
+    e.prim = dnnl::convolution_forward(pd);
+    e.inputs.push_back(operand(DNNL_ARG_SRC, d.user_src, pd.src_desc(), true));
+    e.inputs.push_back(operand(DNNL_ARG_WEIGHTS, d.user_wei, pd.weights_desc(), true));
+    if (key.has_bias) e.inputs.push_back(operand(DNNL_ARG_BIAS, d.user_bias, pd.bias_desc(), true));
+    e.outputs.push_back(operand(DNNL_ARG_DST, d.user_dst, pd.dst_desc(), false));
+  } else if (key.pass == ConvPass::backward_data) {
+    using B = dnnl::convolution_backward_data;
+    const auto hint = forward_pd(d, false, attr);
+    const B::primitive_desc pd(B::desc(alg, d.src, d.wei, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r), attr,
+                               dnnl_engine(), hint);
+    e.pd = pd;
+    e.prim = B(pd);
+    e.inputs.push_back(operand(DNNL_ARG_DIFF_DST, d.user_dst, pd.diff_dst_desc(), true));
+    e.inputs.push_back(operand(DNNL_ARG_WEIGHTS, d.user_wei, pd.weights_desc(), true));
+    e.outputs.push_back(operand(DNNL_ARG_DIFF_SRC, d.user_src, pd.diff_src_desc(), false));
+  } else {
+    using W = dnnl::convolution_backward_weights;
+    // A split primitive runs on one thread (oneDNN fixes its thread count at creation) and
+    // writes f32 partial gradients, summed over the threads' shares afterwards.
+    std::optional<SingleThreadScope> one_thread;
+    Descs dw = d;
+    if (key.split) {
+      one_thread.emplace();
+      dw.wei = wei_md(g, DType::f32, true);
+      dw.user_wei = wei_md(g, DType::f32, false);
+      if (key.has_bias) dw.bias = dw.user_bias = memory::desc({g.oc}, memory::data_type::f32, Tag::x);
+    }
+    const auto hint = forward_pd(d, key.has_bias, attr);
+    const W::desc desc = key.has_bias
+                             ? W::desc(alg, dw.src, dw.wei, dw.bias, dw.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
+                             : W::desc(alg, dw.src, dw.wei, dw.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
+    const W::primitive_desc pd(desc, attr, dnnl_engine(), hint);
+    e.pd = pd;
+    e.prim = W(pd);
+    e.inputs.push_back(operand(DNNL_ARG_SRC, d.user_src, pd.src_desc(), true));
+    e.inputs.push_back(operand(DNNL_ARG_DIFF_DST, d.user_dst, pd.diff_dst_desc(), true));
+    e.outputs.push_back(operand(DNNL_ARG_DIFF_WEIGHTS, dw.user_wei, pd.diff_weights_desc(), false));
+    if (key.has_bias) e.outputs.push_back(operand(DNNL_ARG_DIFF_BIAS, dw.user_bias, pd.diff_bias_desc(), false));
+  }
+  e.impl = e.pd.impl_info_str();
+  return e;
+}
+
+// The cached entry, or nullptr when oneDNN cannot run this convolution (the caller falls back to
+// the reference). Creation failures are cached too, as an entry without a primitive.
+const ConvEntry* entry(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bool relu, ConvPass pass,
+                       ConvEntry& holder, bool split = false) {
+  const ConvKey key = make_key(g, t, has_bias, bias_t, relu, pass, split);
+  holder = cache().get_or_create(key, [&] {
+    try {
+      return create_entry(g, key);
+    } catch (const dnnl::error&) {
+      return ConvEntry{};
+    }
+  });
+  return holder.prim ? &holder : nullptr;
+}
+
+// ---- reordered-weight cache ----
+
+struct CachedWeight {
+  std::weak_ptr<Storage> storage;
+  const void* data = nullptr;
+  uint64_t version = 0;
+  memory::desc md;
+  std::shared_ptr<WorkspaceBuffer> buf;
+  memory mem;
+};
+
+// 64: every conv layer of a few models in two layouts (forward and backward-data).
+constexpr size_t kMaxCachedWeights = 64;
+
+struct WeightCache {
+  std::mutex mu;
+  std::vector<CachedWeight> entries;  // most recently used last
+  int64_t hits = 0, reorders = 0;
+
+  // Drops entries whose tensor is gone or has changed since (a new version of the same bytes).
+  void purge(const Tensor* current) {
+    std::erase_if(entries, [&](const CachedWeight& c) {
+      if (c.storage.expired()) return true;
+      return current && c.data == current->data_ptr() && c.version != current->impl()->version;
+    });
+  }
+
+  memory get(const Tensor& w, const Operand& op) {
+    std::lock_guard<std::mutex> lock(mu);
+    purge(&w);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      CachedWeight& c = entries[i];
+      if (c.data == w.data_ptr() && c.version == w.impl()->version && c.md == op.prim &&
+          c.storage.lock() == w.storage()) {
+        ++hits;
+        std::rotate(entries.begin() + int64_t(i), entries.begin() + int64_t(i) + 1, entries.end());
+        return entries.back().mem;
+      }
+    }
+    CachedWeight c;
+    c.storage = w.storage();
+    c.data = w.data_ptr();
+    c.version = w.impl()->version;
+    c.md = op.prim;
+    c.buf = std::make_shared<WorkspaceBuffer>(op.prim.get_size());
+    c.mem = memory(op.prim, dnnl_engine(), c.buf->data());
+    memory user(op.user, dnnl_engine(), w.data_ptr());
+    Scratchpad pad(op.reorder_pd);
+    std::unordered_map<int, memory> args{{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, c.mem}};
+    pad.add_to(args);
+    op.reorder.execute(dnnl_stream(), args);
+    ++reorders;
+    if (entries.size() >= kMaxCachedWeights) entries.erase(entries.begin());
+    entries.push_back(c);
+    return c.mem;
+  }
+};
+
+WeightCache& weight_cache() {
+  static WeightCache c;
+  return c;
+}
+
+// What one convolution call owns: reordered activations and output staging buffers (workspace
+// bytes, freed when the call returns), and the reordered inputs a second primitive of the same call
+// may reuse (backward-data and backward-weights both read grad_y in the same layout).
+struct CallState {
+  std::vector<std::unique_ptr<WorkspaceBuffer>> bufs;
+  struct Reordered {
+    const void* user_ptr;
+    memory::desc md;
+    memory mem;
+  };
+  std::vector<Reordered> reordered;
+
+  memory buffer(const memory::desc& md) {
+    bufs.push_back(std::make_unique<WorkspaceBuffer>(md.get_size()));
+    return memory(md, dnnl_engine(), bufs.back()->data());
+  }
+};
+
+void run_reorder(const Operand& op, const memory& from, const memory& to) {
+  Scratchpad pad(op.reorder_pd);
+  std::unordered_map<int, memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+  pad.add_to(args);
+  op.reorder.execute(dnnl_stream(), args);
+}
+
+// An input in the primitive's layout: the user's buffer itself, a copy reordered earlier in this
+// call, or a new reordered copy.
+memory bind_input(const Operand& op, const void* user_ptr, CallState& cs) {
+  memory user(op.user, dnnl_engine(), const_cast<void*>(user_ptr));
+  if (!op.reorder) return user;
+  for (const auto& r : cs.reordered)
+    if (r.user_ptr == user_ptr && r.md == op.prim) return r.mem;
+  memory prim = cs.buffer(op.prim);
+  run_reorder(op, user, prim);
+  cs.reordered.push_back({user_ptr, op.prim, prim});
+  return prim;
+}
+
+// One input: the user's bytes, and the tensor itself when it is a weight (cached reorder).
+struct Input {
+  const void* ptr;
+  const Tensor* weight = nullptr;
+};
+
+// Runs the primitive on user buffers: inputs reordered in as needed, outputs staged in the
+// primitive's layout and reordered out.
+void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector<void*>& out, CallState& cs) {
+  MIXPREC_ASSERT(in.size() == e.inputs.size() && out.size() == e.outputs.size(), "conv operand count");
+  std::unordered_map<int, memory> args;
+  for (size_t i = 0; i < e.inputs.size(); ++i) {
+    const Operand& op = e.inputs[i];
+    args[op.arg] = in[i].weight && op.reorder ? weight_cache().get(*in[i].weight, op) : bind_input(op, in[i].ptr, cs);
+  }
+  std::vector<memory> staged(e.outputs.size());
+  for (size_t i = 0; i < e.outputs.size(); ++i) {
+    const Operand& op = e.outputs[i];
+    staged[i] = op.reorder ? cs.buffer(op.prim) : memory(op.user, dnnl_engine(), out[i]);
+    args[op.arg] = staged[i];
+  }
+  Scratchpad pad(e.pd);
+  pad.add_to(args);
+  e.prim.execute(dnnl_stream(), args);
+  for (size_t i = 0; i < e.outputs.size(); ++i)
+    if (e.outputs[i].reorder) run_reorder(e.outputs[i], staged[i], memory(e.outputs[i].user, dnnl_engine(), out[i]));
+}
+
+bool bf16_ok() { return has_avx512_bf16() || has_amx_bf16(); }
+
+bool shapes_ok(const ConvGeometry& g) {
+  return g.n > 0 && g.c > 0 && g.oc > 0 && g.oh > 0 && g.ow > 0 && g.h > 0 && g.w > 0;
+}
+bool dense(const Tensor& t) { return !t.defined() || t.is_contiguous(); }
+Tensor as_f32(const Tensor& t) { return t.defined() && t.dtype() != DType::f32 ? kernels::cast(t, DType::f32) : t; }
+
+// Backward-weights split over the batch: each OpenMP thread runs a single-threaded primitive on
+// its share of the images (reordering its share in and its f32 partial gradient out), and the
+// partials are summed. oneDNN 2.6's own multi-threaded backward-weights reduces across threads
+// behind spinning barriers, which stall for whole scheduler slices when the cores are shared:
+// measured 1.5 ms or 750 ms for one 64x64x3x3 layer depending on the neighbours (docs/conv.md).
+bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
+  const int64_t threads = omp_get_max_threads();
+  const int64_t share = (g.n + threads - 1) / threads, parts = (g.n + share - 1) / share;
+  const int64_t last = g.n - (parts - 1) * share;
+  const bool with_bias = out.bias.defined();
+  ConvGeometry gs = g, gl = g;
+  gs.n = share, gl.n = last;
+  ConvEntry hold_s, hold_l;
+  const ConvEntry* es = entry(gs, x.dtype(), with_bias, DType::f32, false, ConvPass::backward_weights, hold_s, true);
+  const ConvEntry* el = last == share ? es : entry(gl, x.dtype(), with_bias, DType::f32, false,
+                                                   ConvPass::backward_weights, hold_l, true);
+  if (!es || !el) return false;
+  const int64_t w_count = out.weight.numel();
+  std::vector<std::vector<float>> dw(static_cast<size_t>(parts)), db(static_cast<size_t>(parts));
+  const int64_t x_share = share * g.c * g.h * g.w, y_share = share * g.oc * g.oh * g.ow;
+  const size_t es_bytes = dtype_size(x.dtype());
+#pragma omp parallel for num_threads(int(parts)) schedule(static, 1)
+  for (int64_t p = 0; p < parts; ++p) {
+    const ConvEntry& e = p == parts - 1 ? *el : *es;
+    static thread_local dnnl::stream strm(dnnl_engine());  // one stream per thread
+    CallState cs;
+    std::unordered_map<int, memory> args;
+    const void* src[2] = {static_cast<const char*>(x.data_ptr()) + p * x_share * int64_t(es_bytes),
+                          static_cast<const char*>(grad_y.data_ptr()) + p * y_share * int64_t(es_bytes)};
+    for (size_t i = 0; i < 2; ++i) {
+      const Operand& op = e.inputs[i];
+      memory user(op.user, dnnl_engine(), const_cast<void*>(src[i]));
+      if (!op.reorder) {
+        args[op.arg] = user;
+        continue;
+      }
+      memory prim = cs.buffer(op.prim);
+      Scratchpad pad(op.reorder_pd);
+      std::unordered_map<int, memory> rargs{{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, prim}};
+      pad.add_to(rargs);
+      op.reorder.execute(strm, rargs);
+      args[op.arg] = prim;
+    }
+    dw[size_t(p)].resize(static_cast<size_t>(w_count));
+    if (with_bias) db[size_t(p)].resize(static_cast<size_t>(g.oc));
+    std::vector<memory> staged;
+    for (size_t i = 0; i < e.outputs.size(); ++i) {
+      const Operand& op = e.outputs[i];
+      void* dst = i == 0 ? static_cast<void*>(dw[size_t(p)].data()) : db[size_t(p)].data();
+      staged.push_back(op.reorder ? cs.buffer(op.prim) : memory(op.user, dnnl_engine(), dst));
+      args[op.arg] = staged.back();
+    }
+    Scratchpad pad(e.pd);
+    pad.add_to(args);
+    e.prim.execute(strm, args);
+    for (size_t i = 0; i < e.outputs.size(); ++i) {
+      const Operand& op = e.outputs[i];
+      if (!op.reorder) continue;
+      void* dst = i == 0 ? static_cast<void*>(dw[size_t(p)].data()) : db[size_t(p)].data();
+      Scratchpad rpad(op.reorder_pd);
+      std::unordered_map<int, memory> rargs{{DNNL_ARG_FROM, staged[i]},
+                                            {DNNL_ARG_TO, memory(op.user, dnnl_engine(), dst)}};
+      rpad.add_to(rargs);
+      op.reorder.execute(strm, rargs);
+    }
+  }
+  // Sum the partials in part order (deterministic), round once into the gradients' dtype.
+  for (int64_t p = 1; p < parts; ++p) {
+    float* acc = dw[0].data();
+    const float* add = dw[size_t(p)].data();
+#pragma omp parallel for schedule(static) if (w_count > (1 << 16))
+    for (int64_t i = 0; i < w_count; ++i) acc[i] += add[i];
+    if (with_bias)
+      for (int64_t i = 0; i < g.oc; ++i) db[0][size_t(i)] += db[size_t(p)][size_t(i)];
+  }
+  convert(dw[0].data(), DType::f32, out.weight.data_ptr(), out.weight.dtype(), size_t(w_count));
+  if (with_bias) convert(db[0].data(), DType::f32, out.bias.data_ptr(), out.bias.dtype(), size_t(g.oc));
+  return true;
+}
+
+// Whether backward-weights runs split over the batch (see backward_weights_split).
+bool split_wgrad(const ConvGeometry& g) { return omp_get_max_threads() > 1 && g.n >= 2; }
+
+
+}  // namespace
+
+bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
+                    Tensor& dst) {
+  if (!shapes_ok(g) || !dense(x) || !dense(weight) || !dense(bias)) return false;
+  if (x.dtype() == DType::f16) {  // oneDNN has no f16 on CPU: f32 math, f16 storage
+    Tensor dst32 = Tensor::empty(dst.shape(), DType::f32);
+    if (!conv2d_forward(as_f32(x), as_f32(weight), as_f32(bias), g, relu, dst32)) return false;
+    kernels::copy(dst32, dst);
+    return true;
+  }
+  if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && bf16_ok())) return false;
+  if (bias.defined() && bias.dtype() != DType::f32 && bias.dtype() != x.dtype()) return false;
+  ConvEntry holder;
+  const ConvEntry* e = entry(g, x.dtype(), bias.defined(), bias.defined() ? bias.dtype() : DType::f32, relu,
+                             ConvPass::forward, holder);
+  if (!e) return false;
+  CallState cs;
+  std::vector<Input> in{{x.data_ptr()}, {weight.data_ptr(), &weight}};
+  if (bias.defined()) in.push_back({bias.data_ptr()});
+  execute(*e, in, {dst.data_ptr()}, cs);
+  return true;
+}
+
+bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                     ConvGrads& out) {
+  if (!shapes_ok(g) || !dense(grad_y) || !dense(x) || !dense(weight)) return false;
+  const bool need_x = out.x.defined(), need_w = out.weight.defined(), need_b = out.bias.defined();
+  const DType t = grad_y.dtype();
+  if (t == DType::f16) {
+    ConvGrads o32;
+    if (need_x) o32.x = Tensor::empty(out.x.shape(), DType::f32);
+    if (need_w) o32.weight = Tensor::empty(out.weight.shape(), DType::f32);
+    if (need_b) o32.bias = Tensor::empty(out.bias.shape(), DType::f32);
+    if (!conv2d_backward(as_f32(grad_y), need_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g, o32))
+      return false;
+    if (need_x) kernels::copy(o32.x, out.x);
+    if (need_w) kernels::copy(o32.weight, out.weight);
+    if (need_b) kernels::copy(o32.bias, out.bias);
+    return true;
+  }
+  if (t != DType::f32 && !(t == DType::bf16 && bf16_ok())) return false;
+  if (need_b && out.bias.dtype() != DType::f32 && out.bias.dtype() != t) return false;
+  // The bias gradient rides on backward-weights; alone (frozen weight) it is a plain reduction.
+  const bool fused_bias = need_b && need_w;
+  const bool split = need_w && split_wgrad(g);
+  ConvEntry hold_d, hold_w;
+  const ConvEntry* bd = need_x ? entry(g, t, false, DType::f32, false, ConvPass::backward_data, hold_d) : nullptr;
+  const ConvEntry* bw = need_w && !split ? entry(g, t, fused_bias, need_b ? out.bias.dtype() : DType::f32, false,
+                                                 ConvPass::backward_weights, hold_w)
+                                         : nullptr;
+  if ((need_x && !bd) || (need_w && !split && !bw)) return false;
+  if (split) {
+    ConvGrads wgrads;  // weight (and bias) only: backward-data runs below
+    wgrads.weight = out.weight;
+    if (fused_bias) wgrads.bias = out.bias;
+    if (!backward_weights_split(grad_y, x, g, wgrads)) return false;
+  }
+  CallState cs;
+  if (need_x) execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {out.x.data_ptr()}, cs);
+  if (need_w && !split) {
+    std::vector<void*> outs{out.weight.data_ptr()};
+    if (fused_bias) outs.push_back(out.bias.data_ptr());
+    execute(*bw, {{x.data_ptr()}, {grad_y.data_ptr()}}, outs, cs);
+  }
+  if (need_b && !fused_bias) {
+    Tensor s = kernels::sum(grad_y, {0, 2, 3}, false, out.bias.dtype());
+    kernels::copy(s, out.bias);
+  }
+  return true;
+}
+
+std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass) {
+  ConvEntry holder;
+  const ConvEntry* e = entry(g, t, false, DType::f32, false, pass, holder);
+  return e ? e->impl : "";
+}
+
+CacheStats conv_cache_stats() { return cache().stats(); }
+void conv_cache_clear() { cache().clear(); }
+
+WeightCacheStats conv_weight_cache_stats() {
+  WeightCache& c = weight_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.purge(nullptr);
+  WeightCacheStats s;
+  s.hits = c.hits;
+  s.reorders = c.reorders;
+  s.entries = int64_t(c.entries.size());
+  for (const auto& e : c.entries) s.bytes += int64_t(e.buf->bytes());
+  return s;
+}
+
+void conv_weight_cache_clear() {
+  WeightCache& c = weight_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.entries.clear();
+  c.hits = c.reorders = 0;
+}
+
+}  // namespace mixprec::kernels::cpu

@@ -1,0 +1,33 @@
+// oneDNN 2-d convolution behind kernels::cpu::conv2d_*: primitives cached by shape with
+// oneDNN-chosen layouts (format_tag::any), activations reordered per call, weights reordered once
+// per weight version (cached), bias and ReLU fused as post-ops. f16 is computed through f32.
+#pragma once
+#include <string>
+
+#include "kernels/cpu/dnnl_common.h"
+#include "kernels/kernels.h"
+
+namespace mixprec::kernels::cpu {
+
+enum class ConvPass { forward, backward_data, backward_weights };
+
+// The oneDNN implementation a pass of this convolution runs, e.g. "brgconv:avx512_core_amx_bf16"
+// (creates and caches the primitive; "" when oneDNN has none and the reference runs instead).
+std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass);
+
+// The convolution primitive cache (one entry per shape, dtype, bias/ReLU flags and pass).
+CacheStats conv_cache_stats();
+void conv_cache_clear();
+
+// Weights reordered into a primitive's layout, keyed by (storage, offset, version, layout): a
+// weight is reordered once per layout until it changes (optimizer steps bump its version).
+struct WeightCacheStats {
+  int64_t hits = 0;
+  int64_t reorders = 0;
+  int64_t entries = 0;
+  int64_t bytes = 0;
+};
+WeightCacheStats conv_weight_cache_stats();
+void conv_weight_cache_clear();
+
+}  // namespace mixprec::kernels::cpu

@@ -1,0 +1,230 @@
+// Fast CPU pooling: OpenMP over the N*C planes of an NCHW tensor, each plane converted to f32
+// once, pooled in f32 and stored rounded once. f32/bf16/f16; f64 goes to the reference.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include <immintrin.h>
+
+#include "kernels/pool_window.h"
+#include "mixprec/convert.h"
+#include "mixprec/cpu.h"
+
+namespace mixprec::kernels::cpu {
+namespace {
+
+bool f32_compute(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+const char* at(const Tensor& t, int64_t elem) {
+  return static_cast<const char*>(t.data_ptr()) + elem * int64_t(dtype_size(t.dtype()));
+}
+char* at_mut(Tensor& t, int64_t elem) { return static_cast<char*>(t.data_ptr()) + elem * int64_t(dtype_size(t.dtype())); }
+
+// Elements [begin, begin+n) of t as f32 (f32 tensors are read in place).
+const float* load_f32(const Tensor& t, int64_t begin, int64_t n, std::vector<float>& buf) {
+  if (t.dtype() == DType::f32) return reinterpret_cast<const float*>(at(t, begin));
+  buf.resize(static_cast<size_t>(n));
+  convert(at(t, begin), t.dtype(), buf.data(), DType::f32, size_t(n));
+  return buf.data();
+}
+void store_f32(Tensor& t, int64_t begin, int64_t n, const float* src) {
+  convert(src, DType::f32, at_mut(t, begin), t.dtype(), size_t(n));
+}
+
+bool is_2x2_stride2(const PoolGeometry& g) {
+  return g.kh == 2 && g.kw == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0 && g.dil_h == 1 &&
+         g.dil_w == 1;
+}
+
+// b > a, or b is NaN: b wins the comparison.
+__attribute__((target("avx512f"))) inline __mmask16 beats(__m512 b, __m512 a) {
+  return __mmask16(_mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q));
+}
+
+// Masks for a chunk of `outputs` (<= 16) outputs: their inputs in two 16-lane halves, and themselves.
+struct ChunkMasks {
+  __mmask16 in_lo, in_hi, out;
+};
+inline ChunkMasks chunk_masks(int64_t outputs) {
+  const int64_t inputs = 2 * outputs;
+  auto first = [](int64_t n) { return __mmask16(n >= 16 ? 0xFFFF : (1u << n) - 1); };
+  return {first(inputs), first(inputs > 16 ? inputs - 16 : 0), first(outputs)};
+}
+
+// The CNNs' 2x2/2 max pool over one output row, 16 outputs per step (masked loads for the last
+// step: the nets' rows are 14 and 7 outputs wide). A pairwise tournament that picks what the
+// sequential scan picks: the first of equal maxima, the last NaN.
+__attribute__((target("avx512f"))) void max_row_2x2_avx512(const float* r0, const float* r1, int64_t ow, float* out,
+                                                           uint8_t* arg) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2);
+  for (int64_t ox = 0; ox < ow; ox += 16) {
+    const ChunkMasks m = chunk_masks(std::min<int64_t>(16, ow - ox));
+    const __m512 lo0 = _mm512_maskz_loadu_ps(m.in_lo, r0 + 2 * ox), hi0 = _mm512_maskz_loadu_ps(m.in_hi, r0 + 2 * ox + 16);
+    const __m512 lo1 = _mm512_maskz_loadu_ps(m.in_lo, r1 + 2 * ox), hi1 = _mm512_maskz_loadu_ps(m.in_hi, r1 + 2 * ox + 16);
+    const __m512 a = _mm512_permutex2var_ps(lo0, even, hi0), b = _mm512_permutex2var_ps(lo0, odd, hi0);
+    const __m512 c = _mm512_permutex2var_ps(lo1, even, hi1), d = _mm512_permutex2var_ps(lo1, odd, hi1);
+    const __mmask16 top_b = beats(b, a), bottom_d = beats(d, c);
+    const __m512 top = _mm512_mask_blend_ps(top_b, a, b), bottom = _mm512_mask_blend_ps(bottom_d, c, d);
+    const __mmask16 use_bottom = beats(bottom, top);
+    _mm512_mask_storeu_ps(out + ox, m.out, _mm512_mask_blend_ps(use_bottom, top, bottom));
+    const __m512i k = _mm512_mask_blend_epi32(use_bottom, _mm512_maskz_mov_epi32(top_b, one),
+                                              _mm512_add_epi32(two, _mm512_maskz_mov_epi32(bottom_d, one)));
+    _mm512_mask_cvtepi32_storeu_epi8(arg + ox, m.out, k);
+  }
+}
+
+// Backward of the above: windows do not overlap, so each output's gradient lands on one of its
+// four inputs and the other three get 0. Writes rows 2*oy and 2*oy+1.
+__attribute__((target("avx512f"))) void max_row_2x2_backward_avx512(const float* gy, const uint8_t* arg, int64_t ow,
+                                                                    float* g0, float* g1) {
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (int64_t ox = 0; ox < ow; ox += 16) {
+    const int64_t count = std::min<int64_t>(16, ow - ox);
+    const ChunkMasks m = chunk_masks(count);
+    alignas(16) uint8_t karg[16] = {};
+    std::memcpy(karg, arg + ox, size_t(count));
+    const __m512 g = _mm512_maskz_loadu_ps(m.out, gy + ox);
+    const __m512i k = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(karg)));
+    __m512 v[4];
+    for (int j = 0; j < 4; ++j) v[j] = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(k, _mm512_set1_epi32(j)), g);
+    _mm512_mask_storeu_ps(g0 + 2 * ox, m.in_lo, _mm512_permutex2var_ps(v[0], lo, v[1]));
+    _mm512_mask_storeu_ps(g0 + 2 * ox + 16, m.in_hi, _mm512_permutex2var_ps(v[0], hi, v[1]));
+    _mm512_mask_storeu_ps(g1 + 2 * ox, m.in_lo, _mm512_permutex2var_ps(v[2], lo, v[3]));
+    _mm512_mask_storeu_ps(g1 + 2 * ox + 16, m.in_hi, _mm512_permutex2var_ps(v[2], hi, v[3]));
+  }
+}
+
+// Max over one plane: out[oy*ow+ox] and the window position of the winner.
+template <class Arg>
+void max_plane(const float* src, const PoolGeometry& g, float* out, Arg* arg) {
+  if constexpr (std::is_same_v<Arg, uint8_t>) {
+    if (is_2x2_stride2(g) && mixprec::cpu::has_avx512f()) {
+      for (int64_t oy = 0; oy < g.oh; ++oy)
+        max_row_2x2_avx512(src + 2 * oy * g.w, src + (2 * oy + 1) * g.w, g.ow, out + oy * g.ow, arg + oy * g.ow);
+      return;
+    }
+  }
+  for (int64_t oy = 0; oy < g.oh; ++oy)
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      float best = -std::numeric_limits<float>::infinity();
+      int64_t best_k = -1;
+      for (int64_t ky = 0; ky < g.kh; ++ky) {
+        const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dil_h;
+        if (iy < 0 || iy >= g.h) continue;
+        for (int64_t kx = 0; kx < g.kw; ++kx) {
+          const int64_t ix = ox * g.stride_w - g.pad_w + kx * g.dil_w;
+          if (ix < 0 || ix >= g.w) continue;
+          const float v = src[iy * g.w + ix];
+          if (best_k < 0 || v > best || std::isnan(v)) {
+            best = v;
+            best_k = ky * g.kw + kx;
+          }
+        }
+      }
+      out[oy * g.ow + ox] = best;
+      arg[oy * g.ow + ox] = Arg(best_k);
+    }
+}
+
+template <class Arg>
+void max_plane_backward(const float* gy, const Arg* arg, const PoolGeometry& g, float* gx) {
+  if constexpr (std::is_same_v<Arg, uint8_t>) {
+    if (is_2x2_stride2(g) && mixprec::cpu::has_avx512f()) {
+      for (int64_t oy = 0; oy < g.oh; ++oy)
+        max_row_2x2_backward_avx512(gy + oy * g.ow, arg + oy * g.ow, g.ow, gx + 2 * oy * g.w, gx + (2 * oy + 1) * g.w);
+      return;
+    }
+  }
+  for (int64_t oy = 0; oy < g.oh; ++oy)
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      const int64_t k = int64_t(arg[oy * g.ow + ox]), ky = k / g.kw, kx = k % g.kw;
+      gx[(oy * g.stride_h - g.pad_h + ky * g.dil_h) * g.w + ox * g.stride_w - g.pad_w + kx * g.dil_w] +=
+          gy[oy * g.ow + ox];
+    }
+}
+
+// f(plane, in_buf, out_buf) for every plane, in parallel.
+template <class F>
+void for_planes(const PoolGeometry& g, F&& f) {
+  const int64_t planes = g.n * g.c;
+#pragma omp parallel
+  {
+    std::vector<float> a, b;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < planes; ++p) f(p, a, b);
+  }
+}
+
+}  // namespace
+
+bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
+  if (!f32_compute(x.dtype()) || !x.is_contiguous()) return false;
+  const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
+  for_planes(g, [&](int64_t p, std::vector<float>& in_buf, std::vector<float>& out) {
+    const float* src = load_f32(x, p * in_plane, in_plane, in_buf);
+    out.resize(static_cast<size_t>(out_plane));
+    if (r.argmax.dtype() == DType::u8) max_plane(src, g, out.data(), r.argmax.data<uint8_t>() + p * out_plane);
+    else max_plane(src, g, out.data(), r.argmax.data<int64_t>() + p * out_plane);
+    store_f32(r.dst, p * out_plane, out_plane, out.data());
+  });
+  return true;
+}
+
+bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g, Tensor& grad_x) {
+  if (!f32_compute(grad_y.dtype()) || !grad_y.is_contiguous() || !argmax.is_contiguous()) return false;
+  const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
+  for_planes(g, [&](int64_t p, std::vector<float>& gy_buf, std::vector<float>& gx) {
+    const float* gy = load_f32(grad_y, p * out_plane, out_plane, gy_buf);
+    gx.assign(size_t(in_plane), 0.f);  // windows may overlap: accumulate in f32, round once
+    if (argmax.dtype() == DType::u8) max_plane_backward(gy, argmax.data<uint8_t>() + p * out_plane, g, gx.data());
+    else max_plane_backward(gy, argmax.data<int64_t>() + p * out_plane, g, gx.data());
+    store_f32(grad_x, p * in_plane, in_plane, gx.data());
+  });
+  return true;
+}
+
+bool avg_pool2d_forward(const Tensor& x, const PoolGeometry& g, Tensor& dst) {
+  if (!f32_compute(x.dtype()) || !x.is_contiguous()) return false;
+  const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
+  for_planes(g, [&](int64_t p, std::vector<float>& in_buf, std::vector<float>& out) {
+    const float* src = load_f32(x, p * in_plane, in_plane, in_buf);
+    out.resize(static_cast<size_t>(out_plane));
+    for (int64_t oy = 0; oy < g.oh; ++oy)
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        const AvgWindow win = avg_window(g, oy, ox);
+        float s = 0.f;
+        for (int64_t iy = win.y0; iy < win.y1; ++iy)
+          for (int64_t ix = win.x0; ix < win.x1; ++ix) s += src[iy * g.w + ix];
+        out[size_t(oy * g.ow + ox)] = s / float(win.divisor);
+      }
+    store_f32(dst, p * out_plane, out_plane, out.data());
+  });
+  return true;
+}
+
+bool avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g, Tensor& grad_x) {
+  if (!f32_compute(grad_y.dtype()) || !grad_y.is_contiguous()) return false;
+  const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
+  for_planes(g, [&](int64_t p, std::vector<float>& gy_buf, std::vector<float>& gx) {
+    const float* gy = load_f32(grad_y, p * out_plane, out_plane, gy_buf);
+    gx.assign(size_t(in_plane), 0.f);
+    for (int64_t oy = 0; oy < g.oh; ++oy)
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        const AvgWindow win = avg_window(g, oy, ox);
+        const float share = gy[oy * g.ow + ox] / float(win.divisor);
+        for (int64_t iy = win.y0; iy < win.y1; ++iy)
+          for (int64_t ix = win.x0; ix < win.x1; ++ix) gx[size_t(iy * g.w + ix)] += share;
+      }
+    store_f32(grad_x, p * in_plane, in_plane, gx.data());
+  });
+  return true;
+}
+
+}  // namespace mixprec::kernels::cpu

@@ -1,0 +1,95 @@
+// conv2d (autocast class lower): stride, padding, dilation, groups, bias and an optional fused
+// ReLU; oneDNN forward, backward-data and backward-weights on the fast path, reference otherwise.
+#include "ops/common.h"
+
+namespace mixprec::ops {
+namespace {
+
+kernels::ConvGeometry geometry(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& o) {
+  MIXPREC_CHECK(x.dim() == 4, "conv2d: input must be [N, C, H, W] (or [C, H, W]), got ", shape_str(x.shape()));
+  MIXPREC_CHECK(w.dim() == 4, "conv2d: weight must be [out_channels, in_channels/groups, kH, kW], got ",
+                shape_str(w.shape()));
+  MIXPREC_CHECK(o.groups >= 1, "conv2d: groups must be >= 1, got ", o.groups);
+  MIXPREC_CHECK(o.stride.h >= 1 && o.stride.w >= 1, "conv2d: stride must be >= 1, got (", o.stride.h, ", ", o.stride.w,
+                ")");
+  MIXPREC_CHECK(o.padding.h >= 0 && o.padding.w >= 0, "conv2d: padding must be >= 0, got (", o.padding.h, ", ",
+                o.padding.w, ")");
+  MIXPREC_CHECK(o.dilation.h >= 1 && o.dilation.w >= 1, "conv2d: dilation must be >= 1, got (", o.dilation.h, ", ",
+                o.dilation.w, ")");
+  kernels::ConvGeometry g;
+  g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
+  g.oc = w.size(0), g.kh = w.size(2), g.kw = w.size(3);
+  g.stride_h = o.stride.h, g.stride_w = o.stride.w, g.pad_h = o.padding.h, g.pad_w = o.padding.w;
+  g.dil_h = o.dilation.h, g.dil_w = o.dilation.w, g.groups = o.groups;
+  MIXPREC_CHECK(g.oc % g.groups == 0, "conv2d: weight ", shape_str(w.shape()), " has ", g.oc,
+                " output channels, not divisible by groups=", g.groups);
+  MIXPREC_CHECK(g.c == w.size(1) * g.groups, "conv2d: input ", shape_str(x.shape()), " has ", g.c,
+                " channels, but weight ", shape_str(w.shape()), " with groups=", g.groups, " expects ",
+                w.size(1) * g.groups);
+  const int64_t ekh = (g.kh - 1) * g.dil_h + 1, ekw = (g.kw - 1) * g.dil_w + 1;  // dilated kernel extent
+  const int64_t ph = g.h + 2 * g.pad_h, pw = g.w + 2 * g.pad_w;
+  MIXPREC_CHECK(ekh <= ph && ekw <= pw, "conv2d: kernel ", ekh, "x", ekw, (g.dil_h > 1 || g.dil_w > 1 ? " (dilated)" : ""),
+                " of weight ", shape_str(w.shape()), " is larger than the padded input ", ph, "x", pw, " of input ",
+                shape_str(x.shape()), " (padding ", g.pad_h, ", ", g.pad_w, ")");
+  g.oh = (ph - ekh) / g.stride_h + 1;
+  g.ow = (pw - ekw) / g.stride_w + 1;
+  if (b.defined())
+    MIXPREC_CHECK(b.dim() == 1 && b.size(0) == g.oc, "conv2d: bias must be [", g.oc, "] for weight ",
+                  shape_str(w.shape()), ", got ", shape_str(b.shape()));
+  return g;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dOptions& o) {
+  check_floating(x_in, "conv2d", "input");
+  if (x_in.dim() == 3) {  // unbatched [C, H, W], as PyTorch allows
+    const Shape s = x_in.shape();
+    Tensor y = conv2d(reshape(x_in, {1, s[0], s[1], s[2]}), w_in, b_in, o);
+    return reshape(y, {y.size(1), y.size(2), y.size(3)});
+  }
+  Tensor x = x_in, w = w_in, b = b_in;
+  amp::autocast(OpId::conv2d, {&x, &w, &b});
+  check_floating(w, "conv2d", "weight");
+  if (b.defined()) check_floating(b, "conv2d", "bias");
+  const kernels::ConvGeometry g = geometry(x, w, b, o);
+  MIXPREC_CHECK(x.dtype() == w.dtype(), "conv2d: input is ", dtype_name(x.dtype()), " but weight is ",
+                dtype_name(w.dtype()), " (use autocast, or cast one of them)");
+  if (b.defined() && b.dtype() != x.dtype()) b = b.to(x.dtype());
+
+  // The weight goes in undetached when dense: its storage and version key the reordered-weight cache.
+  const Tensor xd = kernels::contig(x.detach());
+  const Tensor wk = w.is_contiguous() ? w : kernels::contig(w.detach());
+  const Tensor bd = b.defined() ? kernels::contig(b.detach()) : Tensor();
+  Tensor out = kernels::conv2d_forward(xd, wk, bd, g, o.relu);
+
+  // Save only what backward will read: x for the weight gradient, the weight for the input's.
+  const bool x_grad = x.defined() && x.requires_grad(), w_grad = w.requires_grad();
+  const Tensor x_saved = w_grad ? xd : Tensor();
+  const Tensor w_saved = x_grad ? wk : Tensor();
+  const DType bias_t = b.defined() ? b.dtype() : DType::f32;
+  std::vector<Tensor> inputs{x, w};
+  if (b.defined()) inputs.push_back(b);
+  // relu'(.) = [y > 0]; dropped as soon as the mask is applied (the lambda is mutable).
+  Tensor y_mask = o.relu ? out.detach() : Tensor();
+  return autograd::record(out, "conv2d", inputs, [=](const Tensor& g_in, const autograd::Node& n) mutable {
+    Tensor gy = kernels::contig(g_in);
+    if (y_mask.defined()) {
+      // Mask in place when the engine's gradient is ours alone (no other holder, no view): a
+      // second activation-sized buffer here would raise the backward peak.
+      const bool exclusive = g_in.is_contiguous() && g_in.impl_ptr().use_count() == 1 &&
+                             g_in.storage().use_count() == 2;  // g_in's and gy's handles
+      if (exclusive) kernels::relu_mask_inplace(gy, y_mask);
+      else gy = kernels::unary_grad(kernels::UnaryGradOp::relu, gy, y_mask);
+      y_mask = Tensor();  // the output is no longer needed: free it before the convolution runs
+    }
+    const bool need_b = n.next.size() > 2 && n.needs_grad(2);
+    kernels::ConvGrads grads =
+        kernels::conv2d_backward(gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t);
+    std::vector<Tensor> r{grads.x, grads.weight};
+    if (n.next.size() > 2) r.push_back(grads.bias);
+    return r;
+  });
+}
+
+}  // namespace mixprec::ops

@@ -1,0 +1,340 @@
+// conv2d: f64 gradient checks (stride, padding, dilation, groups, bias, fused ReLU), the oneDNN
+// path against the reference in f32, bf16 and f16 (forward, backward-data, backward-weights),
+// the primitive and reordered-weight caches, autocast, and shape errors that name the layer.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "conv_test_util.h"
+#include "gradcheck.h"
+#include "kernels/cpu/dnnl_conv.h"
+#include "mixprec/amp.h"
+#include "mixprec/nn.h"
+#include "mixprec/ops.h"
+#include "mixprec/optim.h"
+
+namespace mixprec {
+namespace {
+
+using convtest::BackendGuard;
+using ops::Conv2dOptions;
+
+struct ConvCase {
+  std::string name;
+  Shape x, w;
+  Conv2dOptions o;
+  bool bias = true;
+};
+
+// Small enough for finite differences, varied enough to cover every index rule.
+std::vector<ConvCase> cases() {
+  return {
+      {"basic_pad1", {2, 3, 5, 5}, {4, 3, 3, 3}, {.padding = 1}},
+      {"no_pad_no_bias", {1, 2, 6, 5}, {3, 2, 3, 2}, {}, false},
+      {"stride2", {2, 2, 7, 7}, {3, 2, 3, 3}, {.stride = 2, .padding = 1}},
+      {"stride_2x1_pad_0x1", {1, 2, 6, 5}, {2, 2, 2, 3}, {.stride = {2, 1}, .padding = {0, 1}}},
+      {"dilation2", {1, 2, 7, 7}, {2, 2, 3, 3}, {.padding = 2, .dilation = 2}},
+      {"groups2", {2, 4, 5, 5}, {6, 2, 3, 3}, {.padding = 1, .groups = 2}},
+      {"depthwise", {1, 3, 5, 5}, {3, 1, 3, 3}, {.stride = 2, .padding = 1, .groups = 3}},
+      {"floor_mode_leftover", {1, 1, 6, 6}, {2, 1, 1, 1}, {.stride = 4}},
+      {"fused_relu", {2, 3, 5, 5}, {4, 3, 3, 3}, {.padding = 1, .relu = true}},
+  };
+}
+
+Tensor run_conv(const std::vector<Tensor>& in, const ConvCase& c) {
+  return ops::conv2d(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), c.o);
+}
+
+TEST(ConvGradcheck, EveryCaseInF64) {
+  for (const ConvCase& c : cases()) {
+    Generator g(7);
+    std::vector<Tensor> in{Tensor::uniform(c.x, g, -1, 1, DType::f64).set_requires_grad(),
+                           Tensor::uniform(c.w, g, -1, 1, DType::f64).set_requires_grad()};
+    if (c.bias) in.push_back(Tensor::uniform({c.w[0]}, g, -1, 1, DType::f64).set_requires_grad());
+    EXPECT_TRUE(testing::gradcheck("conv2d/" + c.name, [&](const std::vector<Tensor>& x) { return run_conv(x, c); }, in));
+  }
+}
+
+TEST(ConvGradcheck, UnbatchedInput) {
+  Generator g(3);
+  std::vector<Tensor> in{Tensor::uniform({2, 4, 4}, g, -1, 1, DType::f64).set_requires_grad(),
+                         Tensor::uniform({3, 2, 3, 3}, g, -1, 1, DType::f64).set_requires_grad()};
+  EXPECT_TRUE(testing::gradcheck(
+      "conv2d/unbatched", [](const std::vector<Tensor>& x) { return ops::conv2d(x[0], x[1], Tensor(), {.padding = 1}); },
+      in));
+}
+
+TEST(Conv, KnownValues) {
+  // 1x1x3x3 input, 2x2 kernel of ones, no padding: each output sums a 2x2 window.
+  Tensor x = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3});
+  Tensor w = Tensor::ones({1, 1, 2, 2});
+  Tensor b = Tensor::from_vector(std::vector<float>{0.5f}, {1});
+  EXPECT_EQ(ops::conv2d(x, w, b).to_vector(), (std::vector<float>{12.5f, 16.5f, 24.5f, 28.5f}));
+}
+
+// ---- oneDNN against the reference ----
+
+struct Sizes {
+  std::string name;
+  Shape x, w;
+  Conv2dOptions o;
+};
+std::vector<Sizes> fast_cases() {
+  return {
+      {"3x3_pad1", {4, 16, 12, 12}, {32, 16, 3, 3}, {.padding = 1}},
+      {"3x3_stride2", {3, 16, 13, 13}, {24, 16, 3, 3}, {.stride = 2, .padding = 1}},
+      {"5x5_no_pad", {2, 8, 11, 9}, {16, 8, 5, 5}, {}},
+      {"stride_2x1_pad_2x0", {2, 8, 10, 9}, {16, 8, 3, 3}, {.stride = {2, 1}, .padding = {2, 0}}},
+      {"dilation2", {2, 16, 12, 12}, {16, 16, 3, 3}, {.padding = 2, .dilation = 2}},
+      {"groups4", {2, 32, 9, 9}, {32, 8, 3, 3}, {.padding = 1, .groups = 4}},
+      {"depthwise", {2, 16, 10, 10}, {16, 1, 3, 3}, {.padding = 1, .groups = 16}},
+      {"one_input_channel", {4, 1, 14, 14}, {40, 1, 3, 3}, {.padding = 1}},
+      {"1x1", {2, 32, 7, 7}, {48, 32, 1, 1}, {}},
+      {"wide", {2, 64, 10, 10}, {96, 64, 3, 3}, {.padding = 1}},
+  };
+}
+
+// Forward, and all three gradients, on the fast path and on the reference, from the same inputs.
+struct ConvRun {
+  Tensor y, gx, gw, gb;
+};
+ConvRun conv_run(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& gy, const Conv2dOptions& o,
+                 kernels::Backend be) {
+  BackendGuard guard(be);
+  Tensor xl = x.clone().set_requires_grad(), wl = w.clone().set_requires_grad(), bl = b.clone().set_requires_grad();
+  ConvRun r;
+  r.y = ops::conv2d(xl, wl, bl, o);
+  r.y.backward(gy);
+  r.gx = xl.grad(), r.gw = wl.grad(), r.gb = bl.grad();
+  return r;
+}
+
+TEST(ConvFast, MatchesReferenceInEveryDType) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    for (const Sizes& c : fast_cases()) {
+      SCOPED_TRACE(c.name + " " + std::string(dtype_name(t)));
+      Generator g(11);
+      const Tensor x = convtest::rand(g, c.x, t), w = convtest::rand(g, c.w, t, -0.5, 0.5);
+      const Tensor b = convtest::rand(g, {c.w[0]}, t);
+      Shape y_shape;
+      {
+        BackendGuard ref(kernels::Backend::ref);
+        y_shape = ops::conv2d(x, w, b, c.o).shape();
+      }
+      const Tensor gy = convtest::rand(g, y_shape, t);
+      const ConvRun ref = conv_run(x, w, b, gy, c.o, kernels::Backend::ref);
+      const ConvRun fast = conv_run(x, w, b, gy, c.o, kernels::Backend::cpu);
+      // Bounds: sums of |products| from the reference on absolute values.
+      const ConvRun abs = conv_run(convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(b), convtest::abs_of(gy),
+                                   c.o, kernels::Backend::ref);
+      const int64_t groups = c.o.groups, k = c.w[2] * c.w[3];
+      const double fwd_terms = double(c.w[1] * k + 1), bwd_data_terms = double(c.w[0] / groups * k),
+                   wgrad_terms = double(ref.y.numel() / c.w[0]);
+      EXPECT_TRUE(convtest::close_accumulated(fast.y, ref.y, abs.y, fwd_terms, "forward"));
+      EXPECT_TRUE(convtest::close_accumulated(fast.gx, ref.gx, abs.gx, bwd_data_terms, "backward data"));
+      EXPECT_TRUE(convtest::close_accumulated(fast.gw, ref.gw, abs.gw, wgrad_terms, "backward weights"));
+      EXPECT_TRUE(convtest::close_accumulated(fast.gb, ref.gb, abs.gb, wgrad_terms, "bias gradient"));
+    }
+  }
+}
+
+TEST(ConvFast, FusedReluMatchesReference) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    Generator g(5);
+    const Tensor x = convtest::rand(g, {2, 8, 9, 9}, t), w = convtest::rand(g, {16, 8, 3, 3}, t, -0.5, 0.5);
+    const Tensor b = convtest::rand(g, {16}, t), gy = convtest::rand(g, {2, 16, 9, 9}, t);
+    const Conv2dOptions o{.padding = 1, .relu = true};
+    const ConvRun ref = conv_run(x, w, b, gy, o, kernels::Backend::ref);
+    const ConvRun fast = conv_run(x, w, b, gy, o, kernels::Backend::cpu);
+    const ConvRun abs =
+        conv_run(convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(b), convtest::abs_of(gy), o, kernels::Backend::ref);
+    EXPECT_TRUE(convtest::close_accumulated(fast.y, ref.y, abs.y, 8 * 9 + 1, "forward"));
+    // The ReLU mask is y > 0 on both sides (a sign flip would need |y| below the f32 accumulation error).
+    EXPECT_TRUE(convtest::close_accumulated(fast.gx, ref.gx, abs.gx, 16 * 9, "backward data"));
+    EXPECT_TRUE(convtest::close_accumulated(fast.gw, ref.gw, abs.gw, 2 * 81, "backward weights"));
+    EXPECT_TRUE(convtest::close_accumulated(fast.gb, ref.gb, abs.gb, 2 * 81, "bias gradient"));
+    for (float v : fast.y.to_vector()) ASSERT_GE(v, 0.f);
+  }
+}
+
+TEST(ConvFusion, SequentialConvReluEqualsTheUnfusedPair) {
+  // Sequential runs Conv2d+ReLU as one convolution with a ReLU post-op; values and gradients
+  // must be exactly those of conv then relu (rounding commutes with relu).
+  for (DType t : {DType::f32, DType::bf16}) {
+    default_generator().manual_seed(3);
+    nn::Sequential m(nn::Conv2d(3, 8, 3, {.padding = 1}), nn::ReLU());
+    auto& conv = dynamic_cast<nn::Conv2d&>(m[0]);
+    Generator g(4);
+    const Tensor x = Tensor::randn({2, 3, 9, 9}, g).to(t).detach().set_requires_grad();
+    const Tensor gy = Tensor::randn({2, 8, 4, 4}, g).to(t).detach();
+    auto run = [&](bool fused) {
+      conv.weight.set_grad(Tensor());
+      x.impl()->grad.reset();
+      amp::Autocast ac(DType::bf16, t == DType::bf16);
+      Tensor y = fused ? m(x) : ops::relu(ops::conv2d(x, conv.weight, conv.bias, {.padding = 1}));
+      // A pool after it hands the convolution a gradient nobody else holds (masked in place).
+      ops::max_pool2d(y, 2).backward(gy);
+      return std::vector<Tensor>{y, x.grad(), conv.weight.grad()};
+    };
+    const auto fused = run(true), plain = run(false);
+    for (size_t i = 0; i < fused.size(); ++i)
+      EXPECT_TRUE(convtest::close(fused[i], plain[i], [](size_t) { return 0.0; }, "output " + std::to_string(i)));
+  }
+}
+
+TEST(ConvFusion, ReluMaskInPlaceMatchesTheReferenceOnSpecialValues) {
+  // y > 0 keeps the gradient: NaN, -0, +0 and negatives drop it; +inf and the smallest
+  // subnormal keep it. 1000 elements: vector body and scalar tail.
+  const float specials[] = {NAN, -0.f, 0.f, -1.f, INFINITY, -INFINITY, 1e-40f, 2.f, -1e-40f, 3.5f};
+  for (DType t : {DType::f32, DType::bf16}) {
+    std::vector<float> yv(1000), gv(1000);
+    for (size_t i = 0; i < yv.size(); ++i) yv[i] = specials[i % 10], gv[i] = float(i) + 0.5f;
+    const Tensor y = Tensor::from_vector(yv, {1000}, t);
+    Tensor fast = Tensor::from_vector(gv, {1000}, t), ref = fast.clone();
+    kernels::relu_mask_inplace(fast, y);
+    {
+      BackendGuard guard(kernels::Backend::ref);
+      kernels::relu_mask_inplace(ref, y);
+    }
+    EXPECT_TRUE(convtest::close(fast, ref, [](size_t) { return 0.0; }, std::string(dtype_name(t))));
+    const std::vector<float> r = ref.to_vector();
+    EXPECT_EQ(r[0], 0.f);         // NaN drops
+    EXPECT_NE(r[4], 0.f);         // +inf keeps
+    EXPECT_NE(r[6], 0.f);         // a positive subnormal keeps (bf16 has f32's exponent range)
+  }
+}
+
+TEST(ConvFast, UsesOneDnnWithAmxForBf16) {
+  kernels::ConvGeometry g{.n = 8, .c = 64, .h = 14, .w = 14, .oc = 128, .kh = 3, .kw = 3, .oh = 14, .ow = 14};
+  g.pad_h = g.pad_w = 1;
+  const std::string f32 = kernels::cpu::conv_impl_name(g, DType::f32, kernels::cpu::ConvPass::forward);
+  const std::string bf16 = kernels::cpu::conv_impl_name(g, DType::bf16, kernels::cpu::ConvPass::forward);
+  EXPECT_FALSE(f32.empty());
+  EXPECT_EQ(f32.find("ref"), std::string::npos) << f32;
+  if (kernels::cpu::has_amx_bf16()) EXPECT_NE(bf16.find("amx"), std::string::npos) << bf16;
+  for (auto pass : {kernels::cpu::ConvPass::backward_data, kernels::cpu::ConvPass::backward_weights})
+    EXPECT_EQ(kernels::cpu::conv_impl_name(g, DType::bf16, pass).find("ref"), std::string::npos);
+}
+
+TEST(ConvFast, OnePrimitivePerShapeAndOneWeightReorderPerVersion) {
+  BackendGuard guard(kernels::Backend::cpu);
+  Generator g(2);
+  nn::Conv2d conv(16, 32, 3, {.padding = 1});
+  optim::SGD opt(conv.parameters(), {.lr = 0.1});
+  const Tensor x = Tensor::randn({4, 16, 10, 10}, g);
+  auto step = [&] {
+    opt.zero_grad();
+    ops::sum(conv(x)).backward();
+    opt.step();
+  };
+  step();  // creates the primitives
+  kernels::cpu::conv_weight_cache_clear();
+  const auto before = kernels::cpu::conv_cache_stats();
+  step();
+  step();
+  const auto after = kernels::cpu::conv_cache_stats();
+  EXPECT_EQ(after.misses, before.misses) << "a primitive was created in a steady-state step";
+  const auto wc = kernels::cpu::conv_weight_cache_stats();
+  // Two steps: the weight is reordered at most once per layout per step (forward, and
+  // backward-data when the input needs a gradient: here it does not).
+  EXPECT_LE(wc.reorders, 2 * 2);
+  // Evaluating twice with the same weights reorders nothing new.
+  const int64_t reorders = wc.reorders;
+  {
+    autograd::NoGradGuard no_grad;
+    conv(x);
+    conv(x);
+  }
+  EXPECT_LE(kernels::cpu::conv_weight_cache_stats().reorders, reorders + 1);
+  // A change through the API (copy_) is seen: the next forward uses the new weights.
+  Tensor w = conv.weight;
+  w.copy_(Tensor::zeros(w.shape()));
+  autograd::NoGradGuard no_grad;
+  Tensor y = conv(x);
+  const std::vector<float> yv = y.to_vector(), bv = conv.bias.to_vector();
+  for (size_t i = 0; i < yv.size(); ++i) ASSERT_EQ(yv[i], bv[i / 100 % 32]);
+}
+
+TEST(ConvFast, OptimizerStepIsSeenByTheWeightCache) {
+  // The optimizer writes parameters in place; the next forward must not reuse a stale reorder.
+  BackendGuard guard(kernels::Backend::cpu);
+  Generator g(9);
+  nn::Conv2d conv(8, 16, 3, {.padding = 1});
+  optim::SGD opt(conv.parameters(), {.lr = 0.5});
+  const Tensor x = Tensor::randn({2, 8, 6, 6}, g);
+  for (int i = 0; i < 3; ++i) {
+    opt.zero_grad();
+    Tensor y = conv(x);
+    Tensor expect;
+    {
+      BackendGuard ref(kernels::Backend::ref);
+      autograd::NoGradGuard no_grad;
+      expect = ops::conv2d(x, conv.weight.detach(), conv.bias.detach(), {.padding = 1});
+    }
+    const std::vector<float> a = y.to_vector(), e = expect.to_vector();
+    for (size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], e[k], 1e-5 * (1 + std::fabs(e[k]))) << "step " << i;
+    ops::sum(y).backward();
+    opt.step();
+  }
+}
+
+TEST(ConvAutocast, RunsInBf16AndGivesF32WeightGradients) {
+  Generator g(4);
+  nn::Conv2d conv(4, 8, 3, {.padding = 1});
+  const Tensor x = Tensor::randn({2, 4, 8, 8}, g);
+  Tensor y;
+  {
+    amp::Autocast ac(DType::bf16);
+    y = conv(x);
+  }
+  EXPECT_EQ(y.dtype(), DType::bf16);
+  ops::sum(ops::cast(y, DType::f32)).backward();
+  EXPECT_EQ(conv.weight.grad().dtype(), DType::f32);
+  EXPECT_EQ(conv.bias.grad().dtype(), DType::f32);
+}
+
+TEST(ConvErrors, ChannelMismatchNamesTheLayerAndShapes) {
+  nn::Conv2d conv(8, 16, 3, {.padding = 1});
+  const Tensor x = Tensor::zeros({2, 3, 10, 10});
+  try {
+    conv(x);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("Conv2d(8, 16"), std::string::npos) << m;
+    EXPECT_NE(m.find("[2, 3, 10, 10]"), std::string::npos) << m;
+    EXPECT_NE(m.find("[16, 8, 3, 3]"), std::string::npos) << m;
+  }
+}
+
+TEST(ConvErrors, KernelLargerThanPaddedInput) {
+  nn::Conv2d conv(1, 4, 5);
+  try {
+    conv(Tensor::zeros({1, 1, 3, 3}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("Conv2d(1, 4"), std::string::npos) << m;
+    EXPECT_NE(m.find("larger than the padded input 3x3"), std::string::npos) << m;
+  }
+  EXPECT_THROW(ops::conv2d(Tensor::zeros({1, 4, 5, 5}), Tensor::zeros({6, 2, 3, 3}), Tensor(), {.groups = 3}), Error);
+  EXPECT_THROW(ops::conv2d(Tensor::zeros({1, 4, 5}), Tensor::zeros({6, 4, 3, 3})), Error);
+  EXPECT_THROW(ops::conv2d(Tensor::zeros({1, 4, 5, 5}), Tensor::zeros({6, 4, 3, 3}), Tensor::zeros({5})), Error);
+  EXPECT_THROW(ops::conv2d(Tensor::zeros({1, 4, 5, 5}), Tensor::zeros({6, 4, 3, 3}), Tensor(), {.stride = 0}), Error);
+}
+
+TEST(ConvModule, ParameterNamesShapesAndInit) {
+  default_generator().manual_seed(0);
+  nn::Conv2d conv(6, 12, {3, 5}, {.groups = 2});
+  const auto sd = conv.state_dict();
+  ASSERT_EQ(sd.size(), 2u);
+  EXPECT_EQ(sd[0].first, "weight");
+  EXPECT_EQ(sd[0].second.shape(), (Shape{12, 3, 3, 5}));
+  EXPECT_EQ(sd[1].first, "bias");
+  const double bound = 1.0 / std::sqrt(3.0 * 15.0);  // fan_in = in/groups * kh * kw
+  for (float v : conv.weight.to_vector()) ASSERT_LE(std::fabs(v), bound + 1e-7);
+  EXPECT_EQ(conv.name(), "Conv2d(6, 12, kernel_size=(3, 5), stride=(1, 1), groups=2)");
+}
+
+}  // namespace
+}  // namespace mixprec
