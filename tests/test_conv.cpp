@@ -211,7 +211,9 @@ TEST(ConvFast, UsesOneDnnWithAmxForBf16) {
   const std::string bf16 = kernels::cpu::conv_impl_name(g, DType::bf16, kernels::cpu::ConvPass::forward);
   EXPECT_FALSE(f32.empty());
   EXPECT_EQ(f32.find("ref"), std::string::npos) << f32;
-  if (kernels::cpu::has_amx_bf16()) EXPECT_NE(bf16.find("amx"), std::string::npos) << bf16;
+  if (kernels::cpu::has_amx_bf16()) {
+    EXPECT_NE(bf16.find("amx"), std::string::npos) << bf16;
+  }
   for (auto pass : {kernels::cpu::ConvPass::backward_data, kernels::cpu::ConvPass::backward_weights})
     EXPECT_EQ(kernels::cpu::conv_impl_name(g, DType::bf16, pass).find("ref"), std::string::npos);
 }

@@ -148,10 +148,10 @@ TEST(PoolFast, MatchesReferenceInEveryDType) {
       const FastRun ref = pool_run(x, gy, kernels::Backend::ref, f), fast = pool_run(x, gy, kernels::Backend::cpu, f);
       // Max is exact; averages and gradient sums over overlapping windows accumulate at most 16
       // f32 terms, each at most max|input|.
-      auto bound = [t](const Tensor& ref, const Tensor& in) {
+      auto bound = [t](const Tensor& expect, const Tensor& in) {
         double mx = 0;
         for (double v : in.to_vector_f64()) mx = std::max(mx, std::fabs(v));
-        const std::vector<double> r = ref.to_vector_f64();
+        const std::vector<double> r = expect.to_vector_f64();
         return [r, t, mx](size_t i) { return convtest::ulp_of(t, r[i]) + 16 * 16 * convtest::kU32 * mx; };
       };
       EXPECT_TRUE(convtest::close(fast.y, ref.y, bound(ref.y, x), "forward"));

@@ -1,17 +1,7 @@
 // f32 <-> bf16/f16 conversions: integer-exact scalar reference, AVX-512 bulk loops, any-to-any.
 #include "mixprec/convert.h"
 
-// GCC < 12.3 warns about the deliberately undefined merge operands inside its own AVX-512
-// intrinsics once they are inlined (GCC bug 105593); the pragma covers only that header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#else
-#include <immintrin.h>
-#endif
+#include "core/simd.h"
 
 #include <algorithm>
 #include <atomic>

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
-#include <immintrin.h>
+#include "core/simd.h"
 
 #include "kernels/pool_window.h"
 #include "mixprec/convert.h"

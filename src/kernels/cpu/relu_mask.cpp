@@ -1,7 +1,7 @@
 // The fused ReLU's backward mask, in place and vectorised: grad = y > 0 ? grad : 0 for f32 and
 // bf16 (grad and y of one dtype). bf16 needs no conversion: y > 0 holds exactly for the bit
 // patterns 0x0001..0x7F80 (positive, not NaN).
-#include <immintrin.h>
+#include "core/simd.h"
 
 #include <algorithm>
 #include <cstring>
