@@ -38,6 +38,7 @@ shared flags (train, bench):
 train:   --epochs N (5)  --data DIR  --metrics FILE (JSON lines)  --log-every K (1)  --detect-anomaly
          --diagnose K   every K steps: per-parameter share of gradient values fp16 flushes to zero or
                         overflows, at the loss scale and without; autocast trace; scale trace
+         --lr-schedule cosine|constant (cosine: anneal to 0 over the run)  --lr-warmup STEPS (0)
 bench:   --steps N (30)  --warmup N (5)
 )";
 

@@ -15,6 +15,7 @@
 #include "mixprec/data.h"
 #include "mixprec/diagnostics.h"
 #include "mixprec/error.h"
+#include "mixprec/schedule.h"
 #include "session.h"
 
 namespace mixprec::cli {
@@ -80,13 +81,13 @@ void report_rounding(Session& s, int64_t step, std::ofstream& metrics) {
   const double frac = double(r.unchanged_16bit) / double(r.changed);
   std::printf("rounding up to step %lld: %.2f%% of %lld weight updates left the 16-bit weight unchanged (%s)\n",
               static_cast<long long>(step), 100 * frac, static_cast<long long>(r.changed),
-              master ? "held in the f32 master copy" : "lost: no master copy");
+              master                                ? "held in the f32 master copy"
+              : s.opt.precision.stochastic_rounding ? "rounded stochastically: kept on average"
+                                                    : "lost: no master copy, round to nearest");
   if (metrics.is_open()) {
-    nlohmann::ordered_json j = {{"event", "rounding"},
-                                {"step", step},
-                                {"updates", r.changed},
-                                {"unchanged_16bit", r.unchanged_16bit},
-                                {"master", master}};
+    nlohmann::ordered_json j = {{"event", "rounding"},  {"step", step},
+                                {"updates", r.changed}, {"unchanged_16bit", r.unchanged_16bit},
+                                {"master", master},     {"stochastic_rounding", s.opt.precision.stochastic_rounding}};
     metrics << j.dump() << "\n";
   }
 }
@@ -101,6 +102,10 @@ int cmd_train(Args& a) {
   const int64_t log_every = a.integer("log-every", 1, 1, INT64_MAX);
   const bool detect_anomaly = a.flag("detect-anomaly");
   const int64_t diagnose = a.integer("diagnose", 0, 0, INT64_MAX);
+  // Cosine annealing by default: the last epochs take small steps, so the final accuracy is
+  // the model's, not the luck of where a constant-lr walk stopped.
+  const std::string lr_schedule_kind = a.choice("lr-schedule", "cosine", {"cosine", "constant"});
+  const int64_t lr_warmup = a.integer("lr-warmup", 0, 0, INT64_MAX);
   a.finish();
 
   // Data first: a missing or broken file fails before any model is built.
@@ -144,6 +149,7 @@ int cmd_train(Args& a) {
   data::BatchLoader loader(train, lo);
   const bool tty = isatty(fileno(stderr));
   const int64_t steps_per_epoch = loader.num_batches();
+  optim::LrSchedule lr_schedule(*s.optimizer, lr_schedule_kind, epochs * steps_per_epoch, lr_warmup);
   const int64_t report_every = std::max<int64_t>(1, steps_per_epoch / 5);
 
   // Diagnostics: gradient statistics every `diagnose` steps (taken after backward, while the
@@ -194,6 +200,7 @@ int cmd_train(Args& a) {
       s.measure_grad_norm = metrics.is_open() && (step + 1) % log_every == 0;  // for the metrics line
       StepResult r;
       try {
+        lr_schedule.apply(step);
         r = train_step(s, x, y);
       } catch (const OutOfMemory&) {
         throw;
