@@ -1,4 +1,4 @@
-// The scalar math of the unary ops and their derivatives, shared by reference and fast kernels.
+// The scalar math of the element-wise ops and the unary derivatives, shared by reference and fast kernels.
 #pragma once
 #include <cmath>
 #include <numbers>
@@ -6,6 +6,17 @@
 #include "kernels/kernels.h"
 
 namespace mixprec::kernels {
+
+template <class A>
+inline A binary_value(BinaryOp op, A x, A y) {
+  switch (op) {
+    case BinaryOp::add: return x + y;
+    case BinaryOp::sub: return x - y;
+    case BinaryOp::mul: return x * y;
+    case BinaryOp::div: return x / y;
+  }
+  return 0;
+}
 
 template <class A>
 inline A gelu_exact(A x) { return A(0.5) * x * (A(1) + std::erf(x * A(std::numbers::sqrt2 / 2))); }

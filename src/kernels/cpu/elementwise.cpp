@@ -52,16 +52,6 @@ void for_blocks(int64_t n, F&& f) {
   for (int64_t b = 0; b < nb; ++b) f(b * kBlock, std::min(kBlock, n - b * kBlock));
 }
 
-inline float binary_value(BinaryOp op, float x, float y) {
-  switch (op) {
-    case BinaryOp::add: return x + y;
-    case BinaryOp::sub: return x - y;
-    case BinaryOp::mul: return x * y;
-    case BinaryOp::div: return x / y;
-  }
-  return 0;
-}
-
 template <BinaryOp OP>
 void binary_loop(const float* a, const float* b, float* d, int64_t n, int64_t a_mod, int64_t b_mod,
                  int64_t a_off, int64_t b_off) {
@@ -75,7 +65,7 @@ void binary_loop(const float* a, const float* b, float* d, int64_t n, int64_t a_
     const float* pa = a_mod ? a + a_off : a + i;
     const float* pb = b_mod ? b + b_off : b + i;
     float* pd = d + i;
-    for (int64_t j = 0; j < run; ++j) pd[j] = binary_value(OP, pa[j], pb[j]);
+    for (int64_t j = 0; j < run; ++j) pd[j] = binary_value<float>(OP, pa[j], pb[j]);
     i += run;
     if (a_mod) a_off = (a_off + run) % a_mod;
     if (b_mod) b_off = (b_off + run) % b_mod;

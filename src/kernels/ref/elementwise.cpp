@@ -44,17 +44,6 @@ void copy(const Tensor& src, Tensor& dst) {
   });
 }
 
-template <class T>
-static acc_t<T> apply_binary(BinaryOp op, acc_t<T> x, acc_t<T> y) {
-  switch (op) {
-    case BinaryOp::add: return x + y;
-    case BinaryOp::sub: return x - y;
-    case BinaryOp::mul: return x * y;
-    case BinaryOp::div: return x / y;
-  }
-  return 0;
-}
-
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   MIXPREC_ASSERT(a.dtype() == b.dtype(), "binary op on ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
   const Shape out_shape = broadcast_shapes(a.shape(), b.shape(), "binary op");
@@ -68,7 +57,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
     std::vector<int64_t> ob(size_t(dst.numel()));
     for_each_offset(out_shape, sb, b.offset(), [&](int64_t i, int64_t off) { ob[size_t(i)] = off; });
     for_each_offset(out_shape, sa, a.offset(), [&](int64_t i, int64_t off) {
-      store(pd + i, apply_binary<T>(op, load(pa + off), load(pb + ob[size_t(i)])));
+      store(pd + i, binary_value<acc_t<T>>(op, load(pa + off), load(pb + ob[size_t(i)])));
     });
   });
   return dst;
