@@ -70,7 +70,8 @@ class Optimizer {
   virtual double weight_decay() const = 0;
 
  protected:
-  // One update of parameter i; the base class has checked and prepared everything.
+  // One update of every parameter that has a gradient (steps_ already counts it), reading each
+  // gradient multiplied by inv_grad_scale.
   virtual void update(float inv_grad_scale) = 0;
   virtual NamedTensors named_state(size_t i) const = 0;  // the tensors the subclass holds
   virtual void set_named_state(size_t i, const std::string& key, const Tensor& t) = 0;
