@@ -1,4 +1,4 @@
-// The models the CLI trains, built from flags (mlp; the conv nets join with the conv ops).
+// The models the CLI trains, built from flags: mlp, cnn (--channels) and cnn-bn.
 #pragma once
 #include <memory>
 #include <string>
