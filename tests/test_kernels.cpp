@@ -256,6 +256,30 @@ TEST(Kernels, UnaryGrad) {
       }
 }
 
+// The ReLU mask works on the raw bits of 16-bit values: every class of value, in the vector body
+// (32 or 16 per step) and the tail, must select exactly what "x > 0 ? g : 0" selects.
+TEST(Kernels, ReluGradSpecialValues) {
+  const float sub16 = std::ldexp(1.0f, -24), sub_bf16 = std::ldexp(1.0f, -130);
+  const std::vector<float> xs = {0.f,  -0.f,      NAN,       -NAN,  INFINITY, -INFINITY, sub16, -sub16,
+                                 1.f,  -1.f,      sub_bf16,  -sub_bf16, 65504.f, -65504.f, 3e38f, -3e38f};
+  const std::vector<float> gs = {1.5f, -2.f, NAN, INFINITY, -INFINITY, 0.f, -0.f, 7.f};
+  for (DType t : kDTypes)
+    for (int64_t n : {int64_t(5), int64_t(16 * 7 + 3)}) {
+      std::vector<float> xv(static_cast<size_t>(n)), gv(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) xv[size_t(i)] = xs[size_t(i) % xs.size()], gv[size_t(i)] = gs[size_t(i) % gs.size()];
+      const Tensor x = make(xv, {n}, t), gr = make(gv, {n}, t);
+      Tensor fast = Tensor::empty({n}, t);
+      ASSERT_TRUE(kernels::cpu::unary_grad(kernels::UnaryGradOp::relu, gr, x, {}, fast));
+      const std::vector<float> xr = x.to_vector(), gr_v = gr.to_vector(), out = fast.to_vector();
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = xr[size_t(i)] > 0.f ? gr_v[size_t(i)] : 0.f;
+        const bool same = std::isnan(want) ? std::isnan(out[size_t(i)])
+                                           : out[size_t(i)] == want && std::signbit(out[size_t(i)]) == std::signbit(want);
+        EXPECT_TRUE(same) << dtype_name(t) << " x=" << xr[size_t(i)] << " g=" << gr_v[size_t(i)] << " got " << out[size_t(i)];
+      }
+    }
+}
+
 // ---------------------------------------------------------------- sum
 
 // Bound for element j of a sum over n_j terms: f32 accumulation plus one rounding to out_t.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"
@@ -118,6 +119,35 @@ TEST(Optim, AdamWMatchesPyTorchRule) {
     }
     const auto got = f.p.to_vector();
     for (size_t j = 0; j < 4; ++j) EXPECT_NEAR(got[j], p[j], 1e-6) << "step " << s;
+  }
+}
+
+// The f32 update runs 16 lanes at a time (AVX-512) with a scalar tail, over blocks of the
+// parameter; every element must get exactly what the scalar f32 rule gives it.
+TEST(Optim, AdamWF32UpdateIsBitIdenticalToTheScalarRule) {
+  const int64_t n = 2 * 2048 + 37;  // two full blocks and a partial one with a tail
+  Generator gen(11);
+  Tensor p = Tensor::uniform({n}, gen, -2, 2).set_requires_grad();
+  std::vector<float> w = p.to_vector(), m(size_t(n), 0.f), v(size_t(n), 0.f);
+  const double lr = 3e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.05;
+  optim::AdamW opt({p}, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd});
+  for (int s = 1; s <= 3; ++s) {
+    const Tensor g = Tensor::uniform({n}, gen, -1, 1);
+    p.set_grad(g);
+    opt.step();
+    const std::vector<float> gv = g.to_vector();
+    const float decay = float(1 - lr * wd), fb1 = float(b1), fb2 = float(b2), step = float(lr / (1 - std::pow(b1, s))),
+                bc2 = float(1 / std::sqrt(1 - std::pow(b2, s))), feps = float(eps);
+    for (size_t j = 0; j < size_t(n); ++j) {
+      m[j] = fb1 * m[j] + (1.0f - fb1) * gv[j];
+      v[j] = fb2 * v[j] + (1.0f - fb2) * gv[j] * gv[j];
+      const float denom = std::sqrt(v[j]) * bc2 + feps;
+      w[j] = w[j] * decay - step * m[j] / denom;
+    }
+    const std::vector<float> got = p.to_vector();
+    int64_t differ = 0;
+    for (size_t j = 0; j < size_t(n); ++j) differ += std::memcmp(&got[j], &w[j], 4) != 0;
+    EXPECT_EQ(differ, 0) << "step " << s;
   }
 }
 

@@ -31,9 +31,9 @@ shared flags (train, bench):
   --clip-grad-norm X  --clip-grad-value X   clip the unscaled gradients
   --loss-weight W              multiply the loss by W before backward (an auxiliary-loss weight;
                                W = 1e-5 shows fp16 gradient underflow)
-  --optimizer adamw|sgd        (adamw: lr 1e-3; sgd: lr 0.05, --momentum 0.9)
+  --optimizer adamw|sgd        (adamw: lr 1e-3, cnn 2e-3; sgd: lr 0.05, --momentum 0.9)
   --lr X  --weight-decay X  --momentum X
-  --batch-size N (512)  --seed N (0)  --threads N (available cores)
+  --batch-size N (mlp 512, cnn 64, cnn-bn 128)  --seed N (0)  --threads N (available cores)
 
 train:   --epochs N (5)  --data DIR  --metrics FILE (JSON lines)  --log-every K (1)  --detect-anomaly
          --diagnose K   every K steps: per-parameter share of gradient values fp16 flushes to zero or

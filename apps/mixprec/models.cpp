@@ -10,6 +10,17 @@ const std::vector<std::string>& model_names() {
   return names;
 }
 
+Recipe default_recipe(const std::string& model) {
+  Recipe r;  // mlp: batch 512, AdamW lr 1e-3
+  if (model == "cnn") {
+    r.batch_size = 64;  // the tutorial's batch; lr 2e-3 under the default cosine schedule
+    r.adamw_lr = 2e-3;
+  } else if (model == "cnn-bn") {
+    r.batch_size = 128;
+  }
+  return r;
+}
+
 namespace {
 
 std::shared_ptr<nn::Sequential> mlp(const ModelSpec& s) {

@@ -15,7 +15,16 @@ struct ModelSpec {
   int64_t image_rows = 28, image_cols = 28, num_classes = 10;
 };
 
+// Each model's default recipe, used where --batch-size / --lr are not given. The small nets
+// learn better from more, smaller steps; see docs/conv.md ("Default recipes").
+struct Recipe {
+  int64_t batch_size = 512;
+  double adamw_lr = 1e-3;
+  double sgd_lr = 0.05;
+};
+
 const std::vector<std::string>& model_names();
+Recipe default_recipe(const std::string& model);
 std::shared_ptr<nn::Sequential> build_model(const ModelSpec& spec);
 
 }  // namespace mixprec::cli

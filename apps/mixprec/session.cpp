@@ -108,10 +108,11 @@ SessionOptions parse_session(Args& a) {
   }
   parse_loss_scale(a, o);
   o.optimizer = a.choice("optimizer", "adamw", {"adamw", "sgd"});
-  o.lr = a.real("lr", o.optimizer == "sgd" ? 0.05 : 1e-3, 0.0, 1e3, /*lo_open=*/true);
+  const Recipe recipe = default_recipe(o.model.name);
+  o.lr = a.real("lr", o.optimizer == "sgd" ? recipe.sgd_lr : recipe.adamw_lr, 0.0, 1e3, /*lo_open=*/true);
   o.weight_decay = a.real("weight-decay", 0.0, 0.0, 1.0);
   o.momentum = a.real("momentum", 0.9, 0.0, 0.999999);
-  o.batch_size = a.integer("batch-size", 512, 1, 1 << 20);
+  o.batch_size = a.integer("batch-size", recipe.batch_size, 1, 1 << 20);
   o.accumulate = a.integer("accumulate", 1, 1, 1 << 20);
   MIXPREC_CHECK(o.accumulate <= o.batch_size, "--accumulate ", o.accumulate,
                 " splits each batch into micro-batches: ", "it cannot exceed --batch-size ", o.batch_size);

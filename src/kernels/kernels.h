@@ -195,6 +195,8 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                          const Tensor& weight, bool need_x, bool need_weight, bool need_bias, NormGrads& out);
 bool relu_mask_inplace(Tensor& grad, const Tensor& y);
+// dst = y > 0 ? grad : 0 (the relu op's backward; y its input or output).
+bool relu_mask(const Tensor& grad, const Tensor& y, Tensor& dst);
 }  // namespace cpu
 
 }  // namespace mixprec::kernels

@@ -85,6 +85,19 @@ bool copy(const Tensor& src, Tensor& dst) {
     return true;
   }
   if (!f32_compute(src.dtype()) || !f32_compute(dst.dtype())) return false;
+  if (src.dtype() == DType::f32 || dst.dtype() == DType::f32) {
+    // One side is f32: convert straight between the tensors, no staging buffer.
+    const char* s = static_cast<const char*>(src.data_ptr());
+    char* d = static_cast<char*>(dst.data_ptr());
+    const int64_t ss = int64_t(dtype_size(src.dtype())), ds = int64_t(dtype_size(dst.dtype()));
+    for_blocks(n, [&](int64_t b, int64_t len) {
+      if (src.dtype() == DType::f32)
+        store_block(d, dst.dtype(), b, len, reinterpret_cast<const float*>(s + b * ss));
+      else
+        load_block(s, src.dtype(), b, len, reinterpret_cast<float*>(d + b * ds));
+    });
+    return true;
+  }
   for_blocks(n, [&](int64_t b, int64_t len) {
     float buf[kBlock];
     load_block(src.data_ptr(), src.dtype(), b, len, buf);
@@ -168,6 +181,7 @@ bool unary(UnaryOp op, const Tensor& x, UnaryParams p, Tensor& dst) {
 bool unary_grad(UnaryGradOp op, const Tensor& grad, const Tensor& x, UnaryParams p, Tensor& dst) {
   const DType t = x.dtype();
   if (!f32_compute(t) || grad.dtype() != t) return false;
+  if (op == UnaryGradOp::relu && relu_mask(grad, x, dst)) return true;  // AVX-512, on the raw bits
   for_blocks(x.numel(), [&](int64_t begin, int64_t len) {
     float bg[kBlock], bx[kBlock], bo[kBlock];
     const float* g = in_block(grad.data_ptr(), t, begin, len, bg);
