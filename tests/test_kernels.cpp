@@ -256,9 +256,10 @@ TEST(Kernels, UnaryGrad) {
       }
 }
 
-// The ReLU mask works on the raw bits of 16-bit values: every class of value, in the vector body
-// (32 or 16 per step) and the tail, must select exactly what "x > 0 ? g : 0" selects.
-TEST(Kernels, ReluGradSpecialValues) {
+// ReLU works on the raw bits of 16-bit values: for every class of value, in the vector body (32
+// or 16 per step) and the tail, the forward must give exactly "x > 0 or NaN ? x : +0" and the
+// backward select exactly what "x > 0 ? g : 0" selects.
+TEST(Kernels, ReluSpecialValues) {
   const float sub16 = std::ldexp(1.0f, -24), sub_bf16 = std::ldexp(1.0f, -130);
   const std::vector<float> xs = {0.f,  -0.f,      NAN,       -NAN,  INFINITY, -INFINITY, sub16, -sub16,
                                  1.f,  -1.f,      sub_bf16,  -sub_bf16, 65504.f, -65504.f, 3e38f, -3e38f};
@@ -270,12 +271,18 @@ TEST(Kernels, ReluGradSpecialValues) {
       const Tensor x = make(xv, {n}, t), gr = make(gv, {n}, t);
       Tensor fast = Tensor::empty({n}, t);
       ASSERT_TRUE(kernels::cpu::unary_grad(kernels::UnaryGradOp::relu, gr, x, {}, fast));
-      const std::vector<float> xr = x.to_vector(), gr_v = gr.to_vector(), out = fast.to_vector();
+      Tensor fwd = Tensor::empty({n}, t);
+      ASSERT_TRUE(kernels::cpu::unary(kernels::UnaryOp::relu, x, {}, fwd));
+      const std::vector<float> xr = x.to_vector(), gr_v = gr.to_vector(), out = fast.to_vector(), y = fwd.to_vector();
+      auto same = [](float a, float b) {
+        return std::isnan(b) ? bool(std::isnan(a)) : a == b && std::signbit(a) == std::signbit(b);
+      };
       for (int64_t i = 0; i < n; ++i) {
-        const float want = xr[size_t(i)] > 0.f ? gr_v[size_t(i)] : 0.f;
-        const bool same = std::isnan(want) ? std::isnan(out[size_t(i)])
-                                           : out[size_t(i)] == want && std::signbit(out[size_t(i)]) == std::signbit(want);
-        EXPECT_TRUE(same) << dtype_name(t) << " x=" << xr[size_t(i)] << " g=" << gr_v[size_t(i)] << " got " << out[size_t(i)];
+        const float xi = xr[size_t(i)];
+        EXPECT_TRUE(same(out[size_t(i)], xi > 0.f ? gr_v[size_t(i)] : 0.f))
+            << dtype_name(t) << " x=" << xi << " g=" << gr_v[size_t(i)] << " got " << out[size_t(i)];
+        EXPECT_TRUE(same(y[size_t(i)], xi > 0.f || std::isnan(xi) ? xi : 0.f))
+            << dtype_name(t) << " relu(" << xi << ") got " << y[size_t(i)];
       }
     }
 }

@@ -14,6 +14,7 @@ namespace {
 
 struct CacheEntry {
   std::weak_ptr<TensorImpl> src;
+  uint64_t version = 0;  // the source's version when cast: an in-place write (optimizer step) invalidates
   Tensor cast;
 };
 struct ThreadState {
@@ -43,9 +44,11 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
   if (!cacheable) return t.to(dtype);
   auto key = std::make_pair(t.impl(), dtype);
   auto it = cache.find(key);
-  if (it != cache.end() && !it->second.src.expired() && !consumed(it->second.cast)) return it->second.cast;
+  if (it != cache.end() && !it->second.src.expired() && it->second.version == t.impl()->version &&
+      !consumed(it->second.cast))
+    return it->second.cast;
   Tensor c = t.to(dtype);
-  cache[key] = CacheEntry{t.impl_ptr(), c};
+  cache[key] = CacheEntry{t.impl_ptr(), t.impl()->version, c};
   return c;
 }
 

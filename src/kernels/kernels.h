@@ -197,6 +197,8 @@ bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
 bool relu_mask_inplace(Tensor& grad, const Tensor& y);
 // dst = y > 0 ? grad : 0 (the relu op's backward; y its input or output).
 bool relu_mask(const Tensor& grad, const Tensor& y, Tensor& dst);
+// dst = relu(x): x > 0 or NaN keeps x, else +0.
+bool relu_forward(const Tensor& x, Tensor& dst);
 }  // namespace cpu
 
 }  // namespace mixprec::kernels

@@ -1,13 +1,17 @@
 // matmul and linear (autocast class lower): oneDNN on the fast path, reference otherwise.
+#include <optional>
+
 #include "ops/common.h"
 
 namespace mixprec::ops {
 namespace {
 
-// dst[m,n] = op(a) @ op(b) in the dtype of a (inputs share a dtype after autocast/promotion).
-Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor* bias = nullptr) {
+// dst[m,n] = op(a) @ op(b) in the dtype of a (inputs share a dtype after autocast/promotion),
+// or in f32 from 16-bit operands (products accumulate in f32 either way).
+Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor* bias = nullptr,
+          std::optional<DType> dst_t = std::nullopt) {
   const int64_t m = ta ? a.size(1) : a.size(0), n = tb ? b.size(0) : b.size(1);
-  Tensor dst = Tensor::empty({m, n}, a.dtype());
+  Tensor dst = Tensor::empty({m, n}, dst_t.value_or(a.dtype()));
   kernels::MatmulOpts o;
   o.trans_a = ta;
   o.trans_b = tb;
@@ -72,16 +76,25 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   Tensor wd = w.detach();                                             // [out, in]
   Tensor bd = b.defined() ? b.detach() : Tensor();
   Tensor out = mm(x2, wd, false, true, bd.defined() ? &bd : nullptr).reshape(out_shape);  // [M, out]
-  std::vector<Tensor> inputs{x, w};
-  if (b.defined()) inputs.push_back(b);
-  return autograd::record(out, "linear", inputs, [x2, wd, x_shape = x.shape()](const Tensor& g, const autograd::Node& n) {
+  // An f32 weight or bias that only casts turned bf16 (autocast's copy) gets its gradient in
+  // f32 straight from the bf16 operands: the graph edge goes to the f32 tensor, past the cast
+  // node. The gradient is the cast path's without its rounding to bf16, and without the bf16
+  // write and the cast pass back to f32. Not for f16: its gradients are meant to be stored in
+  // f16, with f16's range (what loss scaling is for). See docs/amp.md.
+  const bool w_wide = w_in.dtype() == DType::f32 && w.dtype() == DType::bf16;
+  const bool b_wide = b.defined() && b_in.dtype() == DType::f32 && b.dtype() == DType::bf16;
+  std::vector<Tensor> inputs{x, w_wide ? w_in : w};
+  if (b.defined()) inputs.push_back(b_wide ? b_in : b);
+  auto backward = [x2, wd, w_wide, b_wide, x_shape = x.shape()](const Tensor& g, const autograd::Node& n) {
     Tensor g2 = kernels::contig(g).reshape({-1, g.size(-1)});  // [M, out]
     std::vector<Tensor> grads(n.next.size());
-    if (n.needs_grad(0)) grads[0] = mm(g2, wd, false, false).reshape(x_shape);  // [M,out]@[out,in]
-    if (n.needs_grad(1)) grads[1] = mm(g2, x2, true, false);                   // [out,M]@[M,in]
-    if (n.next.size() > 2 && n.needs_grad(2)) grads[2] = kernels::sum(g2, {0}, false, g2.dtype());
+    const DType gt = g2.dtype();
+    if (n.needs_grad(0)) grads[0] = mm(g2, wd, false, false).reshape(x_shape);                        // [M,out]@[out,in]
+    if (n.needs_grad(1)) grads[1] = mm(g2, x2, true, false, nullptr, w_wide ? DType::f32 : gt);  // [out,M]@[M,in]
+    if (n.next.size() > 2 && n.needs_grad(2)) grads[2] = kernels::sum(g2, {0}, false, b_wide ? DType::f32 : gt);
     return grads;
-  });
+  };
+  return autograd::record(out, "linear", inputs, std::move(backward));
 }
 
 }  // namespace mixprec::ops

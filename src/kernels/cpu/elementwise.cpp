@@ -154,6 +154,7 @@ bool binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& dst) {
 bool unary(UnaryOp op, const Tensor& x, UnaryParams p, Tensor& dst) {
   const DType t = x.dtype();
   if (!f32_compute(t) || !x.is_contiguous() || !dst.is_contiguous()) return false;
+  if (op == UnaryOp::relu && relu_forward(x, dst)) return true;  // AVX-512, on the raw bits
   const float a = float(p.a), b = float(p.b);
   for_blocks(x.numel(), [&](int64_t begin, int64_t len) {
     float bx[kBlock], bo[kBlock];
