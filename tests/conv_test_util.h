@@ -10,6 +10,7 @@
 
 #include "kernels/kernels.h"
 #include "mixprec/tensor.h"
+#include "ulp.h"
 
 namespace mixprec::convtest {
 
@@ -22,17 +23,7 @@ struct BackendGuard {
 constexpr double kU32 = 0x1p-24;  // f32 unit roundoff
 
 // Spacing of dtype t's values at |v| (the subnormal spacing below the normal range).
-inline double ulp_of(DType t, double v) {
-  int mant = 23, emin = -126;
-  if (t == DType::bf16) mant = 7;
-  if (t == DType::f16) mant = 10, emin = -14;
-  if (t == DType::f64) mant = 52, emin = -1022;
-  v = std::fabs(v);
-  if (v == 0 || !std::isfinite(v)) return std::ldexp(1.0, emin - mant);
-  int e;
-  std::frexp(v, &e);
-  return std::ldexp(1.0, std::max(e - 1, emin) - mant);
-}
+using testutil::ulp_of;
 
 // Uniform values in [lo, hi) stored in dtype t (so every backend sees the same rounded inputs).
 inline Tensor rand(Generator& g, const Shape& s, DType t, double lo = -1, double hi = 1) {

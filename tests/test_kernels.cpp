@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "ulp.h"
 #include "mixprec/convert.h"
 
 namespace mixprec {
@@ -28,17 +29,7 @@ const std::vector<DType> kDTypes = {DType::f32, DType::bf16, DType::f16};
 const std::vector<int64_t> kSizes = {1, 7, 4095, 4097, 100000};
 
 // Spacing of dtype t's values at magnitude |v| (subnormal spacing below the normal range).
-double ulp_of(DType t, double v) {
-  int mant = 23, emin = -126;
-  if (t == DType::bf16) mant = 7;
-  if (t == DType::f16) mant = 10, emin = -14;
-  if (t == DType::f64) mant = 52, emin = -1022;
-  v = std::fabs(v);
-  if (v == 0 || !std::isfinite(v)) return std::ldexp(1.0, emin - mant);
-  int e;
-  std::frexp(v, &e);  // v in [2^(e-1), 2^e)
-  return std::ldexp(1.0, std::max(e - 1, emin) - mant);
-}
+using testutil::ulp_of;
 
 std::vector<float> uniform(Generator& g, int64_t n, double lo, double hi) {
   std::vector<float> v(static_cast<size_t>(n));

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "core/simd.h"
+#include "kernels/cpu/f32_blocks.h"
 #include "mixprec/autograd.h"
 #include "mixprec/convert.h"
 #include "mixprec/cpu.h"
@@ -17,17 +18,9 @@
 namespace mixprec::optim {
 namespace {
 
-constexpr int64_t kBlock = 2048;  // elements per block: a few 8 KiB f32 buffers stay in L1/L2
+using kernels::cpu::load_f32;
 
-void load_f32(const void* src, DType t, int64_t begin, int64_t len, float* dst) {
-  const char* p = static_cast<const char*>(src) + begin * int64_t(dtype_size(t));
-  if (t == DType::f32)
-    std::memcpy(dst, p, size_t(len) * 4);
-  else if (t == DType::bf16)
-    convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(p), dst, size_t(len));
-  else
-    convert_f16_to_f32(reinterpret_cast<const uint16_t*>(p), dst, size_t(len));
-}
+constexpr int64_t kBlock = 2048;  // elements per block: a few 8 KiB f32 buffers stay in L1/L2
 
 // Writes len f32 weights into a 16-bit parameter: round-to-nearest-even, or stochastically.
 void store_half(void* dst, DType t, int64_t begin, int64_t len, const float* src, bool stochastic, uint64_t key) {

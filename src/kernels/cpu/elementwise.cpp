@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/f32_blocks.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/access.h"
 #include "kernels/unary_math.h"
@@ -13,36 +14,6 @@ namespace mixprec::kernels::cpu {
 namespace {
 
 constexpr int64_t kBlock = 4096;  // elements per block: 16 KiB of f32, stays in L1/L2
-
-bool f32_compute(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
-
-// src[begin, begin+len) of dtype t -> f32 buf
-void load_block(const void* src, DType t, int64_t begin, int64_t len, float* buf) {
-  const char* p = static_cast<const char*>(src) + begin * int64_t(dtype_size(t));
-  if (t == DType::f32) std::memcpy(buf, p, size_t(len) * 4);
-  else if (t == DType::bf16) convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(p), buf, size_t(len));
-  else convert_f16_to_f32(reinterpret_cast<const uint16_t*>(p), buf, size_t(len));
-}
-void store_block(void* dst, DType t, int64_t begin, int64_t len, const float* buf) {
-  char* p = static_cast<char*>(dst) + begin * int64_t(dtype_size(t));
-  if (t == DType::f32) std::memcpy(p, buf, size_t(len) * 4);
-  else if (t == DType::bf16) convert_f32_to_bf16(buf, reinterpret_cast<uint16_t*>(p), size_t(len));
-  else convert_f32_to_f16(buf, reinterpret_cast<uint16_t*>(p), size_t(len));
-}
-
-// f32 blocks are used in place; 16-bit blocks are converted into buf.
-const float* in_block(const void* src, DType t, int64_t begin, int64_t len, float* buf) {
-  if (t == DType::f32) return static_cast<const float*>(src) + begin;
-  load_block(src, t, begin, len, buf);
-  return buf;
-}
-// Where to compute an output block: straight into f32 dst, else into buf (then flush_block).
-float* out_block(void* dst, DType t, int64_t begin, float* buf) {
-  return t == DType::f32 ? static_cast<float*>(dst) + begin : buf;
-}
-void flush_block(void* dst, DType t, int64_t begin, int64_t len, const float* buf) {
-  if (t != DType::f32) store_block(dst, t, begin, len, buf);
-}
 
 // f(begin, len) over [0, n) in blocks, in parallel when there is enough work.
 template <class F>
@@ -92,16 +63,16 @@ bool copy(const Tensor& src, Tensor& dst) {
     const int64_t ss = int64_t(dtype_size(src.dtype())), ds = int64_t(dtype_size(dst.dtype()));
     for_blocks(n, [&](int64_t b, int64_t len) {
       if (src.dtype() == DType::f32)
-        store_block(d, dst.dtype(), b, len, reinterpret_cast<const float*>(s + b * ss));
+        store_f32(d, dst.dtype(), b, len, reinterpret_cast<const float*>(s + b * ss));
       else
-        load_block(s, src.dtype(), b, len, reinterpret_cast<float*>(d + b * ds));
+        load_f32(s, src.dtype(), b, len, reinterpret_cast<float*>(d + b * ds));
     });
     return true;
   }
   for_blocks(n, [&](int64_t b, int64_t len) {
     float buf[kBlock];
-    load_block(src.data_ptr(), src.dtype(), b, len, buf);
-    store_block(dst.data_ptr(), dst.dtype(), b, len, buf);
+    load_f32(src.data_ptr(), src.dtype(), b, len, buf);
+    store_f32(dst.data_ptr(), dst.dtype(), b, len, buf);
   });
   return true;
 }
@@ -130,15 +101,15 @@ bool binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& dst) {
   // A broadcast operand is converted to f32 once, whole; full operands block by block.
   auto whole = [&](const Tensor& x, int64_t mod) {
     std::vector<float> v(static_cast<size_t>(mod));
-    if (mod) load_block(x.data_ptr(), t, 0, mod, v.data());
+    if (mod) load_f32(x.data_ptr(), t, 0, mod, v.data());
     return v;
   };
   const std::vector<float> ra = whole(a, a_mod), rb = whole(b, b_mod);
   for_blocks(n, [&](int64_t begin, int64_t len) {
     float xa[kBlock], xb[kBlock], bd[kBlock];
-    const float* pa = a_mod ? ra.data() : in_block(a.data_ptr(), t, begin, len, xa);
-    const float* pb = b_mod ? rb.data() : in_block(b.data_ptr(), t, begin, len, xb);
-    float* xd = out_block(dst.data_ptr(), t, begin, bd);
+    const float* pa = a_mod ? ra.data() : in_f32(a.data_ptr(), t, begin, len, xa);
+    const float* pb = b_mod ? rb.data() : in_f32(b.data_ptr(), t, begin, len, xb);
+    float* xd = out_f32(dst.data_ptr(), t, begin, bd);
     const int64_t oa = a_mod ? begin % a_mod : 0, ob = b_mod ? begin % b_mod : 0;
     switch (op) {
       case BinaryOp::add: binary_loop<BinaryOp::add>(pa, pb, xd, len, a_mod, b_mod, oa, ob); break;
@@ -146,7 +117,7 @@ bool binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& dst) {
       case BinaryOp::mul: binary_loop<BinaryOp::mul>(pa, pb, xd, len, a_mod, b_mod, oa, ob); break;
       case BinaryOp::div: binary_loop<BinaryOp::div>(pa, pb, xd, len, a_mod, b_mod, oa, ob); break;
     }
-    flush_block(dst.data_ptr(), t, begin, len, xd);
+    flush_f32(dst.data_ptr(), t, begin, len, xd);
   });
   return true;
 }
@@ -158,8 +129,8 @@ bool unary(UnaryOp op, const Tensor& x, UnaryParams p, Tensor& dst) {
   const float a = float(p.a), b = float(p.b);
   for_blocks(x.numel(), [&](int64_t begin, int64_t len) {
     float bx[kBlock], bo[kBlock];
-    const float* v = in_block(x.data_ptr(), t, begin, len, bx);
-    float* o = out_block(dst.data_ptr(), t, begin, bo);
+    const float* v = in_f32(x.data_ptr(), t, begin, len, bx);
+    float* o = out_f32(dst.data_ptr(), t, begin, bo);
     switch (op) {
       case UnaryOp::relu:
         for (int64_t i = 0; i < len; ++i) o[i] = v[i] > 0.f ? v[i] : (v[i] != v[i] ? v[i] : 0.f);
@@ -174,7 +145,7 @@ bool unary(UnaryOp op, const Tensor& x, UnaryParams p, Tensor& dst) {
         for (int64_t i = 0; i < len; ++i) o[i] = unary_value<float>(op, v[i], p);
         break;
     }
-    flush_block(dst.data_ptr(), t, begin, len, o);
+    flush_f32(dst.data_ptr(), t, begin, len, o);
   });
   return true;
 }
@@ -185,15 +156,15 @@ bool unary_grad(UnaryGradOp op, const Tensor& grad, const Tensor& x, UnaryParams
   if (op == UnaryGradOp::relu && relu_mask(grad, x, dst)) return true;  // AVX-512, on the raw bits
   for_blocks(x.numel(), [&](int64_t begin, int64_t len) {
     float bg[kBlock], bx[kBlock], bo[kBlock];
-    const float* g = in_block(grad.data_ptr(), t, begin, len, bg);
-    const float* v = in_block(x.data_ptr(), t, begin, len, bx);
-    float* o = out_block(dst.data_ptr(), t, begin, bo);
+    const float* g = in_f32(grad.data_ptr(), t, begin, len, bg);
+    const float* v = in_f32(x.data_ptr(), t, begin, len, bx);
+    float* o = out_f32(dst.data_ptr(), t, begin, bo);
     if (op == UnaryGradOp::relu) {
       for (int64_t i = 0; i < len; ++i) o[i] = v[i] > 0.f ? g[i] : 0.f;
     } else {
       for (int64_t i = 0; i < len; ++i) o[i] = g[i] * unary_derivative<float>(op, v[i], p);
     }
-    flush_block(dst.data_ptr(), t, begin, len, o);
+    flush_f32(dst.data_ptr(), t, begin, len, o);
   });
   return true;
 }
@@ -215,7 +186,7 @@ bool sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, Tensor
     std::vector<double> partial(size_t(nb), 0.0);
     for_blocks(n, [&](int64_t begin, int64_t len) {
       float buf[kBlock];
-      const float* v = in_block(x.data_ptr(), t, begin, len, buf);
+      const float* v = in_f32(x.data_ptr(), t, begin, len, buf);
       float s = 0.f;
       for (int64_t i = 0; i < len; ++i) s += v[i];
       partial[size_t(begin / kBlock)] = s;
@@ -232,7 +203,7 @@ bool sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, Tensor
       const int64_t c0 = b * cb, len = std::min(cb, cols - c0);
       float buf[kBlock];
       for (int64_t r = 0; r < rows; ++r) {
-        const float* v = in_block(x.data_ptr(), t, r * cols + c0, len, buf);
+        const float* v = in_f32(x.data_ptr(), t, r * cols + c0, len, buf);
         for (int64_t i = 0; i < len; ++i) acc[size_t(c0 + i)] += v[i];
       }
     }
@@ -250,14 +221,14 @@ bool softmax_lastdim(const Tensor& x, bool log, Tensor& dst) {
 #pragma omp parallel for schedule(static) if (rows * cols >= (1 << 15))
   for (int64_t r = 0; r < rows; ++r) {
     float v[kBlock];
-    load_block(x.data_ptr(), t, r * cols, cols, v);
+    load_f32(x.data_ptr(), t, r * cols, cols, v);
     float mx = -INFINITY;
     for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, v[c]);
     float total = 0.f;
     for (int64_t c = 0; c < cols; ++c) total += std::exp(v[c] - mx);
     const float lse = mx + std::log(total);
     for (int64_t c = 0; c < cols; ++c) v[c] = log ? v[c] - lse : std::exp(v[c] - lse);
-    store_block(dst.data_ptr(), t, r * cols, cols, v);
+    store_f32(dst.data_ptr(), t, r * cols, cols, v);
   }
   return true;
 }
@@ -271,12 +242,12 @@ bool softmax_lastdim_backward(const Tensor& y, const Tensor& grad_y, bool log, T
 #pragma omp parallel for schedule(static) if (rows * cols >= (1 << 15))
   for (int64_t r = 0; r < rows; ++r) {
     float yv[kBlock], g[kBlock];
-    load_block(y.data_ptr(), t, r * cols, cols, yv);
-    load_block(grad_y.data_ptr(), t, r * cols, cols, g);
+    load_f32(y.data_ptr(), t, r * cols, cols, yv);
+    load_f32(grad_y.data_ptr(), t, r * cols, cols, g);
     float dot = 0.f;
     for (int64_t c = 0; c < cols; ++c) dot += log ? g[c] : g[c] * yv[c];
     for (int64_t c = 0; c < cols; ++c) g[c] = log ? g[c] - std::exp(yv[c]) * dot : yv[c] * (g[c] - dot);
-    store_block(dst.data_ptr(), t, r * cols, cols, g);
+    store_f32(dst.data_ptr(), t, r * cols, cols, g);
   }
   return true;
 }

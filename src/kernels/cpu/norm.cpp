@@ -6,27 +6,13 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/f32_blocks.h"
 #include "kernels/kernels.h"
 #include "mixprec/convert.h"
 
 namespace mixprec::kernels::cpu {
 namespace {
 
-bool f32_compute(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
-
-const char* at(const Tensor& t, int64_t elem) {
-  return static_cast<const char*>(t.data_ptr()) + elem * int64_t(dtype_size(t.dtype()));
-}
-const float* load_f32(const Tensor& t, int64_t begin, int64_t n, std::vector<float>& buf) {
-  if (t.dtype() == DType::f32) return reinterpret_cast<const float*>(at(t, begin));
-  buf.resize(static_cast<size_t>(n));
-  convert(at(t, begin), t.dtype(), buf.data(), DType::f32, size_t(n));
-  return buf.data();
-}
-void store_f32(Tensor& t, int64_t begin, int64_t n, const float* src) {
-  convert(src, DType::f32, static_cast<char*>(t.data_ptr()) + begin * int64_t(dtype_size(t.dtype())), t.dtype(),
-          size_t(n));
-}
 std::vector<float> values_or(const Tensor& t, int64_t n, float fill) {
   return t.defined() ? t.to_vector() : std::vector<float>(size_t(n), fill);
 }
@@ -100,12 +86,12 @@ bool batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& v
     for (int64_t c = 0; c < channels; ++c) {
       double s = 0;  // plane sums in f32, the planes combined in f64
       for (int64_t o = 0; o < d.outer; ++o) {
-        s += plane_sum(load_f32(x, (o * channels + c) * d.inner, d.inner, buf), d.inner);
+        s += plane_sum(in_f32(x, (o * channels + c) * d.inner, d.inner, buf), d.inner);
       }
       const float mu = float(s / count);
       double ss = 0;
       for (int64_t o = 0; o < d.outer; ++o) {
-        ss += plane_sum_sq_dev(load_f32(x, (o * channels + c) * d.inner, d.inner, buf), d.inner, mu);
+        ss += plane_sum_sq_dev(in_f32(x, (o * channels + c) * d.inner, d.inner, buf), d.inner, mu);
       }
       m[size_t(c)] = mu;
       v[size_t(c)] = float(ss / count);
@@ -136,7 +122,7 @@ bool batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& invst
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < planes; ++p) {
       const size_t c = size_t(p % channels);
-      const float* src = load_f32(x, p * d.inner, d.inner, in);
+      const float* src = in_f32(x, p * d.inner, d.inner, in);
       float* o = out_plane(dst, p * d.inner, out);
       const float sc = scale[c], sh = shift[c];
       for (int64_t i = 0; i < d.inner; ++i) o[i] = src[i] * sc + sh;
@@ -162,8 +148,8 @@ bool batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
       double s = 0, sx = 0;
       for (int64_t o = 0; o < d.outer; ++o) {
         const int64_t begin = (o * channels + c) * d.inner;
-        const float* gy = load_f32(grad_y, begin, d.inner, gb);
-        const float* xv = load_f32(x, begin, d.inner, xb);
+        const float* gy = in_f32(grad_y, begin, d.inner, gb);
+        const float* xv = in_f32(x, begin, d.inner, xb);
         float ps, psx;
         plane_sums_backward(gy, xv, d.inner, m[size_t(c)], ps, psx);
         s += ps;
@@ -190,8 +176,8 @@ bool batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
 #pragma omp for schedule(static)
       for (int64_t p = 0; p < planes; ++p) {
         const size_t c = size_t(p % channels);
-        const float* gy = load_f32(grad_y, p * d.inner, d.inner, gb);
-        const float* xv = load_f32(x, p * d.inner, d.inner, xb);
+        const float* gy = in_f32(grad_y, p * d.inner, d.inner, gb);
+        const float* xv = in_f32(x, p * d.inner, d.inner, xb);
         float* o = out_plane(out.x, p * d.inner, ob);
         const float ac = a[c], bc = b[c], ec = e[c], mc = m[c];
         for (int64_t i = 0; i < d.inner; ++i) o[i] = ac * gy[i] + bc * (xv[i] - mc) + ec;
@@ -215,7 +201,7 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
     std::vector<float> in, out(static_cast<size_t>(cols));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const float* src = load_f32(x, r * cols, cols, in);
+      const float* src = in_f32(x, r * cols, cols, in);
       double s = 0, ss = 0;
       for (int64_t j = 0; j < cols; ++j) s += src[j];
       const float mu = float(s / double(cols));
@@ -249,8 +235,8 @@ bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
     gb_t.assign(size_t(cols), 0.0);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const float* gy = load_f32(grad_y, r * cols, cols, gbuf);
-      const float* xv = load_f32(x, r * cols, cols, xbuf);
+      const float* gy = in_f32(grad_y, r * cols, cols, gbuf);
+      const float* xv = in_f32(x, r * cols, cols, xbuf);
       float mean_g = 0.f, mean_g_xhat = 0.f;
       for (int64_t j = 0; j < cols; ++j) {
         xhat[size_t(j)] = (xv[j] - m[size_t(r)]) * rs[size_t(r)];

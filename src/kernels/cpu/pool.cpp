@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/f32_blocks.h"
 #include "kernels/kernels.h"
 #include "core/simd.h"
 
@@ -16,24 +17,6 @@
 
 namespace mixprec::kernels::cpu {
 namespace {
-
-bool f32_compute(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
-
-const char* at(const Tensor& t, int64_t elem) {
-  return static_cast<const char*>(t.data_ptr()) + elem * int64_t(dtype_size(t.dtype()));
-}
-char* at_mut(Tensor& t, int64_t elem) { return static_cast<char*>(t.data_ptr()) + elem * int64_t(dtype_size(t.dtype())); }
-
-// Elements [begin, begin+n) of t as f32 (f32 tensors are read in place).
-const float* load_f32(const Tensor& t, int64_t begin, int64_t n, std::vector<float>& buf) {
-  if (t.dtype() == DType::f32) return reinterpret_cast<const float*>(at(t, begin));
-  buf.resize(static_cast<size_t>(n));
-  convert(at(t, begin), t.dtype(), buf.data(), DType::f32, size_t(n));
-  return buf.data();
-}
-void store_f32(Tensor& t, int64_t begin, int64_t n, const float* src) {
-  convert(src, DType::f32, at_mut(t, begin), t.dtype(), size_t(n));
-}
 
 bool is_2x2_stride2(const PoolGeometry& g) {
   return g.kh == 2 && g.kw == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0 && g.dil_h == 1 &&
@@ -168,7 +151,7 @@ bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r
   if (!f32_compute(x.dtype()) || !x.is_contiguous()) return false;
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
   for_planes(g, [&](int64_t p, std::vector<float>& in_buf, std::vector<float>& out) {
-    const float* src = load_f32(x, p * in_plane, in_plane, in_buf);
+    const float* src = in_f32(x, p * in_plane, in_plane, in_buf);
     out.resize(static_cast<size_t>(out_plane));
     if (r.argmax.dtype() == DType::u8) max_plane(src, g, out.data(), r.argmax.data<uint8_t>() + p * out_plane);
     else max_plane(src, g, out.data(), r.argmax.data<int64_t>() + p * out_plane);
@@ -181,7 +164,7 @@ bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolG
   if (!f32_compute(grad_y.dtype()) || !grad_y.is_contiguous() || !argmax.is_contiguous()) return false;
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
   for_planes(g, [&](int64_t p, std::vector<float>& gy_buf, std::vector<float>& gx) {
-    const float* gy = load_f32(grad_y, p * out_plane, out_plane, gy_buf);
+    const float* gy = in_f32(grad_y, p * out_plane, out_plane, gy_buf);
     gx.assign(size_t(in_plane), 0.f);  // windows may overlap: accumulate in f32, round once
     if (argmax.dtype() == DType::u8) max_plane_backward(gy, argmax.data<uint8_t>() + p * out_plane, g, gx.data());
     else max_plane_backward(gy, argmax.data<int64_t>() + p * out_plane, g, gx.data());
@@ -194,7 +177,7 @@ bool avg_pool2d_forward(const Tensor& x, const PoolGeometry& g, Tensor& dst) {
   if (!f32_compute(x.dtype()) || !x.is_contiguous()) return false;
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
   for_planes(g, [&](int64_t p, std::vector<float>& in_buf, std::vector<float>& out) {
-    const float* src = load_f32(x, p * in_plane, in_plane, in_buf);
+    const float* src = in_f32(x, p * in_plane, in_plane, in_buf);
     out.resize(static_cast<size_t>(out_plane));
     for (int64_t oy = 0; oy < g.oh; ++oy)
       for (int64_t ox = 0; ox < g.ow; ++ox) {
@@ -213,7 +196,7 @@ bool avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g, Tensor& gr
   if (!f32_compute(grad_y.dtype()) || !grad_y.is_contiguous()) return false;
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
   for_planes(g, [&](int64_t p, std::vector<float>& gy_buf, std::vector<float>& gx) {
-    const float* gy = load_f32(grad_y, p * out_plane, out_plane, gy_buf);
+    const float* gy = in_f32(grad_y, p * out_plane, out_plane, gy_buf);
     gx.assign(size_t(in_plane), 0.f);
     for (int64_t oy = 0; oy < g.oh; ++oy)
       for (int64_t ox = 0; ox < g.ow; ++ox) {
