@@ -75,38 +75,36 @@ bool supported(const Tensor& dst, const Tensor& grad, const Tensor& y) {
   return t == DType::f32 || ((t == DType::bf16 || t == DType::f16) && has_avx512bw());
 }
 
-void apply(Tensor& dst, const Tensor& grad, const Tensor& y) {
-  const int64_t n = grad.numel();
-  const DType t = grad.dtype();
+// f(begin, end, inf) over chunks of n elements, in parallel when there are enough; inf is the
+// 16-bit dtype's +inf pattern.
+template <class F>
+void for_chunks(int64_t n, DType t, F&& f) {
   constexpr int64_t kChunk = 1 << 14;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const uint16_t inf = t == DType::bf16 ? 0x7F80 : 0x7C00;
 #pragma omp parallel for schedule(static) if (chunks >= 4)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t begin = c * kChunk, end = std::min(n, begin + kChunk);
-    if (t == DType::f32)
+  for (int64_t c = 0; c < chunks; ++c) f(c * kChunk, std::min(n, c * kChunk + kChunk), inf);
+}
+
+void apply(Tensor& dst, const Tensor& grad, const Tensor& y) {
+  for_chunks(grad.numel(), grad.dtype(), [&](int64_t begin, int64_t end, uint16_t inf) {
+    if (grad.dtype() == DType::f32)
       mask_f32(dst.data<float>(), grad.data<float>(), y.data<float>(), begin, end);
     else
-      mask_16(dst.data<uint16_t>(), grad.data<uint16_t>(), y.data<uint16_t>(), t == DType::bf16 ? 0x7F80 : 0x7C00,
-              begin, end);
-  }
+      mask_16(dst.data<uint16_t>(), grad.data<uint16_t>(), y.data<uint16_t>(), inf, begin, end);
+  });
 }
 
 }  // namespace
 
 bool relu_forward(const Tensor& x, Tensor& dst) {
   if (!supported(dst, x, x)) return false;
-  const int64_t n = x.numel();
-  const DType t = x.dtype();
-  constexpr int64_t kChunk = 1 << 14;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks >= 4)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t begin = c * kChunk, end = std::min(n, begin + kChunk);
-    if (t == DType::f32)
+  for_chunks(x.numel(), x.dtype(), [&](int64_t begin, int64_t end, uint16_t inf) {
+    if (x.dtype() == DType::f32)
       relu_f32(dst.data<float>(), x.data<float>(), begin, end);
     else
-      relu_16(dst.data<uint16_t>(), x.data<uint16_t>(), t == DType::bf16 ? 0x7F80 : 0x7C00, begin, end);
-  }
+      relu_16(dst.data<uint16_t>(), x.data<uint16_t>(), inf, begin, end);
+  });
   return true;
 }
 
