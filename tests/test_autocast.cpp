@@ -2,6 +2,7 @@
 // gradients through the casts, the weight-cast cache lives as long as the outermost guard,
 // guards nest, and the trace names what ran in which dtype.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -235,6 +236,64 @@ TEST_P(AutocastBoth, LinearParameterGradientPrecision) {
     EXPECT_GT(wider_than_half, out * in / 2) << "bf16 weight gradients look rounded to bf16";
   else
     EXPECT_EQ(wider_than_half, 0) << "f16 weight gradients must be f16 values";
+}
+
+// The same for conv2d, on both of oneDNN's backward-weights paths (one primitive on one thread;
+// split over the batch on two). The expectation is the f64 convolution of the same 16-bit
+// values; the f32-accumulation bound uses the f64 convolution of their absolute values.
+TEST_P(AutocastBoth, ConvParameterGradientPrecision) {
+  const DType half = GetParam();
+  Generator g(10);
+  const Tensor x = Tensor::randn({4, 3, 9, 9}, g);
+  Tensor w = Tensor::randn({5, 3, 3, 3}, g, DType::f32, 0.3).set_requires_grad();
+  Tensor b = Tensor::randn({5}, g, DType::f32, 0.1).set_requires_grad();
+  const ops::Conv2dOptions o{.stride = 1, .padding = 1};
+  const Tensor c = Tensor::randn({4, 5, 9, 9}, g).to(half);  // dL/dy, exactly
+  // f64 oracle on the 16-bit values: the gradient, and the same with |x| and |c| for the bound.
+  auto f64_grads = [&](bool absolute) {
+    auto prep = [&](const Tensor& t) {
+      std::vector<double> v = t.detach().to(half).to_vector_f64();
+      if (absolute)
+        for (double& e : v) e = std::fabs(e);
+      return Tensor::from_vector(v, t.shape());
+    };
+    Tensor w64 = prep(w).set_requires_grad(), b64 = b.detach().to(half).to(DType::f64).set_requires_grad();
+    ops::sum(ops::mul(ops::conv2d(prep(x), w64, b64, o), prep(c))).backward();
+    return std::make_pair(w64.grad().to_vector_f64(), b64.grad().to_vector_f64());
+  };
+  const auto [want_w, want_b] = f64_grads(false);
+  const auto [mag_w, mag_b] = f64_grads(true);
+  const int threads_before = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    w.set_grad(Tensor());
+    b.set_grad(Tensor());
+    {
+      amp::Autocast ac(half);
+      ops::sum(ops::mul(ops::conv2d(x, w, b, o), c)).backward();
+    }
+    ASSERT_EQ(w.grad().dtype(), DType::f32);
+    const std::vector<float> gw = w.grad().to_vector(), gb = b.grad().to_vector();
+    int64_t wider_than_half = 0;
+    const double terms = 4 * 9 * 9 * 3;  // products summed per weight (at most)
+    for (size_t i = 0; i < gw.size(); ++i) {
+      const float rounded = half == DType::bf16 ? bf16_to_f32(f32_to_bf16(gw[i])) : f16_to_f32(f32_to_f16(gw[i]));
+      wider_than_half += rounded != gw[i];
+      const double tol = terms * std::ldexp(1.0, -24) * mag_w[i] +
+                         (half == DType::f16 ? std::fabs(want_w[i]) * std::ldexp(1.0, -11) : 0.0) + 1e-30;
+      EXPECT_NEAR(gw[i], want_w[i], tol) << dtype_name(half) << " threads " << threads << " weight " << i;
+    }
+    for (size_t i = 0; i < gb.size(); ++i) {
+      const double tol = terms * std::ldexp(1.0, -24) * mag_b[i] +
+                         (half == DType::f16 ? std::fabs(want_b[i]) * std::ldexp(1.0, -11) : 0.0) + 1e-30;
+      EXPECT_NEAR(gb[i], want_b[i], tol) << dtype_name(half) << " threads " << threads << " bias " << i;
+    }
+    if (half == DType::bf16)
+      EXPECT_GT(wider_than_half, int64_t(gw.size()) / 2) << "threads " << threads << ": rounded to bf16";
+    else
+      EXPECT_EQ(wider_than_half, 0) << "threads " << threads << ": f16 weight gradients must be f16 values";
+  }
+  omp_set_num_threads(threads_before);
 }
 
 // The cached 16-bit copy of a parameter is re-made after an in-place write to the parameter

@@ -19,15 +19,15 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 }
 
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
-                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype) {
+                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
   if (fast()) {
     ConvGrads out;
     if (need_x) out.x = Tensor::empty(g.x_shape(), grad_y.dtype());
-    if (need_weight) out.weight = Tensor::empty(g.w_shape(), grad_y.dtype());
+    if (need_weight) out.weight = Tensor::empty(g.w_shape(), weight_dtype);
     if (need_bias) out.bias = Tensor::empty({g.oc}, bias_dtype);
     if (cpu::conv2d_backward(grad_y, x, weight, g, out)) return out;
   }
-  return ref::conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype);
+  return ref::conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
 }
 
 void relu_mask_inplace(Tensor& grad, const Tensor& y) {

@@ -104,13 +104,14 @@ struct ConvGeometry {
 // x, weight contiguous and of one dtype; bias [oc] (undefined: none) of that dtype or f32.
 // dst = relu?(conv(x, weight) + bias), in x's dtype; products accumulate in f32 (f64 for f64).
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu);
-// The gradients asked for: x [n,c,h,w] and weight in grad_y's dtype, bias [oc] in bias_dtype.
+// The gradients asked for: x [n,c,h,w] in grad_y's dtype, weight in weight_dtype (grad_y's, or
+// f32 from bf16), bias [oc] in bias_dtype.
 // `weight` is the tensor the forward used (its storage and version key the reordered-weight cache).
 struct ConvGrads {
   Tensor x, weight, bias;
 };
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
-                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype);
+                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype);
 
 // One 2-d pooling over the planes of x [n, c, h, w]. Max windows start at oy*stride - pad and step by
 // dilation (padding never wins); avg windows follow PyTorch's divisor rule; adaptive windows cover
@@ -157,7 +158,7 @@ void relu_mask_inplace(Tensor& grad, const Tensor& y);
 namespace ref {
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu);
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
-                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype);
+                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype);
 MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g);
 Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);

@@ -67,9 +67,14 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
   const bool x_grad = x.defined() && x.requires_grad(), w_grad = w.requires_grad();
   const Tensor x_saved = w_grad ? xd : Tensor();
   const Tensor w_saved = x_grad ? wk : Tensor();
-  const DType bias_t = b.defined() ? b.dtype() : DType::f32;
-  std::vector<Tensor> inputs{x, w};
-  if (b.defined()) inputs.push_back(b);
+  // As in linear: an f32 weight or bias that autocast turned bf16 gets its gradient in f32,
+  // straight from the convolution's f32 accumulation, with the graph edge past the cast node.
+  const bool w_wide = w_in.dtype() == DType::f32 && w.dtype() == DType::bf16;
+  const bool b_wide = b.defined() && b_in.dtype() == DType::f32 && b.dtype() == DType::bf16;
+  const DType bias_t = b.defined() ? (b_wide ? DType::f32 : b.dtype()) : DType::f32;
+  const DType weight_t = w_wide ? DType::f32 : w.dtype();
+  std::vector<Tensor> inputs{x, w_wide ? w_in : w};
+  if (b.defined()) inputs.push_back(b_wide ? b_in : b);
   // relu'(.) = [y > 0]; dropped as soon as the mask is applied (the lambda is mutable).
   Tensor y_mask = o.relu ? out.detach() : Tensor();
   return autograd::record(out, "conv2d", inputs, [=](const Tensor& g_in, const autograd::Node& n) mutable {
@@ -85,7 +90,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
     }
     const bool need_b = n.next.size() > 2 && n.needs_grad(2);
     kernels::ConvGrads grads =
-        kernels::conv2d_backward(gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t);
+        kernels::conv2d_backward(gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t);
     std::vector<Tensor> r{grads.x, grads.weight};
     if (n.next.size() > 2) r.push_back(grads.bias);
     return r;

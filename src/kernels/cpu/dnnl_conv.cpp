@@ -26,6 +26,7 @@ struct ConvKey {
   std::array<int64_t, 17> geometry;
   DType t, bias_t;
   bool has_bias, relu;
+  bool wgrad_f32;  // backward-weights writes an f32 weight gradient from bf16 operands
   ConvPass pass;
   bool split;  // backward-weights over one thread's share of the batch (see backward_weights_split)
   bool operator==(const ConvKey&) const = default;
@@ -35,18 +36,20 @@ struct ConvKeyHash {
     size_t h = 0;
     for (int64_t v : k.geometry) h = hash_mix(h, uint64_t(v));
     h = hash_mix(h, uint64_t(k.t) | uint64_t(k.bias_t) << 8 | uint64_t(k.has_bias) << 16 | uint64_t(k.relu) << 17 |
-                        uint64_t(k.pass) << 18 | uint64_t(k.split) << 20);
+                        uint64_t(k.pass) << 18 | uint64_t(k.split) << 20 | uint64_t(k.wgrad_f32) << 21);
     return h;
   }
 };
 
-ConvKey make_key(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bool relu, ConvPass pass, bool split) {
+ConvKey make_key(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bool relu, ConvPass pass, bool split,
+                 bool wgrad_f32) {
   return ConvKey{{g.n, g.c, g.h, g.w, g.oc, g.kh, g.kw, g.oh, g.ow, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.dil_h,
                   g.dil_w, g.groups, 0},
                  t,
                  has_bias ? bias_t : DType::f32,
                  has_bias,
                  relu,
+                 wgrad_f32,
                  pass,
                  split};
 }
@@ -188,12 +191,12 @@ ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
     // writes f32 partial gradients, summed over the threads' shares afterwards.
     std::optional<SingleThreadScope> one_thread;
     Descs dw = d;
-    if (key.split) {
-      one_thread.emplace();
+    if (key.split) one_thread.emplace();
+    if (key.split || key.wgrad_f32) {
       dw.wei = wei_md(g, DType::f32, true);
       dw.user_wei = wei_md(g, DType::f32, false);
-      if (key.has_bias) dw.bias = dw.user_bias = memory::desc({g.oc}, memory::data_type::f32, Tag::x);
     }
+    if (key.split && key.has_bias) dw.bias = dw.user_bias = memory::desc({g.oc}, memory::data_type::f32, Tag::x);
     const auto hint = forward_pd(d, key.has_bias, attr);
     const W::desc desc = key.has_bias
                              ? W::desc(alg, dw.src, dw.wei, dw.bias, dw.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
@@ -213,8 +216,8 @@ ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
 // The cached entry, or nullptr when oneDNN cannot run this convolution (the caller falls back to
 // the reference). Creation failures are cached too, as an entry without a primitive.
 const ConvEntry* entry(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bool relu, ConvPass pass,
-                       ConvEntry& holder, bool split = false) {
-  const ConvKey key = make_key(g, t, has_bias, bias_t, relu, pass, split);
+                       ConvEntry& holder, bool split = false, bool wgrad_f32 = false) {
+  const ConvKey key = make_key(g, t, has_bias, bias_t, relu, pass, split, wgrad_f32 && !split);
   holder = cache().get_or_create(key, [&] {
     try {
       return create_entry(g, key);
@@ -494,8 +497,10 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
   const bool split = need_w && split_wgrad(g);
   ConvEntry hold_d, hold_w;
   const ConvEntry* bd = need_x ? entry(g, t, false, DType::f32, false, ConvPass::backward_data, hold_d) : nullptr;
+  const bool wgrad_f32 = need_w && out.weight.dtype() == DType::f32 && t == DType::bf16;
+  if (need_w && out.weight.dtype() != t && !wgrad_f32) return false;
   const ConvEntry* bw = need_w && !split ? entry(g, t, fused_bias, need_b ? out.bias.dtype() : DType::f32, false,
-                                                 ConvPass::backward_weights, hold_w)
+                                                 ConvPass::backward_weights, hold_w, false, wgrad_f32)
                                          : nullptr;
   if ((need_x && !bd) || (need_w && !split && !bw)) return false;
   if (split) {

@@ -58,7 +58,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 }
 
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
-                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype) {
+                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
   const std::vector<double> gy = values(grad_y), xv = need_weight ? values(x) : std::vector<double>{},
                             wv = need_x ? values(weight) : std::vector<double>{};
   std::vector<double> gx(need_x ? size_t(shape_numel(g.x_shape())) : 0, 0.0);
@@ -74,7 +74,7 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
     });
   ConvGrads out;
   if (need_x) out.x = from_values(gx, g.x_shape(), grad_y.dtype());
-  if (need_weight) out.weight = from_values(gw, g.w_shape(), grad_y.dtype());
+  if (need_weight) out.weight = from_values(gw, g.w_shape(), weight_dtype);
   if (need_bias) {
     std::vector<double> gb(size_t(g.oc), 0.0);
     const int64_t plane = g.oh * g.ow;
