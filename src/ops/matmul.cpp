@@ -80,7 +80,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   // f32 straight from the bf16 operands: the graph edge goes to the f32 tensor, past the cast
   // node. The gradient is the cast path's without its rounding to bf16, and without the bf16
   // write and the cast pass back to f32. Not for f16: its gradients are meant to be stored in
-  // f16, with f16's range (what loss scaling is for). See docs/amp.md.
+  // f16, with f16's range (what loss scaling is for). See docs/design.md (Autocast).
   const bool w_wide = w_in.dtype() == DType::f32 && w.dtype() == DType::bf16;
   const bool b_wide = b.defined() && b_in.dtype() == DType::f32 && b.dtype() == DType::bf16;
   std::vector<Tensor> inputs{x, w_wide ? w_in : w};

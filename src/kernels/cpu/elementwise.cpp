@@ -62,10 +62,7 @@ bool copy(const Tensor& src, Tensor& dst) {
     char* d = static_cast<char*>(dst.data_ptr());
     const int64_t ss = int64_t(dtype_size(src.dtype())), ds = int64_t(dtype_size(dst.dtype()));
     for_blocks(n, [&](int64_t b, int64_t len) {
-      if (src.dtype() == DType::f32)
-        store_f32(d, dst.dtype(), b, len, reinterpret_cast<const float*>(s + b * ss));
-      else
-        load_f32(s, src.dtype(), b, len, reinterpret_cast<float*>(d + b * ds));
+      convert(s + b * ss, src.dtype(), d + b * ds, dst.dtype(), size_t(len));
     });
     return true;
   }
