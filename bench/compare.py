@@ -185,8 +185,18 @@ def summarise(a, runs):
     return {"per_impl": per, "ratios": [r for r in ratios if r is not None]}
 
 
+def load_average():
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
 def print_table(a, summary):
     print()
+    policy = os.environ.get("OMP_WAIT_POLICY", "(libgomp default)")
+    print(f"OMP_WAIT_POLICY={policy}  load average (1 min) before {a.load_before:.2f}, "
+          f"after {a.load_after:.2f}  (the machine has {os.cpu_count()} cores)")
     print(f"model={a.model}" + (f" hidden={a.hidden}" if a.model == "mlp" else "")
           + (f" channels={a.channels}" if a.model == "cnn" else "")
           + f" batch={a.batch_size} threads={a.threads} steps={a.steps} warmup={a.warmup}"
@@ -234,6 +244,7 @@ def main(argv=None):
 
     runs = []
     failed = None
+    a.load_before = load_average()
     for rep in range(a.repeats):
         for impl, p in jobs:
             try:
@@ -252,6 +263,7 @@ def main(argv=None):
 
     if failed:
         print(f"compare.py: {failed}", file=sys.stderr)
+    a.load_after = load_average()
     summary = summarise(a, runs) if runs else {"per_impl": [], "ratios": []}
     if runs:
         print_table(a, summary)
