@@ -1,5 +1,6 @@
 // Module bookkeeping (names, state_dict, train/eval) and the basic layers.
 #include <cmath>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -45,21 +46,20 @@ NamedTensors Module::state_dict() const {
 }
 
 void Module::load_state_dict(const NamedTensors& sd) {
-  const NamedTensors mine = state_dict();
+  // Check every key and shape before copying anything: a bad state dict leaves the model as it was.
+  std::map<std::string, Tensor> mine;
+  for (const auto& [name, t] : state_dict()) mine.emplace(name, t);
   std::set<std::string> seen;
-  for (const auto& [n, t] : sd) {
-    auto it = std::find_if(mine.begin(), mine.end(), [&](const auto& p) { return p.first == n; });
-    MIXPREC_CHECK(it != mine.end(), "load_state_dict: unexpected key '", n, "'");
-    MIXPREC_CHECK(it->second.shape() == t.shape(), "load_state_dict: '", n, "' has shape ", shape_str(t.shape()),
+  for (const auto& [name, t] : sd) {
+    const auto it = mine.find(name);
+    MIXPREC_CHECK(it != mine.end(), "load_state_dict: unexpected key '", name, "'");
+    MIXPREC_CHECK(it->second.shape() == t.shape(), "load_state_dict: '", name, "' has shape ", shape_str(t.shape()),
                   ", the model expects ", shape_str(it->second.shape()));
-    seen.insert(n);
+    seen.insert(name);
   }
-  for (const auto& [n, t] : mine) MIXPREC_CHECK(seen.count(n), "load_state_dict: missing key '", n, "'");
-  for (const auto& [n, t] : sd) {
-    auto it = std::find_if(mine.begin(), mine.end(), [&](const auto& p) { return p.first == n; });
-    Tensor dst = it->second;
-    dst.copy_(t);
-  }
+  for (const auto& entry : mine)
+    MIXPREC_CHECK(seen.count(entry.first), "load_state_dict: missing key '", entry.first, "'");
+  for (const auto& [name, t] : sd) mine.at(name).copy_(t);
 }
 
 void Module::train(bool on) {
