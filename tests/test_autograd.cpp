@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include "mixprec/allocator.h"
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"
 #include "mixprec/ops.h"
+#include "mixprec/optim.h"
 
 namespace mixprec {
 namespace {
@@ -224,6 +227,64 @@ TEST(Autograd, AnomalyModeNamesTheOp) {
   }
   autograd::set_anomaly_enabled(false);
   EXPECT_NO_THROW(ops::log(x));
+}
+
+}  // namespace
+}  // namespace mixprec
+
+namespace mixprec {
+namespace {
+
+// In-place writes to a tensor that a node saved for backward are refused at backward, naming the
+// op, wherever the write came from (the tensor, a view of it, an optimizer step); writes to
+// tensors no node saved, and writes after backward, are fine.
+TEST(Autograd, InPlaceWriteToASavedTensorIsRefused) {
+  Generator g(3);
+  auto expect_refused = [](const std::function<void()>& f, const std::string& op) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for " << op;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("backward of " + op), std::string::npos) << msg;
+      EXPECT_NE(msg.find("modified in place"), std::string::npos) << msg;
+    }
+  };
+  {  // mul saves both operands; write through a detached view of one
+    Tensor a = Tensor::randn({4}, g).set_requires_grad(), b = Tensor::randn({4}, g).set_requires_grad();
+    Tensor y = ops::sum(ops::mul(a, b));
+    b.detach().copy_(Tensor::ones({4}));
+    expect_refused([&] { y.backward(); }, "mul");
+  }
+  {  // an optimizer step between the forward and the backward of a linear layer
+    Tensor w = Tensor::randn({3, 4}, g).set_requires_grad();
+    Tensor y = ops::sum(ops::linear(Tensor::randn({2, 4}, g), w));
+    w.set_grad(Tensor::ones({3, 4}));
+    optim::SGD({w}, {.lr = 0.1}).step();
+    expect_refused([&] { y.backward(); }, "linear");
+  }
+  {  // the output of relu (what its backward reads) written in place
+    Tensor x = Tensor::randn({5}, g).set_requires_grad();
+    Tensor r = ops::relu(x);
+    Tensor y = ops::sum(r);
+    r.fill_(1.0);
+    expect_refused([&] { y.backward(); }, "relu");
+  }
+  {  // add saves nothing: writing an input afterwards is allowed
+    Tensor a = Tensor::randn({4}, g).set_requires_grad(), b = Tensor::randn({4}, g).set_requires_grad();
+    Tensor y = ops::sum(ops::add(a, b));
+    a.detach().fill_(2.0);
+    ASSERT_NO_THROW(y.backward());
+    EXPECT_EQ(a.grad().to_vector(), std::vector<float>(4, 1.0f));
+  }
+  {  // a write after backward is none of backward's business
+    Tensor a = Tensor::randn({4}, g).set_requires_grad(), b = Tensor::randn({4}, g).set_requires_grad();
+    Tensor y = ops::sum(ops::mul(a, b));
+    const std::vector<float> bv = b.to_vector();
+    ASSERT_NO_THROW(y.backward());
+    b.detach().fill_(0.0);
+    EXPECT_EQ(a.grad().to_vector(), bv);
+  }
 }
 
 }  // namespace

@@ -280,6 +280,26 @@ TEST(ConvFast, OptimizerStepIsSeenByTheWeightCache) {
   }
 }
 
+// A write through another handle of the weight's bytes (a detached view, as in PyTorch's
+// `with no_grad(): w.copy_(...)`) must be seen too: versions belong to the bytes, not the handle.
+TEST(ConvFast, WriteThroughADetachedViewIsSeenByTheWeightCache) {
+  BackendGuard guard(kernels::Backend::cpu);
+  Generator g(10);
+  nn::Conv2d conv(8, 16, 3, {.padding = 1});
+  const Tensor x = Tensor::randn({2, 8, 6, 6}, g);
+  autograd::NoGradGuard no_grad;
+  const std::vector<float> before = conv(x).to_vector();
+  conv.weight.detach().copy_(Tensor::randn(conv.weight.shape(), g));
+  const std::vector<float> after = conv(x).to_vector();
+  std::vector<float> expect;
+  {
+    BackendGuard ref(kernels::Backend::ref);
+    expect = ops::conv2d(x, conv.weight, conv.bias, {.padding = 1}).to_vector();
+  }
+  ASSERT_NE(after, before);
+  for (size_t k = 0; k < after.size(); ++k) ASSERT_NEAR(after[k], expect[k], 1e-5 * (1 + std::fabs(expect[k]))) << k;
+}
+
 TEST(ConvAutocast, RunsInBf16AndGivesF32WeightGradients) {
   Generator g(4);
   nn::Conv2d conv(4, 8, 3, {.padding = 1});

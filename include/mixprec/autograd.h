@@ -29,10 +29,24 @@ struct Node {
 
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_out, const Node& node)>;
 
+// A tensor an op's backward reads, and the version of its bytes when the op ran. Backward
+// refuses bytes written in place since (PyTorch's "modified by an inplace operation" error)
+// rather than compute a wrong gradient from them.
+struct SavedVersion {
+  std::shared_ptr<Storage> storage;
+  uint64_t version = 0;
+  Shape shape;
+  DType dtype = DType::f32;
+};
+
 struct FunctionNode final : Node {
   BackwardFn fn;
+  std::vector<SavedVersion> saved;
   std::vector<Tensor> apply(const Tensor& grad_out) override;
-  void release() override { fn = nullptr; }
+  void release() override {
+    fn = nullptr;
+    saved.clear();
+  }
 };
 
 // Sink for a leaf that requires grad: adds into leaf.grad (allocated as MemCategory::gradients).
@@ -65,9 +79,13 @@ class EnableGradGuard {  // re-enables grad inside a NoGradGuard (used by tests)
 
 // Record `out` as produced by an op over `inputs` when grad mode is on and any input requires
 // grad. The lambda must not capture `out` itself with its grad_fn (that would be a cycle): capture
-// out.detach() if the backward needs the result.
-Tensor record(Tensor out, std::string_view name, std::initializer_list<Tensor> inputs, BackwardFn fn);
-Tensor record(Tensor out, std::string_view name, const std::vector<Tensor>& inputs, BackwardFn fn);
+// out.detach() if the backward needs the result. `saved` lists the tensors the lambda captured
+// that a user could write in place (inputs, the output, views of them; not buffers private to
+// the op): backward checks that their bytes are unchanged.
+Tensor record(Tensor out, std::string_view name, std::initializer_list<Tensor> inputs, BackwardFn fn,
+              std::initializer_list<Tensor> saved = {});
+Tensor record(Tensor out, std::string_view name, const std::vector<Tensor>& inputs, BackwardFn fn,
+              std::initializer_list<Tensor> saved = {});
 bool any_requires_grad(std::initializer_list<Tensor> inputs);
 
 // Run backward from roots with the given output gradients.

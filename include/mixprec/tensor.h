@@ -33,10 +33,18 @@ class Storage {
   MemCategory category() const { return cat_; }
   void set_category(MemCategory c);  // ownership moved (e.g. a temporary becomes a .grad)
 
+  // The version of the bytes, shared by every view of them: a new storage and every in-place
+  // write through the API take a fresh value from one process-wide counter, so equal versions
+  // mean the same bytes in the same state (caches of derived data key on it; saved tensors
+  // check it).
+  uint64_t version() const { return version_; }
+  void bump_version();
+
  private:
   void* data_;
   size_t bytes_;
   MemCategory cat_;
+  uint64_t version_;
 };
 
 struct TensorImpl {
@@ -50,7 +58,6 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;
   std::shared_ptr<autograd::Node> grad_fn;
   std::weak_ptr<autograd::Node> grad_accumulator;
-  uint64_t version = 0;  // bumped by in-place writes through the API (checked by saved tensors)
 };
 
 class Generator;
@@ -102,6 +109,10 @@ class Tensor {
   Tensor clone() const;                  // contiguous copy, same dtype, not recorded
   Tensor contiguous() const;             // this if contiguous, else clone (differentiable)
   Tensor detach() const;                 // same storage, no autograd history
+  // The storage's version (see Storage::version); bump_version() after writing the bytes
+  // directly (the optimizers, clipping): in-place writes through the methods below bump it.
+  uint64_t version() const;
+  void bump_version() const;
   void copy_(const Tensor& src);         // in-place copy with dtype conversion and broadcasting-free shape check
   void fill_(double value);
   void zero_() { fill_(0.0); }

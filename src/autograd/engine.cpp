@@ -25,6 +25,13 @@ void set_anomaly_enabled(bool on) { g_anomaly = on; }
 std::vector<Tensor> FunctionNode::apply(const Tensor& grad_out) {
   MIXPREC_CHECK(fn != nullptr, "trying to backward through the graph a second time (at ", name,
                 "): saved tensors were freed after the first backward");
+  for (const SavedVersion& s : saved)
+    MIXPREC_CHECK(s.storage->version() == s.version, "backward of ", name, ": a tensor it saved (",
+                  shape_str(s.shape), " ", dtype_name(s.dtype),
+                  ") was modified in place after the forward, so its gradient would be wrong; clone the tensor "
+                  "before writing to it, or write after backward (an optimizer step between a forward and its "
+                  "backward does this)");
+  saved.clear();  // checked; the lambda holds what it needs and may free some of it early
   return fn(grad_out, *this);
 }
 
@@ -77,7 +84,8 @@ static std::shared_ptr<Node> edge_of(const Tensor& t) {
 }
 
 template <class Range>
-static Tensor record_impl(Tensor out, std::string_view name, const Range& inputs, BackwardFn fn) {
+static Tensor record_impl(Tensor out, std::string_view name, const Range& inputs, BackwardFn fn,
+                          std::initializer_list<Tensor> saved) {
   if (g_anomaly) kernels::check_finite_or_throw(out, name);
   if (!tl_grad_enabled) return out;
   bool any = false;
@@ -86,6 +94,9 @@ static Tensor record_impl(Tensor out, std::string_view name, const Range& inputs
   auto node = std::make_shared<FunctionNode>();
   node->name = name;
   node->fn = std::move(fn);
+  for (const Tensor& t : saved)
+    if (t.defined() && t.storage())
+      node->saved.push_back(SavedVersion{t.storage(), t.version(), t.shape(), t.dtype()});
   for (const Tensor& t : inputs) {
     node->next.push_back(edge_of(t));
     node->inputs.push_back(t.defined() ? InputMeta{t.shape(), t.dtype()} : InputMeta{{}, DType::f32});
@@ -98,11 +109,13 @@ static Tensor record_impl(Tensor out, std::string_view name, const Range& inputs
   return out;
 }
 
-Tensor record(Tensor out, std::string_view name, std::initializer_list<Tensor> inputs, BackwardFn fn) {
-  return record_impl(std::move(out), name, inputs, std::move(fn));
+Tensor record(Tensor out, std::string_view name, std::initializer_list<Tensor> inputs, BackwardFn fn,
+              std::initializer_list<Tensor> saved) {
+  return record_impl(std::move(out), name, inputs, std::move(fn), saved);
 }
-Tensor record(Tensor out, std::string_view name, const std::vector<Tensor>& inputs, BackwardFn fn) {
-  return record_impl(std::move(out), name, inputs, std::move(fn));
+Tensor record(Tensor out, std::string_view name, const std::vector<Tensor>& inputs, BackwardFn fn,
+              std::initializer_list<Tensor> saved) {
+  return record_impl(std::move(out), name, inputs, std::move(fn), saved);
 }
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {

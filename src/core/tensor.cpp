@@ -1,6 +1,7 @@
 // Tensor storage, factories, views and host-side value access.
 #include "mixprec/tensor.h"
 
+#include <atomic>
 #include <cmath>
 #include <numbers>
 #include <cstring>
@@ -38,8 +39,13 @@ Shape contiguous_strides(const Shape& s) {
   return st;
 }
 
+namespace {
+std::atomic<uint64_t> g_versions{0};
+}
+
 Storage::Storage(size_t bytes, MemCategory cat)
-    : data_(allocator::allocate(bytes, cat)), bytes_(bytes), cat_(cat) {}
+    : data_(allocator::allocate(bytes, cat)), bytes_(bytes), cat_(cat), version_(++g_versions) {}
+void Storage::bump_version() { version_ = ++g_versions; }
 Storage::~Storage() { allocator::deallocate(data_, bytes_, cat_); }
 void Storage::set_category(MemCategory c) {
   allocator::recategorize(bytes_, cat_, c);
@@ -181,12 +187,17 @@ void Tensor::copy_(const Tensor& src) {
                 " does not match destination shape ", shape_str(shape()));
   Tensor dst = *this;
   kernels::copy(src, dst);
-  ++impl_->version;
+  bump_version();
+}
+
+uint64_t Tensor::version() const { return impl_->storage ? impl_->storage->version() : 0; }
+void Tensor::bump_version() const {
+  if (impl_->storage) impl_->storage->bump_version();
 }
 
 void Tensor::fill_(double value) {
   kernels::fill(*this, value);
-  ++impl_->version;
+  bump_version();
 }
 
 Tensor& Tensor::set_requires_grad(bool on) {

@@ -55,7 +55,7 @@ void transform(Tensor& g, Op&& op) {
     for (int64_t j = 0; j < len; ++j) v[j] = op(v[j]);
     convert(v, DType::f64, base + begin * int64_t(es), g.dtype(), size_t(len));
   });
-  ++g.impl()->version;
+  g.bump_version();
 }
 
 }  // namespace

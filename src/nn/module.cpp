@@ -80,8 +80,7 @@ static void convert_in_place(const Tensor& t, DType dtype) {
   impl->dtype = dtype;
   impl->strides = contiguous_strides(impl->shape);
   impl->offset = 0;
-  impl->grad.reset();
-  ++impl->version;
+  impl->grad.reset();  // the new storage has a new version: caches keyed on the old one miss
 }
 
 void Module::to(DType dtype, const std::function<bool(const Module&)>& select) {

@@ -9,9 +9,12 @@ Tensor relu(const Tensor& x_in) {
   check_floating(x, "relu");
   Tensor out = kernels::unary(kernels::UnaryOp::relu, x);
   Tensor saved = out.detach();  // relu'(x) = [y > 0]: saving y lets x be freed
-  return autograd::record(out, "relu", {x}, [saved](const Tensor& g, const autograd::Node&) {
-    return std::vector<Tensor>{kernels::unary_grad(kernels::UnaryGradOp::relu, g, saved)};
-  });
+  return autograd::record(
+      out, "relu", {x},
+      [saved](const Tensor& g, const autograd::Node&) {
+        return std::vector<Tensor>{kernels::unary_grad(kernels::UnaryGradOp::relu, g, saved)};
+      },
+      {saved});
 }
 
 Tensor gelu(const Tensor& x_in, bool tanh_approx) {
@@ -23,7 +26,8 @@ Tensor gelu(const Tensor& x_in, bool tanh_approx) {
   return autograd::record(out, "gelu", {x}, [saved, tanh_approx](const Tensor& g, const autograd::Node&) {
     return std::vector<Tensor>{kernels::unary_grad(
         tanh_approx ? kernels::UnaryGradOp::gelu_tanh : kernels::UnaryGradOp::gelu, g, saved)};
-  });
+  },
+                          {saved});
 }
 
 Tensor dropout(const Tensor& x_in, double p, bool training, Generator* gen) {

@@ -50,7 +50,7 @@ Tensor binary_op(OpId id, kernels::BinaryOp kop, Tensor a, Tensor b) {
         break;
     }
     return std::vector<Tensor>{ga, gb};
-  });
+  }, {sa_saved, sb_saved});
 }
 
 }  // namespace

@@ -94,7 +94,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
     std::vector<Tensor> r{grads.x, grads.weight};
     if (n.next.size() > 2) r.push_back(grads.bias);
     return r;
-  });
+  }, {x_saved, w_saved, y_mask});
 }
 
 }  // namespace mixprec::ops

@@ -52,7 +52,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     if (n.needs_grad(0)) ga = mm(g2, bd, false, true).reshape(a_shape);  // g @ b^T
     if (n.needs_grad(1)) gb = mm(a2, g2, true, false);                  // a^T @ g
     return std::vector<Tensor>{ga, gb};
-  });
+  }, {a2, bd});
 }
 
 Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
@@ -94,7 +94,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
     if (n.next.size() > 2 && n.needs_grad(2)) grads[2] = kernels::sum(g2, {0}, false, b_wide ? DType::f32 : gt);
     return grads;
   };
-  return autograd::record(out, "linear", inputs, std::move(backward));
+  return autograd::record(out, "linear", inputs, std::move(backward), {x2, wd});
 }
 
 }  // namespace mixprec::ops

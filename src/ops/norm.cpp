@@ -72,7 +72,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
     kernels::NormGrads g = kernels::batch_norm_backward(kernels::contig(gy), xd, mean, invstd, wd, training,
                                                         n.needs_grad(0), n.needs_grad(1), n.needs_grad(2));
     return std::vector<Tensor>{g.x, g.weight, g.bias};
-  });
+  }, {xd, mean, wd});
 }
 
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& w_in, const Tensor& b_in,
@@ -104,7 +104,7 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
     if (g.weight.defined()) g.weight = g.weight.reshape(normalized_shape);
     if (g.bias.defined()) g.bias = g.bias.reshape(normalized_shape);
     return std::vector<Tensor>{g.x, g.weight, g.bias};
-  });
+  }, {x2, wd});
 }
 
 }  // namespace mixprec::ops

@@ -20,7 +20,7 @@ Tensor softmax_impl(OpId id, Tensor x, int64_t dim, bool log) {
     Tensor gl = d == last ? g : kernels::contig(g.transpose(d, last));
     Tensor gx = kernels::softmax_lastdim_backward(y, gl, log);
     return std::vector<Tensor>{d == last ? gx : kernels::contig(gx.transpose(d, last))};
-  });
+  }, {saved});
 }
 
 }  // namespace

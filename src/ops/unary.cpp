@@ -16,7 +16,7 @@ Tensor unary_op(OpId id, UnaryOp op, Tensor x, kernels::UnaryParams p, std::opti
     if (op == UnaryOp::neg) return std::vector<Tensor>{kernels::unary(UnaryOp::neg, g)};
     if (op == UnaryOp::affine) return std::vector<Tensor>{kernels::unary(UnaryOp::affine, g, {p.a, 0.0})};
     return std::vector<Tensor>{kernels::unary_grad(*grad_op, g, saved, p)};
-  });
+  }, {saved});
 }
 
 }  // namespace

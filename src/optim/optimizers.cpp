@@ -276,7 +276,7 @@ void SGD::update(float inv_scale) {
     Tensor& p = params_[i];
     if (!p.grad().defined()) continue;
     const Tensor g = checked_grad(p, i);
-    ++p.impl()->version;  // an in-place write: caches keyed by version (reordered conv weights) must see it
+    p.bump_version();  // an in-place write: caches keyed by version (reordered conv weights) must see it
     const bool first = o_.momentum != 0 && !momentum_[i].defined();
     if (first) momentum_[i] = zeros_state(p);
     void* buf_base = o_.momentum != 0 ? momentum_[i].data_ptr() : nullptr;
@@ -329,7 +329,7 @@ void AdamW::update(float inv_scale) {
     Tensor& p = params_[i];
     if (!p.grad().defined()) continue;
     const Tensor g = checked_grad(p, i);
-    ++p.impl()->version;  // an in-place write: caches keyed by version (reordered conv weights) must see it
+    p.bump_version();  // an in-place write: caches keyed by version (reordered conv weights) must see it
     if (!exp_avg_[i].defined()) {
       exp_avg_[i] = zeros_state(p);
       exp_avg_sq_[i] = zeros_state(p);

@@ -251,7 +251,7 @@ struct WeightCache {
   void purge(const Tensor* current) {
     std::erase_if(entries, [&](const CachedWeight& c) {
       if (c.storage.expired()) return true;
-      return current && c.data == current->data_ptr() && c.version != current->impl()->version;
+      return current && c.data == current->data_ptr() && c.version != current->version();
     });
   }
 
@@ -260,7 +260,7 @@ struct WeightCache {
     purge(&w);
     for (size_t i = 0; i < entries.size(); ++i) {
       CachedWeight& c = entries[i];
-      if (c.data == w.data_ptr() && c.version == w.impl()->version && c.md == op.prim &&
+      if (c.data == w.data_ptr() && c.version == w.version() && c.md == op.prim &&
           c.storage.lock() == w.storage()) {
         ++hits;
         std::rotate(entries.begin() + int64_t(i), entries.begin() + int64_t(i) + 1, entries.end());
@@ -270,7 +270,7 @@ struct WeightCache {
     CachedWeight c;
     c.storage = w.storage();
     c.data = w.data_ptr();
-    c.version = w.impl()->version;
+    c.version = w.version();
     c.md = op.prim;
     c.buf = std::make_shared<WorkspaceBuffer>(op.prim.get_size());
     c.mem = memory(op.prim, dnnl_engine(), c.buf->data());
