@@ -76,6 +76,10 @@ std::vector<Case> all_cases() {
                [](Generator& g) { return In{U(g, {2, 3, 4}), U(g, {5, 4})}; }});
   c.push_back({"linear", "transposed_weight", [](const In& x) { return ops::linear(x[0], x[1].t(), x[2]); },
                [](Generator& g) { return In{U(g, {3, 4}), U(g, {4, 5}), U(g, {5})}; }});
+  c.push_back({"linear", "fused_relu", [](const In& x) { return ops::linear_relu(x[0], x[1], x[2]); },
+               [](Generator& g) { return In{U(g, {3, 4}), U(g, {5, 4}), U(g, {5})}; }});
+  c.push_back({"linear", "fused_relu_3d_no_bias", [](const In& x) { return ops::linear_relu(x[0], x[1]); },
+               [](Generator& g) { return In{U(g, {2, 3, 4}), U(g, {5, 4})}; }});
   c.push_back({"linear", "mlp_composite",
                [](const In& x) {
                  Tensor h = ops::gelu(ops::linear(x[0], x[1], x[2]));

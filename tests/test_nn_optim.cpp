@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "mixprec/amp.h"
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"
 #include "mixprec/nn.h"
+#include "mixprec/ops.h"
 #include "mixprec/optim.h"
 
 using namespace mixprec;
@@ -55,6 +57,48 @@ TEST(Nn, DropoutFollowsTrainEval) {
   m.eval();
   EXPECT_FALSE(m[0].is_training());
   for (float v : m(x).to_vector()) EXPECT_EQ(v, 1.f);
+}
+
+// Sequential runs Linear+ReLU as one matmul with a ReLU post-op. Values and gradients must be
+// exactly those of linear then relu (rounding commutes with relu), whether the incoming gradient
+// is the engine's own (masked in place) or one the caller still holds (left untouched).
+TEST(Nn, SequentialLinearReluEqualsTheUnfusedPair) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    default_generator().manual_seed(5);
+    nn::Sequential m(nn::Linear(6, 8), nn::ReLU());
+    auto& lin = dynamic_cast<nn::Linear&>(m[0]);
+    Generator g(6);
+    const Tensor x = Tensor::randn({5, 6}, g).detach().set_requires_grad();
+    const Tensor w2 = Tensor::randn({3, 8}, g);
+    for (bool caller_holds_grad : {false, true}) {
+      auto run = [&](bool fused) {
+        lin.weight.set_grad(Tensor());
+        lin.bias.set_grad(Tensor());
+        x.impl()->grad.reset();
+        Tensor y, gy;
+        {
+          amp::Autocast ac(DType::bf16, t == DType::bf16);
+          y = fused ? m(x) : ops::relu(ops::linear(x, lin.weight, lin.bias));
+        }
+        if (caller_holds_grad) {
+          gy = Tensor::randn(y.shape(), g).to(y.dtype());
+          const std::vector<float> before = gy.to_vector();
+          y.backward(gy);
+          EXPECT_EQ(gy.to_vector(), before) << "the caller's gradient was written";
+        } else {
+          ops::sum(ops::linear(y.to(DType::f32), w2)).backward();  // a gradient only the engine holds
+        }
+        return std::vector<std::vector<float>>{y.to_vector(), x.grad().to_vector(), lin.weight.grad().to_vector(),
+                                               lin.bias.grad().to_vector()};
+      };
+      Generator g_saved = g;
+      const auto fused = run(true);
+      g = g_saved;  // the same random gradient for the unfused run
+      const auto plain = run(false);
+      for (size_t i = 0; i < fused.size(); ++i)
+        EXPECT_EQ(fused[i], plain[i]) << dtype_name(t) << " output " << i << " caller_holds_grad " << caller_holds_grad;
+    }
+  }
 }
 
 TEST(Nn, LoadStateDictStrict) {

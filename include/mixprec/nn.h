@@ -63,6 +63,7 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, LinearOptions o = {});
   Tensor forward(const Tensor& x) override;
+  Tensor forward_relu(const Tensor& x);  // relu(forward(x)) in one matmul (Sequential uses it)
   std::string name() const override;
   Tensor weight, bias;  // weight [out, in] as PyTorch stores it
   int64_t in_features, out_features;

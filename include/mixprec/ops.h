@@ -11,6 +11,9 @@ namespace mixprec::ops {
 // ---- matmul family (autocast: lower) ----
 Tensor matmul(const Tensor& a, const Tensor& b);  // [.., m, k] @ [k, n]: leading dims of a are flattened
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());  // x[.., in] @ weight[out,in]^T + bias[out]
+// relu(linear(x, weight, bias)) as one oneDNN matmul with a ReLU post-op (nn::Sequential runs a
+// Linear followed by a ReLU this way): the values and gradients of the two ops, one pass fewer.
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- element-wise binary with broadcasting (autocast: promote) ----
 Tensor add(const Tensor& a, const Tensor& b);

@@ -45,11 +45,12 @@ Tensor softmax_lastdim(const Tensor& x, bool log);
 // grad wrt input given y = (log)softmax(x) and its grad
 Tensor softmax_lastdim_backward(const Tensor& y, const Tensor& grad_y, bool log);
 
-// ---- matmul: dst[m,n] = op(a) @ op(b) (+ bias[n]); op = transpose when the flag says so.
+// ---- matmul: dst[m,n] = relu?(op(a) @ op(b) (+ bias[n])); op = transpose when the flag says so.
 // a, b are 2-d (any strides), dst contiguous [m, n] of dst_dtype. accumulate: dst += result.
 struct MatmulOpts {
   bool trans_a = false, trans_b = false;
   const Tensor* bias = nullptr;
+  bool relu = false;  // applied after the bias, before the accumulation; NaN stays NaN
   bool accumulate = false;
 };
 void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o = {});

@@ -127,6 +127,7 @@ Linear::Linear(int64_t in, int64_t out, LinearOptions o) : in_features(in), out_
   if (o.bias) bias = register_parameter("bias", Tensor::uniform({out}, default_generator(), -bound, bound));
 }
 Tensor Linear::forward(const Tensor& x) { return ops::linear(x, weight, bias); }
+Tensor Linear::forward_relu(const Tensor& x) { return ops::linear_relu(x, weight, bias); }
 std::string Linear::name() const {
   std::ostringstream os;
   os << "Linear(in_features=" << in_features << ", out_features=" << out_features
@@ -146,13 +147,20 @@ Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   const auto& ch = children();
   for (size_t i = 0; i < ch.size(); ++i) {
-    // Conv2d then ReLU run as one oneDNN convolution with a ReLU post-op: the same values and
-    // gradients, one pass over the activation fewer (src/ops/conv.cpp).
-    auto* conv = dynamic_cast<Conv2d*>(ch[i].second.get());
-    if (conv && i + 1 < ch.size() && dynamic_cast<ReLU*>(ch[i + 1].second.get())) {
-      h = conv->forward_relu(h);
-      ++i;
-      continue;
+    // Conv2d or Linear then ReLU run as one oneDNN primitive with a ReLU post-op: the same
+    // values and gradients, one pass over the activation fewer (src/ops/conv.cpp, matmul.cpp).
+    const bool relu_next = i + 1 < ch.size() && dynamic_cast<ReLU*>(ch[i + 1].second.get());
+    if (relu_next) {
+      if (auto* conv = dynamic_cast<Conv2d*>(ch[i].second.get())) {
+        h = conv->forward_relu(h);
+        ++i;
+        continue;
+      }
+      if (auto* lin = dynamic_cast<Linear*>(ch[i].second.get())) {
+        h = lin->forward_relu(h);
+        ++i;
+        continue;
+      }
     }
     h = ch[i].second->forward(h);
   }

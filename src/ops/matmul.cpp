@@ -9,13 +9,14 @@ namespace {
 // dst[m,n] = op(a) @ op(b) in the dtype of a (inputs share a dtype after autocast/promotion),
 // or in f32 from 16-bit operands (products accumulate in f32 either way).
 Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor* bias = nullptr,
-          std::optional<DType> dst_t = std::nullopt) {
+          std::optional<DType> dst_t = std::nullopt, bool relu = false) {
   const int64_t m = ta ? a.size(1) : a.size(0), n = tb ? b.size(0) : b.size(1);
   Tensor dst = Tensor::empty({m, n}, dst_t.value_or(a.dtype()));
   kernels::MatmulOpts o;
   o.trans_a = ta;
   o.trans_b = tb;
   o.bias = bias;
+  o.relu = relu;
   kernels::matmul(a, b, dst, o);
   return dst;
 }
@@ -55,7 +56,9 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   }, {a2, bd});
 }
 
-Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
+namespace {
+
+Tensor linear_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, bool relu) {
   Tensor x = x_in, w = w_in, b = b_in;
   amp::autocast(OpId::linear, {&x, &w, &b});
   check_floating(x, "linear", "input");
@@ -75,7 +78,7 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   Tensor x2 = kernels::contig(x.detach()).reshape({-1, x.size(-1)});  // [M, in]
   Tensor wd = w.detach();                                             // [out, in]
   Tensor bd = b.defined() ? b.detach() : Tensor();
-  Tensor out = mm(x2, wd, false, true, bd.defined() ? &bd : nullptr).reshape(out_shape);  // [M, out]
+  Tensor out = mm(x2, wd, false, true, bd.defined() ? &bd : nullptr, std::nullopt, relu).reshape(out_shape);  // [M, out]
   // An f32 weight or bias that only casts turned bf16 (autocast's copy) gets its gradient in
   // f32 straight from the bf16 operands: the graph edge goes to the f32 tensor, past the cast
   // node. The gradient is the cast path's without its rounding to bf16, and without the bf16
@@ -85,7 +88,20 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   const bool b_wide = b.defined() && b_in.dtype() == DType::f32 && b.dtype() == DType::bf16;
   std::vector<Tensor> inputs{x, w_wide ? w_in : w};
   if (b.defined()) inputs.push_back(b_wide ? b_in : b);
-  auto backward = [x2, wd, w_wide, b_wide, x_shape = x.shape()](const Tensor& g, const autograd::Node& n) {
+  // relu'(.) = [y > 0]: the output is saved for the mask and dropped once applied (mutable).
+  Tensor y_mask = relu ? out.detach() : Tensor();
+  auto backward = [x2, wd, w_wide, b_wide, y_mask, x_shape = x.shape()](const Tensor& g_in,
+                                                                         const autograd::Node& n) mutable {
+    Tensor g = g_in;
+    if (y_mask.defined()) {
+      // In place when the engine's gradient is ours alone (its handles: the engine's and g; no
+      // other view of the bytes), as conv2d does; else into a new tensor.
+      const bool exclusive =
+          g_in.is_contiguous() && g_in.impl_ptr().use_count() == 2 && g_in.storage().use_count() == 1;
+      if (exclusive) kernels::relu_mask_inplace(g, y_mask);
+      else g = kernels::unary_grad(kernels::UnaryGradOp::relu, kernels::contig(g_in), y_mask);
+      y_mask = Tensor();
+    }
     Tensor g2 = kernels::contig(g).reshape({-1, g.size(-1)});  // [M, out]
     std::vector<Tensor> grads(n.next.size());
     const DType gt = g2.dtype();
@@ -94,7 +110,12 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
     if (n.next.size() > 2 && n.needs_grad(2)) grads[2] = kernels::sum(g2, {0}, false, b_wide ? DType::f32 : gt);
     return grads;
   };
-  return autograd::record(out, "linear", inputs, std::move(backward), {x2, wd});
+  return autograd::record(out, relu ? "linear_relu" : "linear", inputs, std::move(backward), {x2, wd, y_mask});
 }
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) { return linear_impl(x, w, b, false); }
+Tensor linear_relu(const Tensor& x, const Tensor& w, const Tensor& b) { return linear_impl(x, w, b, true); }
 
 }  // namespace mixprec::ops

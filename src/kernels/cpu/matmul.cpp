@@ -43,6 +43,7 @@ bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
     args.bias = bias.data_ptr();
     args.bias_t = bias.dtype();
   }
+  args.relu = o.relu;
   args.accumulate = o.accumulate;
   if (!matmul_supported(args)) return false;
   cpu::matmul(args);

@@ -105,6 +105,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
         s += av * bv;
       }
       if (o.bias) s += bias[size_t(j)];
+      if (o.relu && s < 0) s = 0;  // NaN stays NaN
       if (o.accumulate) s += prev[size_t(i * n + j)];
       out[size_t(i * n + j)] = s;
     }
