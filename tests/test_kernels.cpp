@@ -426,7 +426,7 @@ struct MatmulShape {
 // dst = op(a) @ op(b) (+ bias) (+ dst) through kernels::matmul with the cpu backend, against
 // ref::matmul. Bound: f32 accumulation over k products plus one rounding to the dst dtype.
 void check_matmul(const MatmulShape& sh, DType t, bool ta, bool tb, bool bias, bool acc, bool strided_a,
-                  Generator& g) {
+                  Generator& g, bool relu = false) {
   const Shape as = ta ? Shape{sh.k, sh.m} : Shape{sh.m, sh.k};
   const Shape bs = tb ? Shape{sh.n, sh.k} : Shape{sh.k, sh.n};
   Tensor a = make(uniform(g, shape_numel(as), -2, 2), as, t);
@@ -439,6 +439,7 @@ void check_matmul(const MatmulShape& sh, DType t, bool ta, bool tb, bool bias, b
   o.trans_a = ta;
   o.trans_b = tb;
   o.bias = bias ? &bias_t : nullptr;
+  o.relu = relu;  // 1-Lipschitz: the bound below holds for relu(v) as for v
   o.accumulate = acc;
   Tensor ref = prev.clone(), fast = prev.clone(), direct = prev.clone();
   kernels::ref::matmul(a, b, ref, o);
@@ -472,7 +473,7 @@ void check_matmul(const MatmulShape& sh, DType t, bool ta, bool tb, bool bias, b
   }
   EXPECT_TRUE(close(fast, ref, [&](size_t i) { return bound[i] + ulp_of(t, r[i]); }))
       << dtype_name(t) << " m=" << sh.m << " k=" << sh.k << " n=" << sh.n << " ta=" << ta << " tb=" << tb
-      << " bias=" << bias << " acc=" << acc << " strided_a=" << strided_a;
+      << " bias=" << bias << " acc=" << acc << " strided_a=" << strided_a << " relu=" << relu;
 }
 
 TEST(Kernels, MatmulCpuBackendMatchesReference) {
@@ -484,6 +485,14 @@ TEST(Kernels, MatmulCpuBackendMatchesReference) {
     for (const MatmulShape& sh : shapes)
       for (int flags = 0; flags < 16; ++flags)
         check_matmul(sh, t, flags & 1, flags & 2, flags & 4, flags & 8, false, g);
+}
+
+// The fused ReLU (linear_relu) in every dtype: f32 and bf16 as a oneDNN post-op, f16 through f32.
+TEST(Kernels, MatmulReluMatchesReference) {
+  Generator g(15);
+  for (DType t : kDTypes)
+    for (const MatmulShape& sh : {MatmulShape{7, 13, 5}, MatmulShape{33, 64, 17}})
+      for (int flags = 0; flags < 4; ++flags) check_matmul(sh, t, false, true, flags & 1, flags & 2, false, g, true);
 }
 
 TEST(Kernels, MatmulStridedOperand) {
