@@ -1,10 +1,46 @@
-// The average-pooling window rule (PyTorch's), shared by the reference and fast pooling kernels.
+// Window rules shared by the reference and fast pooling kernels and the reference convolution:
+// the taps of a sliding window, the max of a window (PyTorch's scan), the average-pooling window.
 #pragma once
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
 
 #include "kernels/kernels.h"
 
 namespace mixprec::kernels {
+
+// Calls f(ky, kx, iy, ix) for every tap of output (oy, ox)'s window that lands inside the input
+// (taps on the padding are skipped), in row-major tap order. Geometry: PoolGeometry or
+// ConvGeometry (the same field names).
+template <class Geometry, class F>
+inline void for_each_tap(const Geometry& g, int64_t oy, int64_t ox, F&& f) {
+  for (int64_t ky = 0; ky < g.kh; ++ky) {
+    const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dil_h;
+    if (iy < 0 || iy >= g.h) continue;
+    for (int64_t kx = 0; kx < g.kw; ++kx) {
+      const int64_t ix = ox * g.stride_w - g.pad_w + kx * g.dil_w;
+      if (ix < 0 || ix >= g.w) continue;
+      f(ky, kx, iy, ix);
+    }
+  }
+}
+
+// The max of output (oy, ox)'s window over one [h, w] plane and its tap (ky * kw + kx), as
+// PyTorch's scan: a NaN propagates (the last NaN of the window wins), ties keep the first.
+template <class T>
+inline std::pair<T, int64_t> window_max(const T* plane, const PoolGeometry& g, int64_t oy, int64_t ox) {
+  T best = -std::numeric_limits<T>::infinity();
+  int64_t best_k = -1;
+  for_each_tap(g, oy, ox, [&](int64_t ky, int64_t kx, int64_t iy, int64_t ix) {
+    const T v = plane[iy * g.w + ix];
+    if (best_k < 0 || v > best || std::isnan(v)) {
+      best = v;
+      best_k = ky * g.kw + kx;
+    }
+  });
+  return {best, best_k};
+}
 
 // Input rows [y0, y1) and columns [x0, x1) of output (oy, ox), and what their sum is divided by.
 struct AvgWindow {

@@ -96,21 +96,7 @@ void max_plane(const float* src, const PoolGeometry& g, float* out, Arg* arg) {
   }
   for (int64_t oy = 0; oy < g.oh; ++oy)
     for (int64_t ox = 0; ox < g.ow; ++ox) {
-      float best = -std::numeric_limits<float>::infinity();
-      int64_t best_k = -1;
-      for (int64_t ky = 0; ky < g.kh; ++ky) {
-        const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dil_h;
-        if (iy < 0 || iy >= g.h) continue;
-        for (int64_t kx = 0; kx < g.kw; ++kx) {
-          const int64_t ix = ox * g.stride_w - g.pad_w + kx * g.dil_w;
-          if (ix < 0 || ix >= g.w) continue;
-          const float v = src[iy * g.w + ix];
-          if (best_k < 0 || v > best || std::isnan(v)) {
-            best = v;
-            best_k = ky * g.kw + kx;
-          }
-        }
-      }
+      const auto [best, best_k] = window_max(src, g, oy, ox);
       out[oy * g.ow + ox] = best;
       arg[oy * g.ow + ox] = Arg(best_k);
     }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/kernels.h"
+#include "kernels/pool_window.h"
 #include "kernels/ref/access.h"
 
 namespace mixprec::kernels::ref {
@@ -26,15 +27,9 @@ void for_each_term(const ConvGeometry& g, F&& f) {
       for (int64_t oy = 0; oy < g.oh; ++oy)
         for (int64_t ox = 0; ox < g.ow; ++ox)
           for (int64_t ci = 0; ci < cg; ++ci)
-            for (int64_t ky = 0; ky < g.kh; ++ky) {
-              const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dil_h;
-              if (iy < 0 || iy >= g.h) continue;
-              for (int64_t kx = 0; kx < g.kw; ++kx) {
-                const int64_t ix = ox * g.stride_w - g.pad_w + kx * g.dil_w;
-                if (ix < 0 || ix >= g.w) continue;
-                f(n, o, ci, grp * cg + ci, oy, ox, iy, ix, ky, kx);
-              }
-            }
+            for_each_tap(g, oy, ox, [&](int64_t ky, int64_t kx, int64_t iy, int64_t ix) {
+              f(n, o, ci, grp * cg + ci, oy, ox, iy, ix, ky, kx);
+            });
     }
 }
 

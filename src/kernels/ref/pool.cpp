@@ -17,21 +17,7 @@ MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
   for (int64_t p = 0; p < planes; ++p)
     for (int64_t oy = 0; oy < g.oh; ++oy)
       for (int64_t ox = 0; ox < g.ow; ++ox) {
-        double best = -std::numeric_limits<double>::infinity();
-        int64_t best_k = -1;
-        for (int64_t ky = 0; ky < g.kh; ++ky) {
-          const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dil_h;
-          if (iy < 0 || iy >= g.h) continue;
-          for (int64_t kx = 0; kx < g.kw; ++kx) {
-            const int64_t ix = ox * g.stride_w - g.pad_w + kx * g.dil_w;
-            if (ix < 0 || ix >= g.w) continue;
-            const double v = xv[size_t((p * g.h + iy) * g.w + ix)];
-            if (best_k < 0 || v > best || std::isnan(v)) {  // NaN propagates, as in PyTorch
-              best = v;
-              best_k = ky * g.kw + kx;
-            }
-          }
-        }
+        const auto [best, best_k] = window_max(xv.data() + p * g.h * g.w, g, oy, ox);
         const size_t o = size_t(p * out_plane + oy * g.ow + ox);
         y[o] = best;
         arg[o] = best_k;
