@@ -16,7 +16,7 @@ struct ModelSpec {
 };
 
 // Each model's default recipe, used where --batch-size / --lr are not given. The small nets
-// learn better from more, smaller steps; see docs/conv.md ("Default recipes").
+// learn better from more, smaller steps: docs/design.md (CLI), docs/conv.md (Accuracy).
 struct Recipe {
   int64_t batch_size = 512;
   double adamw_lr = 1e-3;

@@ -13,6 +13,7 @@ Tensor matmul(const Tensor& a, const Tensor& b);  // [.., m, k] @ [k, n]: leadin
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());  // x[.., in] @ weight[out,in]^T + bias[out]
 // relu(linear(x, weight, bias)) as one oneDNN matmul with a ReLU post-op (nn::Sequential runs a
 // Linear followed by a ReLU this way): the values and gradients of the two ops, one pass fewer.
+// A variant of linear in ops.def (same OpId and autocast class).
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- element-wise binary with broadcasting (autocast: promote) ----
