@@ -195,6 +195,41 @@ TEST(Optim, AdamWF32UpdateIsBitIdenticalToTheScalarRule) {
   }
 }
 
+// The same for SGD: with and without momentum, nesterov, the first step (which copies d into
+// the momentum buffer) and later ones.
+TEST(Optim, SgdF32UpdateIsBitIdenticalToTheScalarRule) {
+  const int64_t n = 2 * 2048 + 37;
+  for (double momentum : {0.0, 0.9})
+    for (bool nesterov : {false, true}) {
+      if (nesterov && momentum == 0) continue;
+      Generator gen(12);
+      Tensor p = Tensor::uniform({n}, gen, -2, 2).set_requires_grad();
+      std::vector<float> w = p.to_vector(), buf(size_t(n), 0.f);
+      const double lr = 0.05, wd = 0.01, damp = 0.1;
+      optim::SGD opt({p}, {.lr = lr, .momentum = momentum, .dampening = nesterov ? 0.0 : damp, .weight_decay = wd,
+                           .nesterov = nesterov});
+      const float flr = float(lr), fwd = float(wd), fmom = float(momentum), fdamp = float(1 - (nesterov ? 0.0 : damp));
+      for (int s = 0; s < 3; ++s) {
+        const Tensor g = Tensor::uniform({n}, gen, -1, 1);
+        p.set_grad(g);
+        opt.step();
+        const std::vector<float> gv = g.to_vector();
+        for (size_t j = 0; j < size_t(n); ++j) {
+          float d = gv[j] + fwd * w[j];
+          if (momentum != 0) {
+            buf[j] = s == 0 ? d : fmom * buf[j] + fdamp * d;
+            d = nesterov ? d + fmom * buf[j] : buf[j];
+          }
+          w[j] -= flr * d;
+        }
+        const std::vector<float> got = p.to_vector();
+        int64_t differ = 0;
+        for (size_t j = 0; j < size_t(n); ++j) differ += std::memcmp(&got[j], &w[j], 4) != 0;
+        EXPECT_EQ(differ, 0) << "momentum " << momentum << " nesterov " << nesterov << " step " << s;
+      }
+    }
+}
+
 TEST(Optim, SkipsParamsWithoutGradAndZeroGrad) {
   Fixture f;
   optim::SGD opt({f.p}, {.lr = 1.0});
