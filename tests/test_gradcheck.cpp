@@ -66,6 +66,15 @@ std::vector<Case> all_cases() {
                [](Generator& g) { return In{U(g, {4, 3}), U(g, {5, 4})}; }});
   c.push_back({"matmul", "only_b_requires_grad", [](const In& x) { return ops::matmul(x[0], x[1]); },
                [](Generator& g) { return In{Tensor::uniform({3, 4}, g, -1, 1, DType::f64), U(g, {4, 2})}; }});
+  c.push_back({"matmul", "batched_3d", [](const In& x) { return ops::matmul(x[0], x[1]); },
+               [](Generator& g) { return In{U(g, {2, 3, 4}), U(g, {2, 4, 5})}; }});
+  c.push_back({"matmul", "batched_broadcast_a", [](const In& x) { return ops::matmul(x[0], x[1]); },
+               [](Generator& g) { return In{U(g, {3, 4}), U(g, {2, 4, 5})}; }});
+  c.push_back({"matmul", "batched_4d_broadcast_both", [](const In& x) { return ops::matmul(x[0], x[1]); },
+               [](Generator& g) { return In{U(g, {2, 1, 3, 4}), U(g, {3, 4, 2})}; }});
+  c.push_back({"matmul", "batched_transposed_operands",
+               [](const In& x) { return ops::matmul(x[0].transpose(1, 2), x[1].transpose(1, 2)); },
+               [](Generator& g) { return In{U(g, {2, 4, 3}), U(g, {2, 5, 4})}; }});
   c.push_back({"linear", "bias", [](const In& x) { return ops::linear(x[0], x[1], x[2]); },
                [](Generator& g) { return In{U(g, {3, 4}), U(g, {5, 4}), U(g, {5})}; }});
   c.push_back({"linear", "no_bias", [](const In& x) { return ops::linear(x[0], x[1]); },
@@ -240,6 +249,10 @@ std::vector<Case> all_cases() {
                cast_opt});
 
   // ---- shape ops ----
+  c.push_back({"expand", "new_leading_and_size1", [](const In& x) { return ops::expand(x[0], {2, 3, 4}); },
+               [](Generator& g) { return In{U(g, {3, 1})}; }});
+  c.push_back({"expand", "keep_with_minus1", [](const In& x) { return ops::expand(x[0], {3, -1, 2}); },
+               [](Generator& g) { return In{U(g, {1, 4, 1})}; }});
   c.push_back({"reshape", "2d_to_2d", [](const In& x) { return ops::reshape(x[0], {2, 6}); },
                [](Generator& g) { return In{U(g, {3, 4})}; }});
   c.push_back({"reshape", "infer", [](const In& x) { return ops::reshape(x[0], {-1, 3}); },

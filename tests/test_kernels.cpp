@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "mixprec/ops.h"
 #include "ulp.h"
 #include "mixprec/convert.h"
 
@@ -493,6 +494,71 @@ TEST(Kernels, MatmulReluMatchesReference) {
   for (DType t : kDTypes)
     for (const MatmulShape& sh : {MatmulShape{7, 13, 5}, MatmulShape{33, 64, 17}})
       for (int flags = 0; flags < 4; ++flags) check_matmul(sh, t, false, true, flags & 1, flags & 2, false, g, true);
+}
+
+// Batched [B, ., .] products in every dtype: transposed operands and a batch-broadcast operand
+// (stride 0 over the batch, as ops::matmul's expand gives). Bound: f32 accumulation over k
+// products, from the reference run on absolute values, plus one rounding to the dtype.
+TEST(Kernels, BatchedMatmulMatchesReference) {
+  Generator g(16);
+  const int64_t nb = 3, m = 9, k = 21, n = 7;
+  for (DType t : kDTypes)
+    for (int flags = 0; flags < 8; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2, bcast_a = flags & 4;
+      const Shape as = ta ? Shape{k, m} : Shape{m, k}, bs = tb ? Shape{n, k} : Shape{k, n};
+      Tensor a = bcast_a ? make(uniform(g, shape_numel(as), -2, 2), {1, as[0], as[1]}, t)
+                         : make(uniform(g, nb * shape_numel(as), -2, 2), {nb, as[0], as[1]}, t);
+      if (bcast_a) a = ops::expand(a, {nb, as[0], as[1]});
+      const Tensor b = make(uniform(g, nb * shape_numel(bs), -2, 2), {nb, bs[0], bs[1]}, t);
+      kernels::MatmulOpts o;
+      o.trans_a = ta;
+      o.trans_b = tb;
+      Tensor fast = Tensor::empty({nb, m, n}, t), ref = Tensor::empty({nb, m, n}, t),
+             mag = Tensor::empty({nb, m, n}, DType::f64);
+      ASSERT_TRUE(kernels::cpu::matmul(a, b, fast, o)) << dtype_name(t) << " flags " << flags;
+      kernels::ref::matmul(a, b, ref, o);
+      auto absolute = [](const Tensor& x) {
+        std::vector<double> v = x.to_vector_f64();
+        for (double& e : v) e = std::fabs(e);
+        return Tensor::from_vector(v, x.shape());
+      };
+      kernels::ref::matmul(absolute(a), absolute(b), mag, o);
+      const std::vector<double> r = ref.to_vector_f64(), s = mag.to_vector_f64();
+      EXPECT_TRUE(close(fast, ref, [&](size_t i) { return double(k + 3) * kU32 * s[i] + ulp_of(t, r[i]); }))
+          << dtype_name(t) << " ta=" << ta << " tb=" << tb << " broadcast a=" << bcast_a;
+    }
+}
+
+// ops::matmul's batched path end to end (broadcast batch dims, gradients through expand and the
+// batched backward) on the fast backend against the reference backend, f32 and bf16.
+TEST(Kernels, BatchedMatmulOpFastMatchesReference) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    Generator g(17);
+    const Tensor a0 = make(uniform(g, 2 * 1 * 6 * 8, -1, 1), {2, 1, 6, 8}, t);
+    const Tensor b0 = make(uniform(g, 3 * 8 * 5, -1, 1), {3, 8, 5}, t);
+    const Tensor c = make(uniform(g, 2 * 3 * 6 * 5, -1, 1), {2, 3, 6, 5}, t);
+    auto run = [&](kernels::Backend backend) {
+      const BackendGuard guard(backend);
+      Tensor a = a0.detach().set_requires_grad(), b = b0.detach().set_requires_grad();
+      Tensor y = ops::matmul(a, b);
+      EXPECT_EQ(y.shape(), Shape({2, 3, 6, 5}));
+      ops::sum(ops::mul(y, c)).backward();
+      return std::vector<Tensor>{y, a.grad(), b.grad()};
+    };
+    const auto fast = run(kernels::Backend::cpu), ref = run(kernels::Backend::ref);
+    // Both backends round at the same places (the product, then expand's sum over the repeated
+    // batch dim); they differ by f32 vs f64 accumulation (n * n * 2^-24 for n terms in [-1, 1]),
+    // by an ulp at each final rounding, and by an ulp of an intermediate partial (|partial| <= 8,
+    // the 8-term products) where a rounding flips. Terms: 8 (y), 3 * 5 (a's gradient), 2 * 6 (b's).
+    const std::vector<double> terms = {8, 15, 12};
+    for (size_t i = 0; i < fast.size(); ++i) {
+      const std::vector<double> r = ref[i].to_vector_f64();
+      const double partial = i == 0 ? 0.0 : ulp_of(t, 8.0);
+      EXPECT_TRUE(close(fast[i], ref[i], [&](size_t j) {
+        return 2 * ulp_of(t, r[j]) + partial + terms[i] * terms[i] * kU32;
+      })) << dtype_name(t) << " tensor " << i;
+    }
+  }
 }
 
 TEST(Kernels, MatmulStridedOperand) {

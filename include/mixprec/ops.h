@@ -9,7 +9,9 @@
 namespace mixprec::ops {
 
 // ---- matmul family (autocast: lower) ----
-Tensor matmul(const Tensor& a, const Tensor& b);  // [.., m, k] @ [k, n]: leading dims of a are flattened
+// [.., m, k] @ [k, n]: leading dims of a are flattened into one product. [.., m, k] @ [.., k, n]:
+// one product per batch, the batch dims broadcast as PyTorch's (a repeated operand is copied).
+Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());  // x[.., in] @ weight[out,in]^T + bias[out]
 // relu(linear(x, weight, bias)) as one oneDNN matmul with a ReLU post-op (nn::Sequential runs a
 // Linear followed by a ReLU this way): the values and gradients of the two ops, one pass fewer.
@@ -56,6 +58,10 @@ Tensor reshape(const Tensor& x, const Shape& shape);
 Tensor flatten(const Tensor& x, int64_t start_dim = 1);
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end);
+// A view of x broadcast to `shape` (PyTorch's expand): dims aligned from the right, size-1 or
+// missing leading dims repeat with stride 0, -1 keeps a size. Writing into it writes the shared
+// elements; backward sums the gradient over the repeated dims.
+Tensor expand(const Tensor& x, const Shape& shape);
 Tensor contiguous(const Tensor& x);
 Tensor cast(const Tensor& x, DType dtype);  // gradient is cast back to x's dtype
 

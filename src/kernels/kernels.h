@@ -46,7 +46,8 @@ Tensor softmax_lastdim(const Tensor& x, bool log);
 Tensor softmax_lastdim_backward(const Tensor& y, const Tensor& grad_y, bool log);
 
 // ---- matmul: dst[m,n] = relu?(op(a) @ op(b) (+ bias[n])); op = transpose when the flag says so.
-// a, b are 2-d (any strides), dst contiguous [m, n] of dst_dtype. accumulate: dst += result.
+// a, b are 2-d (any strides), dst contiguous [m, n] of dst_dtype; or all three 3-d with one
+// batch size, a product per batch (op transposes the last two dims). accumulate: dst += result.
 struct MatmulOpts {
   bool trans_a = false, trans_b = false;
   const Tensor* bias = nullptr;

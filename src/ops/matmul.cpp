@@ -21,6 +21,47 @@ Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor* bias
   return dst;
 }
 
+// [B, m, k] @ [B, k, n] -> [B, m, n], one product per batch (operands already one dtype).
+Tensor bmm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  const int64_t m = ta ? a.size(2) : a.size(1), n = tb ? b.size(1) : b.size(2);
+  Tensor dst = Tensor::empty({a.size(0), m, n}, a.dtype());
+  kernels::MatmulOpts o;
+  o.trans_a = ta;
+  o.trans_b = tb;
+  kernels::matmul(a, b, dst, o);
+  return dst;
+}
+
+// The batched product of matmul: batch dims broadcast as PyTorch's, then one product per batch.
+Tensor batched_matmul(const Tensor& a, const Tensor& b) {
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  const Shape a_batch(a.shape().begin(), a.shape().end() - 2), b_batch(b.shape().begin(), b.shape().end() - 2);
+  const Shape batch = kernels::broadcast_shapes(a_batch, b_batch, "matmul");
+  const int64_t nb = shape_numel(batch);
+  auto with = [&](Shape s, int64_t r, int64_t c) {
+    s.push_back(r);
+    s.push_back(c);
+    return s;
+  };
+  // Broadcast (a stride-0 view), then [nb, ., .]: views when nothing repeats and the operand is
+  // dense, a copy otherwise. All recorded ops, so gradients find their way back through them.
+  const Tensor a3 = reshape(contiguous(expand(a, with(batch, m, k))), {nb, m, k});
+  const Tensor b3 = reshape(contiguous(expand(b, with(batch, k, n))), {nb, k, n});
+  const Tensor ad = a3.detach(), bd = b3.detach();
+  Tensor out = bmm(ad, bd, false, false);
+  out = autograd::record(
+      out, "matmul", {a3, b3},
+      [ad, bd](const Tensor& g, const autograd::Node& node) {
+        const Tensor gc = kernels::contig(g);
+        Tensor ga, gb;
+        if (node.needs_grad(0)) ga = bmm(gc, bd, false, true);  // g @ b^T
+        if (node.needs_grad(1)) gb = bmm(ad, gc, true, false);  // a^T @ g
+        return std::vector<Tensor>{ga, gb};
+      },
+      {ad, bd});
+  return reshape(out, with(batch, m, n));
+}
+
 void same_dtype(Tensor& a, Tensor& b, std::string_view op) {
   if (a.dtype() != b.dtype()) {
     const DType t = promote_floating(a.dtype(), b.dtype());
@@ -38,10 +79,11 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   check_floating(a, "matmul", "first operand");
   check_floating(b, "matmul", "second operand");
   same_dtype(a, b, "matmul");
-  MIXPREC_CHECK(b.dim() == 2 && a.dim() >= 2, "matmul: expected [.., m, k] @ [k, n], got ", shape_str(a.shape()), " @ ",
+  MIXPREC_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: expected [.., m, k] @ [.., k, n], got ", shape_str(a.shape()),
+                " @ ", shape_str(b.shape()), " (1-d operands are not supported)");
+  MIXPREC_CHECK(a.size(-1) == b.size(-2), "matmul: inner dimensions differ: ", shape_str(a.shape()), " @ ",
                 shape_str(b.shape()));
-  MIXPREC_CHECK(a.size(-1) == b.size(0), "matmul: inner dimensions differ: ", shape_str(a.shape()), " @ ",
-                shape_str(b.shape()));
+  if (b.dim() > 2) return batched_matmul(a, b);
   Shape out_shape = a.shape();
   out_shape.back() = b.size(1);
   Tensor a2 = kernels::contig(a.detach()).reshape({-1, a.size(-1)});

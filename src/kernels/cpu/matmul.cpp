@@ -8,7 +8,10 @@ namespace mixprec::kernels::cpu {
 
 bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) {
   const DType t = a.dtype();
-  if (b.dtype() != t || a.dim() != 2 || b.dim() != 2 || !dst.is_contiguous()) return false;
+  const int64_t rank = a.dim(), r0 = rank - 2;  // [m, k] or [batch, m, k]
+  if (b.dtype() != t || (rank != 2 && rank != 3) || b.dim() != rank || dst.dim() != rank || !dst.is_contiguous())
+    return false;
+  if (rank == 3 && (b.size(0) != a.size(0) || dst.size(0) != a.size(0))) return false;
   if (t == DType::f16) {
     if (dst.dtype() != DType::f16) return false;
     Tensor a32 = kernels::cast(a, DType::f32), b32 = kernels::cast(b, DType::f32);
@@ -23,19 +26,29 @@ bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
   if (t != DType::f32 && t != DType::bf16) return false;
   if (dst.dtype() != t && !(t == DType::bf16 && dst.dtype() == DType::f32)) return false;
   MatmulArgs args;
-  args.m = dst.size(0);
-  args.n = dst.size(1);
-  args.k = o.trans_a ? a.size(0) : a.size(1);
+  const auto as = [&](int64_t d) { return a.strides()[size_t(r0 + d)]; };
+  const auto bs = [&](int64_t d) { return b.strides()[size_t(r0 + d)]; };
+  args.m = dst.size(r0);
+  args.n = dst.size(r0 + 1);
+  args.k = o.trans_a ? a.size(r0) : a.size(r0 + 1);
   args.src_t = args.wei_t = t;
   args.dst_t = dst.dtype();
   args.src = a.data_ptr();
-  args.src_stride_m = o.trans_a ? a.strides()[1] : a.strides()[0];
-  args.src_stride_k = o.trans_a ? a.strides()[0] : a.strides()[1];
+  args.src_stride_m = o.trans_a ? as(1) : as(0);
+  args.src_stride_k = o.trans_a ? as(0) : as(1);
   args.wei = b.data_ptr();
-  args.wei_stride_k = o.trans_b ? b.strides()[1] : b.strides()[0];
-  args.wei_stride_n = o.trans_b ? b.strides()[0] : b.strides()[1];
+  args.wei_stride_k = o.trans_b ? bs(1) : bs(0);
+  args.wei_stride_n = o.trans_b ? bs(0) : bs(1);
   args.dst = dst.data_ptr();
   args.dst_stride_m = args.n;
+  if (rank == 3) {
+    args.batch = a.size(0);
+    args.src_stride_batch = a.strides()[0];
+    args.wei_stride_batch = b.strides()[0];
+    args.dst_stride_batch = args.m * args.n;
+    // oneDNN cannot broadcast both operands: one product does for every batch then.
+    if (args.batch > 1 && args.src_stride_batch == 0 && args.wei_stride_batch == 0) return false;
+  }
   Tensor bias;
   if (o.bias) {
     bias = kernels::contig(*o.bias);
