@@ -71,4 +71,50 @@ inline AvgWindow avg_window(const PoolGeometry& g, int64_t oy, int64_t ox) {
   return win;
 }
 
+// One [h, w] plane of each pooling pass, in T arithmetic (double in the reference, float in the
+// fast kernels). The backward passes accumulate into gx, which the caller zeroes.
+template <class T, class Arg>
+inline void max_plane_forward(const T* src, const PoolGeometry& g, T* out, Arg* arg) {
+  for (int64_t oy = 0; oy < g.oh; ++oy)
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      const auto [best, best_k] = window_max(src, g, oy, ox);
+      out[oy * g.ow + ox] = best;
+      arg[oy * g.ow + ox] = Arg(best_k);
+    }
+}
+
+template <class T>
+inline void avg_plane_forward(const T* src, const PoolGeometry& g, T* out) {
+  for (int64_t oy = 0; oy < g.oh; ++oy)
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      const AvgWindow win = avg_window(g, oy, ox);
+      T s = 0;
+      for (int64_t iy = win.y0; iy < win.y1; ++iy)
+        for (int64_t ix = win.x0; ix < win.x1; ++ix) s += src[iy * g.w + ix];
+      out[oy * g.ow + ox] = s / T(win.divisor);
+    }
+}
+
+template <class T>
+inline void avg_plane_backward(const T* gy, const PoolGeometry& g, T* gx) {
+  for (int64_t oy = 0; oy < g.oh; ++oy)
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      const AvgWindow win = avg_window(g, oy, ox);
+      const T share = gy[oy * g.ow + ox] / T(win.divisor);
+      for (int64_t iy = win.y0; iy < win.y1; ++iy)
+        for (int64_t ix = win.x0; ix < win.x1; ++ix) gx[iy * g.w + ix] += share;
+    }
+}
+
+// arg holds each output's window tap (ky * kw + kx), as window_max gives it.
+template <class T, class Arg>
+inline void max_plane_backward(const T* gy, const Arg* arg, const PoolGeometry& g, T* gx) {
+  for (int64_t oy = 0; oy < g.oh; ++oy)
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      const int64_t k = int64_t(arg[oy * g.ow + ox]), ky = k / g.kw, kx = k % g.kw;
+      gx[(oy * g.stride_h - g.pad_h + ky * g.dil_h) * g.w + ox * g.stride_w - g.pad_w + kx * g.dil_w] +=
+          gy[oy * g.ow + ox];
+    }
+}
+
 }  // namespace mixprec::kernels

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -94,16 +93,11 @@ void max_plane(const float* src, const PoolGeometry& g, float* out, Arg* arg) {
       return;
     }
   }
-  for (int64_t oy = 0; oy < g.oh; ++oy)
-    for (int64_t ox = 0; ox < g.ow; ++ox) {
-      const auto [best, best_k] = window_max(src, g, oy, ox);
-      out[oy * g.ow + ox] = best;
-      arg[oy * g.ow + ox] = Arg(best_k);
-    }
+  max_plane_forward(src, g, out, arg);
 }
 
 template <class Arg>
-void max_plane_backward(const float* gy, const Arg* arg, const PoolGeometry& g, float* gx) {
+void max_plane_backward_fast(const float* gy, const Arg* arg, const PoolGeometry& g, float* gx) {
   if constexpr (std::is_same_v<Arg, uint8_t>) {
     if (is_2x2_stride2(g) && mixprec::cpu::has_avx512f()) {
       for (int64_t oy = 0; oy < g.oh; ++oy)
@@ -111,12 +105,7 @@ void max_plane_backward(const float* gy, const Arg* arg, const PoolGeometry& g, 
       return;
     }
   }
-  for (int64_t oy = 0; oy < g.oh; ++oy)
-    for (int64_t ox = 0; ox < g.ow; ++ox) {
-      const int64_t k = int64_t(arg[oy * g.ow + ox]), ky = k / g.kw, kx = k % g.kw;
-      gx[(oy * g.stride_h - g.pad_h + ky * g.dil_h) * g.w + ox * g.stride_w - g.pad_w + kx * g.dil_w] +=
-          gy[oy * g.ow + ox];
-    }
+  max_plane_backward(gy, arg, g, gx);
 }
 
 // f(plane, in_buf, out_buf) for every plane, in parallel.
@@ -152,8 +141,8 @@ bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolG
   for_planes(g, [&](int64_t p, std::vector<float>& gy_buf, std::vector<float>& gx) {
     const float* gy = in_f32(grad_y, p * out_plane, out_plane, gy_buf);
     gx.assign(size_t(in_plane), 0.f);  // windows may overlap: accumulate in f32, round once
-    if (argmax.dtype() == DType::u8) max_plane_backward(gy, argmax.data<uint8_t>() + p * out_plane, g, gx.data());
-    else max_plane_backward(gy, argmax.data<int64_t>() + p * out_plane, g, gx.data());
+    if (argmax.dtype() == DType::u8) max_plane_backward_fast(gy, argmax.data<uint8_t>() + p * out_plane, g, gx.data());
+    else max_plane_backward_fast(gy, argmax.data<int64_t>() + p * out_plane, g, gx.data());
     store_f32(grad_x, p * in_plane, in_plane, gx.data());
   });
   return true;
@@ -165,14 +154,7 @@ bool avg_pool2d_forward(const Tensor& x, const PoolGeometry& g, Tensor& dst) {
   for_planes(g, [&](int64_t p, std::vector<float>& in_buf, std::vector<float>& out) {
     const float* src = in_f32(x, p * in_plane, in_plane, in_buf);
     out.resize(static_cast<size_t>(out_plane));
-    for (int64_t oy = 0; oy < g.oh; ++oy)
-      for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const AvgWindow win = avg_window(g, oy, ox);
-        float s = 0.f;
-        for (int64_t iy = win.y0; iy < win.y1; ++iy)
-          for (int64_t ix = win.x0; ix < win.x1; ++ix) s += src[iy * g.w + ix];
-        out[size_t(oy * g.ow + ox)] = s / float(win.divisor);
-      }
+    avg_plane_forward(src, g, out.data());
     store_f32(dst, p * out_plane, out_plane, out.data());
   });
   return true;
@@ -184,13 +166,7 @@ bool avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g, Tensor& gr
   for_planes(g, [&](int64_t p, std::vector<float>& gy_buf, std::vector<float>& gx) {
     const float* gy = in_f32(grad_y, p * out_plane, out_plane, gy_buf);
     gx.assign(size_t(in_plane), 0.f);
-    for (int64_t oy = 0; oy < g.oh; ++oy)
-      for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const AvgWindow win = avg_window(g, oy, ox);
-        const float share = gy[oy * g.ow + ox] / float(win.divisor);
-        for (int64_t iy = win.y0; iy < win.y1; ++iy)
-          for (int64_t ix = win.x0; ix < win.x1; ++ix) gx[size_t(iy * g.w + ix)] += share;
-      }
+    avg_plane_backward(gy, g, gx.data());
     store_f32(grad_x, p * in_plane, in_plane, gx.data());
   });
   return true;

@@ -1,7 +1,5 @@
 // Reference 2-d pooling (max with argmax, average, adaptive average) over NCHW planes, in f64
 // whatever the storage dtype. Window rules shared with the fast path live in pool_window.h.
-#include <cmath>
-#include <limits>
 
 #include "kernels/kernels.h"
 #include "kernels/pool_window.h"
@@ -15,13 +13,7 @@ MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
   std::vector<double> y(size_t(planes * out_plane));
   std::vector<int64_t> arg(y.size());
   for (int64_t p = 0; p < planes; ++p)
-    for (int64_t oy = 0; oy < g.oh; ++oy)
-      for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const auto [best, best_k] = window_max(xv.data() + p * g.h * g.w, g, oy, ox);
-        const size_t o = size_t(p * out_plane + oy * g.ow + ox);
-        y[o] = best;
-        arg[o] = best_k;
-      }
+    max_plane_forward(xv.data() + p * g.h * g.w, g, y.data() + p * out_plane, arg.data() + p * out_plane);
   const Shape shape{g.n, g.c, g.oh, g.ow};
   MaxPoolResult r;
   r.dst = Tensor::from_vector(y, shape, x.dtype());
@@ -36,13 +28,7 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Poo
   const int64_t planes = g.n * g.c, out_plane = g.oh * g.ow;
   std::vector<double> gx(size_t(planes * g.h * g.w), 0.0);
   for (int64_t p = 0; p < planes; ++p)
-    for (int64_t oy = 0; oy < g.oh; ++oy)
-      for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const size_t o = size_t(p * out_plane + oy * g.ow + ox);
-        const int64_t ky = arg[o] / g.kw, kx = arg[o] % g.kw;
-        const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dil_h, ix = ox * g.stride_w - g.pad_w + kx * g.dil_w;
-        gx[size_t((p * g.h + iy) * g.w + ix)] += gy[o];
-      }
+    max_plane_backward(gy.data() + p * out_plane, arg.data() + p * out_plane, g, gx.data() + p * g.h * g.w);
   return Tensor::from_vector(gx, {g.n, g.c, g.h, g.w}, grad_y.dtype());
 }
 
@@ -50,15 +36,7 @@ Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
   const std::vector<double> xv = x.to_vector_f64();
   const int64_t planes = g.n * g.c;
   std::vector<double> y(size_t(planes * g.oh * g.ow));
-  for (int64_t p = 0; p < planes; ++p)
-    for (int64_t oy = 0; oy < g.oh; ++oy)
-      for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const AvgWindow win = avg_window(g, oy, ox);
-        double s = 0;
-        for (int64_t iy = win.y0; iy < win.y1; ++iy)
-          for (int64_t ix = win.x0; ix < win.x1; ++ix) s += xv[size_t((p * g.h + iy) * g.w + ix)];
-        y[size_t((p * g.oh + oy) * g.ow + ox)] = s / double(win.divisor);
-      }
+  for (int64_t p = 0; p < planes; ++p) avg_plane_forward(xv.data() + p * g.h * g.w, g, y.data() + p * g.oh * g.ow);
   return Tensor::from_vector(y, {g.n, g.c, g.oh, g.ow}, x.dtype());
 }
 
@@ -66,14 +44,7 @@ Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g) {
   const std::vector<double> gy = grad_y.to_vector_f64();
   const int64_t planes = g.n * g.c;
   std::vector<double> gx(size_t(planes * g.h * g.w), 0.0);
-  for (int64_t p = 0; p < planes; ++p)
-    for (int64_t oy = 0; oy < g.oh; ++oy)
-      for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const AvgWindow win = avg_window(g, oy, ox);
-        const double share = gy[size_t((p * g.oh + oy) * g.ow + ox)] / double(win.divisor);
-        for (int64_t iy = win.y0; iy < win.y1; ++iy)
-          for (int64_t ix = win.x0; ix < win.x1; ++ix) gx[size_t((p * g.h + iy) * g.w + ix)] += share;
-      }
+  for (int64_t p = 0; p < planes; ++p) avg_plane_backward(gy.data() + p * g.oh * g.ow, g, gx.data() + p * g.h * g.w);
   return Tensor::from_vector(gx, {g.n, g.c, g.h, g.w}, grad_y.dtype());
 }
 
