@@ -67,12 +67,11 @@ Tensor expand(const Tensor& x, const Shape& shape_in) {
   const int64_t nd = int64_t(shape_in.size()), lead = nd - x.dim();
   MIXPREC_CHECK(lead >= 0, "expand ", shape_str(x.shape()), " -> ", shape_str(shape_in), ": fewer dims than the tensor");
   Shape shape = shape_in, strides(size_t(nd), 0);
-  std::vector<int64_t> summed;  // output dims the gradient is summed over
+  bool repeats = lead > 0;
   for (int64_t d = 0; d < nd; ++d) {
     if (d < lead) {
       MIXPREC_CHECK(shape[size_t(d)] >= 0, "expand ", shape_str(x.shape()), " -> ", shape_str(shape_in),
                     ": a new leading dim needs a size");
-      summed.push_back(d);
       continue;
     }
     const int64_t have = x.size(d - lead);
@@ -80,19 +79,14 @@ Tensor expand(const Tensor& x, const Shape& shape_in) {
     if (want == -1) want = have;
     MIXPREC_CHECK(want == have || have == 1, "expand ", shape_str(x.shape()), " -> ", shape_str(shape_in),
                   ": dim ", d, " of size ", have, " can only be repeated from size 1");
-    if (want == have) {
-      strides[size_t(d)] = x.strides()[size_t(d - lead)];
-    } else {
-      summed.push_back(d);
-    }
+    if (want == have) strides[size_t(d)] = x.strides()[size_t(d - lead)];
+    else repeats = true;
   }
-  if (summed.empty()) return x;
+  if (!repeats) return x;
   Tensor out = make_view(x, shape, strides, x.offset());
   const Shape in_shape = x.shape();
-  return autograd::record(out, "expand", {x}, [summed, in_shape](const Tensor& g, const autograd::Node&) {
-    // Sum over the repeated dims (kept as size 1), then drop the new leading ones.
-    Tensor s = kernels::sum(kernels::contig(g), summed, true, g.dtype());
-    return std::vector<Tensor>{s.reshape(in_shape)};
+  return autograd::record(out, "expand", {x}, [in_shape](const Tensor& g, const autograd::Node&) {
+    return std::vector<Tensor>{sum_to(kernels::contig(g), in_shape)};  // over the repeated dims
   });
 }
 
