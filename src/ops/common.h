@@ -1,4 +1,5 @@
-// Helpers shared by the op families: dimension wrapping, un-broadcasting of gradients.
+// Helpers shared by the op families: dimension wrapping, un-broadcasting of gradients, the
+// backward of a fused ReLU.
 #pragma once
 #include <string_view>
 
@@ -30,6 +31,20 @@ inline Tensor sum_to(const Tensor& g, const Shape& shape) {
     if (i < lead || (shape[i - lead] == 1 && g.shape()[i] != 1)) dims.push_back(int64_t(i));
   Tensor s = kernels::sum(g, dims, /*keepdim=*/true, g.dtype());
   return s.detach().reshape(shape);
+}
+
+// The gradient through a fused ReLU (conv2d, linear_relu) whose output y the op saved: g
+// masked by [y > 0]. In place when the engine's gradient is the op's alone (no other handle,
+// no view of its bytes), since a second activation-sized buffer would raise the backward peak;
+// else into a new tensor. y is dropped: this is its last use.
+inline Tensor relu_masked_grad(const Tensor& g, Tensor& y) {
+  Tensor out = kernels::contig(g);  // a detached view of g's bytes when g is contiguous
+  const bool exclusive =
+      g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.storage().use_count() == 2;  // g's and out's
+  if (exclusive) kernels::relu_mask_inplace(out, y);
+  else out = kernels::unary_grad(kernels::UnaryGradOp::relu, out, y);
+  y = Tensor();
+  return out;
 }
 
 }  // namespace mixprec::ops

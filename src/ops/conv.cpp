@@ -78,16 +78,8 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
   // relu'(.) = [y > 0]; dropped as soon as the mask is applied (the lambda is mutable).
   Tensor y_mask = o.relu ? out.detach() : Tensor();
   return autograd::record(out, "conv2d", inputs, [=](const Tensor& g_in, const autograd::Node& n) mutable {
-    Tensor gy = kernels::contig(g_in);
-    if (y_mask.defined()) {
-      // Mask in place when the engine's gradient is ours alone (no other holder, no view): a
-      // second activation-sized buffer here would raise the backward peak.
-      const bool exclusive = g_in.is_contiguous() && g_in.impl_ptr().use_count() == 1 &&
-                             g_in.storage().use_count() == 2;  // g_in's and gy's handles
-      if (exclusive) kernels::relu_mask_inplace(gy, y_mask);
-      else gy = kernels::unary_grad(kernels::UnaryGradOp::relu, gy, y_mask);
-      y_mask = Tensor();  // the output is no longer needed: free it before the convolution runs
-    }
+    // The output is no longer needed once masked: freed before the convolution runs.
+    const Tensor gy = y_mask.defined() ? relu_masked_grad(g_in, y_mask) : kernels::contig(g_in);
     const bool need_b = n.next.size() > 2 && n.needs_grad(2);
     kernels::ConvGrads grads =
         kernels::conv2d_backward(gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t);

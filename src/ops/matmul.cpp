@@ -134,17 +134,8 @@ Tensor linear_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, b
   Tensor y_mask = relu ? out.detach() : Tensor();
   auto backward = [x2, wd, w_wide, b_wide, y_mask, x_shape = x.shape()](const Tensor& g_in,
                                                                          const autograd::Node& n) mutable {
-    Tensor g = g_in;
-    if (y_mask.defined()) {
-      // In place when the engine's gradient is ours alone (its handles: the engine's and g; no
-      // other view of the bytes), as conv2d does; else into a new tensor.
-      const bool exclusive =
-          g_in.is_contiguous() && g_in.impl_ptr().use_count() == 2 && g_in.storage().use_count() == 1;
-      if (exclusive) kernels::relu_mask_inplace(g, y_mask);
-      else g = kernels::unary_grad(kernels::UnaryGradOp::relu, kernels::contig(g_in), y_mask);
-      y_mask = Tensor();
-    }
-    Tensor g2 = kernels::contig(g).reshape({-1, g.size(-1)});  // [M, out]
+    const Tensor g = y_mask.defined() ? relu_masked_grad(g_in, y_mask) : kernels::contig(g_in);
+    Tensor g2 = g.reshape({-1, g.size(-1)});  // [M, out]
     std::vector<Tensor> grads(n.next.size());
     const DType gt = g2.dtype();
     if (n.needs_grad(0)) grads[0] = mm(g2, wd, false, false).reshape(x_shape);                        // [M,out]@[out,in]
