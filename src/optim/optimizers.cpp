@@ -108,14 +108,15 @@ void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, flo
   }
 }
 
-// The f32 AdamW rule of AdamW::update, 16 lanes at a time. The same operations in the same order
-// as the scalar loop (ISO C++ mode: no contraction into FMA; IEEE sqrt and division), so the
-// result is bit-identical to it.
+// The f32 AdamW rule of AdamW::update, 16 lanes at a time, over the whole 16-element groups of
+// [0, len); returns how many elements it did (the scalar rule does the rest). The same
+// operations in the same order as the scalar loop (ISO C++ mode: no contraction into FMA; IEEE
+// sqrt and division), so the result is bit-identical to it.
 struct AdamWConsts {
   float decay, b1, b2, step, inv_sqrt_bc2, eps;
 };
-__attribute__((target("avx512f"))) void adamw_f32_avx512(float* w, const float* g, float* m, float* v, int64_t len,
-                                                        const AdamWConsts& c) {
+__attribute__((target("avx512f"))) int64_t adamw_f32_avx512(float* w, const float* g, float* m, float* v,
+                                                           int64_t len, const AdamWConsts& c) {
   const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), one_b1 = _mm512_set1_ps(1.0f - c.b1),
                one_b2 = _mm512_set1_ps(1.0f - c.b2), decay = _mm512_set1_ps(c.decay), step = _mm512_set1_ps(c.step),
                bc2 = _mm512_set1_ps(c.inv_sqrt_bc2), eps = _mm512_set1_ps(c.eps);
@@ -131,23 +132,18 @@ __attribute__((target("avx512f"))) void adamw_f32_avx512(float* w, const float* 
                                     _mm512_div_ps(_mm512_mul_ps(step, mj), denom));
     _mm512_storeu_ps(w + j, wj);
   }
-  for (; j < len; ++j) {
-    const float gj = g[j];
-    m[j] = c.b1 * m[j] + (1.0f - c.b1) * gj;
-    v[j] = c.b2 * v[j] + (1.0f - c.b2) * gj * gj;
-    const float denom = std::sqrt(v[j]) * c.inv_sqrt_bc2 + c.eps;
-    w[j] = w[j] * c.decay - c.step * m[j] / denom;
-  }
+  return j;
 }
 
-// The f32 SGD rule of SGD::update, 16 lanes at a time, bit-identical to the scalar loop (same
-// operations in the same order, no contraction). buf is null without momentum.
+// The f32 SGD rule of SGD::update, 16 lanes at a time over the whole groups (returns how many
+// elements it did), bit-identical to the scalar loop (same operations in the same order, no
+// contraction). buf is null without momentum.
 struct SgdConsts {
   float lr, wd, mom, damp;
   bool first, nesterov;
 };
-__attribute__((target("avx512f"))) void sgd_f32_avx512(float* w, const float* g, float* buf, int64_t len,
-                                                      const SgdConsts& c) {
+__attribute__((target("avx512f"))) int64_t sgd_f32_avx512(float* w, const float* g, float* buf, int64_t len,
+                                                         const SgdConsts& c) {
   const __m512 lr = _mm512_set1_ps(c.lr), wd = _mm512_set1_ps(c.wd), mom = _mm512_set1_ps(c.mom),
                damp = _mm512_set1_ps(c.damp);
   int64_t j = 0;
@@ -161,14 +157,7 @@ __attribute__((target("avx512f"))) void sgd_f32_avx512(float* w, const float* g,
     }
     _mm512_storeu_ps(w + j, _mm512_sub_ps(wj, _mm512_mul_ps(lr, d)));
   }
-  for (; j < len; ++j) {
-    float d = g[j] + c.wd * w[j];
-    if (buf) {
-      buf[j] = c.first ? d : c.mom * buf[j] + c.damp * d;
-      d = c.nesterov ? d + c.mom * buf[j] : buf[j];
-    }
-    w[j] -= c.lr * d;
-  }
+  return j;
 }
 
 Tensor zeros_state(const Tensor& p) {
@@ -320,13 +309,10 @@ void SGD::update(float inv_scale) {
                    using T = std::remove_pointer_t<decltype(w)>;
                    T* buf = buf_base ? static_cast<T*>(buf_base) + begin : nullptr;
                    const T tlr = T(lr), twd = T(wd), tmom = T(mom), tdamp = T(damp);
-                   if constexpr (std::is_same_v<T, float>) {
-                     if (vectorised) {
-                       sgd_f32_avx512(w, gr, buf, len, {tlr, twd, tmom, tdamp, first, nesterov});
-                       return;
-                     }
-                   }
-                   for (int64_t j = 0; j < len; ++j) {
+                   int64_t j = 0;
+                   if constexpr (std::is_same_v<T, float>)
+                     if (vectorised) j = sgd_f32_avx512(w, gr, buf, len, {tlr, twd, tmom, tdamp, first, nesterov});
+                   for (; j < len; ++j) {
                      T d = gr[j] + twd * w[j];
                      if (buf) {
                        buf[j] = first ? d : tmom * buf[j] + tdamp * d;  // PyTorch: the first step copies d
@@ -385,13 +371,10 @@ void AdamW::update(float inv_scale) {
                    T* v = static_cast<T*>(v_base) + begin;
                    const T tdecay = T(decay), tb1 = T(b1), tb2 = T(b2), tstep = T(step_size), tbc2 = T(inv_sqrt_bc2),
                            teps = T(eps);
-                   if constexpr (std::is_same_v<T, float>) {
-                     if (vectorised) {
-                       adamw_f32_avx512(w, gr, m, v, len, {tdecay, tb1, tb2, tstep, tbc2, teps});
-                       return;
-                     }
-                   }
-                   for (int64_t j = 0; j < len; ++j) {
+                   int64_t j = 0;
+                   if constexpr (std::is_same_v<T, float>)
+                     if (vectorised) j = adamw_f32_avx512(w, gr, m, v, len, {tdecay, tb1, tb2, tstep, tbc2, teps});
+                   for (; j < len; ++j) {
                      const T gj = gr[j];
                      m[j] = tb1 * m[j] + (T(1) - tb1) * gj;
                      v[j] = tb2 * v[j] + (T(1) - tb2) * gj * gj;
