@@ -6,28 +6,19 @@
 namespace mixprec::ops {
 namespace {
 
-// dst[m,n] = op(a) @ op(b) in the dtype of a (inputs share a dtype after autocast/promotion),
-// or in f32 from 16-bit operands (products accumulate in f32 either way).
+// dst[m,n] = op(a) @ op(b), or [B, m, n] with one product per batch for [B, ., .] operands; in
+// the dtype of a (inputs share a dtype after autocast/promotion), or in f32 from 16-bit
+// operands (products accumulate in f32 either way). op transposes the last two dims.
 Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor* bias = nullptr,
           std::optional<DType> dst_t = std::nullopt, bool relu = false) {
-  const int64_t m = ta ? a.size(1) : a.size(0), n = tb ? b.size(0) : b.size(1);
-  Tensor dst = Tensor::empty({m, n}, dst_t.value_or(a.dtype()));
+  const int64_t r = a.dim() - 2;  // 1 when batched
+  const int64_t m = ta ? a.size(r + 1) : a.size(r), n = tb ? b.size(r) : b.size(r + 1);
+  Tensor dst = Tensor::empty(r ? Shape{a.size(0), m, n} : Shape{m, n}, dst_t.value_or(a.dtype()));
   kernels::MatmulOpts o;
   o.trans_a = ta;
   o.trans_b = tb;
   o.bias = bias;
   o.relu = relu;
-  kernels::matmul(a, b, dst, o);
-  return dst;
-}
-
-// [B, m, k] @ [B, k, n] -> [B, m, n], one product per batch (operands already one dtype).
-Tensor bmm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  const int64_t m = ta ? a.size(2) : a.size(1), n = tb ? b.size(1) : b.size(2);
-  Tensor dst = Tensor::empty({a.size(0), m, n}, a.dtype());
-  kernels::MatmulOpts o;
-  o.trans_a = ta;
-  o.trans_b = tb;
   kernels::matmul(a, b, dst, o);
   return dst;
 }
@@ -48,14 +39,14 @@ Tensor batched_matmul(const Tensor& a, const Tensor& b) {
   const Tensor a3 = reshape(contiguous(expand(a, with(batch, m, k))), {nb, m, k});
   const Tensor b3 = reshape(contiguous(expand(b, with(batch, k, n))), {nb, k, n});
   const Tensor ad = a3.detach(), bd = b3.detach();
-  Tensor out = bmm(ad, bd, false, false);
+  Tensor out = mm(ad, bd, false, false);
   out = autograd::record(
       out, "matmul", {a3, b3},
       [ad, bd](const Tensor& g, const autograd::Node& node) {
         const Tensor gc = kernels::contig(g);
         Tensor ga, gb;
-        if (node.needs_grad(0)) ga = bmm(gc, bd, false, true);  // g @ b^T
-        if (node.needs_grad(1)) gb = bmm(ad, gc, true, false);  // a^T @ g
+        if (node.needs_grad(0)) ga = mm(gc, bd, false, true);  // g @ b^T
+        if (node.needs_grad(1)) gb = mm(ad, gc, true, false);  // a^T @ g
         return std::vector<Tensor>{ga, gb};
       },
       {ad, bd});
