@@ -2,20 +2,17 @@
 // optimizer-setting warnings, anomaly mode naming the op, and the CLI's --diagnose, metrics
 // fields, presets and loss-scale flags on a small generated data set.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 
+#include "cli_util.h"
 #include "mixprec/amp.h"
 #include "mixprec/autograd.h"
-#include "mixprec/data.h"
 #include "mixprec/diagnostics.h"
 #include "mixprec/error.h"
 #include "mixprec/nn.h"
@@ -122,33 +119,7 @@ TEST(Diagnostics, AnomalyModeNamesTheOpThatMadeNaN) {
 
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
-// Bright band r/3 == class, on noise: learnable in a few steps.
-void write_split(const fs::path& dir, const std::string& split, int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  data::IdxArray images, labels;
-  images.dims = {n, 28, 28};
-  labels.dims = {n};
-  images.data.resize(size_t(n) * 784);
-  labels.data.resize(size_t(n));
-  for (int i = 0; i < n; ++i) {
-    const int c = int(rng() % 10);
-    labels.data[size_t(i)] = uint8_t(c);
-    for (int k = 0; k < 784; ++k)
-      images.data[size_t(i) * 784 + size_t(k)] = uint8_t((k / 28) / 3 == c ? 150 + rng() % 100 : rng() % 100);
-  }
-  data::write_idx((dir / (split + "-images-idx3-ubyte.gz")).string(), images, true);
-  data::write_idx((dir / (split + "-labels-idx1-ubyte.gz")).string(), labels, true);
-}
+using clitest::run_cli;
 
 class AmpCli : public ::testing::Test {
  protected:
@@ -156,16 +127,11 @@ class AmpCli : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("mixprec_amp_" + std::to_string(getpid()) + "_" +
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
-    write_split(dir_, "train", 400, 1);
-    write_split(dir_, "t10k", 100, 2);
+    clitest::write_dataset(dir_, "train", 400, 1);
+    clitest::write_dataset(dir_, "t10k", 100, 2);
   }
   void TearDown() override { fs::remove_all(dir_); }
-  CliRun run(const std::string& args) {
-    const std::string cmd =
-        std::string(MIXPREC_CLI) + " " + args + " >" + (dir_ / "out").string() + " 2>" + (dir_ / "err").string();
-    const int status = std::system(cmd.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir_ / "out"), slurp(dir_ / "err")};
-  }
+  clitest::RunResult run(const std::string& args) { return run_cli(args, dir_); }
   std::vector<nlohmann::json> metrics() {
     std::vector<nlohmann::json> out;
     std::ifstream f(dir_ / "m.jsonl");
@@ -182,7 +148,7 @@ class AmpCli : public ::testing::Test {
 }  // namespace
 
 TEST_F(AmpCli, DiagnoseAndMetricsFields) {
-  const CliRun r = run(train("--precision amp-fp16 --diagnose 4 --clip-grad-norm 10"));
+  const clitest::RunResult r = run(train("--precision amp-fp16 --diagnose 4 --clip-grad-norm 10"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("loss scale dynamic (init 65536"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("autocast trace"), std::string::npos) << r.out;
@@ -208,13 +174,13 @@ TEST_F(AmpCli, DiagnoseAndMetricsFields) {
 
 TEST_F(AmpCli, EveryPresetTrainsAndLossScaleFlagsWork) {
   for (const std::string p : {"fp32", "amp-bf16", "amp-fp16", "half-bf16", "half-fp16", "pure-bf16", "pure-fp16"}) {
-    const CliRun r = run(train("--precision " + p + " --accumulate 2"));
+    const clitest::RunResult r = run(train("--precision " + p + " --accumulate 2"));
     ASSERT_EQ(r.exit_code, 0) << p << ": " << r.err;
     const auto m = metrics();
     EXPECT_GT(m.back().at("test_accuracy").get<double>(), 0.5) << p;
     EXPECT_EQ(m.front().at("scale").get<double>(), p.find("fp16") != std::string::npos ? 65536.0 : 1.0) << p;
   }
-  CliRun r = run(train("--precision amp-fp16 --loss-scale static:1024"));
+  clitest::RunResult r = run(train("--precision amp-fp16 --loss-scale static:1024"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(metrics().back().at("final_scale").get<double>(), 1024.0);
   r = run(train("--precision amp-bf16 --loss-scale dynamic --init-scale 8 --growth-interval 2 --hysteresis 2"));
@@ -231,7 +197,7 @@ TEST_F(AmpCli, EveryPresetTrainsAndLossScaleFlagsWork) {
 TEST_F(AmpCli, DetectAnomalyNamesTheForwardOp) {
   // A learning rate of 1e3 sends the weights to ~1e3 after one SGD step and to overflow soon
   // after: the first inf/NaN appears in a forward op, which anomaly mode names.
-  const CliRun r = run(train("--precision fp32 --optimizer sgd --momentum 0 --lr 1000 --detect-anomaly"));
+  const clitest::RunResult r = run(train("--precision fp32 --optimizer sgd --momentum 0 --lr 1000 --detect-anomaly"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("anomaly: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("produced NaN or inf"), std::string::npos) << r.err;

@@ -1,0 +1,61 @@
+// Helpers for tests that run the CLI binary (MIXPREC_CLI) on a small generated data set.
+#pragma once
+#include <sys/wait.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "mixprec/data.h"
+
+namespace mixprec::clitest {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+inline std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// `mixprec ARGS`, its stdout and stderr captured through files in dir.
+inline RunResult run_cli(const std::string& args, const fs::path& dir) {
+  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+  const std::string cmd = std::string(MIXPREC_CLI) + " " + args + " >" + out.string() + " 2>" + err.string();
+  const int status = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+// A small learnable data set in idx.gz files: the class is which of 10 image bands is bright.
+inline void write_dataset(const fs::path& dir, const std::string& split, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  data::IdxArray images, labels;
+  images.dims = {n, 28, 28};
+  labels.dims = {n};
+  images.data.resize(size_t(n) * 28 * 28);
+  labels.data.resize(size_t(n));
+  for (int i = 0; i < n; ++i) {
+    const int c = int(rng() % 10);
+    labels.data[size_t(i)] = uint8_t(c);
+    for (int r = 0; r < 28; ++r)
+      for (int col = 0; col < 28; ++col) {
+        const bool band = r / 3 == c;
+        images.data[size_t(i) * 784 + size_t(r) * 28 + size_t(col)] = uint8_t(band ? 150 + rng() % 100 : rng() % 100);
+      }
+  }
+  data::write_idx((dir / (split + "-images-idx3-ubyte.gz")).string(), images, true);
+  data::write_idx((dir / (split + "-labels-idx1-ubyte.gz")).string(), labels, true);
+}
+
+}  // namespace mixprec::clitest
