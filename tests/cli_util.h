@@ -1,6 +1,8 @@
 // Helpers for tests that run the CLI binary (MIXPREC_CLI) on a small generated data set.
 #pragma once
+#include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +16,18 @@
 namespace mixprec::clitest {
 
 namespace fs = std::filesystem;
+
+// A fixture with a fresh directory per test (named after the test and the process), removed after.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("mixprec_test_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
 
 struct RunResult {
   int exit_code = -1;

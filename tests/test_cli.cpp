@@ -1,7 +1,6 @@
 // End-to-end tests of the CLI binary: a short training run on a small idx data set made
 // here, the metrics file, and the one-line errors for bad input.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -21,16 +20,7 @@ using mixprec::clitest::run_cli;
 using mixprec::clitest::slurp;
 using mixprec::clitest::write_dataset;
 
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("mixprec_cli_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+class Cli : public mixprec::clitest::TempDirTest {};
 
 int count_lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
 

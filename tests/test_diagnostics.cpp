@@ -2,7 +2,6 @@
 // optimizer-setting warnings, anomaly mode naming the op, and the CLI's --diagnose, metrics
 // fields, presets and loss-scale flags on a small generated data set.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -121,16 +120,13 @@ namespace {
 
 using clitest::run_cli;
 
-class AmpCli : public ::testing::Test {
+class AmpCli : public clitest::TempDirTest {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("mixprec_amp_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
+    TempDirTest::SetUp();
     clitest::write_dataset(dir_, "train", 400, 1);
     clitest::write_dataset(dir_, "t10k", 100, 2);
   }
-  void TearDown() override { fs::remove_all(dir_); }
   clitest::RunResult run(const std::string& args) { return run_cli(args, dir_); }
   std::vector<nlohmann::json> metrics() {
     std::vector<nlohmann::json> out;
@@ -142,7 +138,6 @@ class AmpCli : public ::testing::Test {
     return "train --data " + dir_.string() + " --epochs 1 --hidden 32 --batch-size 50 --threads 1 --metrics " +
            (dir_ / "m.jsonl").string() + " " + extra;
   }
-  fs::path dir_;
 };
 
 }  // namespace
