@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=$(nproc)
 
-packages=(g++ cmake ninja-build libdnnl-dev zlib1g-dev nlohmann-json3-dev libgtest-dev dataset-fashion-mnist)
+packages=(g++ cmake ninja-build libdnnl-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libgtest-dev dataset-fashion-mnist)
 [ "${1:-}" = bench ] && packages+=(python3-torch python3-numpy)
 
 setup() {
