@@ -69,6 +69,7 @@ if [ ! -s "$base_tar" ]; then
     rm -rf --one-file-system "$tmp"
     exit 1
   fi
+  chmod 755 "$tmp"  # mktemp's 0700 would become the root's /, which apt's _apt user cannot enter
   tar -C "$tmp" -cf "$base_tar.tmp" . && mv "$base_tar.tmp" "$base_tar"
   rm -rf --one-file-system "$tmp"
 fi
@@ -97,6 +98,7 @@ trap 'on_signal 129' HUP
 
 mkdir "$root"
 tar -C "$root" -xf "$base_tar"
+chmod 755 "$root"
 if [ -f /etc/apt/sources.list.d/debian.sources ]; then
   cp /etc/apt/sources.list.d/debian.sources "$root/etc/apt/sources.list.d/"
   rm -f "$root/etc/apt/sources.list"
