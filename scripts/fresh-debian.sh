@@ -29,7 +29,11 @@ mounts_under() { awk -v r="$1" '$5 == r || index($5, r "/") == 1 {print $5}' /pr
 # Releases every mount under a root, then removes it. Refuses to delete while anything is mounted
 # there: rm must never walk into the host's /dev or /sys.
 clear_root() {
-  local root=$1 m
+  local root=$1 m p
+  # Processes still running inside it (a killed run's command lives on in its own session).
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/root" 2>/dev/null)" = "$root" ] && kill -KILL "${p#/proc/}" 2>/dev/null
+  done
   for m in $(mounts_under "$root"); do umount -R "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
   if [ -n "$(mounts_under "$root")" ]; then
     log "cannot release the mounts under $root; left in place"
