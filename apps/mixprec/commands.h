@@ -5,4 +5,6 @@
 namespace mixprec::cli {
 int cmd_train(Args& a);
 int cmd_bench(Args& a);
+int cmd_devices(Args& a);
+int cmd_version();
 }  // namespace mixprec::cli

@@ -15,6 +15,7 @@ const char* kUsage = R"(usage: mixprec <command> [flags]
 commands:
   train   train a model on Fashion-MNIST (or --data DIR of idx files), evaluate each epoch
   bench   time training steps on synthetic data, print one JSON object
+  devices list this machine's CPU features and GPUs (`mixprec --version`: is CUDA built in)
 
 shared flags (train, bench):
   --model mlp                  model to build (mlp: 784-hidden...-10)
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  if (cmd == "--version" || cmd == "version") return mixprec::cli::cmd_version();
   std::vector<std::string> rest(argv + 2, argv + argc);
   for (const auto& r : rest)
     if (r == "--help" || r == "-h") {
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
     mixprec::cli::Args args(cmd, rest);
     if (cmd == "train") return mixprec::cli::cmd_train(args);
     if (cmd == "bench") return mixprec::cli::cmd_bench(args);
+    if (cmd == "devices") return mixprec::cli::cmd_devices(args);
     std::fprintf(stderr, "mixprec: unknown command '%s' (try `mixprec --help`)\n", cmd.c_str());
     return 2;
   } catch (const mixprec::Error& e) {

@@ -1,0 +1,31 @@
+// `mixprec devices` and `mixprec --version`: what this build and this machine offer.
+#include <cstdio>
+
+#include "commands.h"
+#include "mixprec/cpu.h"
+#include "mixprec/device.h"
+
+namespace mixprec::cli {
+
+int cmd_version() {
+  std::printf("mixprec %s (%s)\n", MIXPREC_VERSION,
+              cuda::built() ? ("CUDA " + cuda::toolkit_version() + " support built in").c_str()
+                            : "built without CUDA support");
+  return 0;
+}
+
+int cmd_devices(Args& a) {
+  a.finish();
+  std::printf("cpu: %s\n", mixprec::cpu::describe().c_str());
+  const auto gpus = cuda::devices();
+  if (gpus.empty()) {
+    std::printf("cuda: none (%s)\n", cuda::unavailable_reason().c_str());
+    return 0;
+  }
+  for (const auto& g : gpus)
+    std::printf("cuda:%d: %s, %.1f GiB, compute capability %d.%d, %d SMs\n", g.index, g.name.c_str(),
+                double(g.total_bytes) / double(1ull << 30), g.major, g.minor, g.multiprocessors);
+  return 0;
+}
+
+}  // namespace mixprec::cli

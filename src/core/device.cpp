@@ -1,0 +1,44 @@
+// Device names, and the CUDA queries of a build without the CUDA backend (src/core/cuda/ has the
+// real ones).
+#include "mixprec/device.h"
+
+#include <charconv>
+
+#include "mixprec/error.h"
+
+namespace mixprec {
+
+Device Device::parse(std::string_view text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.starts_with("cuda:")) {
+    const std::string_view num = text.substr(5);
+    int index = -1;
+    const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), index);
+    if (ec == std::errc() && end == num.data() + num.size() && !num.empty() && index >= 0) return cuda(index);
+  }
+  throw Error(detail::concat("unknown device '", text, "': expected cpu, cuda or cuda:N"));
+}
+
+std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+
+namespace cuda {
+
+void require(const Device& d) {
+  if (d.is_cpu()) return;
+  const int n = device_count();
+  MIXPREC_CHECK(n > 0, "device ", d.str(), " asked for, but there is no usable GPU: ", unavailable_reason());
+  MIXPREC_CHECK(d.index < n, "device ", d.str(), " asked for, but this machine has ", n, " GPU",
+                n == 1 ? "" : "s", " (cuda:0", n > 1 ? detail::concat("..cuda:", n - 1) : std::string(), ")");
+}
+
+#ifndef MIXPREC_WITH_CUDA
+bool built() { return false; }
+std::string toolkit_version() { return ""; }
+int device_count() { return 0; }
+std::string unavailable_reason() { return "this mixprec was built without CUDA support"; }
+std::vector<DeviceProperties> devices() { return {}; }
+#endif
+
+}  // namespace cuda
+}  // namespace mixprec
