@@ -30,7 +30,14 @@ setup() {
 build() {
   local dir=$1
   shift
-  cmake -S "$root" -B "$dir" -G Ninja "$@" >/dev/null
+  # MIXPREC_CUDA_ARCHS=90 (CI, GPU runs): build the CUDA backend for that architecture alone.
+  mkdir -p "$dir"
+  if ! cmake -S "$root" -B "$dir" -G Ninja ${MIXPREC_CUDA_ARCHS:+-DMIXPREC_CUDA_ARCHS="$MIXPREC_CUDA_ARCHS"} "$@" \
+    >"$dir/configure.log" 2>&1; then
+    cat "$dir/configure.log" >&2
+    return 1
+  fi
+  grep -E '^-- mixprec:' "$dir/configure.log" || true  # whether the CUDA backend is built, and why
   cmake --build "$dir" -j "$jobs"
 }
 

@@ -7,13 +7,14 @@
 #   FRESH_WITH_CUDA=1   mount this machine's CUDA toolkit (/usr/local/cuda) read-only into the root
 #                       and put its bin/ on PATH: a user's machine with CUDA installed
 #   FRESH_DIR=DIR       where roots and caches live (default /var/tmp/mixprec-fresh)
+#   MIXPREC_CUDA_ARCHS  passed on to the command (scripts/dev.sh builds those CUDA architectures)
 # Cached between runs on one machine: the pristine base root (a tarball) and downloaded .deb files.
 # Everything the project installs is installed anew in every run. Mounts are released and the root
 # removed when the run ends, fails or is interrupted; a root that a killed run left behind is
 # cleared by the next run.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: scripts/fresh-debian.sh COMMAND..." >&2; exit 2; }
-if [ "$(id -u)" -ne 0 ]; then exec sudo --preserve-env=FRESH_WITH_CUDA,FRESH_DIR "$0" "$@"; fi
+if [ "$(id -u)" -ne 0 ]; then exec sudo --preserve-env=FRESH_WITH_CUDA,FRESH_DIR,MIXPREC_CUDA_ARCHS "$0" "$@"; fi
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 commit=$(git -C "$repo" rev-parse HEAD)
@@ -131,6 +132,7 @@ log "running '$*' on $(git -C "$repo" log -1 --format='%h %s' "$commit" | cut -c
 # In its own session, in the background: a signal to this script interrupts `wait` at once, and
 # on_signal can end every process of the command.
 setsid chroot "$root" /usr/bin/env -i HOME=/root PATH="$path" LANG=C.UTF-8 CI="${CI:-}" \
+  ${MIXPREC_CUDA_ARCHS:+MIXPREC_CUDA_ARCHS="$MIXPREC_CUDA_ARCHS"} \
   /bin/bash -c 'cd /w/repo && "$@"' bash "$@" &
 child=$!
 wait "$child"
