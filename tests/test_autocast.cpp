@@ -7,9 +7,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "mixprec/amp.h"
-#include "mixprec/convert.h"
+#include "autocast/autocast_state.h"
+#include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
+#include "mixprec/convert.h"
 #include "mixprec/error.h"
 #include "mixprec/ops.h"
 #include "mixprec/optim.h"
@@ -155,6 +156,51 @@ TEST_P(AutocastBoth, WeightCastCacheLivesUntilTheOutermostGuardExits) {
     EXPECT_EQ(amp::autocast_cache_size(), 3u);
   }
   EXPECT_EQ(amp::autocast_cache_size(), 0u);
+}
+
+// cache_enabled=false (PyTorch's): each use of a parameter gets its own cast, nothing is cached,
+// the gradient is the same up to where the two uses' gradients are summed, and an inner guard's
+// setting ends with it. matmul, not linear: linear's bf16 weight gradient skips the cast node.
+TEST_P(AutocastBoth, CacheDisabledCastsEveryUse) {
+  const DType half = GetParam();
+  Generator g(11);
+  Tensor w = Tensor::randn({8, 6}, g, DType::f32, 0.3).set_requires_grad();
+  Tensor x = Tensor::randn({4, 8}, g);
+  EXPECT_TRUE(amp::is_autocast_cache_enabled());
+  std::vector<float> grads[2];
+  for (bool cache : {true, false}) {
+    w.set_grad(Tensor());
+    {
+      amp::Autocast ac(half, /*enabled=*/true, /*cache_enabled=*/cache);
+      EXPECT_EQ(amp::is_autocast_cache_enabled(), cache);
+      Tensor y1 = ops::matmul(x, w);
+      Tensor y2 = ops::matmul(ops::relu(x), w);
+      ASSERT_EQ(y1.dtype(), half);
+      EXPECT_EQ(amp::autocast_cache_size(), cache ? 1u : 0u);
+      ASSERT_NE(y1.grad_fn(), nullptr);
+      EXPECT_EQ(y1.grad_fn()->next[1] == y2.grad_fn()->next[1], cache);  // one cast node, or one per use
+      ops::sum(ops::add(y1, y2)).backward();
+    }
+    ASSERT_EQ(w.grad().dtype(), DType::f32);
+    grads[cache ? 0 : 1] = w.grad().to_vector();
+  }
+  EXPECT_TRUE(amp::is_autocast_cache_enabled());
+  float scale = 0;
+  for (float v : grads[0]) scale = std::max(scale, std::fabs(v));
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_NEAR(grads[1][i], grads[0][i], 0.01f * scale) << i;
+
+  amp::Autocast outer(half);
+  const auto outer_cast = ops::matmul(x, w).grad_fn()->next[1];
+  ASSERT_EQ(amp::autocast_cache_size(), 1u);
+  {
+    amp::Autocast inner(half, /*enabled=*/true, /*cache_enabled=*/false);
+    EXPECT_NE(ops::matmul(x, w).grad_fn()->next[1], outer_cast);  // the outer's entry is not used...
+    EXPECT_EQ(amp::autocast_cache_size(), 1u);                    // ...nor dropped
+    amp::Autocast innermost(half);                                // caching again
+    EXPECT_EQ(ops::matmul(x, w).grad_fn()->next[1], outer_cast);
+  }
+  EXPECT_TRUE(amp::is_autocast_cache_enabled());
+  EXPECT_EQ(amp::autocast_cache_size(), 1u);
 }
 
 TEST_P(AutocastBoth, NestedDisabledGuardRunsInInputDtypes) {

@@ -8,7 +8,7 @@
 #include "conv_test_util.h"
 #include "gradcheck.h"
 #include "kernels/cpu/dnnl_conv.h"
-#include "mixprec/amp.h"
+#include "mixprec/autocast.h"
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
 #include "mixprec/optim.h"
@@ -165,11 +165,11 @@ TEST(ConvFusion, SequentialConvReluEqualsTheUnfusedPair) {
     nn::Sequential m(nn::Conv2d(3, 8, 3, {.padding = 1}), nn::ReLU());
     auto& conv = dynamic_cast<nn::Conv2d&>(m[0]);
     Generator g(4);
-    const Tensor x = Tensor::randn({2, 3, 9, 9}, g).to(t).detach().set_requires_grad();
+    Tensor x = Tensor::randn({2, 3, 9, 9}, g).to(t).detach().set_requires_grad();
     const Tensor gy = Tensor::randn({2, 8, 4, 4}, g).to(t).detach();
     auto run = [&](bool fused) {
       conv.weight.set_grad(Tensor());
-      x.impl()->grad.reset();
+      x.set_grad(Tensor());
       amp::Autocast ac(DType::bf16, t == DType::bf16);
       Tensor y = fused ? m(x) : ops::relu(ops::conv2d(x, conv.weight, conv.bias, {.padding = 1}));
       // A pool after it hands the convolution a gradient nobody else holds (masked in place).

@@ -391,10 +391,10 @@ TEST(Convert, ScalarOnlySwitchGivesSameBits) {
       slow_h(src.size());
   convert_f32_to_bf16(src.data(), fast_bf.data(), src.size());
   convert_f32_to_f16(src.data(), fast_h.data(), src.size());
-  EXPECT_FALSE(set_scalar_conversions_only(true));
+  EXPECT_FALSE(detail::set_scalar_conversions_only(true));
   convert_f32_to_bf16(src.data(), slow_bf.data(), src.size());
   convert_f32_to_f16(src.data(), slow_h.data(), src.size());
-  EXPECT_TRUE(set_scalar_conversions_only(false));
+  EXPECT_TRUE(detail::set_scalar_conversions_only(false));
   EXPECT_EQ(fast_bf, slow_bf);
   EXPECT_EQ(fast_h, slow_h);
 }

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "cli_util.h"
-#include "mixprec/amp.h"
+#include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
 #include "mixprec/diagnostics.h"
 #include "mixprec/error.h"

@@ -8,7 +8,7 @@
 
 #include "conv_test_util.h"
 #include "gradcheck.h"
-#include "mixprec/amp.h"
+#include "mixprec/autocast.h"
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
-#include "mixprec/amp.h"
+#include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
 #include "mixprec/clip.h"
 #include "mixprec/convert.h"

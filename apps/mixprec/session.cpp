@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "mixprec/allocator.h"
-#include "mixprec/amp.h"
+#include "mixprec/autocast.h"
 #include "mixprec/clip.h"
 #include "mixprec/cpu.h"
 #include "mixprec/error.h"

@@ -10,7 +10,7 @@
 
 #include "commands.h"
 #include "mixprec/allocator.h"
-#include "mixprec/amp.h"
+#include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
 #include "mixprec/data.h"
 #include "mixprec/diagnostics.h"

@@ -1,5 +1,6 @@
-// Autograd: graph nodes holding a backward lambda beside their saved tensors, an iterative
-// (never recursive) backward engine, and the no-grad guard.
+// Autograd: the graph node interface, recording an op's backward lambda, the iterative (never
+// recursive) backward engine, and the grad-mode guards. The engine's own node types (an op's
+// node, a leaf's gradient sink) are internal.
 #pragma once
 #include <functional>
 #include <memory>
@@ -25,35 +26,12 @@ struct Node {
   bool needs_grad(size_t i) const { return i < next.size() && next[i] != nullptr; }
   virtual std::vector<Tensor> apply(const Tensor& grad_out) = 0;
   virtual void release() {}  // drop saved tensors once run
+  // True once a backward pass has run through this node and released what it saved: a tensor
+  // whose grad_fn is consumed can no longer pass a gradient to its inputs.
+  virtual bool is_consumed() const { return false; }
 };
 
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_out, const Node& node)>;
-
-// A tensor an op's backward reads, and the version of its bytes when the op ran. Backward
-// refuses bytes written in place since (PyTorch's "modified by an inplace operation" error)
-// rather than compute a wrong gradient from them.
-struct SavedVersion {
-  std::shared_ptr<Storage> storage;
-  uint64_t version = 0;
-  Shape shape;
-  DType dtype = DType::f32;
-};
-
-struct FunctionNode final : Node {
-  BackwardFn fn;
-  std::vector<SavedVersion> saved;
-  std::vector<Tensor> apply(const Tensor& grad_out) override;
-  void release() override {
-    fn = nullptr;
-    saved.clear();
-  }
-};
-
-// Sink for a leaf that requires grad: adds into leaf.grad (allocated as MemCategory::gradients).
-struct AccumulateGrad final : Node {
-  std::weak_ptr<TensorImpl> leaf;
-  std::vector<Tensor> apply(const Tensor& grad_out) override;
-};
 
 bool grad_enabled();
 class NoGradGuard {
@@ -66,7 +44,7 @@ class NoGradGuard {
  private:
   bool prev_;
 };
-class EnableGradGuard {  // re-enables grad inside a NoGradGuard (used by tests)
+class EnableGradGuard {  // re-enables grad inside a NoGradGuard (PyTorch's torch.enable_grad)
  public:
   EnableGradGuard();
   ~EnableGradGuard();
@@ -90,6 +68,9 @@ bool any_requires_grad(std::initializer_list<Tensor> inputs);
 
 // Run backward from roots with the given output gradients.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
+// True on this thread while backward() runs: ops then compute in the dtypes the forward chose
+// (autocast does not apply to them).
+bool in_backward();
 
 // Anomaly mode: every op output is checked for NaN/inf and the producing op is named.
 bool anomaly_enabled();

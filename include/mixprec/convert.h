@@ -34,7 +34,10 @@ void convert_f16_to_f32(const uint16_t* src, float* dst, size_t n);
 // Any dtype to any dtype over n contiguous elements (float->int truncates toward zero).
 void convert(const void* src, DType src_t, void* dst, DType dst_t, size_t n);
 
-// Force the scalar path for bulk conversions (tests compare the two); returns the old value.
+namespace detail {
+// Test hook: force the scalar path for bulk conversions (tests compare the two); returns the
+// old value.
 bool set_scalar_conversions_only(bool on);
+}  // namespace detail
 
 }  // namespace mixprec

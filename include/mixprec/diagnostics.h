@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "mixprec/amp.h"
+#include "mixprec/autocast.h"
 #include "mixprec/optim.h"
 #include "mixprec/tensor.h"
 

@@ -1,10 +1,11 @@
-// The whole public API of mixprec in one include.
+// The whole public API of mixprec in one include (every header in include/mixprec/).
 #pragma once
 #include "mixprec/allocator.h"
-#include "mixprec/amp.h"
+#include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
 #include "mixprec/clip.h"
 #include "mixprec/convert.h"
+#include "mixprec/cpu.h"
 #include "mixprec/data.h"
 #include "mixprec/diagnostics.h"
 #include "mixprec/dtype.h"
@@ -14,4 +15,5 @@
 #include "mixprec/ops.h"
 #include "mixprec/optim.h"
 #include "mixprec/precision.h"
+#include "mixprec/schedule.h"
 #include "mixprec/tensor.h"

@@ -36,7 +36,7 @@ class Module {
   bool is_training() const { return training_; }
   int64_t num_parameters() const;
 
-  // Converts in place, keeping every handle valid (the TensorImpl gets new storage and dtype),
+  // Converts in place, keeping every handle valid (the tensor itself gets new storage and dtype),
   // the floating parameters and buffers of this module and its descendants for which
   // `select(module)` is true (every module when no predicate). Gradients are dropped. Used by
   // the half/pure precision presets, which keep normalization layers in f32.

@@ -47,6 +47,9 @@ class Storage {
   uint64_t version_;
 };
 
+namespace detail {
+// The state behind a Tensor handle (internal: code outside the library goes through Tensor).
+// Views share `storage`; the autograd fields are written by the engine and by record().
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   Shape shape;
@@ -59,13 +62,14 @@ struct TensorImpl {
   std::shared_ptr<autograd::Node> grad_fn;
   std::weak_ptr<autograd::Node> grad_accumulator;
 };
+}  // namespace detail
 
 class Generator;
 
 class Tensor {
  public:
   Tensor() = default;
-  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+  explicit Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)) {}  // internal
 
   // ---- factories (allocate under the current MemoryScope category) ----
   static Tensor empty(const Shape& shape, DType dtype = DType::f32);
@@ -91,8 +95,9 @@ class Tensor {
   int64_t offset() const { return impl_->offset; }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype()); }
   bool is_contiguous() const;
-  TensorImpl* impl() const { return impl_.get(); }
-  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  // The handle's state (internal, for the engine and caches keyed by tensor identity).
+  detail::TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<detail::TensorImpl>& impl_ptr() const { return impl_; }
   const std::shared_ptr<Storage>& storage() const { return impl_->storage; }
   bool same(const Tensor& o) const { return impl_ == o.impl_; }
 
@@ -137,7 +142,7 @@ class Tensor {
   void backward(const Tensor& grad = Tensor()) const;
 
  private:
-  std::shared_ptr<TensorImpl> impl_;
+  std::shared_ptr<detail::TensorImpl> impl_;
 };
 
 // Deterministic random numbers (mt19937_64), for initialisation, dropout and data order.

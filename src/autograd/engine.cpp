@@ -2,8 +2,9 @@
 // overflow the C++ stack), gradients summed per node, saved tensors released as nodes run.
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
-#include "amp/autocast_state.h"
+#include "autograd/nodes.h"
 #include "kernels/kernels.h"
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"
@@ -11,6 +12,7 @@
 namespace mixprec::autograd {
 namespace {
 thread_local bool tl_grad_enabled = true;
+thread_local bool tl_in_backward = false;
 bool g_anomaly = false;
 }  // namespace
 
@@ -19,6 +21,7 @@ NoGradGuard::NoGradGuard() : prev_(tl_grad_enabled) { tl_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { tl_grad_enabled = prev_; }
 EnableGradGuard::EnableGradGuard() : prev_(tl_grad_enabled) { tl_grad_enabled = true; }
 EnableGradGuard::~EnableGradGuard() { tl_grad_enabled = prev_; }
+bool in_backward() { return tl_in_backward; }
 bool anomaly_enabled() { return g_anomaly; }
 void set_anomaly_enabled(bool on) { g_anomaly = on; }
 
@@ -70,7 +73,7 @@ bool any_requires_grad(std::initializer_list<Tensor> inputs) {
 
 static std::shared_ptr<Node> edge_of(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return nullptr;
-  TensorImpl* impl = t.impl();
+  detail::TensorImpl* impl = t.impl();
   if (impl->grad_fn) return impl->grad_fn;
   auto acc = impl->grad_accumulator.lock();
   if (!acc) {
@@ -102,7 +105,7 @@ static Tensor record_impl(Tensor out, std::string_view name, const Range& inputs
     node->inputs.push_back(t.defined() ? InputMeta{t.shape(), t.dtype()} : InputMeta{{}, DType::f32});
   }
   // `out` may share its impl with nobody yet; give it history.
-  TensorImpl* impl = out.impl();
+  detail::TensorImpl* impl = out.impl();
   impl->requires_grad = true;
   impl->is_leaf = false;
   impl->grad_fn = std::move(node);
@@ -121,7 +124,12 @@ Tensor record(Tensor out, std::string_view name, const std::vector<Tensor>& inpu
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
   MIXPREC_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
   NoGradGuard no_grad;
-  amp::AutocastSuspend no_autocast;
+  // Autocast reads this flag: backward runs in the dtypes the forward chose. Restored on exit,
+  // also when a node throws.
+  struct InBackward {
+    bool prev = std::exchange(tl_in_backward, true);
+    ~InBackward() { tl_in_backward = prev; }
+  } in_backward_scope;
   MemoryScope scope(MemCategory::temporaries);
 
   // 1. Dependencies: how many edges point at each node among the reachable ones.

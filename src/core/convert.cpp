@@ -225,7 +225,7 @@ bool scalar_only() { return g_scalar_only.load(std::memory_order_relaxed); }
 
 }  // namespace
 
-bool set_scalar_conversions_only(bool on) { return g_scalar_only.exchange(on); }
+bool detail::set_scalar_conversions_only(bool on) { return g_scalar_only.exchange(on); }
 
 void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
   run_chunked(scalar_only() ? f32_to_bf16_scalar : kernels().f32_to_bf16, src, dst, n);

@@ -56,7 +56,7 @@ void Storage::set_category(MemCategory c) {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
   for (int64_t d : shape) MIXPREC_CHECK(d >= 0, "tensor dimensions must be >= 0, got ", shape_str(shape));
-  auto impl = std::make_shared<TensorImpl>();
+  auto impl = std::make_shared<detail::TensorImpl>();
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -173,7 +173,7 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::detach() const {
-  auto impl = std::make_shared<TensorImpl>();
+  auto impl = std::make_shared<detail::TensorImpl>();
   impl->storage = impl_->storage;
   impl->shape = impl_->shape;
   impl->strides = impl_->strides;

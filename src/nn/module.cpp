@@ -71,7 +71,7 @@ void Module::train(bool on) {
 // the optimizer and any other handle see the new dtype) and gets a fresh contiguous storage of
 // the same memory category.
 static void convert_in_place(const Tensor& t, DType dtype) {
-  TensorImpl* impl = t.impl();
+  detail::TensorImpl* impl = t.impl();
   if (impl->dtype == dtype || !is_floating(impl->dtype)) return;
   const Tensor src = t.detach().is_contiguous() ? t.detach() : t.detach().clone();
   auto storage = std::make_shared<Storage>(size_t(t.numel()) * dtype_size(dtype), impl->storage->category());

@@ -3,7 +3,7 @@
 #pragma once
 #include <string_view>
 
-#include "amp/autocast_state.h"
+#include "autocast/autocast_state.h"
 #include "kernels/kernels.h"
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"

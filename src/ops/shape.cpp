@@ -4,7 +4,7 @@
 namespace mixprec::ops {
 
 static Tensor make_view(const Tensor& x, Shape shape, Shape strides, int64_t offset) {
-  auto impl = std::make_shared<TensorImpl>();
+  auto impl = std::make_shared<detail::TensorImpl>();
   impl->storage = x.storage();
   impl->shape = std::move(shape);
   impl->strides = std::move(strides);

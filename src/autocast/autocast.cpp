@@ -1,25 +1,25 @@
-// The autocast guard, the per-op casting policy applied at op entry, and the weight-cast cache.
+// The autocast guard and thread state, the per-op casting policy applied at op entry, the
+// weight-cast cache and the trace.
 #include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
 
-#include "amp/autocast_state.h"
-#include "mixprec/error.h"
+#include "autocast/autocast_state.h"
 #include "mixprec/autograd.h"
-#include "mixprec/ops.h"
+#include "mixprec/error.h"
 
 namespace mixprec::amp {
 namespace {
 
 struct CacheEntry {
-  std::weak_ptr<TensorImpl> src;
+  std::weak_ptr<detail::TensorImpl> src;
   uint64_t version = 0;  // the source's version when cast: an in-place write (optimizer step) invalidates
   Tensor cast;
 };
 struct ThreadState {
   AutocastState s;
-  std::map<std::pair<TensorImpl*, DType>, CacheEntry> cache;
+  std::map<std::pair<detail::TensorImpl*, DType>, CacheEntry> cache;
   bool tracing = false;
   std::set<std::tuple<std::string, std::string, std::string>> trace;
 };
@@ -32,15 +32,15 @@ ThreadState& ts() {
 // runs, so the cached copy can no longer carry a gradient (and an optimizer step has likely
 // changed the parameter since). Gradient accumulation inside one region needs a fresh cast.
 bool consumed(const Tensor& cast) {
-  const auto* node = dynamic_cast<const autograd::FunctionNode*>(cast.grad_fn().get());
-  return node != nullptr && !node->fn;
+  const auto& node = cast.grad_fn();
+  return node != nullptr && node->is_consumed();
 }
 
 // 16-bit copy of a leaf parameter, made once per outermost autocast region (and again after a
-// backward pass has consumed it).
+// backward pass has consumed it); a fresh cast every time where the guard has cache_enabled off.
 Tensor cached_cast(const Tensor& t, DType dtype) {
   auto& cache = ts().cache;
-  const bool cacheable = t.is_leaf() && t.requires_grad() && autograd::grad_enabled();
+  const bool cacheable = ts().s.cache_enabled && t.is_leaf() && t.requires_grad() && autograd::grad_enabled();
   if (!cacheable) return t.to(dtype);
   auto key = std::make_pair(t.impl(), dtype);
   auto it = cache.find(key);
@@ -56,10 +56,12 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
 
 AutocastState& autocast_state() { return ts().s; }
 
-Autocast::Autocast(DType dtype, bool enabled) : prev_enabled_(ts().s.enabled), prev_dtype_(ts().s.dtype) {
+Autocast::Autocast(DType dtype, bool enabled, bool cache_enabled)
+    : prev_enabled_(ts().s.enabled), prev_dtype_(ts().s.dtype), prev_cache_enabled_(ts().s.cache_enabled) {
   MIXPREC_CHECK(is_half(dtype) || !enabled, "autocast dtype must be bf16 or f16, got ", dtype_name(dtype));
   ts().s.enabled = enabled;
   if (enabled) ts().s.dtype = dtype;
+  ts().s.cache_enabled = cache_enabled;
   ++ts().s.depth;
 }
 
@@ -67,16 +69,17 @@ Autocast::~Autocast() {
   ThreadState& t = ts();
   t.s.enabled = prev_enabled_;
   t.s.dtype = prev_dtype_;
+  t.s.cache_enabled = prev_cache_enabled_;
   if (--t.s.depth == 0) t.cache.clear();
 }
 
 bool is_autocast_enabled() { return ts().s.enabled; }
 DType autocast_dtype() { return ts().s.dtype; }
+bool is_autocast_cache_enabled() { return ts().s.cache_enabled; }
 size_t autocast_cache_size() { return ts().cache.size(); }
 
 void apply_autocast(OpId op, std::initializer_list<Tensor*> inputs) {
   ThreadState& t = ts();
-  if (!t.s.enabled || t.s.suspended) return;
   std::string in_dtypes;
   if (t.tracing) {
     for (Tensor* x : inputs)

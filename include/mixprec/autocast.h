@@ -1,4 +1,5 @@
-// Automatic mixed precision: the autocast guard (thread-local, nests, RAII) and its queries.
+// Autocast: the guard (thread-local, nests, RAII) that runs each op in the precision its
+// autocast class asks for, its queries, and the trace of what ran in which dtype.
 #pragma once
 #include <string>
 #include <vector>
@@ -13,10 +14,12 @@ constexpr DType kDefaultCpuAutocastDType = DType::bf16;
 // While alive, ops run in the precision their autocast class (src/ops/ops.def) asks for:
 // `lower` ops in `dtype`, `fp32` ops in f32, `promote` ops in their widest input dtype.
 // Guards nest; an inner guard with enabled=false runs ops in their input dtypes. The 16-bit
-// copies of leaf parameters are cached until the outermost guard exits.
+// copies of leaf parameters that require grad are cached until the outermost guard exits;
+// cache_enabled=false (PyTorch's cache_enabled) casts them afresh at every use while this
+// guard is the innermost, and caches nothing.
 class Autocast {
  public:
-  explicit Autocast(DType dtype = kDefaultCpuAutocastDType, bool enabled = true);
+  explicit Autocast(DType dtype = kDefaultCpuAutocastDType, bool enabled = true, bool cache_enabled = true);
   explicit Autocast(bool enabled) : Autocast(kDefaultCpuAutocastDType, enabled) {}
   ~Autocast();
   Autocast(const Autocast&) = delete;
@@ -25,11 +28,12 @@ class Autocast {
  private:
   bool prev_enabled_;
   DType prev_dtype_;
+  bool prev_cache_enabled_;
 };
 
 bool is_autocast_enabled();
 DType autocast_dtype();
-size_t autocast_cache_size();  // cached 16-bit parameter copies (for tests)
+bool is_autocast_cache_enabled();  // the innermost guard's cache_enabled (true outside any guard)
 
 // One-time trace of which op ran in which dtype under autocast (diagnostics).
 struct TraceEntry {

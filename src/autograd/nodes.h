@@ -1,0 +1,38 @@
+// The engine's node types (internal): an op's node with its backward lambda and saved-tensor
+// versions, and the gradient sink of a leaf.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "mixprec/autograd.h"
+
+namespace mixprec::autograd {
+
+// A tensor an op's backward reads, and the version of its bytes when the op ran. Backward
+// refuses bytes written in place since (PyTorch's "modified by an inplace operation" error)
+// rather than compute a wrong gradient from them.
+struct SavedVersion {
+  std::shared_ptr<Storage> storage;
+  uint64_t version = 0;
+  Shape shape;
+  DType dtype = DType::f32;
+};
+
+struct FunctionNode final : Node {
+  BackwardFn fn;
+  std::vector<SavedVersion> saved;
+  std::vector<Tensor> apply(const Tensor& grad_out) override;
+  void release() override {
+    fn = nullptr;
+    saved.clear();
+  }
+  bool is_consumed() const override { return fn == nullptr; }
+};
+
+// Sink for a leaf that requires grad: adds into leaf.grad (allocated as MemCategory::gradients).
+struct AccumulateGrad final : Node {
+  std::weak_ptr<detail::TensorImpl> leaf;
+  std::vector<Tensor> apply(const Tensor& grad_out) override;
+};
+
+}  // namespace mixprec::autograd
