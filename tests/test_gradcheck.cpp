@@ -151,6 +151,18 @@ std::vector<Case> all_cases() {
                [](Generator& g) { return In{U(g, {3, 4}, -3, 3)}; }});
   c.push_back({"gelu", "tanh", [](const In& x) { return ops::gelu(x[0], /*tanh_approx=*/true); },
                [](Generator& g) { return In{U(g, {3, 4}, -3, 3)}; }});
+  c.push_back({"silu", "basic", [](const In& x) { return ops::silu(x[0]); },
+               [](Generator& g) { return In{U(g, {3, 4}, -4, 4)}; }});
+  c.push_back({"sigmoid", "basic", [](const In& x) { return ops::sigmoid(x[0]); },
+               [](Generator& g) { return In{U(g, {3, 4}, -4, 4)}; }});
+  c.push_back({"tanh", "basic", [](const In& x) { return ops::tanh(x[0]); },
+               [](Generator& g) { return In{U(g, {3, 4}, -3, 3)}; }});
+  // Saved output (sigmoid, tanh) reused by a second consumer of the output.
+  c.push_back({"sigmoid", "times_output", [](const In& x) {
+                 Tensor y = ops::sigmoid(x[0]);
+                 return ops::mul(y, ops::tanh(y));
+               },
+               [](Generator& g) { return In{U(g, {2, 3, 2}, -3, 3)}; }});
   // The generator is re-seeded on every evaluation, so the mask is the same each time.
   c.push_back({"dropout", "p0_3_fixed_mask",
                [](const In& x) {
