@@ -32,6 +32,14 @@ constexpr std::array<std::string_view, kNumOps> kOpName = {
 #undef MIXPREC_OP
 };
 
+// The family column: the files src/ops/<family>.cpp, src/kernels/<family>.{h,cpp},
+// src/kernels/ref/<family>.cpp and src/kernels/cpu/<family>.cpp (see ops.def's header).
+constexpr std::array<std::string_view, kNumOps> kOpFamily = {
+#define MIXPREC_OP(name, cls, family) #family,
+#include "ops/ops.def"
+#undef MIXPREC_OP
+};
+
 constexpr AutocastClass op_class(OpId op) { return kOpClass[static_cast<size_t>(op)]; }
 constexpr std::string_view op_name(OpId op) { return kOpName[static_cast<size_t>(op)]; }
 
