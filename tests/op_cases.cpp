@@ -15,6 +15,8 @@ InputSpec constant(Shape s) { return {std::move(s), K::constant}; }
 std::vector<OpCase> build() {
   std::vector<OpCase> c;
   using ops::Reduction;
+  // A table: a case per line or two reads better than a field per line.
+  // clang-format off
   // ---- matmul family ----
   c.push_back({"matmul", "2d", {any({6, 16}), any({16, 5})}, [](const In& x) { return ops::matmul(x[0], x[1]); }, 16});
   c.push_back({"matmul", "batched_broadcast_b", {any({2, 6, 8}), any({3, 1, 8, 5})},
@@ -93,6 +95,7 @@ std::vector<OpCase> build() {
                }, 16});
   c.push_back({"layer_norm", "last_dim_affine", {any({3, 8}), any({8}), any({8})},
                [](const In& x) { return ops::layer_norm(x[0], {8}, x[1], x[2]); }, 8});
+  // clang-format on
   return c;
 }
 

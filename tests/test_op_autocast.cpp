@@ -27,14 +27,17 @@ DType expected_dtype(AutocastClass cls, DType autocast, const In& inputs) {
   for (const Tensor& t : inputs)
     if (is_floating(t.dtype())) in.push_back(t.dtype());
   switch (cls) {
-    case AutocastClass::lower: return autocast;
-    case AutocastClass::fp32: return DType::f32;
+    case AutocastClass::lower:
+      return autocast;
+    case AutocastClass::fp32:
+      return DType::f32;
     case AutocastClass::promote: {
       DType d = in.at(0);
       for (DType t : in) d = promote_floating(d, t);
       return d;
     }
-    case AutocastClass::keep: return in.at(0);
+    case AutocastClass::keep:
+      return in.at(0);
   }
   return DType::f64;
 }

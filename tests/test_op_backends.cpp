@@ -40,12 +40,15 @@ Outcome run(const OpCase& c, const In& inputs, uint64_t seed, kernels::Backend b
   return r;
 }
 
-::testing::AssertionResult agree(const Tensor& fast, const Tensor& ref, int64_t k, int rounds, const std::string& what) {
-  if (!ref.defined()) return fast.defined() ? ::testing::AssertionFailure() << what << ": fast defined, ref not"
-                                            : ::testing::AssertionSuccess();
+::testing::AssertionResult agree(const Tensor& fast, const Tensor& ref, int64_t k, int rounds,
+                                 const std::string& what) {
+  if (!ref.defined())
+    return fast.defined() ? ::testing::AssertionFailure() << what << ": fast defined, ref not"
+                          : ::testing::AssertionSuccess();
   if (!fast.defined() || fast.dtype() != ref.dtype() || fast.shape() != ref.shape())
-    return ::testing::AssertionFailure() << what << ": fast " << (fast.defined() ? shape_str(fast.shape()) : "undefined")
-                                         << " vs ref " << shape_str(ref.shape()) << " " << dtype_name(ref.dtype());
+    return ::testing::AssertionFailure() << what << ": fast "
+                                         << (fast.defined() ? shape_str(fast.shape()) : "undefined") << " vs ref "
+                                         << shape_str(ref.shape()) << " " << dtype_name(ref.dtype());
   const std::vector<double> f = fast.to_vector_f64(), r = ref.to_vector_f64();
   double scale = 0;
   for (double v : r) scale = std::max(scale, std::fabs(v));
@@ -54,8 +57,10 @@ Outcome run(const OpCase& c, const In& inputs, uint64_t seed, kernels::Backend b
   msg.precision(10);
   int bad = 0;
   for (size_t i = 0; i < r.size(); ++i) {
-    const double tol = 2 * testutil::ulp_of(t, r[i]) + double(k + 2) * kU32 * scale + rounds * testutil::ulp_of(t, scale);
-    const bool ok = std::isfinite(r[i]) ? std::fabs(f[i] - r[i]) <= tol : (std::isnan(r[i]) ? std::isnan(f[i]) : f[i] == r[i]);
+    const double tol =
+        2 * testutil::ulp_of(t, r[i]) + double(k + 2) * kU32 * scale + rounds * testutil::ulp_of(t, scale);
+    const bool ok =
+        std::isfinite(r[i]) ? std::fabs(f[i] - r[i]) <= tol : (std::isnan(r[i]) ? std::isnan(f[i]) : f[i] == r[i]);
     if (!ok && bad++ < 4) msg << "\n  element " << i << ": fast " << f[i] << " ref " << r[i] << " tol " << tol;
   }
   if (bad == 0) return ::testing::AssertionSuccess();
@@ -81,15 +86,15 @@ TEST_P(OpBackends, MatchReferenceForwardAndBackward) {
 
 std::string backend_name(kernels::Backend b) { return b == kernels::Backend::cpu ? "cpu" : "ref"; }
 
-INSTANTIATE_TEST_SUITE_P(
-    Ops, OpBackends,
-    ::testing::Combine(::testing::Range(size_t(0), op_cases().size()), ::testing::Values(kernels::Backend::cpu),
-                       ::testing::Values(DType::f32, DType::bf16, DType::f16)),
-    [](const ::testing::TestParamInfo<Param>& p) {
-      const OpCase& c = op_cases()[std::get<0>(p.param)];
-      return c.op + "_" + c.variant + "_" + backend_name(std::get<1>(p.param)) + "_" +
-             std::string(dtype_name(std::get<2>(p.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(Ops, OpBackends,
+                         ::testing::Combine(::testing::Range(size_t(0), op_cases().size()),
+                                            ::testing::Values(kernels::Backend::cpu),
+                                            ::testing::Values(DType::f32, DType::bf16, DType::f16)),
+                         [](const ::testing::TestParamInfo<Param>& p) {
+                           const OpCase& c = op_cases()[std::get<0>(p.param)];
+                           return c.op + "_" + c.variant + "_" + backend_name(std::get<1>(p.param)) + "_" +
+                                  std::string(dtype_name(std::get<2>(p.param)));
+                         });
 
 }  // namespace
 

@@ -40,7 +40,8 @@ std::set<std::string> all_but_silu() {
   return ops;
 }
 TEST(OpCoverage, AMissingOpIsReported) {
-  EXPECT_NONFATAL_FAILURE(expect_covers("partial", all_but_silu()), "op 'silu' in ops.def has no case in the partial driver");
+  EXPECT_NONFATAL_FAILURE(expect_covers("partial", all_but_silu()),
+                          "op 'silu' in ops.def has no case in the partial driver");
 }
 
 // Each family of ops.def's family column has its op file, its kernel interface and dispatch,

@@ -23,8 +23,8 @@ Tensor activation_grad(Activation op, const Tensor& grad, const Tensor& saved) {
 }
 
 void relu_mask_inplace(Tensor& grad, const Tensor& y) {
-  MIXPREC_ASSERT(grad.is_contiguous() && grad.shape() == y.shape(), "relu_mask_inplace ", shape_str(grad.shape()), " vs ",
-                 shape_str(y.shape()));
+  MIXPREC_ASSERT(grad.is_contiguous() && grad.shape() == y.shape(), "relu_mask_inplace ", shape_str(grad.shape()),
+                 " vs ", shape_str(y.shape()));
   const Tensor yc = contig(y);
   if (use_fast() && cpu::relu_mask_inplace(grad, yc)) return;
   ref::relu_mask_inplace(grad, yc);

@@ -11,8 +11,8 @@ namespace mixprec::kernels {
 Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::add, a, b); }
 
 void add_inplace(Tensor& acc, const Tensor& g) {
-  MIXPREC_ASSERT(acc.shape() == g.shape() && acc.is_contiguous(), "add_inplace ", shape_str(acc.shape()), " += ",
-                 shape_str(g.shape()));
+  MIXPREC_ASSERT(acc.shape() == g.shape() && acc.is_contiguous(), "add_inplace ", shape_str(acc.shape()),
+                 " += ", shape_str(g.shape()));
   Tensor gg = g.dtype() == acc.dtype() ? g : cast(g, acc.dtype());
   if (use_fast() && cpu::binary(BinaryOp::add, acc, gg, acc)) return;
   Tensor s = ref::binary(BinaryOp::add, acc, gg);

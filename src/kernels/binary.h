@@ -12,8 +12,8 @@ namespace mixprec::kernels {
 enum class BinaryOp { add, sub, mul, div };
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // broadcasting
-Tensor add(const Tensor& a, const Tensor& b);                   // same shape
-void add_inplace(Tensor& acc, const Tensor& g);                 // acc += g, same shape, acc contiguous
+Tensor add(const Tensor& a, const Tensor& b);                  // same shape
+void add_inplace(Tensor& acc, const Tensor& g);                // acc += g, same shape, acc contiguous
 
 // Shape of broadcasting a with b (numpy rules); throws naming `op` when they do not broadcast.
 Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op);

@@ -39,7 +39,8 @@ namespace cpu {
 bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                     Tensor& dst);
 // Fills the defined members of `out` (allocated by the caller).
-bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g, ConvGrads& out);
+bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                     ConvGrads& out);
 }  // namespace cpu
 
 }  // namespace mixprec::kernels

@@ -20,7 +20,8 @@ Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& inv
 NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                               const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias) {
   NormGrads out;
-  if (use_fast() && cpu::batch_norm_backward(grad_y, x, mean, invstd, weight, training, need_x, need_weight, need_bias, out))
+  if (use_fast() &&
+      cpu::batch_norm_backward(grad_y, x, mean, invstd, weight, training, need_x, need_weight, need_bias, out))
     return out;
   return ref::batch_norm_backward(grad_y, x, mean, invstd, weight, training, need_x, need_weight, need_bias);
 }
@@ -37,7 +38,8 @@ Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& b
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& weight, bool need_x, bool need_weight, bool need_bias) {
   NormGrads out;
-  if (use_fast() && cpu::layer_norm_backward(grad_y, x, mean, rstd, weight, need_x, need_weight, need_bias, out)) return out;
+  if (use_fast() && cpu::layer_norm_backward(grad_y, x, mean, rstd, weight, need_x, need_weight, need_bias, out))
+    return out;
   return ref::layer_norm_backward(grad_y, x, mean, rstd, weight, need_x, need_weight, need_bias);
 }
 

@@ -12,8 +12,10 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DTyp
     Shape out_shape;
     for (int64_t d = 0; d < x.dim(); ++d) {
       const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
-      if (!reduced) out_shape.push_back(x.size(d));
-      else if (keepdim) out_shape.push_back(1);
+      if (!reduced)
+        out_shape.push_back(x.size(d));
+      else if (keepdim)
+        out_shape.push_back(1);
     }
     Tensor dst = Tensor::empty(out_shape, out_dtype);
     if (cpu::sum(x, dims, keepdim, dst)) return dst;

@@ -1,4 +1,4 @@
-// Kernels of the shape family (ops/shape.cpp, ops/cat.cpp): copies between any strides and
+// Kernels of the shape family (ops/shape.cpp: views, contiguous, cast, cat): copies between any strides and
 // dtypes, fill, cast. Reference: ref/shape.cpp; fast: cpu/shape.cpp; dispatch: shape.cpp.
 #pragma once
 #include "kernels/backend.h"
@@ -8,7 +8,7 @@ namespace mixprec::kernels {
 
 // A contiguous version of t without recording autograd (kernels never record).
 inline Tensor contig(const Tensor& t) { return t.is_contiguous() ? t.detach() : t.clone(); }
-void copy(const Tensor& src, Tensor& dst);    // any strides, any dtypes, same shape
+void copy(const Tensor& src, Tensor& dst);  // any strides, any dtypes, same shape
 void fill(Tensor& dst, double value);
 Tensor cast(const Tensor& src, DType dtype);  // new contiguous tensor
 

@@ -56,8 +56,8 @@ __attribute__((target("avx512f"))) void relu_f32(float* dst, const float* x, int
 }
 
 // 16-bit: zero exactly the negative numbers (0x8000..0x8000|inf) and +0; NaNs of either sign stay.
-__attribute__((target("avx512f,avx512bw"))) void relu_16(uint16_t* dst, const uint16_t* x, uint16_t inf,
-                                                         int64_t begin, int64_t end) {
+__attribute__((target("avx512f,avx512bw"))) void relu_16(uint16_t* dst, const uint16_t* x, uint16_t inf, int64_t begin,
+                                                         int64_t end) {
   const __m512i neg_lo = _mm512_set1_epi16(short(0x8000)), neg_hi = _mm512_set1_epi16(short(0x8000 | inf));
   int64_t i = begin;
   for (; i + 32 <= end; i += 32) {
@@ -113,17 +113,22 @@ __attribute__((target("avx512f"))) inline __m512 tanh_ps(__m512 x) {
 
 template <Activation OP>
 __attribute__((target("avx512f"))) inline __m512 value_ps(__m512 x) {
-  if constexpr (OP == Activation::sigmoid) return sigmoid_ps(x);
-  else if constexpr (OP == Activation::tanh) return tanh_ps(x);
-  else return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+  if constexpr (OP == Activation::sigmoid)
+    return sigmoid_ps(x);
+  else if constexpr (OP == Activation::tanh)
+    return tanh_ps(x);
+  else
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x))));
 }
 
 // The derivative from the saved tensor s, the same operations as activation_derivative.
 template <Activation OP>
 __attribute__((target("avx512f"))) inline __m512 derivative_ps(__m512 s) {
   const __m512 one = _mm512_set1_ps(1.f);
-  if constexpr (OP == Activation::sigmoid) return _mm512_mul_ps(s, _mm512_sub_ps(one, s));
-  else if constexpr (OP == Activation::tanh) return _mm512_sub_ps(one, _mm512_mul_ps(s, s));
+  if constexpr (OP == Activation::sigmoid)
+    return _mm512_mul_ps(s, _mm512_sub_ps(one, s));
+  else if constexpr (OP == Activation::tanh)
+    return _mm512_sub_ps(one, _mm512_mul_ps(s, s));
   else {
     const __m512 sg = sigmoid_ps(s);
     return _mm512_mul_ps(sg, _mm512_add_ps(one, _mm512_mul_ps(s, _mm512_sub_ps(one, sg))));
@@ -186,7 +191,6 @@ void apply(Tensor& dst, const Tensor& grad, const Tensor& y) {
   });
 }
 
-
 bool relu_forward(const Tensor& x, Tensor& dst) {
   if (!supported(dst, x, x)) return false;
   for_chunks(x.numel(), x.dtype(), [&](int64_t begin, int64_t end, uint16_t inf) {
@@ -199,8 +203,7 @@ bool relu_forward(const Tensor& x, Tensor& dst) {
 }
 
 bool vectorised(Activation op) {
-  return (op == Activation::silu || op == Activation::sigmoid || op == Activation::tanh) &&
-         mixprec::cpu::has_avx512f();
+  return (op == Activation::silu || op == Activation::sigmoid || op == Activation::tanh) && mixprec::cpu::has_avx512f();
 }
 
 template <Activation OP>
@@ -220,9 +223,12 @@ bool activation(Activation op, const Tensor& x, Tensor& dst) {
   if (!f32_compute(x.dtype()) || !x.is_contiguous() || !dst.is_contiguous()) return false;
   if (op == Activation::relu && relu_forward(x, dst)) return true;
   if (vectorised(op)) {
-    if (op == Activation::silu) forward_blocks<Activation::silu>(x, dst);
-    else if (op == Activation::sigmoid) forward_blocks<Activation::sigmoid>(x, dst);
-    else forward_blocks<Activation::tanh>(x, dst);
+    if (op == Activation::silu)
+      forward_blocks<Activation::silu>(x, dst);
+    else if (op == Activation::sigmoid)
+      forward_blocks<Activation::sigmoid>(x, dst);
+    else
+      forward_blocks<Activation::tanh>(x, dst);
     return true;
   }
   map_f32_blocks(x, dst, [op](const float* v, float* o, int64_t len) {
@@ -238,9 +244,12 @@ bool activation_grad(Activation op, const Tensor& grad, const Tensor& saved, Ten
     return true;
   }
   if (vectorised(op)) {
-    if (op == Activation::silu) backward_blocks<Activation::silu>(grad, saved, dst);
-    else if (op == Activation::sigmoid) backward_blocks<Activation::sigmoid>(grad, saved, dst);
-    else backward_blocks<Activation::tanh>(grad, saved, dst);
+    if (op == Activation::silu)
+      backward_blocks<Activation::silu>(grad, saved, dst);
+    else if (op == Activation::sigmoid)
+      backward_blocks<Activation::sigmoid>(grad, saved, dst);
+    else
+      backward_blocks<Activation::tanh>(grad, saved, dst);
     return true;
   }
   map_grad_f32_blocks(grad, saved, dst, [op](const float* g, const float* v, float* o, int64_t len) {

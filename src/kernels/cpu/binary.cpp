@@ -10,8 +10,8 @@ namespace mixprec::kernels::cpu {
 namespace {
 
 template <BinaryOp OP>
-void binary_loop(const float* a, const float* b, float* d, int64_t n, int64_t a_mod, int64_t b_mod,
-                 int64_t a_off, int64_t b_off) {
+void binary_loop(const float* a, const float* b, float* d, int64_t n, int64_t a_mod, int64_t b_mod, int64_t a_off,
+                 int64_t b_off) {
   // a_mod/b_mod: period of a broadcast row (0: full operand, indexed like d); a_off/b_off: the
   // position within that row of element 0. Runs between row wrap-arounds vectorise.
   int64_t i = 0;
@@ -66,10 +66,18 @@ bool binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& dst) {
     float* xd = out_f32(dst.data_ptr(), t, begin, bd);
     const int64_t oa = a_mod ? begin % a_mod : 0, ob = b_mod ? begin % b_mod : 0;
     switch (op) {
-      case BinaryOp::add: binary_loop<BinaryOp::add>(pa, pb, xd, len, a_mod, b_mod, oa, ob); break;
-      case BinaryOp::sub: binary_loop<BinaryOp::sub>(pa, pb, xd, len, a_mod, b_mod, oa, ob); break;
-      case BinaryOp::mul: binary_loop<BinaryOp::mul>(pa, pb, xd, len, a_mod, b_mod, oa, ob); break;
-      case BinaryOp::div: binary_loop<BinaryOp::div>(pa, pb, xd, len, a_mod, b_mod, oa, ob); break;
+      case BinaryOp::add:
+        binary_loop<BinaryOp::add>(pa, pb, xd, len, a_mod, b_mod, oa, ob);
+        break;
+      case BinaryOp::sub:
+        binary_loop<BinaryOp::sub>(pa, pb, xd, len, a_mod, b_mod, oa, ob);
+        break;
+      case BinaryOp::mul:
+        binary_loop<BinaryOp::mul>(pa, pb, xd, len, a_mod, b_mod, oa, ob);
+        break;
+      case BinaryOp::div:
+        binary_loop<BinaryOp::div>(pa, pb, xd, len, a_mod, b_mod, oa, ob);
+        break;
     }
     flush_f32(dst.data_ptr(), t, begin, len, xd);
   });

@@ -23,9 +23,8 @@ bool copy(const Tensor& src, Tensor& dst) {
     const char* s = static_cast<const char*>(src.data_ptr());
     char* d = static_cast<char*>(dst.data_ptr());
     const int64_t ss = int64_t(dtype_size(src.dtype())), ds = int64_t(dtype_size(dst.dtype()));
-    for_blocks(n, [&](int64_t b, int64_t len) {
-      convert(s + b * ss, src.dtype(), d + b * ds, dst.dtype(), size_t(len));
-    });
+    for_blocks(n,
+               [&](int64_t b, int64_t len) { convert(s + b * ss, src.dtype(), d + b * ds, dst.dtype(), size_t(len)); });
     return true;
   }
   for_blocks(n, [&](int64_t b, int64_t len) {

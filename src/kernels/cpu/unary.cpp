@@ -1,8 +1,8 @@
 // Fast CPU unary kernels (neg, affine, exp, log, pow, sqrt) and their gradients: contiguous
 // tensors in f32 blocks (16-bit converted in and rounded once out); else the reference.
+#include "kernels/unary.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/elementwise_math.h"
-#include "kernels/unary.h"
 
 namespace mixprec::kernels::cpu {
 

@@ -23,8 +23,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op) {
 static Shape broadcast_strides(const Tensor& t, const Shape& out) {
   Shape st(out.size(), 0);
   const size_t lead = out.size() - t.shape().size();
-  for (size_t i = 0; i < t.shape().size(); ++i)
-    st[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+  for (size_t i = 0; i < t.shape().size(); ++i) st[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
   return st;
 }
 

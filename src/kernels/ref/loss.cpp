@@ -19,7 +19,8 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, bool redu
     losses[size_t(i)] = -v[size_t(i * c + t[size_t(i)])];
     total += losses[size_t(i)];
   }
-  return reduce ? Tensor::scalar(total * scale, log_probs.dtype()) : Tensor::from_vector(losses, {n}, log_probs.dtype());
+  return reduce ? Tensor::scalar(total * scale, log_probs.dtype())
+                : Tensor::from_vector(losses, {n}, log_probs.dtype());
 }
 
 Tensor nll_loss_backward(const Tensor& grad, const Tensor& target, int64_t classes, bool reduce, double scale,

@@ -12,7 +12,8 @@ void copy(const Tensor& src, Tensor& dst) {
   const char* s = static_cast<const char*>(src.storage()->data());
   char* d = static_cast<char*>(dst.storage()->data());
   std::vector<int64_t> src_offsets(size_t(src.numel()));
-  for_each_offset(src.shape(), src.strides(), src.offset(), [&](int64_t i, int64_t off) { src_offsets[size_t(i)] = off; });
+  for_each_offset(src.shape(), src.strides(), src.offset(),
+                  [&](int64_t i, int64_t off) { src_offsets[size_t(i)] = off; });
   for_each_offset(dst.shape(), dst.strides(), dst.offset(), [&](int64_t i, int64_t off) {
     convert(s + src_offsets[size_t(i)] * int64_t(in_size), src.dtype(), d + off * int64_t(out_size), dst.dtype(), 1);
   });

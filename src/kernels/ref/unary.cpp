@@ -1,7 +1,7 @@
 // Reference unary kernels and their gradients, computed in f32 (f64 for f64), any strides.
+#include "kernels/unary.h"
 #include "kernels/elementwise_math.h"
 #include "kernels/ref/access.h"
-#include "kernels/unary.h"
 
 namespace mixprec::kernels::ref {
 
