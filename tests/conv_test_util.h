@@ -14,11 +14,7 @@
 
 namespace mixprec::convtest {
 
-struct BackendGuard {
-  kernels::Backend prev = kernels::backend();
-  explicit BackendGuard(kernels::Backend b) { kernels::set_backend(b); }
-  ~BackendGuard() { kernels::set_backend(prev); }
-};
+using kernels::BackendGuard;
 
 constexpr double kU32 = 0x1p-24;  // f32 unit roundoff
 

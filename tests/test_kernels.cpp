@@ -80,12 +80,7 @@ template <class Tol>
   return ::testing::AssertionSuccess();
 }
 
-// Restores the kernel backend on scope exit.
-struct BackendGuard {
-  kernels::Backend prev = kernels::backend();
-  explicit BackendGuard(kernels::Backend b) { kernels::set_backend(b); }
-  ~BackendGuard() { kernels::set_backend(prev); }
-};
+using kernels::BackendGuard;
 
 std::string tag(DType t, const Shape& s) { return std::string(dtype_name(t)) + " " + shape_str(s); }
 
@@ -203,9 +198,6 @@ const std::vector<UnaryCase> kUnaryCases = {
     {kernels::UnaryOp::pow, {2.5, 0}, 0.01, 20, "pow2.5"},
     {kernels::UnaryOp::pow, {3.0, 0}, -4, 4, "pow3"},
     {kernels::UnaryOp::sqrt, {}, 0, 100, "sqrt"},
-    {kernels::UnaryOp::relu, {}, -3, 3, "relu"},
-    {kernels::UnaryOp::gelu, {}, -6, 6, "gelu"},
-    {kernels::UnaryOp::gelu_tanh, {}, -6, 6, "gelu_tanh"},
 };
 
 TEST(Kernels, Unary) {
@@ -213,9 +205,7 @@ TEST(Kernels, Unary) {
   for (const UnaryCase& c : kUnaryCases)
     for (DType t : kDTypes)
       for (int64_t n : kSizes) {
-        std::vector<float> v = uniform(g, n, c.lo, c.hi);
-        if (c.op == kernels::UnaryOp::relu && n > 2) v[1] = 0.f, v[2] = NAN;
-        const Tensor x = make(v, {n}, t);
+        const Tensor x = make(uniform(g, n, c.lo, c.hi), {n}, t);
         Tensor fast = Tensor::empty({n}, t);
         ASSERT_TRUE(kernels::cpu::unary(c.op, x, c.p, fast)) << c.name;
         EXPECT_TRUE(within_ulp(fast, kernels::ref::unary(c.op, x, c.p))) << c.name << " " << tag(t, {n});
@@ -231,9 +221,9 @@ TEST(Kernels, UnaryGrad) {
     const char* name;
   };
   const std::vector<GradCase> cases = {
-      {G::relu, {}, -3, 3, "relu"},         {G::gelu, {}, -6, 6, "gelu"},
-      {G::gelu_tanh, {}, -6, 6, "gelu_tanh"}, {G::exp, {}, -8, 8, "exp"},
-      {G::log, {}, 1e-2, 100, "log"},        {G::pow, {2.5, 0}, 0.01, 20, "pow"},
+      {G::exp, {}, -8, 8, "exp"},
+      {G::log, {}, 1e-2, 100, "log"},
+      {G::pow, {2.5, 0}, 0.01, 20, "pow"},
       {G::sqrt, {}, 1e-2, 100, "sqrt"},
   };
   Generator g(7);
@@ -245,6 +235,72 @@ TEST(Kernels, UnaryGrad) {
         Tensor fast = Tensor::empty({n}, t);
         ASSERT_TRUE(kernels::cpu::unary_grad(c.op, gr, x, c.p, fast)) << c.name;
         EXPECT_TRUE(within_ulp(fast, kernels::ref::unary_grad(c.op, gr, x, c.p))) << c.name << " " << tag(t, {n});
+      }
+}
+
+// ---------------------------------------------------------------- activations
+
+// The fast kernel may differ from the reference's f32 value by `f32_ulps` f32 ulps (silu, sigmoid
+// and tanh: the vector exp, a polynomial, against libm's correctly rounded one, plus the sum and
+// quotient around it), then both round to the dtype: 1 ulp of the dtype plus that. A gradient
+// g * f'(s) is bounded the same way relative to |g| (1 + |s|), the size of f''s terms: silu's
+// derivative sigma (1 + x (1 - sigma)) cancels near x = -1.28, so a relative bound cannot hold.
+struct ActivationCase {
+  kernels::Activation op;
+  double lo, hi;
+  double fwd_f32_ulps, grad_f32_ulps;
+  const char* name;
+};
+const std::vector<ActivationCase> kActivationCases = {
+    {kernels::Activation::relu, -3, 3, 0, 0, "relu"},
+    {kernels::Activation::gelu, -6, 6, 0, 0, "gelu"},
+    {kernels::Activation::gelu_tanh, -6, 6, 0, 0, "gelu_tanh"},
+    {kernels::Activation::silu, -20, 20, 4, 4, "silu"},
+    {kernels::Activation::sigmoid, -20, 20, 4, 0, "sigmoid"},  // grad y(1-y): the same f32 operations
+    {kernels::Activation::tanh, -6, 6, 4, 0, "tanh"},
+};
+
+::testing::AssertionResult within(const Tensor& fast, const Tensor& ref, double f32_ulps) {
+  const std::vector<double> r = ref.to_vector_f64();
+  const DType t = ref.dtype();
+  return close(fast, ref, [&](size_t i) { return ulp_of(t, r[i]) + f32_ulps * ulp_of(DType::f32, r[i]); });
+}
+
+TEST(Kernels, Activation) {
+  Generator g(18);
+  for (const ActivationCase& c : kActivationCases)
+    for (DType t : kDTypes)
+      for (int64_t n : kSizes) {
+        std::vector<float> v = uniform(g, n, c.lo, c.hi);
+        if (n > 4) v[1] = 0.f, v[2] = NAN, v[3] = INFINITY, v[4] = -INFINITY;
+        const Tensor x = make(v, {n}, t);
+        Tensor fast = Tensor::empty({n}, t);
+        ASSERT_TRUE(kernels::cpu::activation(c.op, x, fast)) << c.name;
+        EXPECT_TRUE(within(fast, kernels::ref::activation(c.op, x), c.fwd_f32_ulps)) << c.name << " " << tag(t, {n});
+      }
+}
+
+::testing::AssertionResult grad_within(const Tensor& fast, const Tensor& ref, const Tensor& gr, const Tensor& saved,
+                                       double f32_ulps) {
+  const std::vector<double> r = ref.to_vector_f64(), gv = gr.to_vector_f64(), sv = saved.to_vector_f64();
+  const DType t = ref.dtype();
+  return close(fast, ref, [&](size_t i) {
+    return ulp_of(t, r[i]) + f32_ulps * kU32 * std::fabs(gv[i]) * (1 + std::fabs(sv[i]));
+  });
+}
+
+TEST(Kernels, ActivationGrad) {
+  Generator g(19);
+  for (const ActivationCase& c : kActivationCases)
+    for (DType t : kDTypes)
+      for (int64_t n : kSizes) {
+        const Tensor x = make(uniform(g, n, c.lo, c.hi), {n}, t);
+        const Tensor saved = kernels::grad_from_output(c.op) ? kernels::ref::activation(c.op, x) : x;
+        const Tensor gr = make(away_from_zero(g, n, 0.25, 2), {n}, t);
+        Tensor fast = Tensor::empty({n}, t);
+        ASSERT_TRUE(kernels::cpu::activation_grad(c.op, gr, saved, fast)) << c.name;
+        EXPECT_TRUE(grad_within(fast, kernels::ref::activation_grad(c.op, gr, saved), gr, saved, c.grad_f32_ulps))
+            << c.name << " " << tag(t, {n});
       }
 }
 
@@ -262,9 +318,9 @@ TEST(Kernels, ReluSpecialValues) {
       for (int64_t i = 0; i < n; ++i) xv[size_t(i)] = xs[size_t(i) % xs.size()], gv[size_t(i)] = gs[size_t(i) % gs.size()];
       const Tensor x = make(xv, {n}, t), gr = make(gv, {n}, t);
       Tensor fast = Tensor::empty({n}, t);
-      ASSERT_TRUE(kernels::cpu::unary_grad(kernels::UnaryGradOp::relu, gr, x, {}, fast));
+      ASSERT_TRUE(kernels::cpu::activation_grad(kernels::Activation::relu, gr, x, fast));
       Tensor fwd = Tensor::empty({n}, t);
-      ASSERT_TRUE(kernels::cpu::unary(kernels::UnaryOp::relu, x, {}, fwd));
+      ASSERT_TRUE(kernels::cpu::activation(kernels::Activation::relu, x, fwd));
       const std::vector<float> xr = x.to_vector(), gr_v = gr.to_vector(), out = fast.to_vector(), y = fwd.to_vector();
       auto same = [](float a, float b) {
         return std::isnan(b) ? bool(std::isnan(a)) : a == b && std::signbit(a) == std::signbit(b);

@@ -85,6 +85,24 @@ class GELU : public Module {
   bool tanh_;
 };
 
+class SiLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return ops::silu(x); }
+  std::string name() const override { return "SiLU()"; }
+};
+
+class Sigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return ops::sigmoid(x); }
+  std::string name() const override { return "Sigmoid()"; }
+};
+
+class Tanh : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return ops::tanh(x); }
+  std::string name() const override { return "Tanh()"; }
+};
+
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5);

@@ -35,6 +35,9 @@ Tensor sqrt(const Tensor& x);  // fp32 class
 // ---- activations (autocast: keep) ----
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, bool tanh_approx = false);  // exact erf form by default, as PyTorch
+Tensor silu(const Tensor& x);     // x * sigmoid(x)
+Tensor sigmoid(const Tensor& x);  // 1 / (1 + e^-x)
+Tensor tanh(const Tensor& x);
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
 // ---- reductions (autocast: fp32; accumulate in f32, f64 for f64) ----

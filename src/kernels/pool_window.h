@@ -6,7 +6,8 @@
 #include <limits>
 #include <utility>
 
-#include "kernels/kernels.h"
+#include "kernels/conv.h"
+#include "kernels/pool.h"
 
 namespace mixprec::kernels {
 

@@ -1,34 +1,34 @@
-// Activations: relu, gelu (exact erf form, or tanh approximation), dropout (autocast class: keep).
+// Activations (autocast class keep): relu, gelu (exact erf form, or tanh approximation), silu,
+// sigmoid, tanh (kernels: kernels/activation.h), and dropout.
 #include "ops/common.h"
 
 namespace mixprec::ops {
+namespace {
 
-Tensor relu(const Tensor& x_in) {
-  Tensor x = x_in;
-  amp::autocast(OpId::relu, {&x});
-  check_floating(x, "relu");
-  Tensor out = kernels::unary(kernels::UnaryOp::relu, x);
-  Tensor saved = out.detach();  // relu'(x) = [y > 0]: saving y lets x be freed
+// The backward reads the output (relu, sigmoid, tanh: the input can be freed) or the input
+// (gelu, silu), as kernels::grad_from_output says.
+Tensor activation_op(OpId id, kernels::Activation act, Tensor x) {
+  amp::autocast(id, {&x});
+  check_floating(x, op_name(id));
+  Tensor out = kernels::activation(act, x);
+  Tensor saved = kernels::grad_from_output(act) ? out.detach() : x.detach();
   return autograd::record(
-      out, "relu", {x},
-      [saved](const Tensor& g, const autograd::Node&) {
-        return std::vector<Tensor>{kernels::unary_grad(kernels::UnaryGradOp::relu, g, saved)};
+      out, op_name(id), {x},
+      [saved, act](const Tensor& g, const autograd::Node&) {
+        return std::vector<Tensor>{kernels::activation_grad(act, g, saved)};
       },
       {saved});
 }
 
-Tensor gelu(const Tensor& x_in, bool tanh_approx) {
-  Tensor x = x_in;
-  amp::autocast(OpId::gelu, {&x});
-  check_floating(x, "gelu");
-  Tensor out = kernels::unary(tanh_approx ? kernels::UnaryOp::gelu_tanh : kernels::UnaryOp::gelu, x);
-  Tensor saved = x.detach();
-  return autograd::record(out, "gelu", {x}, [saved, tanh_approx](const Tensor& g, const autograd::Node&) {
-    return std::vector<Tensor>{kernels::unary_grad(
-        tanh_approx ? kernels::UnaryGradOp::gelu_tanh : kernels::UnaryGradOp::gelu, g, saved)};
-  },
-                          {saved});
+}  // namespace
+
+Tensor relu(const Tensor& x) { return activation_op(OpId::relu, kernels::Activation::relu, x); }
+Tensor gelu(const Tensor& x, bool tanh_approx) {
+  return activation_op(OpId::gelu, tanh_approx ? kernels::Activation::gelu_tanh : kernels::Activation::gelu, x);
 }
+Tensor silu(const Tensor& x) { return activation_op(OpId::silu, kernels::Activation::silu, x); }
+Tensor sigmoid(const Tensor& x) { return activation_op(OpId::sigmoid, kernels::Activation::sigmoid, x); }
+Tensor tanh(const Tensor& x) { return activation_op(OpId::tanh, kernels::Activation::tanh, x); }
 
 Tensor dropout(const Tensor& x_in, double p, bool training, Generator* gen) {
   MIXPREC_CHECK(p >= 0.0 && p < 1.0, "dropout: probability must be in [0, 1), got ", p);

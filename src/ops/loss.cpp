@@ -1,6 +1,5 @@
 // Losses: nll_loss, cross_entropy (integer class targets) and mse_loss (autocast class fp32).
 #include "ops/common.h"
-#include "kernels/ref/access.h"
 
 namespace mixprec::ops {
 namespace {
@@ -19,27 +18,13 @@ Tensor nll_loss(const Tensor& lp_in, const Tensor& target, Reduction r) {
                 "nll_loss: target must be i64 [", lp.size(0), "], got ", dtype_name(target.dtype()), " ",
                 shape_str(target.shape()));
   const int64_t n = lp.size(0), c = lp.size(1);
-  const std::vector<int64_t> t = target.to_vector_i64();
-  for (int64_t i = 0; i < n; ++i)
-    MIXPREC_CHECK(t[size_t(i)] >= 0 && t[size_t(i)] < c, "nll_loss: target[", i, "] = ", t[size_t(i)],
-                  " is not a class index in [0, ", c, ")");
-  const std::vector<double> v = lp.to_vector_f64();
-  std::vector<double> losses(static_cast<size_t>(n));
-  double total = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    losses[size_t(i)] = -v[size_t(i * c + t[size_t(i)])];
-    total += losses[size_t(i)];
-  }
+  const bool reduce = r != Reduction::none;
   const double scale = reduction_scale(r, n);
-  Tensor out = r == Reduction::none ? Tensor::from_vector(losses, {n}, lp.dtype())
-                                    : Tensor::scalar(total * scale, lp.dtype());
+  Tensor out = kernels::nll_loss_forward(lp, target, reduce, scale);
   const DType dt = lp.dtype();
+  const Tensor t = target.detach();
   return autograd::record(out, "nll_loss", {lp}, [=](const Tensor& g, const autograd::Node&) {
-    const std::vector<double> gv = g.to_vector_f64();
-    std::vector<double> dx(size_t(n * c), 0.0);
-    for (int64_t i = 0; i < n; ++i)
-      dx[size_t(i * c + t[size_t(i)])] = -(r == Reduction::none ? gv[size_t(i)] : gv[0] * scale);
-    return std::vector<Tensor>{Tensor::from_vector(dx, {n, c}, dt)};
+    return std::vector<Tensor>{kernels::nll_loss_backward(g, t, c, reduce, scale, dt)};
   });
 }
 

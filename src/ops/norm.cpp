@@ -1,7 +1,5 @@
 // Normalisation (autocast class fp32: 16-bit inputs are upcast, statistics in f32): batch_norm
 // with running statistics and train/eval modes, and layer_norm over trailing dims.
-#include <cmath>
-
 #include "ops/common.h"
 
 namespace mixprec::ops {
@@ -14,13 +12,6 @@ void check_param(const Tensor& t, std::string_view op, std::string_view what, co
   check_floating(t, op, what);
   MIXPREC_CHECK(t.shape() == expected, op, ": ", what, " must be ", shape_str(expected), " for input ",
                 shape_str(x.shape()), ", got ", shape_str(t.shape()));
-}
-
-// running = (1 - momentum) * running + momentum * batch, in place (bumps the version).
-void update_running(Tensor& running, const std::vector<double>& batch, double momentum) {
-  std::vector<double> r = running.to_vector_f64();
-  for (size_t i = 0; i < r.size(); ++i) r[i] = (1 - momentum) * r[i] + momentum * batch[i];
-  running.copy_(Tensor::from_vector(r, running.shape(), DType::f64));
 }
 
 }  // namespace
@@ -51,19 +42,15 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
     kernels::batch_norm_stats(xd, channels, mean, var);
     if (running_mean.defined()) {
       // PyTorch: the running variance takes the unbiased batch variance.
-      std::vector<double> unbiased = var.to_vector_f64();
-      for (double& v : unbiased) v *= double(count) / double(count - 1);
       Tensor rm = running_mean, rv = running_var;
-      update_running(rm, mean.to_vector_f64(), momentum);
-      update_running(rv, unbiased, momentum);
+      rm.copy_(kernels::batch_norm_running(rm, mean, 1.0, momentum));
+      rv.copy_(kernels::batch_norm_running(rv, var, double(count) / double(count - 1), momentum));
     }
   } else {
     mean = kernels::cast(running_mean, st);
     var = running_var;
   }
-  std::vector<double> inv = var.to_vector_f64();
-  for (double& v : inv) v = 1.0 / std::sqrt(v + eps);
-  const Tensor invstd = Tensor::from_vector(inv, {channels}, st);
+  const Tensor invstd = kernels::batch_norm_invstd(var, eps, st);
   const Tensor wd = w.defined() ? w.detach() : Tensor(), bd = b.defined() ? b.detach() : Tensor();
   Tensor out = kernels::batch_norm_forward(xd, mean, invstd, wd, bd);
 

@@ -17,7 +17,7 @@ enum class OpId : unsigned char {
 
 // Bumped by hand with every line added to ops.def, so a new op is a deliberate act that the
 // compiler checks against the table.
-constexpr size_t kNumOps = 35;
+constexpr size_t kNumOps = 38;
 static_assert(static_cast<size_t>(OpId::count_) == kNumOps, "ops.def and kNumOps disagree");
 
 constexpr std::array<AutocastClass, kNumOps> kOpClass = {
@@ -28,6 +28,14 @@ constexpr std::array<AutocastClass, kNumOps> kOpClass = {
 
 constexpr std::array<std::string_view, kNumOps> kOpName = {
 #define MIXPREC_OP(name, cls, family) #name,
+#include "ops/ops.def"
+#undef MIXPREC_OP
+};
+
+// The family column: the files src/ops/<family>.cpp, src/kernels/<family>.{h,cpp},
+// src/kernels/ref/<family>.cpp and src/kernels/cpu/<family>.cpp (see ops.def's header).
+constexpr std::array<std::string_view, kNumOps> kOpFamily = {
+#define MIXPREC_OP(name, cls, family) #family,
 #include "ops/ops.def"
 #undef MIXPREC_OP
 };

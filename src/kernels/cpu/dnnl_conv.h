@@ -5,7 +5,8 @@
 #include <string>
 
 #include "kernels/cpu/dnnl_common.h"
-#include "kernels/kernels.h"
+#include "kernels/conv.h"
+#include "kernels/shape.h"
 
 namespace mixprec::kernels::cpu {
 

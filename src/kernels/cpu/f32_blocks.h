@@ -2,6 +2,7 @@
 // and f16 data: a 16-bit block is converted into a buffer (the vectorised bulk conversions), an
 // f32 block is used in place, and results are rounded once on the way back.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -9,6 +10,16 @@
 #include "mixprec/tensor.h"
 
 namespace mixprec::kernels::cpu {
+
+constexpr int64_t kBlock = 4096;  // elements per block: 16 KiB of f32, stays in L1/L2
+
+// f(begin, len) over [0, n) in blocks, in parallel when there is enough work.
+template <class F>
+void for_blocks(int64_t n, F&& f) {
+  const int64_t nb = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (nb >= 4)
+  for (int64_t b = 0; b < nb; ++b) f(b * kBlock, std::min(kBlock, n - b * kBlock));
+}
 
 inline bool f32_compute(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
@@ -47,6 +58,34 @@ inline const float* in_f32(const Tensor& x, int64_t begin, int64_t len, std::vec
 }
 inline void store_f32(Tensor& x, int64_t begin, int64_t len, const float* src) {
   store_f32(x.data_ptr(), x.dtype(), begin, len, src);
+}
+
+// The element-wise map of the unary and activation families over contiguous x and dst of one
+// dtype: f(src, dst, len) on each block in f32 (in place for f32, through buffers for 16-bit).
+template <class F>
+void map_f32_blocks(const Tensor& x, Tensor& dst, F&& f) {
+  const DType t = x.dtype();
+  for_blocks(x.numel(), [&](int64_t begin, int64_t len) {
+    float bx[kBlock], bo[kBlock];
+    const float* v = in_f32(x.data_ptr(), t, begin, len, bx);
+    float* o = out_f32(dst.data_ptr(), t, begin, bo);
+    f(v, o, len);
+    flush_f32(dst.data_ptr(), t, begin, len, o);
+  });
+}
+
+// The same for an element-wise backward: f(grad, saved, dst, len), all three of one dtype.
+template <class F>
+void map_grad_f32_blocks(const Tensor& grad, const Tensor& saved, Tensor& dst, F&& f) {
+  const DType t = saved.dtype();
+  for_blocks(saved.numel(), [&](int64_t begin, int64_t len) {
+    float bg[kBlock], bx[kBlock], bo[kBlock];
+    const float* g = in_f32(grad.data_ptr(), t, begin, len, bg);
+    const float* v = in_f32(saved.data_ptr(), t, begin, len, bx);
+    float* o = out_f32(dst.data_ptr(), t, begin, bo);
+    f(g, v, o, len);
+    flush_f32(dst.data_ptr(), t, begin, len, o);
+  });
 }
 
 }  // namespace mixprec::kernels::cpu

@@ -2,7 +2,8 @@
 // matmul on CPU, so f16 operands are widened to f32, multiplied, and the result rounded to f16
 // once on store: f16 storage, range and rounding stay real (design decision 4).
 #include "kernels/cpu/dnnl_matmul.h"
-#include "kernels/kernels.h"
+#include "kernels/matmul.h"
+#include "kernels/shape.h"
 
 namespace mixprec::kernels::cpu {
 

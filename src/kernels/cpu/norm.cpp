@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/f32_blocks.h"
-#include "kernels/kernels.h"
+#include "kernels/norm.h"
 #include "mixprec/convert.h"
 
 namespace mixprec::kernels::cpu {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/f32_blocks.h"
-#include "kernels/kernels.h"
+#include "kernels/pool.h"
 #include "core/simd.h"
 
 #include "kernels/pool_window.h"

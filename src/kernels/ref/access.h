@@ -4,6 +4,7 @@
 
 #include "mixprec/convert.h"
 #include "mixprec/error.h"
+#include "kernels/shape.h"
 #include "mixprec/tensor.h"
 
 namespace mixprec::kernels {
@@ -53,6 +54,38 @@ void for_each_offset(const Shape& shape, const Shape& strides, int64_t base, F&&
       idx[d] = 0;
     }
   }
+}
+
+// dst[i] = f(x[i]) in x's dtype, x of any strides; f takes and returns acc_t<T> (the element-wise
+// reference kernels of the unary and activation families).
+template <class F>
+Tensor map_elements(const Tensor& x, F&& f) {
+  Tensor dst = Tensor::empty(x.shape(), x.dtype());
+  dispatch_floating(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = static_cast<const T*>(x.storage()->data());
+    T* pd = dst.data<T>();
+    for_each_offset(x.shape(), x.strides(), x.offset(), [&](int64_t i, int64_t off) { store(pd + i, f(load(px + off))); });
+  });
+  return dst;
+}
+
+// dst[i] = grad[i] * df(s[i]) in s's dtype (grad of the same shape and dtype): the backward of an
+// element-wise function, with s its saved input or output.
+template <class F>
+Tensor map_grad(const Tensor& grad, const Tensor& s, F&& df) {
+  MIXPREC_ASSERT(grad.shape() == s.shape() && grad.dtype() == s.dtype(), "element-wise grad ", shape_str(grad.shape()),
+                 " vs ", shape_str(s.shape()));
+  Tensor gc = contig(grad), sc = contig(s);
+  Tensor dst = Tensor::empty(s.shape(), s.dtype());
+  dispatch_floating(s.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = gc.data<T>();
+    const T* ps = sc.data<T>();
+    T* pd = dst.data<T>();
+    for (int64_t i = 0; i < dst.numel(); ++i) store(pd + i, load(pg + i) * df(load(ps + i)));
+  });
+  return dst;
 }
 
 }  // namespace mixprec::kernels

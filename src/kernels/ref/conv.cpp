@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/kernels.h"
+#include "kernels/conv.h"
 #include "kernels/pool_window.h"
 #include "kernels/ref/access.h"
 

@@ -2,7 +2,7 @@
 // dtype (results rounded once). Statistics come out in f32 (f64 for f64 inputs).
 #include <cmath>
 
-#include "kernels/kernels.h"
+#include "kernels/norm.h"
 
 namespace mixprec::kernels::ref {
 namespace {
@@ -143,6 +143,19 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
   if (need_weight) out.weight = Tensor::from_vector(gw, {cols}, st);
   if (need_bias) out.bias = Tensor::from_vector(gb, {cols}, st);
   return out;
+}
+
+Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype) {
+  std::vector<double> inv = var.to_vector_f64();
+  for (double& v : inv) v = 1.0 / std::sqrt(v + eps);
+  return Tensor::from_vector(inv, var.shape(), dtype);
+}
+
+Tensor batch_norm_running(const Tensor& running, const Tensor& batch, double factor, double momentum) {
+  std::vector<double> r = running.to_vector_f64();
+  const std::vector<double> b = batch.to_vector_f64();
+  for (size_t i = 0; i < r.size(); ++i) r[i] = (1 - momentum) * r[i] + momentum * (b[i] * factor);
+  return Tensor::from_vector(r, running.shape(), DType::f64);
 }
 
 }  // namespace mixprec::kernels::ref

@@ -1,7 +1,7 @@
 // Reference 2-d pooling (max with argmax, average, adaptive average) over NCHW planes, in f64
 // whatever the storage dtype. Window rules shared with the fast path live in pool_window.h.
 
-#include "kernels/kernels.h"
+#include "kernels/pool.h"
 #include "kernels/pool_window.h"
 #include "mixprec/convert.h"
 

@@ -1,7 +1,8 @@
-// oneDNN convolution for NCHW tensors (see dnnl_conv.h): f32 and bf16 (AMX where present), f16
-// through f32. Primitives take oneDNN's preferred layouts; the user's NCHW/OIHW buffers are
-// reordered in and out around them, weights once per version via the weight cache.
+// Fast CPU convolution (kernels::cpu::conv2d_*, see dnnl_conv.h): oneDNN for NCHW tensors, f32 and
+// bf16 (AMX where present), f16 through f32. Primitives take oneDNN's preferred layouts; the user's
+// NCHW/OIHW buffers are reordered in and out around them, weights once per version via the weight cache.
 #include "kernels/cpu/dnnl_conv.h"
+#include "kernels/reduce.h"
 
 #include <omp.h>
 

@@ -1,0 +1,33 @@
+// Dispatch of the activation family (activation.h): the fast CPU kernel where it supports the case, else the reference.
+#include "kernels/activation.h"
+
+#include "kernels/shape.h"
+#include "mixprec/error.h"
+
+namespace mixprec::kernels {
+
+Tensor activation(Activation op, const Tensor& x) {
+  if (use_fast() && x.is_contiguous()) {
+    Tensor dst = Tensor::empty(x.shape(), x.dtype());
+    if (cpu::activation(op, x, dst)) return dst;
+  }
+  return ref::activation(op, x);
+}
+
+Tensor activation_grad(Activation op, const Tensor& grad, const Tensor& saved) {
+  if (use_fast() && grad.is_contiguous() && saved.is_contiguous()) {
+    Tensor dst = Tensor::empty(saved.shape(), saved.dtype());
+    if (cpu::activation_grad(op, grad, saved, dst)) return dst;
+  }
+  return ref::activation_grad(op, grad, saved);
+}
+
+void relu_mask_inplace(Tensor& grad, const Tensor& y) {
+  MIXPREC_ASSERT(grad.is_contiguous() && grad.shape() == y.shape(), "relu_mask_inplace ", shape_str(grad.shape()),
+                 " vs ", shape_str(y.shape()));
+  const Tensor yc = contig(y);
+  if (use_fast() && cpu::relu_mask_inplace(grad, yc)) return;
+  ref::relu_mask_inplace(grad, yc);
+}
+
+}  // namespace mixprec::kernels

@@ -1,0 +1,37 @@
+// Kernels of the activation family (ops/activation.cpp): relu, gelu (exact and tanh form), silu,
+// sigmoid, tanh, forward and backward, computed in f32 (f64 for f64); and the in-place ReLU mask
+// of the fused conv/linear ReLU. Reference: ref/activation.cpp; fast (AVX-512): cpu/activation.cpp;
+// dispatch: activation.cpp. Dropout has no kernel of its own (a mask and a mul).
+#pragma once
+#include "kernels/backend.h"
+#include "mixprec/tensor.h"
+
+namespace mixprec::kernels {
+
+enum class Activation { relu, gelu, gelu_tanh, silu, sigmoid, tanh };
+
+// Which tensor the backward reads, as PyTorch saves it: the output for relu (y > 0 is x > 0),
+// sigmoid (y(1-y)) and tanh (1-y^2), so the input can be freed; the input for gelu and silu.
+constexpr bool grad_from_output(Activation a) {
+  return a == Activation::relu || a == Activation::sigmoid || a == Activation::tanh;
+}
+
+Tensor activation(Activation op, const Tensor& x);
+// grad * f'(x), with `saved` the output or the input as grad_from_output(op) says.
+Tensor activation_grad(Activation op, const Tensor& grad, const Tensor& saved);
+// grad = y > 0 ? grad : 0 in place (grad contiguous; y same shape): a fused ReLU's backward.
+void relu_mask_inplace(Tensor& grad, const Tensor& y);
+
+namespace ref {
+Tensor activation(Activation op, const Tensor& x);
+Tensor activation_grad(Activation op, const Tensor& grad, const Tensor& saved);
+void relu_mask_inplace(Tensor& grad, const Tensor& y);
+}  // namespace ref
+
+namespace cpu {
+bool activation(Activation op, const Tensor& x, Tensor& dst);
+bool activation_grad(Activation op, const Tensor& grad, const Tensor& saved, Tensor& dst);
+bool relu_mask_inplace(Tensor& grad, const Tensor& y);
+}  // namespace cpu
+
+}  // namespace mixprec::kernels

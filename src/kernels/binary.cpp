@@ -1,0 +1,31 @@
+// Dispatch of the binary family (binary.h): the fast CPU kernel where it supports the case, else the reference.
+#include "kernels/binary.h"
+
+#include <cstring>
+
+#include "kernels/ref/access.h"
+#include "kernels/shape.h"
+
+namespace mixprec::kernels {
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::add, a, b); }
+
+void add_inplace(Tensor& acc, const Tensor& g) {
+  MIXPREC_ASSERT(acc.shape() == g.shape() && acc.is_contiguous(), "add_inplace ", shape_str(acc.shape()),
+                 " += ", shape_str(g.shape()));
+  Tensor gg = g.dtype() == acc.dtype() ? g : cast(g, acc.dtype());
+  if (use_fast() && cpu::binary(BinaryOp::add, acc, gg, acc)) return;
+  Tensor s = ref::binary(BinaryOp::add, acc, gg);
+  std::memcpy(acc.data_ptr(), s.data_ptr(), s.nbytes());
+}
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  MIXPREC_ASSERT(a.dtype() == b.dtype(), "binary op on ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+  if (use_fast()) {
+    Tensor dst = Tensor::empty(broadcast_shapes(a.shape(), b.shape(), "binary op"), a.dtype());
+    if (cpu::binary(op, a, b, dst)) return dst;
+  }
+  return ref::binary(op, a, b);
+}
+
+}  // namespace mixprec::kernels

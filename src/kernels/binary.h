@@ -1,0 +1,30 @@
+// Kernels of the binary family (ops/binary.cpp): element-wise add/sub/mul/div with numpy
+// broadcasting, inputs of one floating dtype, computed in f32 (f64 for f64).
+// Reference: ref/binary.cpp; fast: cpu/binary.cpp; dispatch: binary.cpp.
+#pragma once
+#include <string_view>
+
+#include "kernels/backend.h"
+#include "mixprec/tensor.h"
+
+namespace mixprec::kernels {
+
+enum class BinaryOp { add, sub, mul, div };
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // broadcasting
+Tensor add(const Tensor& a, const Tensor& b);                  // same shape
+void add_inplace(Tensor& acc, const Tensor& g);                // acc += g, same shape, acc contiguous
+
+// Shape of broadcasting a with b (numpy rules); throws naming `op` when they do not broadcast.
+Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op);
+
+namespace ref {
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+}  // namespace ref
+
+namespace cpu {
+// Same-shape contiguous operands, or one broadcast as a suffix row or scalar; dst preallocated.
+bool binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& dst);
+}  // namespace cpu
+
+}  // namespace mixprec::kernels

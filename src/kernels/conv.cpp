@@ -1,0 +1,26 @@
+// Dispatch of the conv family (conv.h): oneDNN where it supports the case, else the reference.
+#include "kernels/conv.h"
+
+namespace mixprec::kernels {
+
+Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu) {
+  if (use_fast()) {
+    Tensor dst = Tensor::empty(g.y_shape(), x.dtype());
+    if (cpu::conv2d_forward(x, weight, bias, g, relu, dst)) return dst;
+  }
+  return ref::conv2d_forward(x, weight, bias, g, relu);
+}
+
+ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
+  if (use_fast()) {
+    ConvGrads out;
+    if (need_x) out.x = Tensor::empty(g.x_shape(), grad_y.dtype());
+    if (need_weight) out.weight = Tensor::empty(g.w_shape(), weight_dtype);
+    if (need_bias) out.bias = Tensor::empty({g.oc}, bias_dtype);
+    if (cpu::conv2d_backward(grad_y, x, weight, g, out)) return out;
+  }
+  return ref::conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
+}
+
+}  // namespace mixprec::kernels

@@ -1,0 +1,46 @@
+// Kernels of the conv family (ops/conv.cpp): 2-d convolution over NCHW activations, forward and
+// both backward passes. Reference: ref/conv.cpp; fast (oneDNN, primitive and reordered-weight
+// caches): cpu/conv.cpp with the shared oneDNN helpers in cpu/dnnl_common.{h,cpp}; dispatch: conv.cpp.
+#pragma once
+#include "kernels/backend.h"
+#include "mixprec/tensor.h"
+
+namespace mixprec::kernels {
+
+// One 2-d convolution: x [n, c, h, w] * weight [oc, c/groups, kh, kw] -> dst [n, oc, oh, ow].
+struct ConvGeometry {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t oc = 0, kh = 0, kw = 0;
+  int64_t oh = 0, ow = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1, groups = 1;
+  Shape x_shape() const { return {n, c, h, w}; }
+  Shape w_shape() const { return {oc, c / groups, kh, kw}; }
+  Shape y_shape() const { return {n, oc, oh, ow}; }
+};
+// x, weight contiguous and of one dtype; bias [oc] (undefined: none) of that dtype or f32.
+// dst = relu?(conv(x, weight) + bias), in x's dtype; products accumulate in f32 (f64 for f64).
+Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu);
+// The gradients asked for: x [n,c,h,w] in grad_y's dtype, weight in weight_dtype (grad_y's, or
+// f32 from bf16), bias [oc] in bias_dtype.
+// `weight` is the tensor the forward used (its storage and version key the reordered-weight cache).
+struct ConvGrads {
+  Tensor x, weight, bias;
+};
+ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype);
+
+namespace ref {
+Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu);
+ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype);
+}  // namespace ref
+
+namespace cpu {
+bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
+                    Tensor& dst);
+// Fills the defined members of `out` (allocated by the caller).
+bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                     ConvGrads& out);
+}  // namespace cpu
+
+}  // namespace mixprec::kernels

@@ -1,0 +1,271 @@
+// Fast CPU activation kernels, forward and backward, f32/bf16/f16 (f64 goes to the reference).
+// ReLU works on the raw bits, vectorised: the forward (NaN stays NaN) and the mask
+// dst = y > 0 ? grad : 0, in place (the fused ReLU of conv/linear) or into a new tensor. y may be
+// ReLU's input or its output: both are > 0 at the same positions. 16-bit values need no
+// conversion: y > 0 holds exactly for the bit patterns 0x0001..+inf (positive, not NaN), +inf
+// being 0x7F80 in bf16 and 0x7C00 in f16.
+// silu, sigmoid and tanh run AVX-512 on f32 blocks (16-bit converted in, rounded once out) with a
+// vector exp (Cephes expf: a degree-7 polynomial after range reduction, scaled by 2^n with
+// scalef, within 2 ulp of the correctly rounded e^x); gelu and CPUs without AVX-512 use the
+// scalar formula of elementwise_math.h on the same blocks.
+#include "core/simd.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/activation.h"
+#include "kernels/cpu/f32_blocks.h"
+#include "kernels/elementwise_math.h"
+#include "mixprec/cpu.h"
+
+namespace mixprec::kernels::cpu {
+namespace {
+
+__attribute__((target("avx512f"))) void mask_f32(float* dst, const float* g, const float* y, int64_t begin,
+                                                 int64_t end) {
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(_mm512_loadu_ps(y + i), zero, _CMP_GT_OQ);
+    _mm512_storeu_ps(dst + i, _mm512_maskz_mov_ps(keep, _mm512_loadu_ps(g + i)));
+  }
+  for (; i < end; ++i) dst[i] = y[i] > 0.f ? g[i] : 0.f;
+}
+
+__attribute__((target("avx512f,avx512bw"))) void mask_16(uint16_t* dst, const uint16_t* g, const uint16_t* y,
+                                                         uint16_t inf, int64_t begin, int64_t end) {
+  const __m512i lo = _mm512_set1_epi16(0x0001), hi = _mm512_set1_epi16(short(inf));
+  int64_t i = begin;
+  for (; i + 32 <= end; i += 32) {
+    const __m512i v = _mm512_loadu_si512(y + i);
+    const __mmask32 keep = _mm512_cmpge_epu16_mask(v, lo) & _mm512_cmple_epu16_mask(v, hi);
+    _mm512_storeu_si512(dst + i, _mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(g + i)));
+  }
+  for (; i < end; ++i) dst[i] = y[i] >= 0x0001 && y[i] <= inf ? g[i] : uint16_t(0);
+}
+
+// relu(x) = x > 0 || x is NaN ? x : +0.
+__attribute__((target("avx512f"))) void relu_f32(float* dst, const float* x, int64_t begin, int64_t end) {
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    _mm512_storeu_ps(dst + i, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_NLE_UQ), v));
+  }
+  for (; i < end; ++i) dst[i] = x[i] > 0.f || x[i] != x[i] ? x[i] : 0.f;
+}
+
+// 16-bit: zero exactly the negative numbers (0x8000..0x8000|inf) and +0; NaNs of either sign stay.
+__attribute__((target("avx512f,avx512bw"))) void relu_16(uint16_t* dst, const uint16_t* x, uint16_t inf, int64_t begin,
+                                                         int64_t end) {
+  const __m512i neg_lo = _mm512_set1_epi16(short(0x8000)), neg_hi = _mm512_set1_epi16(short(0x8000 | inf));
+  int64_t i = begin;
+  for (; i + 32 <= end; i += 32) {
+    const __m512i v = _mm512_loadu_si512(x + i);
+    const __mmask32 neg = _mm512_cmpge_epu16_mask(v, neg_lo) & _mm512_cmple_epu16_mask(v, neg_hi);
+    _mm512_storeu_si512(dst + i, _mm512_maskz_mov_epi16(~neg, v));
+  }
+  for (; i < end; ++i) dst[i] = x[i] >= 0x8000 && x[i] <= (0x8000 | inf) ? uint16_t(0) : x[i];
+}
+
+// e^x, Cephes expf: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact n ln2),
+// e^r = 1 + r + r^2 p(r), then 2^n by scalef, which also gives inf above 88.72 and 0 far below.
+// x is clamped first so inf and -inf give inf and 0, not inf - inf; NaN passes through.
+__attribute__((target("avx512f"))) inline __m512 exp_ps(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(89.f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));  // NaN stays x
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+__attribute__((target("avx512f"))) inline __m512 sigmoid_ps(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  return _mm512_div_ps(one, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+
+// Cephes tanhf: an odd polynomial below |x| = 0.625 (where 1 - 2/(e^2x + 1) would cancel), else
+// 1 - 2/(e^2|x| + 1) with x's sign (e^2|x| = inf gives 1).
+__attribute__((target("avx512f"))) inline __m512 tanh_ps(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 ax = _mm512_abs_ps(x);
+  const __m512 z = _mm512_mul_ps(x, x);
+  __m512 p = _mm512_set1_ps(-5.70498872745e-3f);
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(2.06390887954e-2f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-5.37397155531e-2f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.33314422036e-1f));
+  p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-3.33332819422e-1f));
+  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(p, z), x, x);
+  const __m512 e = exp_ps(_mm512_add_ps(ax, ax));
+  const __m512 big_abs = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, one)));
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(int(0x80000000u)));
+  const __m512 big = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big_abs), sign));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.625f), _CMP_LT_OQ), big, small);
+}
+
+template <Activation OP>
+__attribute__((target("avx512f"))) inline __m512 value_ps(__m512 x) {
+  if constexpr (OP == Activation::sigmoid)
+    return sigmoid_ps(x);
+  else if constexpr (OP == Activation::tanh)
+    return tanh_ps(x);
+  else
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+
+// The derivative from the saved tensor s, the same operations as activation_derivative.
+template <Activation OP>
+__attribute__((target("avx512f"))) inline __m512 derivative_ps(__m512 s) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  if constexpr (OP == Activation::sigmoid)
+    return _mm512_mul_ps(s, _mm512_sub_ps(one, s));
+  else if constexpr (OP == Activation::tanh)
+    return _mm512_sub_ps(one, _mm512_mul_ps(s, s));
+  else {
+    const __m512 sg = sigmoid_ps(s);
+    return _mm512_mul_ps(sg, _mm512_add_ps(one, _mm512_mul_ps(s, _mm512_sub_ps(one, sg))));
+  }
+}
+
+__attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+}
+
+// dst = f(x) over len f32 values; the tail runs masked, so every element takes the vector path.
+template <Activation OP>
+__attribute__((target("avx512f"))) void forward_f32(const float* x, float* dst, int64_t len) {
+  for (int64_t i = 0; i < len; i += 16) {
+    const __mmask16 m = tail_mask(len - i);
+    _mm512_mask_storeu_ps(dst + i, m, value_ps<OP>(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
+// dst = grad * f'(s) over len f32 values.
+template <Activation OP>
+__attribute__((target("avx512f"))) void backward_f32(const float* g, const float* s, float* dst, int64_t len) {
+  for (int64_t i = 0; i < len; i += 16) {
+    const __mmask16 m = tail_mask(len - i);
+    const __m512 d = derivative_ps<OP>(_mm512_maskz_loadu_ps(m, s + i));
+    _mm512_mask_storeu_ps(dst + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, g + i), d));
+  }
+}
+
+bool has_avx512bw() {
+  static const bool ok = __builtin_cpu_supports("avx512bw");
+  return ok;
+}
+
+bool supported(const Tensor& dst, const Tensor& grad, const Tensor& y) {
+  const DType t = grad.dtype();
+  if (y.dtype() != t || dst.dtype() != t || !grad.is_contiguous() || !y.is_contiguous() || !dst.is_contiguous() ||
+      y.numel() != grad.numel() || dst.numel() != grad.numel() || !mixprec::cpu::has_avx512f())
+    return false;
+  return t == DType::f32 || ((t == DType::bf16 || t == DType::f16) && has_avx512bw());
+}
+
+// f(begin, end, inf) over chunks of n elements, in parallel when there are enough; inf is the
+// 16-bit dtype's +inf pattern.
+template <class F>
+void for_chunks(int64_t n, DType t, F&& f) {
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const uint16_t inf = t == DType::bf16 ? 0x7F80 : 0x7C00;
+#pragma omp parallel for schedule(static) if (chunks >= 4)
+  for (int64_t c = 0; c < chunks; ++c) f(c * kChunk, std::min(n, c * kChunk + kChunk), inf);
+}
+
+void apply(Tensor& dst, const Tensor& grad, const Tensor& y) {
+  for_chunks(grad.numel(), grad.dtype(), [&](int64_t begin, int64_t end, uint16_t inf) {
+    if (grad.dtype() == DType::f32)
+      mask_f32(dst.data<float>(), grad.data<float>(), y.data<float>(), begin, end);
+    else
+      mask_16(dst.data<uint16_t>(), grad.data<uint16_t>(), y.data<uint16_t>(), inf, begin, end);
+  });
+}
+
+bool relu_forward(const Tensor& x, Tensor& dst) {
+  if (!supported(dst, x, x)) return false;
+  for_chunks(x.numel(), x.dtype(), [&](int64_t begin, int64_t end, uint16_t inf) {
+    if (x.dtype() == DType::f32)
+      relu_f32(dst.data<float>(), x.data<float>(), begin, end);
+    else
+      relu_16(dst.data<uint16_t>(), x.data<uint16_t>(), inf, begin, end);
+  });
+  return true;
+}
+
+bool vectorised(Activation op) {
+  return (op == Activation::silu || op == Activation::sigmoid || op == Activation::tanh) && mixprec::cpu::has_avx512f();
+}
+
+template <Activation OP>
+void forward_blocks(const Tensor& x, Tensor& dst) {
+  map_f32_blocks(x, dst, [](const float* v, float* o, int64_t len) { forward_f32<OP>(v, o, len); });
+}
+
+template <Activation OP>
+void backward_blocks(const Tensor& grad, const Tensor& saved, Tensor& dst) {
+  map_grad_f32_blocks(grad, saved, dst,
+                      [](const float* g, const float* v, float* o, int64_t len) { backward_f32<OP>(g, v, o, len); });
+}
+
+}  // namespace
+
+bool activation(Activation op, const Tensor& x, Tensor& dst) {
+  if (!f32_compute(x.dtype()) || !x.is_contiguous() || !dst.is_contiguous()) return false;
+  if (op == Activation::relu && relu_forward(x, dst)) return true;
+  if (vectorised(op)) {
+    if (op == Activation::silu)
+      forward_blocks<Activation::silu>(x, dst);
+    else if (op == Activation::sigmoid)
+      forward_blocks<Activation::sigmoid>(x, dst);
+    else
+      forward_blocks<Activation::tanh>(x, dst);
+    return true;
+  }
+  map_f32_blocks(x, dst, [op](const float* v, float* o, int64_t len) {
+    for (int64_t i = 0; i < len; ++i) o[i] = activation_value<float>(op, v[i]);
+  });
+  return true;
+}
+
+bool activation_grad(Activation op, const Tensor& grad, const Tensor& saved, Tensor& dst) {
+  if (!f32_compute(saved.dtype()) || grad.dtype() != saved.dtype()) return false;
+  if (op == Activation::relu && supported(dst, grad, saved)) {
+    apply(dst, grad, saved);
+    return true;
+  }
+  if (vectorised(op)) {
+    if (op == Activation::silu)
+      backward_blocks<Activation::silu>(grad, saved, dst);
+    else if (op == Activation::sigmoid)
+      backward_blocks<Activation::sigmoid>(grad, saved, dst);
+    else
+      backward_blocks<Activation::tanh>(grad, saved, dst);
+    return true;
+  }
+  map_grad_f32_blocks(grad, saved, dst, [op](const float* g, const float* v, float* o, int64_t len) {
+    if (op == Activation::relu) {
+      for (int64_t i = 0; i < len; ++i) o[i] = v[i] > 0.f ? g[i] : 0.f;
+    } else {
+      for (int64_t i = 0; i < len; ++i) o[i] = g[i] * activation_derivative<float>(op, v[i]);
+    }
+  });
+  return true;
+}
+
+bool relu_mask_inplace(Tensor& grad, const Tensor& y) {
+  if (!supported(grad, grad, y)) return false;
+  apply(grad, grad, y);
+  return true;
+}
+
+}  // namespace mixprec::kernels::cpu

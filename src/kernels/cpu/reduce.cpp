@@ -1,0 +1,70 @@
+// Fast CPU reductions: sums over leading dims or everything in f32 blocks (partials combined in
+// f64), and the finiteness check, under OpenMP.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/f32_blocks.h"
+#include "kernels/reduce.h"
+#include "kernels/ref/access.h"
+
+namespace mixprec::kernels::cpu {
+
+// Sums over a set of leading dims (bias gradients: [N, C] -> [C]), or over everything.
+bool sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, Tensor& dst) {
+  const DType t = x.dtype();
+  if (!f32_compute(t) || !x.is_contiguous() || dst.dtype() == DType::f64) return false;
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (dims[i] != int64_t(i)) return false;
+  int64_t rows = 1, cols = 1;  // cols from the kept dims: numel / rows breaks when rows == 0
+  for (int64_t d = 0; d < x.dim(); ++d) (d < int64_t(dims.size()) ? rows : cols) *= x.size(d);
+  std::vector<float> acc(size_t(cols), 0.f);
+  if (cols == 1) {
+    // Whole-tensor sum: per-block partial sums in f32, combined in f64 so the order of blocks
+    // does not matter much.
+    const int64_t n = x.numel();
+    const int64_t nb = (n + kBlock - 1) / kBlock;
+    std::vector<double> partial(size_t(nb), 0.0);
+    for_blocks(n, [&](int64_t begin, int64_t len) {
+      float buf[kBlock];
+      const float* v = in_f32(x.data_ptr(), t, begin, len, buf);
+      float s = 0.f;
+      for (int64_t i = 0; i < len; ++i) s += v[i];
+      partial[size_t(begin / kBlock)] = s;
+    });
+    double s = 0;
+    for (double v : partial) s += v;
+    acc[0] = float(s);
+  } else {
+    // Column sums: each thread owns a range of columns and walks the rows.
+    const int64_t cb = std::max<int64_t>(16, std::min<int64_t>(kBlock, cols));
+    const int64_t nb = (cols + cb - 1) / cb;
+#pragma omp parallel for schedule(static) if (rows * cols >= (1 << 15))
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t c0 = b * cb, len = std::min(cb, cols - c0);
+      float buf[kBlock];
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* v = in_f32(x.data_ptr(), t, r * cols + c0, len, buf);
+        for (int64_t i = 0; i < len; ++i) acc[size_t(c0 + i)] += v[i];
+      }
+    }
+  }
+  (void)keepdim;
+  convert(acc.data(), DType::f32, dst.data_ptr(), dst.dtype(), acc.size());
+  return true;
+}
+
+bool all_finite(const Tensor& x, bool& finite) {
+  if (!x.is_contiguous()) return false;
+  finite = dispatch_floating(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = x.data<T>();
+    bool ok = true;
+    const int64_t n = x.numel();
+#pragma omp parallel for reduction(&& : ok) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) ok = ok && std::isfinite(double(load(p + i)));
+    return ok;
+  });
+  return true;
+}
+
+}  // namespace mixprec::kernels::cpu

@@ -1,0 +1,15 @@
+// Dispatch of the loss family (loss.h): O(N) gathers, the reference only.
+#include "kernels/loss.h"
+
+namespace mixprec::kernels {
+
+Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, bool reduce, double scale) {
+  return ref::nll_loss_forward(log_probs, target, reduce, scale);
+}
+
+Tensor nll_loss_backward(const Tensor& grad, const Tensor& target, int64_t classes, bool reduce, double scale,
+                         DType dtype) {
+  return ref::nll_loss_backward(grad, target, classes, reduce, scale, dtype);
+}
+
+}  // namespace mixprec::kernels

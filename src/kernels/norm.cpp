@@ -1,0 +1,52 @@
+// Dispatch of the norm family (norm.h): the fast CPU kernel where it supports the case, else the reference.
+#include "kernels/norm.h"
+
+namespace mixprec::kernels {
+
+void batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& var) {
+  if (use_fast() && cpu::batch_norm_stats(x, channels, mean, var)) return;
+  ref::batch_norm_stats(x, channels, mean, var);
+}
+
+Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                          const Tensor& bias) {
+  if (use_fast()) {
+    Tensor dst = Tensor::empty(x.shape(), x.dtype());
+    if (cpu::batch_norm_forward(x, mean, invstd, weight, bias, dst)) return dst;
+  }
+  return ref::batch_norm_forward(x, mean, invstd, weight, bias);
+}
+
+NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                              const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias) {
+  NormGrads out;
+  if (use_fast() &&
+      cpu::batch_norm_backward(grad_y, x, mean, invstd, weight, training, need_x, need_weight, need_bias, out))
+    return out;
+  return ref::batch_norm_backward(grad_y, x, mean, invstd, weight, training, need_x, need_weight, need_bias);
+}
+
+Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
+                          Tensor& rstd) {
+  if (use_fast()) {
+    Tensor dst = Tensor::empty(x.shape(), x.dtype());
+    if (cpu::layer_norm_forward(x, weight, bias, eps, mean, rstd, dst)) return dst;
+  }
+  return ref::layer_norm_forward(x, weight, bias, eps, mean, rstd);
+}
+
+NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias) {
+  NormGrads out;
+  if (use_fast() && cpu::layer_norm_backward(grad_y, x, mean, rstd, weight, need_x, need_weight, need_bias, out))
+    return out;
+  return ref::layer_norm_backward(grad_y, x, mean, rstd, weight, need_x, need_weight, need_bias);
+}
+
+// Per-channel O(C) work: the reference only.
+Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype) { return ref::batch_norm_invstd(var, eps, dtype); }
+Tensor batch_norm_running(const Tensor& running, const Tensor& batch, double factor, double momentum) {
+  return ref::batch_norm_running(running, batch, factor, momentum);
+}
+
+}  // namespace mixprec::kernels

@@ -1,0 +1,63 @@
+// Kernels of the norm family (ops/norm.cpp): batch and layer normalisation, forward and backward,
+// the batch statistics, invstd and the running-statistics update. Reference: ref/norm.cpp; fast:
+// cpu/norm.cpp; dispatch: norm.cpp.
+#pragma once
+#include "kernels/backend.h"
+#include "mixprec/tensor.h"
+
+namespace mixprec::kernels {
+
+// Normalisation of x viewed as [outer, channels, inner] (batch norm: [N, C, H*W], statistics per
+// channel over outer and inner) or [rows, cols] (layer norm: statistics per row). Statistics are
+// f32 (f64 for f64 x); weight/bias (undefined: none) may be x's dtype or the statistics dtype.
+struct NormGrads {
+  Tensor x, weight, bias;
+};
+// Per-channel mean and biased variance (two passes: the mean first, then squared deviations).
+void batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& var);
+// y = (x - mean[c]) * invstd[c] * weight[c] + bias[c], in x's dtype.
+Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                          const Tensor& bias);
+// training: mean/invstd are the batch's, so grad_x includes their dependence on x.
+NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                              const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias);
+// x [rows, cols]: mean/rstd [rows] (outputs), y in x's dtype.
+Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
+                          Tensor& rstd);
+NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias);
+
+// invstd[c] = 1 / sqrt(var[c] + eps), computed in f64, stored in `dtype`.
+Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype);
+// The new running statistic (1 - momentum) * running + momentum * factor * batch, computed and
+// returned in f64 (the caller copies it into the running tensor, which bumps its version).
+Tensor batch_norm_running(const Tensor& running, const Tensor& batch, double factor, double momentum);
+
+namespace ref {
+void batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& var);
+Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                          const Tensor& bias);
+NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                              const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias);
+Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
+                          Tensor& rstd);
+NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias);
+Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype);
+Tensor batch_norm_running(const Tensor& running, const Tensor& batch, double factor, double momentum);
+}  // namespace ref
+
+namespace cpu {
+bool batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& var);
+bool batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                        const Tensor& bias, Tensor& dst);
+bool batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                         const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias,
+                         NormGrads& out);
+bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
+                        Tensor& rstd, Tensor& dst);
+bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& weight, bool need_x, bool need_weight, bool need_bias, NormGrads& out);
+}  // namespace cpu
+
+}  // namespace mixprec::kernels

@@ -1,0 +1,40 @@
+// Dispatch of the pool family (pool.h): the fast CPU kernel where it supports the case, else the reference.
+#include "kernels/pool.h"
+
+namespace mixprec::kernels {
+
+MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
+  if (use_fast()) {
+    MaxPoolResult r;
+    r.dst = Tensor::empty({g.n, g.c, g.oh, g.ow}, x.dtype());
+    r.argmax = Tensor::empty({g.n, g.c, g.oh, g.ow}, g.argmax_dtype());
+    if (cpu::max_pool2d_forward(x, g, r)) return r;
+  }
+  return ref::max_pool2d_forward(x, g);
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g) {
+  if (use_fast()) {
+    Tensor gx = Tensor::empty({g.n, g.c, g.h, g.w}, grad_y.dtype());
+    if (cpu::max_pool2d_backward(grad_y, argmax, g, gx)) return gx;
+  }
+  return ref::max_pool2d_backward(grad_y, argmax, g);
+}
+
+Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
+  if (use_fast()) {
+    Tensor dst = Tensor::empty({g.n, g.c, g.oh, g.ow}, x.dtype());
+    if (cpu::avg_pool2d_forward(x, g, dst)) return dst;
+  }
+  return ref::avg_pool2d_forward(x, g);
+}
+
+Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g) {
+  if (use_fast()) {
+    Tensor gx = Tensor::empty({g.n, g.c, g.h, g.w}, grad_y.dtype());
+    if (cpu::avg_pool2d_backward(grad_y, g, gx)) return gx;
+  }
+  return ref::avg_pool2d_backward(grad_y, g);
+}
+
+}  // namespace mixprec::kernels

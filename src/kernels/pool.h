@@ -1,0 +1,43 @@
+// Kernels of the pool family (ops/pool.cpp): max (with argmax), average and adaptive average 2-d
+// pooling over NCHW planes, forward and backward. Reference: ref/pool.cpp; fast: cpu/pool.cpp;
+// window rules shared by both: pool_window.h; dispatch: pool.cpp.
+#pragma once
+#include "kernels/backend.h"
+#include "mixprec/tensor.h"
+
+namespace mixprec::kernels {
+
+// One 2-d pooling over the planes of x [n, c, h, w]. Max windows start at oy*stride - pad and step by
+// dilation (padding never wins); avg windows follow PyTorch's divisor rule; adaptive windows cover
+// [floor(oy*h/oh), ceil((oy+1)*h/oh)).
+struct PoolGeometry {
+  int64_t n = 0, c = 0, h = 0, w = 0, oh = 0, ow = 0;
+  int64_t kh = 1, kw = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
+  bool count_include_pad = true;
+  bool adaptive = false;
+  // argmax holds the window position ky*kw + kx: u8 when the window has at most 256 elements, else i64.
+  DType argmax_dtype() const { return kh * kw <= 256 ? DType::u8 : DType::i64; }
+};
+struct MaxPoolResult {
+  Tensor dst, argmax;  // [n, c, oh, ow]
+};
+MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g);
+Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g);  // -> [n,c,h,w]
+Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
+Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
+
+namespace ref {
+MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g);
+Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g);
+Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
+Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
+}  // namespace ref
+
+namespace cpu {
+bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& out);
+bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g, Tensor& grad_x);
+bool avg_pool2d_forward(const Tensor& x, const PoolGeometry& g, Tensor& dst);
+bool avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g, Tensor& grad_x);
+}  // namespace cpu
+
+}  // namespace mixprec::kernels

@@ -1,0 +1,39 @@
+// Dispatch of the reduce family (reduce.h): the fast CPU kernel where it supports the case, else the reference.
+#include "kernels/reduce.h"
+
+#include <algorithm>
+
+#include "mixprec/error.h"
+
+namespace mixprec::kernels {
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype) {
+  if (use_fast()) {
+    Shape out_shape;
+    for (int64_t d = 0; d < x.dim(); ++d) {
+      const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+      if (!reduced)
+        out_shape.push_back(x.size(d));
+      else if (keepdim)
+        out_shape.push_back(1);
+    }
+    Tensor dst = Tensor::empty(out_shape, out_dtype);
+    if (cpu::sum(x, dims, keepdim, dst)) return dst;
+  }
+  return ref::sum(x, dims, keepdim, out_dtype);
+}
+
+bool all_finite(const Tensor& x) {
+  if (!is_floating(x.dtype())) return true;
+  bool finite = true;
+  if (use_fast() && cpu::all_finite(x, finite)) return finite;
+  return ref::all_finite(x);
+}
+
+void check_finite_or_throw(const Tensor& x, std::string_view op, bool backward) {
+  if (all_finite(x)) return;
+  throw Error(detail::concat("anomaly: ", op, backward ? " backward" : "", " produced NaN or inf (output ",
+                             shape_str(x.shape()), " ", dtype_name(x.dtype()), ")"));
+}
+
+}  // namespace mixprec::kernels

@@ -1,0 +1,48 @@
+// Reference matmul: direct loops accumulating in f64, so it is the exact product of the stored
+// values rounded once (the oracle for the oneDNN path).
+#include "kernels/matmul.h"
+#include "kernels/ref/access.h"
+
+namespace mixprec::kernels::ref {
+
+// dst[m,n] = op(a)[m,k] @ op(b)[k,n], or one such product per batch for [batch, ., .] operands:
+// inputs rounded to their dtype already; accumulate in f64 so the reference is the exact
+// product of the stored values.
+void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) {
+  const bool batched = a.dim() == 3;
+  MIXPREC_ASSERT(a.dim() == b.dim() && a.dim() == dst.dim() && (a.dim() == 2 || batched), "matmul ranks");
+  const int64_t batch = batched ? a.size(0) : 1, r0 = batched ? 1 : 0;  // r0: first matrix dim
+  MIXPREC_ASSERT(!batched || (b.size(0) == batch && dst.size(0) == batch), "matmul batch");
+  const int64_t m = o.trans_a ? a.size(r0 + 1) : a.size(r0), k = o.trans_a ? a.size(r0) : a.size(r0 + 1);
+  const int64_t n = o.trans_b ? b.size(r0) : b.size(r0 + 1);
+  MIXPREC_ASSERT((o.trans_b ? b.size(r0 + 1) : b.size(r0)) == k, "matmul inner dims");
+  MIXPREC_ASSERT(dst.size(r0) == m && dst.size(r0 + 1) == n && dst.is_contiguous(), "matmul dst");
+  const std::vector<double> va = a.to_vector_f64(), vb = b.to_vector_f64();
+  std::vector<double> bias;
+  if (o.bias) bias = o.bias->to_vector_f64();
+  std::vector<double> prev;
+  if (o.accumulate) prev = dst.to_vector_f64();
+  std::vector<double> out(size_t(batch * m * n));
+  const int64_t a_cols = a.size(r0 + 1), b_cols = b.size(r0 + 1);
+  const int64_t a_mat = a.size(r0) * a_cols, b_mat = b.size(r0) * b_cols;
+  for (int64_t q = 0; q < batch; ++q)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const double* pa = va.data() + q * a_mat;
+        const double* pb = vb.data() + q * b_mat;
+        double s = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const double av = o.trans_a ? pa[p * a_cols + i] : pa[i * a_cols + p];
+          const double bv = o.trans_b ? pb[j * b_cols + p] : pb[p * b_cols + j];
+          s += av * bv;
+        }
+        if (o.bias) s += bias[size_t(j)];
+        if (o.relu && s < 0) s = 0;  // NaN stays NaN
+        const size_t at = size_t((q * m + i) * n + j);
+        if (o.accumulate) s += prev[at];
+        out[at] = s;
+      }
+  convert(out.data(), DType::f64, dst.data_ptr(), dst.dtype(), out.size());
+}
+
+}  // namespace mixprec::kernels::ref

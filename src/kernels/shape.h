@@ -1,0 +1,24 @@
+// Kernels of the shape family (ops/shape.cpp: views, contiguous, cast, cat): copies between any strides and
+// dtypes, fill, cast. Reference: ref/shape.cpp; fast: cpu/shape.cpp; dispatch: shape.cpp.
+#pragma once
+#include "kernels/backend.h"
+#include "mixprec/tensor.h"
+
+namespace mixprec::kernels {
+
+// A contiguous version of t without recording autograd (kernels never record).
+inline Tensor contig(const Tensor& t) { return t.is_contiguous() ? t.detach() : t.clone(); }
+void copy(const Tensor& src, Tensor& dst);  // any strides, any dtypes, same shape
+void fill(Tensor& dst, double value);
+Tensor cast(const Tensor& src, DType dtype);  // new contiguous tensor
+
+namespace ref {
+void copy(const Tensor& src, Tensor& dst);
+void fill(Tensor& dst, double value);
+}  // namespace ref
+
+namespace cpu {
+bool copy(const Tensor& src, Tensor& dst);  // contiguous src and dst
+}  // namespace cpu
+
+}  // namespace mixprec::kernels
