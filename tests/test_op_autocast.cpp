@@ -7,7 +7,7 @@
 #include <array>
 #include <tuple>
 
-#include "mixprec/amp.h"
+#include "mixprec/autocast.h"
 #include "mixprec/error.h"
 #include "op_cases.h"
 #include "ops/op_table.h"

@@ -7,6 +7,7 @@
 #include "mixprec/convert.h"
 #include "mixprec/cpu.h"
 #include "mixprec/data.h"
+#include "mixprec/device.h"
 #include "mixprec/diagnostics.h"
 #include "mixprec/dtype.h"
 #include "mixprec/error.h"
