@@ -213,7 +213,13 @@ TEST(StateDict, OptimizerErrorsNameTheKey) {
   expect_error([&] { one.load_state_dict(without(sd, "param_groups.0.params")); },
                "unexpected key 'param_groups.1.lr'");
   EXPECT_EQ(b.steps(), 0);  // nothing was loaded by the refused calls
-  EXPECT_TRUE(b.state_dict().size() == 7u);
+  EXPECT_EQ(b.state_dict().size(), 7u);
+  // One moment without the other loads, and the missing one starts at zero.
+  b.load_state_dict(without(sd, "state.0.exp_avg_sq"));
+  EXPECT_EQ(b.state_dict().size(), sd.size() - 1);
+  fake_grads(b.params(), 1);
+  b.step();
+  EXPECT_EQ(b.state_dict().size(), sd.size());
 }
 
 // ------------------------------------------------------------------------------- GradScaler

@@ -45,7 +45,7 @@ struct HalfParamOptions {
   // Without a master: round each updated weight stochastically into 16 bits, so an update
   // below half an ulp still moves the weight on average (llm.c). Ignored with a master.
   bool stochastic_rounding = false;
-  uint64_t seed = 0;  // of the stochastic-rounding stream (a hash of seed, step, parameter, element)
+  uint64_t seed = 0;  // of the stochastic-rounding stream: Generator(seed).split(step).split(parameter)
 };
 
 class Optimizer {

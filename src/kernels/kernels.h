@@ -157,6 +157,11 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
 // The backward of a fused ReLU in place: grad = y > 0 ? grad : 0 (grad contiguous; y same shape).
 void relu_mask_inplace(Tensor& grad, const Tensor& y);
 
+// Dropout's mask (src/kernels/ref/random.cpp): 0 or 1/(1-p) in dtype; element i is dropped when
+// word i of one use of gen, as a 24-bit uniform in [0, 1), is below p. One kernel for both
+// backends: it is counter-based and parallel already.
+Tensor dropout_mask(const Shape& shape, DType dtype, double p, Generator& gen);
+
 namespace ref {
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu);
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,

@@ -3,6 +3,7 @@
 // master copy, or a buffer for a 16-bit parameter without one) are updated with the f32 state,
 // and a 16-bit parameter is written back rounded once. f64 parameters update in f64.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -24,19 +25,22 @@ using kernels::cpu::load_f32;
 
 constexpr int64_t kBlock = 2048;  // elements per block: a few 8 KiB f32 buffers stay in L1/L2
 
-// Writes len f32 weights into a 16-bit parameter: round-to-nearest-even, or stochastically.
-void store_half(void* dst, DType t, int64_t begin, int64_t len, const float* src, bool stochastic, uint64_t key) {
+// Writes len f32 weights into a 16-bit parameter: round-to-nearest-even, or stochastically with
+// the words of `stream` (element e of the parameter takes word e; begin is a multiple of 4).
+void store_half(void* dst, DType t, int64_t begin, int64_t len, const float* src, const Generator* stream) {
   uint16_t* p = static_cast<uint16_t*>(dst) + begin;
-  if (!stochastic) {
+  if (!stream) {
     if (t == DType::bf16)
       convert_f32_to_bf16(src, p, size_t(len));
     else
       convert_f32_to_f16(src, p, size_t(len));
     return;
   }
-  for (int64_t j = 0; j < len; ++j) {
-    const uint32_t r = rounding_bits(key, uint64_t(begin + j));
-    p[j] = t == DType::bf16 ? f32_to_bf16_stochastic(src[j], r) : f32_to_f16_stochastic(src[j], r);
+  for (int64_t j = 0; j < len; j += 4) {
+    const std::array<uint32_t, 4> r = stream->block(uint64_t(begin + j) / 4);
+    for (int64_t k = j; k < std::min(len, j + 4); ++k)
+      p[k] = t == DType::bf16 ? f32_to_bf16_stochastic(src[k], r[size_t(k - j)])
+                              : f32_to_f16_stochastic(src[k], r[size_t(k - j)]);
   }
 }
 
@@ -45,8 +49,8 @@ void store_half(void* dst, DType t, int64_t begin, int64_t len, const float* src
 // With `track`, counts for a 16-bit parameter the updates that changed the f32 weight but left
 // the 16-bit one as it was (rounded away without a master; deferred into the master with one).
 template <class Rule>
-void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, float inv_scale, bool stochastic,
-                  uint64_t key, Optimizer::RoundingStats* track, Rule&& rule) {
+void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, float inv_scale,
+                  const Generator* stochastic, Optimizer::RoundingStats* track, Rule&& rule) {
   const int64_t n = p.numel(), nb = (n + kBlock - 1) / kBlock;
   const DType pt = p.dtype(), gt = grad.dtype();
   if (pt == DType::f64) {
@@ -94,7 +98,7 @@ void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, flo
       load_f32(pp, pt, begin, len, h_before);
     }
     rule(w, g, begin, len);
-    if (is_half(pt)) store_half(pp, pt, begin, len, w, !mp && stochastic, key);
+    if (is_half(pt)) store_half(pp, pt, begin, len, w, mp ? nullptr : stochastic);
     if (counting) {
       load_f32(pp, pt, begin, len, gb);  // the stored 16-bit weights (g is no longer needed)
       for (int64_t j = 0; j < len; ++j) {
@@ -387,10 +391,10 @@ void SGD::update(float inv_scale) {
     const ParamGroupState& group = groups_[group_of_[i]];
     const double lr = group.lr, wd = group.weight_decay, mom = o_.momentum, damp = 1 - o_.dampening;
     const bool nesterov = o_.nesterov;
-    const uint64_t key = rounding_key(half_.seed, uint64_t(steps_), i);
+    const Generator stream = rounding_stream(half_.seed, uint64_t(steps_), i);
     const bool vectorised = mixprec::cpu::has_avx512f();
-    fused_update(p, g, master_[i], inv_scale, half_.stochastic_rounding, key, track_ ? &rounding_ : nullptr,
-                 [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
+    fused_update(p, g, master_[i], inv_scale, half_.stochastic_rounding ? &stream : nullptr,
+                 track_ ? &rounding_ : nullptr, [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
                    using T = std::remove_pointer_t<decltype(w)>;
                    T* buf = buf_base ? static_cast<T*>(buf_base) + begin : nullptr;
                    const T tlr = T(lr), twd = T(wd), tmom = T(mom), tdamp = T(damp);
@@ -444,19 +448,18 @@ void AdamW::update(float inv_scale) {
     if (!p.grad().defined()) continue;
     const Tensor g = checked_grad(p, i);
     p.bump_version();  // an in-place write: caches keyed by version (reordered conv weights) must see it
-    if (!exp_avg_[i].defined()) {
-      exp_avg_[i] = zeros_state(p);
-      exp_avg_sq_[i] = zeros_state(p);
-    }
+    // Each on its own: a loaded state dict may hold one moment without the other.
+    if (!exp_avg_[i].defined()) exp_avg_[i] = zeros_state(p);
+    if (!exp_avg_sq_[i].defined()) exp_avg_sq_[i] = zeros_state(p);
     void* m_base = exp_avg_[i].data_ptr();
     void* v_base = exp_avg_sq_[i].data_ptr();
     const ParamGroupState& group = groups_[group_of_[i]];
     const double decay = 1 - group.lr * group.weight_decay, b1 = o_.beta1, b2 = o_.beta2;
     const double step_size = group.lr / bc1, inv_sqrt_bc2 = 1 / std::sqrt(bc2), eps = o_.eps;
-    const uint64_t key = rounding_key(half_.seed, uint64_t(steps_), i);
+    const Generator stream = rounding_stream(half_.seed, uint64_t(steps_), i);
     const bool vectorised = mixprec::cpu::has_avx512f();
-    fused_update(p, g, master_[i], inv_scale, half_.stochastic_rounding, key, track_ ? &rounding_ : nullptr,
-                 [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
+    fused_update(p, g, master_[i], inv_scale, half_.stochastic_rounding ? &stream : nullptr,
+                 track_ ? &rounding_ : nullptr, [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
                    using T = std::remove_pointer_t<decltype(w)>;
                    T* m = static_cast<T*>(m_base) + begin;
                    T* v = static_cast<T*>(v_base) + begin;
@@ -477,8 +480,10 @@ void AdamW::update(float inv_scale) {
 }
 
 StateDict AdamW::named_state(size_t i) const {
-  if (!exp_avg_[i].defined()) return {};
-  return {{"exp_avg", exp_avg_[i]}, {"exp_avg_sq", exp_avg_sq_[i]}};
+  StateDict out;
+  if (exp_avg_[i].defined()) out.emplace_back("exp_avg", exp_avg_[i]);
+  if (exp_avg_sq_[i].defined()) out.emplace_back("exp_avg_sq", exp_avg_sq_[i]);
+  return out;
 }
 
 void AdamW::check_named_state(size_t i, const std::string& key) const {
