@@ -15,6 +15,7 @@
 
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"
+#include "mixprec/random.h"
 #include "mixprec/tensor.h"
 
 namespace mixprec::testing {

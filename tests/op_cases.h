@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "mixprec/random.h"
 #include "mixprec/tensor.h"
 
 namespace mixprec {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "amp/scaler_detail.h"
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"
 #include "mixprec/grad_scaler.h"
@@ -184,7 +185,7 @@ TEST(GradScaler, InfStepLeavesEverythingBitIdenticalAndHalvesTheScale) {
     // The same through an explicit unscale (the clipping path).
     opt->zero_grad();
     rig.backward(s, -kInf);
-    s.unscale(*opt);
+    s.unscale_(*opt);
     EXPECT_FALSE(s.step(*opt));
     s.update();
     EXPECT_EQ(snapshot(*opt), before);
@@ -198,7 +199,7 @@ TEST(GradScaler, UnscaleDividesGradientsAndFusedStepMatchesIt) {
   amp::GradScaler sa({.init_scale = 1024}), sb({.init_scale = 1024});
   a.backward(sa);
   Tensor scaled = a.w1.grad().clone();
-  sa.unscale(oa);
+  sa.unscale_(oa);
   const auto unscaled = a.w1.grad().to_vector(), sv = scaled.to_vector();
   for (size_t i = 0; i < sv.size(); ++i) EXPECT_EQ(unscaled[i], sv[i] * (1.0f / 1024.0f));
   sa.step(oa);
@@ -216,7 +217,7 @@ TEST(GradScaler, UnscaleOfF16GradientsGivesF32) {
   amp::GradScaler s({.init_scale = 65536});
   s.scale(ops::sum(ops::affine(w.to(DType::f32), 1e-6))).backward();  // true gradient 1e-6: f16 holds 1e-6 * 65536
   ASSERT_EQ(w.grad().dtype(), DType::f16);
-  s.unscale(opt);
+  s.unscale_(opt);
   ASSERT_EQ(w.grad().dtype(), DType::f32);
   EXPECT_NEAR(w.grad().to_vector()[0], 1e-6, 1e-9);  // would be a subnormal with 1 bit left in f16
   EXPECT_TRUE(s.step(opt));
@@ -228,14 +229,14 @@ TEST(GradScaler, OutOfOrderCallsNameTheExpectedCall) {
   optim::SGD opt(rig.params(), {.lr = 0.1});
   amp::GradScaler s;
   expect_throw_with([&] { s.step(opt); }, "expected scale(loss).backward() first");
-  expect_throw_with([&] { s.unscale(opt); }, "expected scale(loss).backward() first");
-  expect_throw_with([&] { s.update(); }, "expected unscale(optimizer) or step(optimizer) before update()");
+  expect_throw_with([&] { s.unscale_(opt); }, "expected scale(loss).backward() first");
+  expect_throw_with([&] { s.update(); }, "expected unscale_(optimizer) or step(optimizer) before update()");
   rig.backward(s);
-  s.unscale(opt);
-  expect_throw_with([&] { s.unscale(opt); }, "expected step(optimizer) next");
+  s.unscale_(opt);
+  expect_throw_with([&] { s.unscale_(opt); }, "expected step(optimizer) next");
   s.step(opt);
   expect_throw_with([&] { s.step(opt); }, "expected update() next");
-  expect_throw_with([&] { s.unscale(opt); }, "expected update() first");
+  expect_throw_with([&] { s.unscale_(opt); }, "expected update() first");
   s.update();
   // A backward that reached none of the optimizer's parameters: no inf check was recorded.
   optim::SGD other({Tensor::zeros({2}).set_requires_grad()}, {.lr = 0.1});
@@ -251,8 +252,8 @@ TEST(GradScaler, DisabledPassesThrough) {
   EXPECT_TRUE(s.scale(loss).same(loss));
   EXPECT_EQ(s.get_scale(), 1.0);
   s.scale(loss).backward();
-  s.unscale(opt);
-  s.unscale(opt);  // no state checks when disabled
+  s.unscale_(opt);
+  s.unscale_(opt);  // no state checks when disabled
   const auto w_before = rig.w1.to_vector();
   EXPECT_TRUE(s.step(opt));
   s.update();
@@ -392,10 +393,10 @@ TEST(GradScaler, StateDictRoundTripContinuesTheSequence) {
   };
   amp::GradScaler a(o);
   run(a, first);
-  const auto sd = a.state_dict();
-  EXPECT_EQ(sd.at("scale"), a.get_scale());
-  EXPECT_EQ(sd.at("_growth_tracker"), double(a.growth_tracker()));
-  EXPECT_EQ(sd.at("_hysteresis_left"), double(a.hysteresis_left()));
+  const StateDict sd = a.state_dict();
+  EXPECT_EQ(find_state(sd, "scale")->item(), a.get_scale());
+  EXPECT_EQ(state_to_i64(*find_state(sd, "_growth_tracker")), a.growth_tracker());
+  EXPECT_EQ(state_to_i64(*find_state(sd, "_hysteresis_left")), a.hysteresis_left());
   amp::GradScaler b;  // default options: everything comes from the state dict
   b.load_state_dict(sd);
   EXPECT_EQ(b.options().growth_interval, 3);
@@ -403,7 +404,9 @@ TEST(GradScaler, StateDictRoundTripContinuesTheSequence) {
   EXPECT_EQ(b.num_skipped_steps(), a.num_skipped_steps());
   EXPECT_EQ(run(a, second), run(b, second));
   EXPECT_THROW(b.load_state_dict({}), Error);
-  EXPECT_THROW(b.load_state_dict({{"scale", 1.0}, {"_growth_tracker", 0.0}, {"bogus", 1.0}}), Error);
+  EXPECT_THROW(b.load_state_dict(
+                   {{"scale", Tensor::scalar(1.0)}, {"_growth_tracker", state_i64(0)}, {"bogus", Tensor::scalar(1.0)}}),
+               Error);
 }
 
 TEST(GradScaler, UnscaleAndCheckFindsNaNAnywhere) {
@@ -413,19 +416,19 @@ TEST(GradScaler, UnscaleAndCheckFindsNaNAnywhere) {
     p.set_grad(Tensor::ones({10000}, t));
     params.push_back(p);
   }
-  EXPECT_FALSE(amp::unscale_and_check(params, 1.0f, true).found_inf);
+  EXPECT_FALSE(amp::detail::unscale_and_check(params, 1.0f, true).found_inf);
   for (size_t k = 0; k < params.size(); ++k) {
     Tensor g = params[k].grad();
     std::vector<double> v(10000, 1.0);
     v[9999] = std::nan("");
     g.copy_(Tensor::from_vector(v, {10000}));
-    const amp::InfCheck r = amp::unscale_and_check(params, 0.5f, false);
+    const amp::detail::InfCheck r = amp::detail::unscale_and_check(params, 0.5f, false);
     EXPECT_TRUE(r.found_inf) << k;
     EXPECT_EQ(r.num_grads, 4);
     params[k].set_grad(Tensor::ones({10000}, params[k].dtype()));
   }
   for (Tensor& p : params) p.set_grad(Tensor::ones({10000}, p.dtype()));
-  EXPECT_FALSE(amp::unscale_and_check(params, 0.5f, false).found_inf);  // an f16 gradient becomes f32:
+  EXPECT_FALSE(amp::detail::unscale_and_check(params, 0.5f, false).found_inf);  // an f16 gradient becomes f32:
   EXPECT_EQ(params[2].grad().dtype(), DType::f32);
   EXPECT_EQ(params[2].grad().to_vector()[5], 0.5f);
   EXPECT_EQ(params[1].grad().to_vector()[5], 0.5f);

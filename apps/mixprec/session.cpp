@@ -174,12 +174,12 @@ StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
   if (s.after_backward) s.after_backward();
   const std::vector<Tensor>& params = s.optimizer->params();
   if (s.opt.clip_grad_norm > 0 || s.opt.clip_grad_value > 0) {
-    s.scaler->unscale(*s.optimizer);  // clip the real gradients
+    s.scaler->unscale_(*s.optimizer);  // clip the real gradients
     if (s.opt.clip_grad_norm > 0) {
-      r.grad_norm = nn::clip_grad_norm(params, s.opt.clip_grad_norm);
+      r.grad_norm = nn::clip_grad_norm_(params, s.opt.clip_grad_norm);
     } else {
       if (s.measure_grad_norm) r.grad_norm = nn::grad_norm(params);
-      nn::clip_grad_value(params, s.opt.clip_grad_value);
+      nn::clip_grad_value_(params, s.opt.clip_grad_value);
     }
   } else if (s.measure_grad_norm) {
     // The gradients still carry the scale; the norm divides it out in f64 (exact up to rounding,

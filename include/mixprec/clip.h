@@ -1,5 +1,5 @@
-// Gradient clipping, as torch.nn.utils: clip_grad_norm (by the total norm over all gradients)
-// and clip_grad_value (element-wise clamp). With a GradScaler, call scaler.unscale(opt) first so
+// Gradient clipping, as torch.nn.utils: clip_grad_norm_ (by the total norm over all gradients)
+// and clip_grad_value_ (element-wise clamp). With a GradScaler, call scaler.unscale_(opt) first so
 // the thresholds apply to the real (unscaled) gradients.
 #pragma once
 #include <vector>
@@ -19,9 +19,9 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type = 2.0);
 
 // Scales every gradient by min(1, max_norm / (total_norm + 1e-6)) (PyTorch's coefficient) and
 // returns the total norm before clipping.
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, ClipNormOptions o = {});
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, ClipNormOptions o = {});
 
 // Clamps every gradient value to [-clip_value, clip_value].
-void clip_grad_value(const std::vector<Tensor>& params, double clip_value);
+void clip_grad_value_(const std::vector<Tensor>& params, double clip_value);
 
 }  // namespace mixprec::nn

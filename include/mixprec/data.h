@@ -72,7 +72,7 @@ struct LoaderOptions {
   int64_t batch_size = 64;
   bool shuffle = true;
   bool drop_last = false;
-  uint64_t seed = 0;
+  uint64_t seed = 0;  // epoch e shuffles with Generator(seed).split(e) (mixprec/random.h)
   Normalize norm{};  // identity unless given: the loader never guesses the data set
   int prefetch = 2;  // batches the producer may run ahead of the consumer
   // Optional, runs in the prefetch thread after normalisation (e.g. augmentation). An exception

@@ -3,12 +3,10 @@
 #pragma once
 #include <cstdint>
 #include <limits>
-#include <map>
-#include <string>
 #include <unordered_map>
-#include <vector>
 
 #include "mixprec/optim.h"
+#include "mixprec/state_dict.h"
 #include "mixprec/tensor.h"
 
 namespace mixprec::amp {
@@ -29,7 +27,7 @@ struct GradScalerOptions {
 
 // The PyTorch loop, line for line:
 //   scaler.scale(loss).backward();
-//   scaler.unscale(opt);              // optional, e.g. before clip_grad_norm
+//   scaler.unscale_(opt);             // optional, e.g. before clip_grad_norm
 //   scaler.step(opt);                 // skipped when opt's gradients hold inf/NaN
 //   scaler.update();
 // Each optimizer goes READY -> (unscale) UNSCALED -> (step) STEPPED between two update() calls;
@@ -45,8 +43,8 @@ class GradScaler {
   // records whether any was inf/NaN. f32 and bf16 gradients are unscaled in place; an f16
   // gradient becomes an f32 one (f16 cannot hold what the scale protected: PyTorch refuses
   // with "Attempting to unscale FP16 gradients").
-  void unscale(optim::Optimizer& opt);
-  // Steps opt unless its gradients held inf/NaN. Without a prior unscale(), the gradients are
+  void unscale_(optim::Optimizer& opt);
+  // Steps opt unless its gradients held inf/NaN. Without a prior unscale_(), the gradients are
   // checked (read-only) and the optimizer unscales them on the fly inside its fused update.
   // Returns true when the optimizer stepped.
   bool step(optim::Optimizer& opt);
@@ -68,10 +66,15 @@ class GradScaler {
   int64_t num_overflows() const { return overflows_; }          // update() calls that saw inf/NaN
   int64_t num_updates() const { return updates_; }
 
-  // scale, growth tracker, factors, interval, hysteresis state, bounds and counters (empty when
-  // disabled, as PyTorch). load_state_dict continues the same sequence of scales.
-  std::map<std::string, double> state_dict() const;
-  void load_state_dict(const std::map<std::string, double>& sd);
+  // 0-d tensors: "scale" (f32, as PyTorch's _scale), "growth_factor", "backoff_factor",
+  // "growth_interval", "_growth_tracker" (PyTorch's keys), then ours: "dynamic",
+  // "hysteresis", "_hysteresis_left", "min_scale", "max_scale", "error_at_min_scale" and the
+  // counters "_skipped_steps", "_overflows", "_updates" (f64 for reals, i64 for counts, u8 for
+  // flags). Empty when disabled, as PyTorch. load_state_dict needs "scale" and
+  // "_growth_tracker" (the others keep this scaler's values when absent), refuses an unknown key
+  // or a wrong dtype/shape naming the key, and continues the same sequence of scales.
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& sd);
 
  private:
   enum class Stage { ready, unscaled, stepped };
@@ -91,24 +94,5 @@ class GradScaler {
   std::unordered_map<const optim::Optimizer*, OptState> per_opt_;
   int64_t skipped_steps_ = 0, overflows_ = 0, updates_ = 0;
 };
-
-// The update rule alone (for tests and tools): the next (scale, growth tracker, hysteresis
-// left) after one update() that saw `found_inf`.
-struct ScaleState {
-  float scale;
-  int64_t growth_tracker;
-  int64_t hysteresis_left;
-};
-ScaleState next_scale_state(const ScaleState& s, bool found_inf, const GradScalerOptions& o);
-
-// One parallel pass over the gradients of all `params` (PyTorch's
-// _amp_foreach_non_finite_check_and_unscale_): records whether any value is inf or NaN and,
-// unless check_only, multiplies every gradient by inv_scale (an f16 gradient is replaced by an
-// f32 one). With check_only the gradients are only read.
-struct InfCheck {
-  bool found_inf = false;
-  int64_t num_grads = 0;  // parameters that had a gradient
-};
-InfCheck unscale_and_check(const std::vector<Tensor>& params, float inv_scale, bool check_only);
 
 }  // namespace mixprec::amp

@@ -9,11 +9,12 @@
 #include <vector>
 
 #include "mixprec/ops.h"
+#include "mixprec/state_dict.h"
 #include "mixprec/tensor.h"
 
 namespace mixprec::nn {
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using NamedTensors = StateDict;  // named_parameters() and named_buffers() are name -> tensor lists too
 
 class Module {
  public:
@@ -24,11 +25,14 @@ class Module {
 
   NamedTensors named_parameters() const;  // "0.weight", "fc1.bias", ... (recursive)
   std::vector<Tensor> parameters() const;
-  NamedTensors named_buffers() const;     // running statistics etc.
-  NamedTensors state_dict() const;        // parameters then buffers, PyTorch order
-  // Copies values (with dtype conversion) into this module's tensors; every key must match
-  // in name and shape, and no key may be missing or extra (strict, as PyTorch's default).
-  void load_state_dict(const NamedTensors& sd);
+  NamedTensors named_buffers() const;  // running statistics etc.
+  StateDict state_dict() const;        // parameters then buffers, PyTorch order
+  // Copies values into this module's tensors; every key must match in name and shape, and no
+  // key may be missing or extra (strict, as PyTorch's default). Dtypes must match too, except
+  // that a floating value loads into a floating tensor of another width, converted as
+  // PyTorch's copy_ does (an f32 checkpoint into a bf16 model). Throws one line naming the
+  // first bad key, before changing anything.
+  void load_state_dict(const StateDict& sd);
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
 
   void train(bool on = true);

@@ -4,6 +4,7 @@
 #include <optional>
 #include <vector>
 
+#include "mixprec/random.h"
 #include "mixprec/tensor.h"
 
 namespace mixprec::ops {

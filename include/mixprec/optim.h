@@ -1,18 +1,40 @@
 // Optimizers: SGD (momentum, nesterov, weight decay) and AdamW, PyTorch's update rules, one
-// fused pass over each parameter; state allocated as MemCategory::optimizer_state. 16-bit
-// parameters get an f32 master copy (or stochastic rounding without one), and the pass can
-// unscale gradients on the fly for GradScaler.
+// fused pass over each parameter; parameter groups with their own lr and weight decay (as
+// PyTorch's param_groups); state allocated as MemCategory::optimizer_state. 16-bit parameters
+// get an f32 master copy (or stochastic rounding without one), and the pass can unscale
+// gradients on the fly for GradScaler.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "mixprec/state_dict.h"
 #include "mixprec/tensor.h"
 
 namespace mixprec::optim {
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;  // the same type as nn::NamedTensors
+// What a parameter group may set for itself (PyTorch's per-group keys); an unset field takes
+// the optimizer's option. E.g. no weight decay on norms and biases:
+//   optim::AdamW opt({{decay_params, {.weight_decay = 0.1}}, {no_decay_params, {.weight_decay = 0.0}}},
+//                    {.lr = 1e-3});
+struct GroupOptions {
+  std::optional<double> lr = std::nullopt;
+  std::optional<double> weight_decay = std::nullopt;
+};
+struct ParamGroup {
+  std::vector<Tensor> params;
+  GroupOptions options{};
+};
+
+// A group as the optimizer holds it: its parameters (indices into Optimizer::params(), which
+// lists the groups' parameters in order) and its settings.
+struct ParamGroupState {
+  std::vector<size_t> params;
+  double lr;
+  double weight_decay;
+};
 
 // How an optimizer updates 16-bit (bf16/f16) parameters; f32 and f64 parameters ignore it.
 // The optimizer state (momentum, Adam moments) is f32 for every 16-bit parameter.
@@ -23,12 +45,13 @@ struct HalfParamOptions {
   // Without a master: round each updated weight stochastically into 16 bits, so an update
   // below half an ulp still moves the weight on average (llm.c). Ignored with a master.
   bool stochastic_rounding = false;
-  uint64_t seed = 0;  // of the stochastic-rounding stream (a hash of seed, step, parameter, element)
+  uint64_t seed = 0;  // of the stochastic-rounding stream: Generator(seed).split(step).split(parameter)
 };
 
 class Optimizer {
  public:
-  Optimizer(std::vector<Tensor> params, double lr, HalfParamOptions half = {});
+  // lr and weight_decay are the defaults of groups that do not set them.
+  Optimizer(std::vector<ParamGroup> groups, double lr, double weight_decay, HalfParamOptions half = {});
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -41,9 +64,13 @@ class Optimizer {
   void step_unscale(float inv_grad_scale);
 
   void zero_grad(bool set_to_none = true);
-  const std::vector<Tensor>& params() const { return params_; }
-  double lr() const { return lr_; }
-  void set_lr(double lr);
+  const std::vector<Tensor>& params() const { return params_; }  // every group's, in group order
+  const std::vector<ParamGroupState>& param_groups() const { return groups_; }
+  size_t group_of(size_t param) const { return group_of_[param]; }
+  double lr(size_t group = 0) const { return groups_[group].lr; }
+  void set_lr(size_t group, double lr);
+  void set_lr(double lr);  // every group
+  double weight_decay(size_t group = 0) const { return groups_[group].weight_decay; }
   int64_t steps() const { return steps_; }
   const HalfParamOptions& half_options() const { return half_; }
   // The f32 master copy of parameter i (undefined when it has none).
@@ -59,26 +86,32 @@ class Optimizer {
   void set_track_rounding(bool on) { track_ = on; }
   RoundingStats take_rounding_stats();
 
-  // "step", "lr", then per parameter i "state.<i>.<name>" (exp_avg, exp_avg_sq,
-  // momentum_buffer, master), as PyTorch names the state. load_state_dict checks every key,
-  // shape and dtype, and restores bit-exactly.
-  NamedTensors state_dict() const;
-  void load_state_dict(const NamedTensors& sd);
+  // "step" (i64 0-d: the optimizer's step count, which PyTorch keeps per parameter as
+  // state.<i>.step), per group g "param_groups.<g>.lr", "param_groups.<g>.weight_decay" (f64 0-d)
+  // and "param_groups.<g>.params" (i64 [n], the indices), then per parameter i
+  // "state.<i>.<name>" (exp_avg, exp_avg_sq, momentum_buffer, master), as PyTorch names the
+  // state. load_state_dict checks every key, shape and dtype (and that the groups hold the same
+  // parameters), throws naming the first bad key before changing anything, and restores
+  // bit-exactly.
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& sd);
 
   virtual std::string name() const = 0;       // "SGD", "AdamW"
   virtual double eps() const { return 0.0; }  // AdamW's eps (0 where there is none)
-  virtual double weight_decay() const = 0;
 
  protected:
   // One update of every parameter that has a gradient (steps_ already counts it), reading each
   // gradient multiplied by inv_grad_scale.
   virtual void update(float inv_grad_scale) = 0;
-  virtual NamedTensors named_state(size_t i) const = 0;  // the tensors the subclass holds
+  virtual StateDict named_state(size_t i) const = 0;  // the tensors the subclass holds
+  // Checks (before anything is loaded) that the subclass accepts state `key` of parameter i.
+  virtual void check_named_state(size_t i, const std::string& key) const = 0;
   virtual void set_named_state(size_t i, const std::string& key, const Tensor& t) = 0;
 
   std::vector<Tensor> params_;
   std::vector<Tensor> master_;  // per parameter: f32 master of a 16-bit parameter, or undefined
-  double lr_;
+  std::vector<ParamGroupState> groups_;
+  std::vector<size_t> group_of_;  // per parameter: its group
   int64_t steps_ = 0;
   HalfParamOptions half_;
   bool track_ = false;
@@ -96,13 +129,14 @@ struct SGDOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions o = {});
+  SGD(std::vector<ParamGroup> groups, SGDOptions o = {});
   const SGDOptions& options() const { return o_; }
   std::string name() const override { return "SGD"; }
-  double weight_decay() const override { return o_.weight_decay; }
 
  protected:
   void update(float inv_grad_scale) override;
-  NamedTensors named_state(size_t i) const override;
+  StateDict named_state(size_t i) const override;
+  void check_named_state(size_t i, const std::string& key) const override;
   void set_named_state(size_t i, const std::string& key, const Tensor& t) override;
 
  private:
@@ -121,14 +155,15 @@ struct AdamWOptions {
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions o = {});
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions o = {});
   const AdamWOptions& options() const { return o_; }
   std::string name() const override { return "AdamW"; }
   double eps() const override { return o_.eps; }
-  double weight_decay() const override { return o_.weight_decay; }
 
  protected:
   void update(float inv_grad_scale) override;
-  NamedTensors named_state(size_t i) const override;
+  StateDict named_state(size_t i) const override;
+  void check_named_state(size_t i, const std::string& key) const override;
   void set_named_state(size_t i, const std::string& key, const Tensor& t) override;
 
  private:

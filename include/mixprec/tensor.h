@@ -64,7 +64,7 @@ struct TensorImpl {
 };
 }  // namespace detail
 
-class Generator;
+class Generator;  // mixprec/random.h
 
 class Tensor {
  public:
@@ -80,6 +80,7 @@ class Tensor {
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype = DType::f32);
   static Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f64);
   static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape);  // i64
+  // Random (one use of gen each, see mixprec/random.h): N(0, std^2), and U[lo, hi).
   static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32, double std = 1.0);
   static Tensor uniform(const Shape& shape, Generator& gen, double lo, double hi, DType dtype = DType::f32);
   static Tensor arange(int64_t n, DType dtype = DType::f32);
@@ -144,21 +145,5 @@ class Tensor {
  private:
   std::shared_ptr<detail::TensorImpl> impl_;
 };
-
-// Deterministic random numbers (mt19937_64), for initialisation, dropout and data order.
-class Generator {
- public:
-  explicit Generator(uint64_t seed = 0) { manual_seed(seed); }
-  void manual_seed(uint64_t seed);
-  uint64_t next_u64();
-  double uniform();  // [0, 1)
-  double normal();   // N(0, 1)
-
- private:
-  uint64_t s_[4];
-  bool has_spare_ = false;
-  double spare_ = 0;
-};
-Generator& default_generator();  // thread-local, seed 0 until manual_seed
 
 }  // namespace mixprec

@@ -182,25 +182,35 @@ std::vector<std::string> optimizer_warnings(const optim::Optimizer& opt) {
             "f32 with f32 state; keep it that way, or use eps >= ",
             t == DType::f16 ? "1e-4 in f16 arithmetic" : "its smallest normal"));
     }
-    const double decay_step = opt.lr() * opt.weight_decay();
-    if (decay_step > 0 && decay_step < half_ulp && !sr)
-      out.push_back(detail::concat(opt.name(), " weight decay lr*weight_decay = ", decay_step,
-                                   " per step is below half ", "an ulp of any ", tn, " weight (", half_ulp,
-                                   " relative) for ", where,
-                                   ": rounded to nearest, the decay never changes a weight (use master weights or "
-                                   "stochastic rounding)"));
-    if (opt.name() == "AdamW" && !sr && opt.lr() > 0) {
-      // An Adam step moves a weight by about lr; it is lost where |w| * half_ulp > lr.
-      const double bound = opt.lr() / half_ulp;
-      int64_t lost = 0, n = 0;
-      for (size_t i : idx) {
-        for (float w : opt.params()[i].to_vector()) lost += std::fabs(w) > bound;
-        n += opt.params()[i].numel();
+    // Per parameter group (each has its own lr and weight decay), over the group's parameters in idx.
+    for (size_t g = 0; g < opt.param_groups().size(); ++g) {
+      const double lr = opt.lr(g);
+      std::vector<size_t> in_group;
+      for (size_t i : idx)
+        if (opt.group_of(i) == g) in_group.push_back(i);
+      if (in_group.empty()) continue;
+      const std::string group = opt.param_groups().size() > 1 ? detail::concat(" (group ", g, ")") : "";
+      const double decay_step = lr * opt.weight_decay(g);
+      if (decay_step > 0 && decay_step < half_ulp && !sr)
+        out.push_back(detail::concat(opt.name(), group, " weight decay lr*weight_decay = ", decay_step,
+                                     " per step is below half ", "an ulp of any ", tn, " weight (", half_ulp,
+                                     " relative) for ", where,
+                                     ": rounded to nearest, the decay never changes a weight (use master weights or "
+                                     "stochastic rounding)"));
+      if (opt.name() == "AdamW" && !sr && lr > 0) {
+        // An Adam step moves a weight by about lr; it is lost where |w| * half_ulp > lr.
+        const double bound = lr / half_ulp;
+        int64_t lost = 0, n = 0;
+        for (size_t i : in_group) {
+          for (float w : opt.params()[i].to_vector()) lost += std::fabs(w) > bound;
+          n += opt.params()[i].numel();
+        }
+        if (lost > 0)
+          out.push_back(
+              detail::concat(opt.name(), group, " lr=", lr, ": ", fmt("%.2f", 100.0 * double(lost) / double(n)),
+                             "% of the weights of ", where, " exceed |w| = ", bound, ", where a step of lr is ",
+                             "below half an ulp and rounds away (use master weights or stochastic rounding)"));
       }
-      if (lost > 0)
-        out.push_back(detail::concat(opt.name(), " lr=", opt.lr(), ": ", fmt("%.2f", 100.0 * double(lost) / double(n)),
-                                     "% of the weights of ", where, " exceed |w| = ", bound, ", where a step of lr is ",
-                                     "below half an ulp and rounds away (use master weights or stochastic rounding)"));
     }
   }
   return out;

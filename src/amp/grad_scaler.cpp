@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "amp/scaler_detail.h"
 #include "mixprec/convert.h"
 #include "mixprec/error.h"
 #include "mixprec/ops.h"
@@ -59,6 +60,8 @@ bool check_and_scale(const Chunk& c, float inv_scale) {
 
 }  // namespace
 
+namespace detail {
+
 InfCheck unscale_and_check(const std::vector<Tensor>& params, float inv_scale, bool check_only) {
   InfCheck r;
   std::vector<Chunk> chunks;
@@ -108,10 +111,10 @@ ScaleState next_scale_state(const ScaleState& s, bool found_inf, const GradScale
       return n;
     }
     if (o.error_at_min_scale && double(s.scale) <= o.min_scale)
-      throw Error(
-          detail::concat("GradScaler: gradients overflowed with the loss scale already at min_scale = ", o.min_scale,
-                         ": the model produces inf/NaN at any scale (check the inputs, the lr, "
-                         "or train in bf16/fp32)"));
+      throw Error(mixprec::detail::concat(
+          "GradScaler: gradients overflowed with the loss scale already at min_scale = ", o.min_scale,
+          ": the model produces inf/NaN at any scale (check the inputs, the lr, "
+          "or train in bf16/fp32)"));
     // PyTorch: the f32 scale times the (double) factor, stored as f32.
     n.scale = float(double(s.scale) * o.backoff_factor);
     if (o.min_scale > 0) n.scale = std::max(n.scale, float(o.min_scale));
@@ -128,6 +131,8 @@ ScaleState next_scale_state(const ScaleState& s, bool found_inf, const GradScale
   }
   return n;
 }
+
+}  // namespace detail
 
 // ------------------------------------------------------------------------------- GradScaler
 
@@ -161,17 +166,17 @@ Tensor GradScaler::scale(const Tensor& loss) {
   return ops::mul(loss, Tensor::scalar(double(scale_), DType::f32));
 }
 
-void GradScaler::unscale(optim::Optimizer& opt) {
+void GradScaler::unscale_(optim::Optimizer& opt) {
   if (!o_.enabled) return;
-  require_scale("unscale");
+  require_scale("unscale_");
   OptState& st = state_of(opt);
   MIXPREC_CHECK(st.stage != Stage::unscaled,
-                "GradScaler.unscale(): unscale() has already been called on this "
+                "GradScaler.unscale_(): unscale_() has already been called on this "
                 "optimizer since the last update(); expected step(optimizer) next");
   MIXPREC_CHECK(st.stage != Stage::stepped,
-                "GradScaler.unscale(): unscale() is being called after step(); expected update() first");
+                "GradScaler.unscale_(): unscale_() is being called after step(); expected update() first");
   const float inv_scale = float(1.0 / double(scale_));  // PyTorch: _scale.double().reciprocal().float()
-  const InfCheck r = unscale_and_check(opt.params(), inv_scale, /*check_only=*/false);
+  const detail::InfCheck r = detail::unscale_and_check(opt.params(), inv_scale, /*check_only=*/false);
   st.checked = r.num_grads > 0;
   st.found_inf = r.found_inf;
   st.stage = Stage::unscaled;
@@ -190,7 +195,7 @@ bool GradScaler::step(optim::Optimizer& opt) {
   const float inv_scale = float(1.0 / double(scale_));
   const bool fused = st.stage == Stage::ready;
   if (fused) {
-    const InfCheck r = unscale_and_check(opt.params(), inv_scale, /*check_only=*/true);
+    const detail::InfCheck r = detail::unscale_and_check(opt.params(), inv_scale, /*check_only=*/true);
     st.checked = r.num_grads > 0;
     st.found_inf = r.found_inf;
   }
@@ -218,8 +223,8 @@ void GradScaler::update() {
   }
   MIXPREC_CHECK(any,
                 "GradScaler.update(): no inf checks were recorded since the last update(); expected "
-                "unscale(optimizer) or step(optimizer) before update()");
-  const ScaleState n = next_scale_state({scale_, growth_tracker_, hysteresis_left_}, found, o_);
+                "unscale_(optimizer) or step(optimizer) before update()");
+  const detail::ScaleState n = detail::next_scale_state({scale_, growth_tracker_, hysteresis_left_}, found, o_);
   scale_ = n.scale;
   growth_tracker_ = n.growth_tracker;
   hysteresis_left_ = n.hysteresis_left;
@@ -243,44 +248,61 @@ bool GradScaler::found_inf(const optim::Optimizer& opt) const {
   return it != per_opt_.end() && it->second.checked && it->second.found_inf;
 }
 
-std::map<std::string, double> GradScaler::state_dict() const {
+// The keys of state_dict, in order, with their dtypes.
+namespace {
+struct StateKey {
+  const char* name;
+  DType dtype;
+};
+constexpr StateKey kStateKeys[] = {
+    {"scale", DType::f32},           {"growth_factor", DType::f64},     {"backoff_factor", DType::f64},
+    {"growth_interval", DType::i64}, {"_growth_tracker", DType::i64},   {"dynamic", DType::u8},
+    {"hysteresis", DType::i64},      {"_hysteresis_left", DType::i64},  {"min_scale", DType::f64},
+    {"max_scale", DType::f64},       {"error_at_min_scale", DType::u8}, {"_skipped_steps", DType::i64},
+    {"_overflows", DType::i64},      {"_updates", DType::i64}};
+}  // namespace
+
+StateDict GradScaler::state_dict() const {
   if (!o_.enabled) return {};
-  return {{"scale", double(scale_)},
-          {"growth_factor", o_.growth_factor},
-          {"backoff_factor", o_.backoff_factor},
-          {"growth_interval", double(o_.growth_interval)},
-          {"_growth_tracker", double(growth_tracker_)},
-          {"dynamic", o_.dynamic ? 1.0 : 0.0},
-          {"hysteresis", double(o_.hysteresis)},
-          {"_hysteresis_left", double(hysteresis_left_)},
-          {"min_scale", o_.min_scale},
-          {"max_scale", o_.max_scale},
-          {"error_at_min_scale", o_.error_at_min_scale ? 1.0 : 0.0},
-          {"_skipped_steps", double(skipped_steps_)},
-          {"_overflows", double(overflows_)},
-          {"_updates", double(updates_)}};
+  const double values[] = {double(scale_),
+                           o_.growth_factor,
+                           o_.backoff_factor,
+                           double(o_.growth_interval),
+                           double(growth_tracker_),
+                           o_.dynamic ? 1.0 : 0.0,
+                           double(o_.hysteresis),
+                           double(hysteresis_left_),
+                           o_.min_scale,
+                           o_.max_scale,
+                           o_.error_at_min_scale ? 1.0 : 0.0,
+                           double(skipped_steps_),
+                           double(overflows_),
+                           double(updates_)};
+  StateDict sd;
+  for (size_t k = 0; k < std::size(kStateKeys); ++k) {
+    const StateKey& key = kStateKeys[k];
+    sd.emplace_back(key.name,
+                    key.dtype == DType::i64 ? state_i64(int64_t(values[k])) : Tensor::scalar(values[k], key.dtype));
+  }
+  return sd;
 }
 
-void GradScaler::load_state_dict(const std::map<std::string, double>& sd) {
+void GradScaler::load_state_dict(const StateDict& sd) {
   if (!o_.enabled) return;
   MIXPREC_CHECK(!sd.empty(),
-                "GradScaler.load_state_dict(): the source state dict is empty, possibly because it "
+                "GradScaler.load_state_dict: the source state dict is empty, possibly because it "
                 "was saved from a disabled GradScaler");
-  for (const char* key : {"scale", "_growth_tracker"})
-    MIXPREC_CHECK(sd.count(key), "GradScaler.load_state_dict(): missing key '", key, "'");
-  static const char* known[] = {"scale",           "growth_factor", "backoff_factor",     "growth_interval",
-                                "_growth_tracker", "dynamic",       "hysteresis",         "_hysteresis_left",
-                                "min_scale",       "max_scale",     "error_at_min_scale", "_skipped_steps",
-                                "_overflows",      "_updates"};
-  for (const auto& kv : sd) {
-    const std::string& k = kv.first;
-    MIXPREC_CHECK(
-        std::find_if(std::begin(known), std::end(known), [&](const char* n) { return k == n; }) != std::end(known),
-        "GradScaler.load_state_dict(): unexpected key '", k, "'");
+  for (const auto& [k, t] : sd) {
+    const auto it =
+        std::find_if(std::begin(kStateKeys), std::end(kStateKeys), [&](const StateKey& n) { return k == n.name; });
+    MIXPREC_CHECK(it != std::end(kStateKeys), "GradScaler.load_state_dict: unexpected key '", k, "'");
+    check_state("GradScaler", k, t, it->dtype, {});
   }
+  for (const char* key : {"scale", "_growth_tracker"})
+    MIXPREC_CHECK(find_state(sd, key), "GradScaler.load_state_dict: missing key '", key, "'");
   auto get = [&](const char* k, double def) {
-    auto it = sd.find(k);
-    return it == sd.end() ? def : it->second;
+    const Tensor* t = find_state(sd, k);
+    return !t ? def : t->dtype() == DType::i64 ? double(state_to_i64(*t)) : t->item();
   };
   GradScalerOptions o = o_;
   o.growth_factor = get("growth_factor", o.growth_factor);
@@ -294,8 +316,8 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& sd) {
   o.init_scale = get("scale", 1.0);
   GradScaler check(o);  // validates the loaded options with the constructor's checks
   o_ = o;
-  scale_ = float(sd.at("scale"));
-  growth_tracker_ = int64_t(sd.at("_growth_tracker"));
+  scale_ = float(get("scale", 1.0));
+  growth_tracker_ = int64_t(get("_growth_tracker", 0));
   hysteresis_left_ = int64_t(get("_hysteresis_left", double(o.hysteresis)));
   skipped_steps_ = int64_t(get("_skipped_steps", 0));
   overflows_ = int64_t(get("_overflows", 0));

@@ -3,7 +3,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <numbers>
 #include <cstring>
 #include <sstream>
 
@@ -12,6 +11,7 @@
 #include "mixprec/convert.h"
 #include "mixprec/error.h"
 #include "mixprec/ops.h"
+#include "mixprec/random.h"
 
 namespace mixprec {
 
@@ -100,14 +100,14 @@ Tensor Tensor::from_vector(const std::vector<int64_t>& values, const Shape& shap
 }
 
 Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, double std) {
-  std::vector<double> v(size_t(shape_numel(shape)));
-  for (double& x : v) x = gen.normal() * std;
-  return from_vector(v, shape, dtype);
+  Tensor t = empty(shape, dtype);
+  fill_normal(t.data_ptr(), dtype, t.numel(), 0.0, std, gen);
+  return t;
 }
 Tensor Tensor::uniform(const Shape& shape, Generator& gen, double lo, double hi, DType dtype) {
-  std::vector<double> v(size_t(shape_numel(shape)));
-  for (double& x : v) x = lo + (hi - lo) * gen.uniform();
-  return from_vector(v, shape, dtype);
+  Tensor t = empty(shape, dtype);
+  fill_uniform(t.data_ptr(), dtype, t.numel(), lo, hi, gen);
+  return t;
 }
 Tensor Tensor::arange(int64_t n, DType dtype) {
   std::vector<double> v(static_cast<size_t>(n));
@@ -230,49 +230,5 @@ Tensor Tensor::flatten(int64_t start_dim) const { return ops::flatten(*this, sta
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return ops::transpose(*this, d0, d1); }
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end) const { return ops::slice(*this, d, start, end); }
 Tensor Tensor::to(DType t) const { return t == dtype() ? *this : ops::cast(*this, t); }
-
-// ---------------------------------------------------------------- Generator (xoshiro256**)
-
-static uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-void Generator::manual_seed(uint64_t seed) {
-  for (auto& s : s_) s = splitmix64(seed);
-  has_spare_ = false;
-}
-uint64_t Generator::next_u64() {
-  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  const uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
-  return result;
-}
-double Generator::uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
-double Generator::normal() {
-  if (has_spare_) {
-    has_spare_ = false;
-    return spare_;
-  }
-  double u1 = 0;
-  while (u1 <= 0) u1 = uniform();
-  const double u2 = uniform();
-  const double r = std::sqrt(-2.0 * std::log(u1));
-  spare_ = r * std::sin(2 * std::numbers::pi * u2);
-  has_spare_ = true;
-  return r * std::cos(2 * std::numbers::pi * u2);
-}
-Generator& default_generator() {
-  thread_local Generator gen(0);
-  return gen;
-}
 
 }  // namespace mixprec

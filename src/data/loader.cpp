@@ -1,26 +1,13 @@
 // BatchLoader: reproducible shuffling and a bounded prefetch queue filled by one background thread.
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <utility>
 
 #include "mixprec/data.h"
 #include "mixprec/error.h"
+#include "mixprec/random.h"
 
 namespace mixprec::data {
-namespace {
-
-// Uniform integer in [0, bound) by rejection: std::uniform_int_distribution's algorithm is
-// implementation-defined, and the order must not change with the standard library.
-uint64_t uniform_below(std::mt19937_64& rng, uint64_t bound) {
-  const uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound: the biased low values
-  uint64_t r;
-  do r = rng();
-  while (r < threshold);
-  return r % bound;
-}
-
-}  // namespace
 
 BatchLoader::BatchLoader(const Dataset& dataset, LoaderOptions options)
     : dataset_(dataset), options_(std::move(options)) {
@@ -53,10 +40,11 @@ std::vector<int64_t> BatchLoader::epoch_order(int epoch) const {
   std::vector<int64_t> order(static_cast<size_t>(dataset_.size));
   for (int64_t i = 0; i < dataset_.size; ++i) order[i] = i;
   if (!options_.shuffle) return order;
-  // 0x9E3779B97F4A7C15: 2^64 / golden ratio, spreads consecutive epochs over the seed space.
-  std::mt19937_64 rng(options_.seed ^ (static_cast<uint64_t>(epoch) * 0x9E3779B97F4A7C15ull));
+  // One independent stream per epoch, and our own integer draw (not the standard library's
+  // distributions, whose algorithms vary between implementations).
+  Generator rng = Generator(options_.seed).split(static_cast<uint64_t>(epoch));
   for (int64_t i = dataset_.size - 1; i > 0; --i) {  // Fisher-Yates
-    const auto j = static_cast<int64_t>(uniform_below(rng, static_cast<uint64_t>(i) + 1));
+    const auto j = static_cast<int64_t>(rng.uniform_below(static_cast<uint64_t>(i) + 1));
     std::swap(order[i], order[j]);
   }
   return order;

@@ -11,6 +11,7 @@
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/pool.h"
+#include "kernels/random.h"
 #include "kernels/reduce.h"
 #include "kernels/shape.h"
 #include "kernels/softmax.h"

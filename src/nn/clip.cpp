@@ -1,4 +1,4 @@
-// clip_grad_norm and clip_grad_value (torch.nn.utils): gradients are read in blocks converted to
+// clip_grad_norm_ and clip_grad_value_ (torch.nn.utils): gradients are read in blocks converted to
 // f32, norms accumulate in f64, and 16-bit gradients are written back rounded once.
 #include "mixprec/clip.h"
 
@@ -84,10 +84,10 @@ double grad_norm(const std::vector<Tensor>& params, double norm_type) {
   return norm_type == 2.0 ? std::sqrt(acc) : std::pow(acc, 1.0 / norm_type);
 }
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, ClipNormOptions o) {
-  MIXPREC_CHECK(max_norm >= 0 && !std::isnan(max_norm), "clip_grad_norm: max_norm must be >= 0, got ", max_norm);
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, ClipNormOptions o) {
+  MIXPREC_CHECK(max_norm >= 0 && !std::isnan(max_norm), "clip_grad_norm_: max_norm must be >= 0, got ", max_norm);
   const double total = grad_norm(params, o.norm_type);
-  MIXPREC_CHECK(std::isfinite(total) || !o.error_if_nonfinite, "clip_grad_norm: the total norm of order ", o.norm_type,
+  MIXPREC_CHECK(std::isfinite(total) || !o.error_if_nonfinite, "clip_grad_norm_: the total norm of order ", o.norm_type,
                 " of the gradients is non-finite, so they cannot be clipped (error_if_nonfinite=false scales them "
                 "by it anyway)");
   // PyTorch: coef = max_norm / (total + 1e-6), clamped to 1; 1e-6 guards a zero norm.
@@ -97,8 +97,8 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, ClipNo
   return total;
 }
 
-void clip_grad_value(const std::vector<Tensor>& params, double clip_value) {
-  MIXPREC_CHECK(clip_value >= 0 && !std::isnan(clip_value), "clip_grad_value: clip_value must be >= 0, got ",
+void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
+  MIXPREC_CHECK(clip_value >= 0 && !std::isnan(clip_value), "clip_grad_value_: clip_value must be >= 0, got ",
                 clip_value);
   for (Tensor g : grads_of(params))
     transform(g, [clip_value](double v) { return std::isnan(v) ? v : std::clamp(v, -clip_value, clip_value); });

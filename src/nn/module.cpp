@@ -35,9 +35,9 @@ std::vector<Tensor> Module::parameters() const {
   for (auto& [n, t] : named_parameters()) out.push_back(t);
   return out;
 }
-NamedTensors Module::state_dict() const {
+StateDict Module::state_dict() const {
   // PyTorch orders a module's own parameters, then own buffers, then each child's; keep that.
-  NamedTensors out;
+  StateDict out;
   for (const auto& [n, t] : params_) out.emplace_back(n, t);
   for (const auto& [n, t] : buffers_) out.emplace_back(n, t);
   for (const auto& [cn, c] : children_)
@@ -45,20 +45,22 @@ NamedTensors Module::state_dict() const {
   return out;
 }
 
-void Module::load_state_dict(const NamedTensors& sd) {
-  // Check every key and shape before copying anything: a bad state dict leaves the model as it was.
+void Module::load_state_dict(const StateDict& sd) {
+  // Check every key, shape and dtype before copying anything: a bad state dict leaves the model as it was.
   std::map<std::string, Tensor> mine;
   for (const auto& [name, t] : state_dict()) mine.emplace(name, t);
   std::set<std::string> seen;
   for (const auto& [name, t] : sd) {
     const auto it = mine.find(name);
-    MIXPREC_CHECK(it != mine.end(), "load_state_dict: unexpected key '", name, "'");
-    MIXPREC_CHECK(it->second.shape() == t.shape(), "load_state_dict: '", name, "' has shape ", shape_str(t.shape()),
-                  ", the model expects ", shape_str(it->second.shape()));
-    seen.insert(name);
+    MIXPREC_CHECK(it != mine.end(), "Module.load_state_dict: unexpected key '", name, "'");
+    MIXPREC_CHECK(seen.insert(name).second, "Module.load_state_dict: key '", name, "' appears twice");
+    const Tensor& want = it->second;
+    // A floating value converts into a floating tensor of another width (PyTorch's copy_).
+    const DType dtype = t.defined() && is_floating(t.dtype()) && is_floating(want.dtype()) ? t.dtype() : want.dtype();
+    check_state("Module", name, t, dtype, want.shape());
   }
   for (const auto& entry : mine)
-    MIXPREC_CHECK(seen.count(entry.first), "load_state_dict: missing key '", entry.first, "'");
+    MIXPREC_CHECK(seen.count(entry.first), "Module.load_state_dict: missing key '", entry.first, "'");
   for (const auto& [name, t] : sd) mine.at(name).copy_(t);
 }
 
@@ -142,7 +144,9 @@ std::string Dropout::name() const {
   return os.str();
 }
 
-void Sequential::push_back(std::shared_ptr<Module> m) { register_module(std::to_string(children().size()), std::move(m)); }
+void Sequential::push_back(std::shared_ptr<Module> m) {
+  register_module(std::to_string(children().size()), std::move(m));
+}
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   const auto& ch = children();

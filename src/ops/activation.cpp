@@ -36,13 +36,8 @@ Tensor dropout(const Tensor& x_in, double p, bool training, Generator* gen) {
   amp::autocast(OpId::dropout, {&x});
   check_floating(x, "dropout");
   if (!training || p == 0.0) return x;
-  Generator& g = gen ? *gen : default_generator();
   // Mask holds 0 or 1/(1-p) in x's dtype: inverted dropout, as in PyTorch.
-  const double keep_scale = 1.0 / (1.0 - p);
-  // Built in f64 so an f64 input gets 1/(1-p) exactly; converted once to x's dtype.
-  std::vector<double> m(size_t(x.numel()));
-  for (double& v : m) v = g.uniform() < p ? 0.0 : keep_scale;
-  Tensor mask = Tensor::from_vector(m, x.shape(), x.dtype());
+  Tensor mask = kernels::dropout_mask(x.shape(), x.dtype(), p, gen ? *gen : default_generator());
   Tensor out = kernels::binary(kernels::BinaryOp::mul, x, mask);
   return autograd::record(out, "dropout", {x}, [mask](const Tensor& gr, const autograd::Node&) {
     return std::vector<Tensor>{kernels::binary(kernels::BinaryOp::mul, gr, mask)};

@@ -2,8 +2,11 @@
 // gradient are loaded to f32 (and unscaled on the fly), the f32 weights (the parameter, its
 // master copy, or a buffer for a 16-bit parameter without one) are updated with the f32 state,
 // and a 16-bit parameter is written back rounded once. f64 parameters update in f64.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 #include "core/simd.h"
@@ -22,19 +25,22 @@ using kernels::cpu::load_f32;
 
 constexpr int64_t kBlock = 2048;  // elements per block: a few 8 KiB f32 buffers stay in L1/L2
 
-// Writes len f32 weights into a 16-bit parameter: round-to-nearest-even, or stochastically.
-void store_half(void* dst, DType t, int64_t begin, int64_t len, const float* src, bool stochastic, uint64_t key) {
+// Writes len f32 weights into a 16-bit parameter: round-to-nearest-even, or stochastically with
+// the words of `stream` (element e of the parameter takes word e; begin is a multiple of 4).
+void store_half(void* dst, DType t, int64_t begin, int64_t len, const float* src, const Generator* stream) {
   uint16_t* p = static_cast<uint16_t*>(dst) + begin;
-  if (!stochastic) {
+  if (!stream) {
     if (t == DType::bf16)
       convert_f32_to_bf16(src, p, size_t(len));
     else
       convert_f32_to_f16(src, p, size_t(len));
     return;
   }
-  for (int64_t j = 0; j < len; ++j) {
-    const uint32_t r = rounding_bits(key, uint64_t(begin + j));
-    p[j] = t == DType::bf16 ? f32_to_bf16_stochastic(src[j], r) : f32_to_f16_stochastic(src[j], r);
+  for (int64_t j = 0; j < len; j += 4) {
+    const std::array<uint32_t, 4> r = stream->block(uint64_t(begin + j) / 4);
+    for (int64_t k = j; k < std::min(len, j + 4); ++k)
+      p[k] = t == DType::bf16 ? f32_to_bf16_stochastic(src[k], r[size_t(k - j)])
+                              : f32_to_f16_stochastic(src[k], r[size_t(k - j)]);
   }
 }
 
@@ -43,8 +49,8 @@ void store_half(void* dst, DType t, int64_t begin, int64_t len, const float* src
 // With `track`, counts for a 16-bit parameter the updates that changed the f32 weight but left
 // the 16-bit one as it was (rounded away without a master; deferred into the master with one).
 template <class Rule>
-void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, float inv_scale, bool stochastic,
-                  uint64_t key, Optimizer::RoundingStats* track, Rule&& rule) {
+void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, float inv_scale,
+                  const Generator* stochastic, Optimizer::RoundingStats* track, Rule&& rule) {
   const int64_t n = p.numel(), nb = (n + kBlock - 1) / kBlock;
   const DType pt = p.dtype(), gt = grad.dtype();
   if (pt == DType::f64) {
@@ -92,7 +98,7 @@ void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, flo
       load_f32(pp, pt, begin, len, h_before);
     }
     rule(w, g, begin, len);
-    if (is_half(pt)) store_half(pp, pt, begin, len, w, !mp && stochastic, key);
+    if (is_half(pt)) store_half(pp, pt, begin, len, w, mp ? nullptr : stochastic);
     if (counting) {
       load_f32(pp, pt, begin, len, gb);  // the stored 16-bit weights (g is no longer needed)
       for (int64_t j = 0; j < len; ++j) {
@@ -115,8 +121,8 @@ void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, flo
 struct AdamWConsts {
   float decay, b1, b2, step, inv_sqrt_bc2, eps;
 };
-__attribute__((target("avx512f"))) int64_t adamw_f32_avx512(float* w, const float* g, float* m, float* v,
-                                                           int64_t len, const AdamWConsts& c) {
+__attribute__((target("avx512f"))) int64_t adamw_f32_avx512(float* w, const float* g, float* m, float* v, int64_t len,
+                                                            const AdamWConsts& c) {
   const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), one_b1 = _mm512_set1_ps(1.0f - c.b1),
                one_b2 = _mm512_set1_ps(1.0f - c.b2), decay = _mm512_set1_ps(c.decay), step = _mm512_set1_ps(c.step),
                bc2 = _mm512_set1_ps(c.inv_sqrt_bc2), eps = _mm512_set1_ps(c.eps);
@@ -124,12 +130,13 @@ __attribute__((target("avx512f"))) int64_t adamw_f32_avx512(float* w, const floa
   for (; j + 16 <= len; j += 16) {
     const __m512 gj = _mm512_loadu_ps(g + j);
     const __m512 mj = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + j)), _mm512_mul_ps(one_b1, gj));
-    const __m512 vj = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + j)), _mm512_mul_ps(_mm512_mul_ps(one_b2, gj), gj));
+    const __m512 vj =
+        _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + j)), _mm512_mul_ps(_mm512_mul_ps(one_b2, gj), gj));
     _mm512_storeu_ps(m + j, mj);
     _mm512_storeu_ps(v + j, vj);
     const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vj), bc2), eps);
-    const __m512 wj = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(w + j), decay),
-                                    _mm512_div_ps(_mm512_mul_ps(step, mj), denom));
+    const __m512 wj =
+        _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(w + j), decay), _mm512_div_ps(_mm512_mul_ps(step, mj), denom));
     _mm512_storeu_ps(w + j, wj);
   }
   return j;
@@ -143,7 +150,7 @@ struct SgdConsts {
   bool first, nesterov;
 };
 __attribute__((target("avx512f"))) int64_t sgd_f32_avx512(float* w, const float* g, float* buf, int64_t len,
-                                                         const SgdConsts& c) {
+                                                          const SgdConsts& c) {
   const __m512 lr = _mm512_set1_ps(c.lr), wd = _mm512_set1_ps(c.wd), mom = _mm512_set1_ps(c.mom),
                damp = _mm512_set1_ps(c.damp);
   int64_t j = 0;
@@ -151,7 +158,8 @@ __attribute__((target("avx512f"))) int64_t sgd_f32_avx512(float* w, const float*
     const __m512 wj = _mm512_loadu_ps(w + j);
     __m512 d = _mm512_add_ps(_mm512_loadu_ps(g + j), _mm512_mul_ps(wd, wj));
     if (buf) {
-      const __m512 b = c.first ? d : _mm512_add_ps(_mm512_mul_ps(mom, _mm512_loadu_ps(buf + j)), _mm512_mul_ps(damp, d));
+      const __m512 b =
+          c.first ? d : _mm512_add_ps(_mm512_mul_ps(mom, _mm512_loadu_ps(buf + j)), _mm512_mul_ps(damp, d));
       _mm512_storeu_ps(buf + j, b);
       d = c.nesterov ? _mm512_add_ps(d, _mm512_mul_ps(mom, b)) : b;
     }
@@ -180,8 +188,37 @@ Tensor checked_grad(const Tensor& p, size_t i) {
 
 }  // namespace
 
-Optimizer::Optimizer(std::vector<Tensor> params, double lr, HalfParamOptions half)
-    : params_(std::move(params)), lr_(lr), half_(half) {
+namespace {
+
+std::vector<ParamGroup> one_group(std::vector<Tensor> params) {
+  std::vector<ParamGroup> g(1);
+  g[0].params = std::move(params);
+  return g;
+}
+
+void check_lr(double lr) {
+  MIXPREC_CHECK(lr >= 0 && std::isfinite(lr), "learning rate must be a finite number >= 0, got ", lr);
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr, double weight_decay, HalfParamOptions half)
+    : half_(half) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    ParamGroupState st{{}, groups[g].options.lr.value_or(lr), groups[g].options.weight_decay.value_or(weight_decay)};
+    check_lr(st.lr);
+    MIXPREC_CHECK(st.weight_decay >= 0, "optimizer: weight_decay of parameter group ", g, " must be >= 0, got ",
+                  st.weight_decay);
+    for (Tensor& p : groups[g].params) {
+      for (size_t j = 0; j < params_.size(); ++j)
+        MIXPREC_CHECK(!params_[j].same(p), "optimizer: parameter ", params_.size(), " (in group ", g,
+                      ") is also parameter ", j, ": a parameter may appear in one group only");
+      st.params.push_back(params_.size());
+      group_of_.push_back(g);
+      params_.push_back(std::move(p));
+    }
+    groups_.push_back(std::move(st));
+  }
   MIXPREC_CHECK(!params_.empty(), "optimizer got an empty parameter list");
   master_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -198,12 +235,18 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr, HalfParamOptions hal
       convert(p.data_ptr(), p.dtype(), master_[i].data_ptr(), DType::f32, size_t(p.numel()));
     }
   }
-  set_lr(lr);
+}
+
+void Optimizer::set_lr(size_t group, double lr) {
+  MIXPREC_CHECK(group < groups_.size(), name(), ".set_lr: no parameter group ", group, " (", groups_.size(),
+                " groups)");
+  check_lr(lr);
+  groups_[group].lr = lr;
 }
 
 void Optimizer::set_lr(double lr) {
-  MIXPREC_CHECK(lr >= 0 && std::isfinite(lr), "learning rate must be a finite number >= 0, got ", lr);
-  lr_ = lr;
+  check_lr(lr);
+  for (ParamGroupState& g : groups_) g.lr = lr;
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -228,10 +271,17 @@ Optimizer::RoundingStats Optimizer::take_rounding_stats() {
   return r;
 }
 
-NamedTensors Optimizer::state_dict() const {
-  NamedTensors sd;
-  sd.emplace_back("step", Tensor::from_vector(std::vector<int64_t>{steps_}, {}));
-  sd.emplace_back("lr", Tensor::scalar(lr_, DType::f64));
+StateDict Optimizer::state_dict() const {
+  StateDict sd;
+  sd.emplace_back("step", state_i64(steps_));
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string prefix = "param_groups." + std::to_string(g) + ".";
+    const ParamGroupState& pg = groups_[g];
+    sd.emplace_back(prefix + "lr", Tensor::scalar(pg.lr, DType::f64));
+    sd.emplace_back(prefix + "weight_decay", Tensor::scalar(pg.weight_decay, DType::f64));
+    std::vector<int64_t> idx(pg.params.begin(), pg.params.end());
+    sd.emplace_back(prefix + "params", Tensor::from_vector(idx, {int64_t(idx.size())}));
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     const std::string prefix = "state." + std::to_string(i) + ".";
     if (master_[i].defined()) sd.emplace_back(prefix + "master", master_[i]);
@@ -240,50 +290,88 @@ NamedTensors Optimizer::state_dict() const {
   return sd;
 }
 
-void Optimizer::load_state_dict(const NamedTensors& sd) {
-  bool has_step = false;
-  for (const auto& [key, t] : sd) {
-    if (key == "step" || key == "lr") {
-      MIXPREC_CHECK(t.numel() == 1, name(), ".load_state_dict: '", key, "' must hold one value");
-      has_step = has_step || key == "step";
-      continue;
-    }
-    size_t i = 0, dot = 0;
-    const bool shaped = key.rfind("state.", 0) == 0 && (dot = key.find('.', 6)) != std::string::npos &&
-                        (i = size_t(std::strtoull(key.c_str() + 6, nullptr, 10)), i < params_.size());
-    MIXPREC_CHECK(shaped, name(), ".load_state_dict: unexpected key '", key, "' (", params_.size(), " parameters)");
-    const Tensor& p = params_[i];
-    const DType want = p.dtype() == DType::f64 ? DType::f64 : DType::f32;
-    MIXPREC_CHECK(t.shape() == p.shape() && t.dtype() == want, name(), ".load_state_dict: '", key, "' is ",
-                  dtype_name(t.dtype()), " ", shape_str(t.shape()), ", parameter ", i, " needs ", dtype_name(want), " ",
-                  shape_str(p.shape()));
-    const std::string k = key.substr(dot + 1);
-    if (k == "master")
-      MIXPREC_CHECK(master_[i].defined(), name(), ".load_state_dict: '", key, "' but parameter ", i,
-                    " keeps no master copy");
-  }
-  MIXPREC_CHECK(has_step, name(), ".load_state_dict: missing key 'step'");
+namespace {
+
+// "<prefix><n>.<rest>" with n < count: n and rest; nullopt for any other key.
+std::optional<std::pair<size_t, std::string>> indexed_key(const std::string& key, const std::string& prefix,
+                                                          size_t count) {
+  if (key.rfind(prefix, 0) != 0) return std::nullopt;
+  const size_t dot = key.find('.', prefix.size());
+  if (dot == std::string::npos || dot == prefix.size()) return std::nullopt;
+  const std::string digits = key.substr(prefix.size(), dot - prefix.size());
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) return std::nullopt;
+  const size_t n = size_t(std::stoul(digits));
+  if (n >= count) return std::nullopt;
+  return std::make_pair(n, key.substr(dot + 1));
+}
+
+}  // namespace
+
+void Optimizer::load_state_dict(const StateDict& sd) {
+  // Check every entry first: a bad state dict leaves the optimizer as it was.
+  const std::string who = name();
   for (const auto& [key, t] : sd) {
     if (key == "step") {
-      steps_ = t.to_vector_i64()[0];
-    } else if (key == "lr") {
-      set_lr(t.item());
+      check_state(who, key, t, DType::i64, {});
+    } else if (auto g = indexed_key(key, "param_groups.", groups_.size())) {
+      const ParamGroupState& pg = groups_[g->first];
+      if (g->second == "lr" || g->second == "weight_decay") {
+        check_state(who, key, t, DType::f64, {});
+        const double v = t.item();
+        MIXPREC_CHECK(v >= 0 && std::isfinite(v), who, ".load_state_dict: '", key, "' is ", v,
+                      ", expected a finite number >= 0");
+      } else {
+        MIXPREC_CHECK(g->second == "params", who, ".load_state_dict: unexpected key '", key, "'");
+        check_state(who, key, t, DType::i64, {int64_t(pg.params.size())});
+        const std::vector<int64_t> idx = t.to_vector_i64();
+        MIXPREC_CHECK(std::equal(idx.begin(), idx.end(), pg.params.begin(),
+                                 [](int64_t a, size_t b) { return a >= 0 && size_t(a) == b; }),
+                      who, ".load_state_dict: '", key, "' lists other parameters than this optimizer's group ",
+                      g->first);
+      }
+    } else if (auto s = indexed_key(key, "state.", params_.size())) {
+      const size_t i = s->first;
+      const Tensor& p = params_[i];
+      check_state(who, key, t, p.dtype() == DType::f64 ? DType::f64 : DType::f32, p.shape());
+      if (s->second == "master")
+        MIXPREC_CHECK(master_[i].defined(), who, ".load_state_dict: '", key, "' but parameter ", i,
+                      " keeps no master copy");
+      else
+        check_named_state(i, s->second);
     } else {
-      const size_t dot = key.find('.', 6), i = size_t(std::strtoull(key.c_str() + 6, nullptr, 10));
-      const std::string k = key.substr(dot + 1);
+      MIXPREC_CHECK(false, who, ".load_state_dict: unexpected key '", key, "' (", groups_.size(), " groups, ",
+                    params_.size(), " parameters)");
+    }
+  }
+  MIXPREC_CHECK(find_state(sd, "step"), who, ".load_state_dict: missing key 'step'");
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (const char* k : {"lr", "weight_decay", "params"}) {
+      const std::string key = "param_groups." + std::to_string(g) + "." + k;
+      MIXPREC_CHECK(find_state(sd, key), who, ".load_state_dict: missing key '", key, "'");
+    }
+  for (const auto& [key, t] : sd) {
+    if (key == "step") {
+      steps_ = state_to_i64(t);
+    } else if (auto g = indexed_key(key, "param_groups.", groups_.size())) {
+      if (g->second == "lr") groups_[g->first].lr = t.item();
+      if (g->second == "weight_decay") groups_[g->first].weight_decay = t.item();
+    } else if (auto s = indexed_key(key, "state.", params_.size())) {
       MemoryScope scope(MemCategory::optimizer_state);
       Tensor copy = t.detach().clone();
-      if (k == "master")
-        master_[i].copy_(copy);
+      if (s->second == "master")
+        master_[s->first].copy_(copy);
       else
-        set_named_state(i, k, copy);
+        set_named_state(s->first, s->second, copy);
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------- SGD
 
-SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params), o.lr, o.half), o_(o) {
+SGD::SGD(std::vector<Tensor> params, SGDOptions o) : SGD(one_group(std::move(params)), o) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
+    : Optimizer(std::move(groups), o.lr, o.weight_decay, o.half), o_(o) {
   MIXPREC_CHECK(o.momentum >= 0, "SGD: momentum must be >= 0, got ", o.momentum);
   MIXPREC_CHECK(o.weight_decay >= 0, "SGD: weight_decay must be >= 0, got ", o.weight_decay);
   MIXPREC_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
@@ -300,12 +388,13 @@ void SGD::update(float inv_scale) {
     const bool first = o_.momentum != 0 && !momentum_[i].defined();
     if (first) momentum_[i] = zeros_state(p);
     void* buf_base = o_.momentum != 0 ? momentum_[i].data_ptr() : nullptr;
-    const double lr = lr_, wd = o_.weight_decay, mom = o_.momentum, damp = 1 - o_.dampening;
+    const ParamGroupState& group = groups_[group_of_[i]];
+    const double lr = group.lr, wd = group.weight_decay, mom = o_.momentum, damp = 1 - o_.dampening;
     const bool nesterov = o_.nesterov;
-    const uint64_t key = rounding_key(half_.seed, uint64_t(steps_), i);
+    const Generator stream = rounding_stream(half_.seed, uint64_t(steps_), i);
     const bool vectorised = mixprec::cpu::has_avx512f();
-    fused_update(p, g, master_[i], inv_scale, half_.stochastic_rounding, key, track_ ? &rounding_ : nullptr,
-                 [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
+    fused_update(p, g, master_[i], inv_scale, half_.stochastic_rounding ? &stream : nullptr,
+                 track_ ? &rounding_ : nullptr, [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
                    using T = std::remove_pointer_t<decltype(w)>;
                    T* buf = buf_base ? static_cast<T*>(buf_base) + begin : nullptr;
                    const T tlr = T(lr), twd = T(wd), tmom = T(mom), tdamp = T(damp);
@@ -324,20 +413,25 @@ void SGD::update(float inv_scale) {
   }
 }
 
-NamedTensors SGD::named_state(size_t i) const {
+StateDict SGD::named_state(size_t i) const {
   if (!momentum_[i].defined()) return {};
   return {{"momentum_buffer", momentum_[i]}};
 }
 
-void SGD::set_named_state(size_t i, const std::string& key, const Tensor& t) {
-  MIXPREC_CHECK(key == "momentum_buffer", "SGD.load_state_dict: unknown state '", key, "' for parameter ", i);
-  MIXPREC_CHECK(o_.momentum != 0, "SGD.load_state_dict: a momentum_buffer for an optimizer without momentum");
-  momentum_[i] = t;
+void SGD::check_named_state(size_t i, const std::string& key) const {
+  MIXPREC_CHECK(key == "momentum_buffer", "SGD.load_state_dict: unexpected key 'state.", i, ".", key, "'");
+  MIXPREC_CHECK(o_.momentum != 0, "SGD.load_state_dict: 'state.", i,
+                ".momentum_buffer' for an optimizer without momentum");
 }
+
+void SGD::set_named_state(size_t i, const std::string& key, const Tensor& t) { momentum_[i] = t; }
 
 // -------------------------------------------------------------------------------------- AdamW
 
-AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : Optimizer(std::move(params), o.lr, o.half), o_(o) {
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : AdamW(one_group(std::move(params)), o) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions o)
+    : Optimizer(std::move(groups), o.lr, o.weight_decay, o.half), o_(o) {
   MIXPREC_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "AdamW: betas must be in [0, 1), got (",
                 o.beta1, ", ", o.beta2, ")");
   MIXPREC_CHECK(o.eps >= 0, "AdamW: eps must be >= 0, got ", o.eps);
@@ -354,18 +448,18 @@ void AdamW::update(float inv_scale) {
     if (!p.grad().defined()) continue;
     const Tensor g = checked_grad(p, i);
     p.bump_version();  // an in-place write: caches keyed by version (reordered conv weights) must see it
-    if (!exp_avg_[i].defined()) {
-      exp_avg_[i] = zeros_state(p);
-      exp_avg_sq_[i] = zeros_state(p);
-    }
+    // Each on its own: a loaded state dict may hold one moment without the other.
+    if (!exp_avg_[i].defined()) exp_avg_[i] = zeros_state(p);
+    if (!exp_avg_sq_[i].defined()) exp_avg_sq_[i] = zeros_state(p);
     void* m_base = exp_avg_[i].data_ptr();
     void* v_base = exp_avg_sq_[i].data_ptr();
-    const double decay = 1 - lr_ * o_.weight_decay, b1 = o_.beta1, b2 = o_.beta2;
-    const double step_size = lr_ / bc1, inv_sqrt_bc2 = 1 / std::sqrt(bc2), eps = o_.eps;
-    const uint64_t key = rounding_key(half_.seed, uint64_t(steps_), i);
+    const ParamGroupState& group = groups_[group_of_[i]];
+    const double decay = 1 - group.lr * group.weight_decay, b1 = o_.beta1, b2 = o_.beta2;
+    const double step_size = group.lr / bc1, inv_sqrt_bc2 = 1 / std::sqrt(bc2), eps = o_.eps;
+    const Generator stream = rounding_stream(half_.seed, uint64_t(steps_), i);
     const bool vectorised = mixprec::cpu::has_avx512f();
-    fused_update(p, g, master_[i], inv_scale, half_.stochastic_rounding, key, track_ ? &rounding_ : nullptr,
-                 [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
+    fused_update(p, g, master_[i], inv_scale, half_.stochastic_rounding ? &stream : nullptr,
+                 track_ ? &rounding_ : nullptr, [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
                    using T = std::remove_pointer_t<decltype(w)>;
                    T* m = static_cast<T*>(m_base) + begin;
                    T* v = static_cast<T*>(v_base) + begin;
@@ -385,18 +479,20 @@ void AdamW::update(float inv_scale) {
   }
 }
 
-NamedTensors AdamW::named_state(size_t i) const {
-  if (!exp_avg_[i].defined()) return {};
-  return {{"exp_avg", exp_avg_[i]}, {"exp_avg_sq", exp_avg_sq_[i]}};
+StateDict AdamW::named_state(size_t i) const {
+  StateDict out;
+  if (exp_avg_[i].defined()) out.emplace_back("exp_avg", exp_avg_[i]);
+  if (exp_avg_sq_[i].defined()) out.emplace_back("exp_avg_sq", exp_avg_sq_[i]);
+  return out;
+}
+
+void AdamW::check_named_state(size_t i, const std::string& key) const {
+  MIXPREC_CHECK(key == "exp_avg" || key == "exp_avg_sq", "AdamW.load_state_dict: unexpected key 'state.", i, ".", key,
+                "'");
 }
 
 void AdamW::set_named_state(size_t i, const std::string& key, const Tensor& t) {
-  if (key == "exp_avg")
-    exp_avg_[i] = t;
-  else if (key == "exp_avg_sq")
-    exp_avg_sq_[i] = t;
-  else
-    throw Error(detail::concat("AdamW.load_state_dict: unknown state '", key, "' for parameter ", i));
+  (key == "exp_avg" ? exp_avg_ : exp_avg_sq_)[i] = t;
 }
 
 }  // namespace mixprec::optim

@@ -1,25 +1,19 @@
 // Stochastic rounding of f32 into bf16/f16 (round up with probability equal to the distance
-// from the lower neighbour, so the expected stored value is the f32 value), and its
-// counter-based random stream: a hash of (seed, step, parameter, element), the same for any
-// thread count.
+// from the lower neighbour, so the expected stored value is the f32 value), and its random
+// stream: the Philox words of Generator(seed).split(step).split(parameter), element e taking
+// word e, so the bits are the same for any thread count and need no saved state (the step
+// count is in the optimizer's state_dict).
 #pragma once
 #include <cmath>
 #include <cstdint>
 
 #include "mixprec/convert.h"
+#include "mixprec/random.h"
 
 namespace mixprec::optim {
 
-inline uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-inline uint64_t rounding_key(uint64_t seed, uint64_t step, uint64_t param) {
-  return mix64(mix64(seed ^ 0x9E3779B97F4A7C15ull) ^ mix64(step * 0xD1B54A32D192ED03ull + param));
-}
-inline uint32_t rounding_bits(uint64_t key, uint64_t element) {
-  return uint32_t(mix64(key + element * 0x9E3779B97F4A7C15ull) >> 32);
+inline Generator rounding_stream(uint64_t seed, uint64_t step, uint64_t param) {
+  return Generator(seed).split(step).split(param);
 }
 
 // bf16 keeps the top 16 bits of the f32: adding 16 random bits below them rounds up with
