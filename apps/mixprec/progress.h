@@ -21,8 +21,8 @@ void print_header(const Session& s, const std::string& data_dir, const data::Dat
 class ProgressPrinter {
  public:
   ProgressPrinter(int64_t epochs, int64_t steps_per_epoch);
-  // After step `step_in_epoch` (from 1) of `epoch`: `samples` trained in `seconds` this epoch.
-  void step(int64_t epoch, int64_t step_in_epoch, double loss, int64_t samples, double seconds) const;
+  // After step i (from 1) of `epoch`: `samples` trained in `seconds` this epoch.
+  void step(int64_t epoch, int64_t i, double loss, int64_t samples, double seconds) const;
   void end_epoch() const;  // ends the terminal's bar line
 
  private:
