@@ -163,7 +163,8 @@ class TrainingRun {
       ++step_, ++i;
       samples_ += b.n, epoch_samples += b.n;
       loss_sum += r.loss;
-      if (step_ % o_.log_every == 0) metrics_.write(step_event(step_, epoch, s_.optimizer->lr(), r));
+      if (metrics_.enabled() && step_ % o_.log_every == 0)
+        metrics_.write(step_event(step_, epoch, s_.optimizer->lr(), r));
       progress_.step(epoch, i, r.loss, epoch_samples, seconds_since(t_epoch));
     }
     const double epoch_train_s = seconds_since(t_epoch);
