@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One entry point on a fresh Debian 12 machine: installs what is missing, builds, then runs.
 #   scripts/dev.sh train [mixprec train flags]   set up, build, train on Fashion-MNIST
-#   scripts/dev.sh test                          set up, build, run the whole suite (Release + ASan/UBSan)
+#   scripts/dev.sh test                          set up, build, run every check: the Release suite, clang-format,
+#                                                clang-tidy, the threaded tests under TSan, the suite under ASan/UBSan
 #   scripts/dev.sh bench [compare.py flags]      set up (plus python3-torch), build, compare with PyTorch
 #   scripts/dev.sh build                         set up and build only
 set -euo pipefail
@@ -9,7 +10,8 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=$(nproc)
 
-packages=(g++ cmake ninja-build libdnnl-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libgtest-dev dataset-fashion-mnist)
+packages=(g++ cmake ninja-build libdnnl-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libgtest-dev dataset-fashion-mnist
+  clang-format-14 clang-tidy-14)
 [ "${1:-}" = bench ] && packages+=(python3-torch python3-numpy)
 
 setup() {
@@ -26,7 +28,7 @@ setup() {
   fi
 }
 
-# build DIR CMAKE_ARGS... : configure once, then build incrementally.
+# build DIR CMAKE_ARGS... : configure once, then build incrementally (every target, or only $target).
 build() {
   local dir=$1
   shift
@@ -38,10 +40,40 @@ build() {
     return 1
   fi
   grep -E '^-- mixprec:' "$dir/configure.log" || true  # whether the CUDA backend is built, and why
-  cmake --build "$dir" -j "$jobs"
+  cmake --build "$dir" -j "$jobs" ${target:+--target "$target"}
 }
 
 release() { build "$root/build" -DCMAKE_BUILD_TYPE=Release -DMIXPREC_WERROR=ON; }
+
+# The parts of `test`. Each is one && chain: they run as `if` conditions, where bash ignores set -e.
+release_suite() { release && (cd "$root/build" && ctest --output-on-failure -j "$jobs"); }
+# The same suite under AddressSanitizer and UndefinedBehaviorSanitizer.
+asan_suite() {
+  build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DMIXPREC_SANITIZE=ON -DMIXPREC_WERROR=ON &&
+    (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs")
+}
+# ThreadSanitizer on the suites that start threads (the loader's producer thread, autocast on
+# several threads at once), built alone in their own directory. OMP_NUM_THREADS=1: libgomp is not
+# built with TSan, so the barriers and the thread pool of an OpenMP parallel region are invisible
+# to it and every region would be reported as a race between its team's threads. With one OpenMP
+# thread a region runs on the thread that enters it, so all TSan sees is the std::thread
+# concurrency these tests are about, fully instrumented: no report is suppressed. (Races inside
+# OpenMP regions are beyond TSan with an uninstrumented libgomp either way.)
+tsan_suite() {
+  target=mixprec_thread_tests build "$root/build-tsan" -DCMAKE_BUILD_TYPE=Debug -DMIXPREC_TSAN=ON -DMIXPREC_WERROR=ON &&
+    OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "$root/build-tsan/mixprec_thread_tests"
+}
+
+# part NAME COMMAND...: runs one part of `test`, timed; a failure is recorded, the next part runs.
+failed=()
+times=()
+part() {
+  local name=$1 start=$SECONDS status=ok
+  shift
+  echo "=== dev.sh test: $name"
+  "$@" || { status=FAILED; failed+=("$name"); }
+  times+=("$(printf '  %-16s %5d s  %s' "$name" $((SECONDS - start)) "$status")")
+}
 
 cmd=${1:-}
 shift || true
@@ -53,11 +85,19 @@ case "$cmd" in
     exec "$root/build/mixprec" train "$@"
     ;;
   test)
-    release
-    (cd "$root/build" && ctest --output-on-failure -j "$jobs")
-    # The sanitizer job: the same suite under AddressSanitizer and UndefinedBehaviorSanitizer.
-    build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DMIXPREC_SANITIZE=ON -DMIXPREC_WERROR=ON
-    (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs")
+    # Every part runs (one report shows every problem); the command fails if any part failed.
+    part format scripts/lint.sh format
+    part release-suite release_suite
+    part tidy scripts/lint.sh tidy "$root/build" # reads build/compile_commands.json
+    part tsan tsan_suite
+    part asan-suite asan_suite
+    echo "=== dev.sh test: times"
+    printf '%s\n' "${times[@]}"
+    if ((${#failed[@]})); then
+      echo "dev.sh test: FAILED: ${failed[*]}" >&2
+      exit 1
+    fi
+    echo "dev.sh test: every part passed"
     ;;
   bench)
     release

@@ -48,10 +48,12 @@ bool Args::flag(const std::string& name) {
   return v == "true" || v == "1";
 }
 
-std::string Args::str(const std::string& name, const std::string& def) { return has(name) ? raw(name) : (used_.insert(name), def); }
+std::string Args::str(const std::string& name, const std::string& def) {
+  return has(name) ? raw(name) : (used_.insert(name), def);
+}
 
 std::string Args::choice(const std::string& name, const std::string& def, const std::vector<std::string>& allowed) {
-  const std::string v = str(name, def);
+  std::string v = str(name, def);  // not const: returned by move
   for (const auto& a : allowed)
     if (a == v) return v;
   std::ostringstream os;
@@ -99,7 +101,8 @@ std::vector<int64_t> Args::int_list(const std::string& name, const std::vector<i
   while (std::getline(ss, item, ',')) {
     char* end = nullptr;
     const long long x = std::strtoll(item.c_str(), &end, 10);
-    MIXPREC_CHECK(!item.empty() && *end == '\0', "--", name, " must be a comma-separated list of integers, got '", v, "'");
+    MIXPREC_CHECK(!item.empty() && *end == '\0', "--", name, " must be a comma-separated list of integers, got '", v,
+                  "'");
     MIXPREC_CHECK(x >= lo && x <= hi, "--", name, " values must be in [", lo, ", ", hi, "], got ", x);
     out.push_back(x);
   }

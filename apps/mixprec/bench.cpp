@@ -2,9 +2,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "metrics.h"
 #include "mixprec/allocator.h"
 #include "session.h"
 
@@ -36,13 +36,19 @@ int cmd_bench(Args& a) {
   }
   std::sort(ms.begin(), ms.end());
   const double best = ms.front(), median = ms[ms.size() / 2];
-  nlohmann::ordered_json j = {{"impl", "mixprec"}, {"model", opt.model.name}, {"precision", opt.precision.name},
-                              {"batch_size", opt.batch_size}, {"threads", opt.threads}, {"steps", steps}, {"warmup", warmup}};
+  Json j = {{"impl", "mixprec"},
+            {"model", opt.model.name},
+            {"precision", opt.precision.name},
+            {"batch_size", opt.batch_size},
+            {"threads", opt.threads},
+            {"steps", steps},
+            {"warmup", warmup}};
   j["steps_per_s"] = {{"best", 1000.0 / best}, {"median", 1000.0 / median}};
-  j["samples_per_s"] = {{"best", 1000.0 * double(opt.batch_size) / best}, {"median", 1000.0 * double(opt.batch_size) / median}};
+  j["samples_per_s"] = {{"best", 1000.0 * double(opt.batch_size) / best},
+                        {"median", 1000.0 * double(opt.batch_size) / median}};
   j["step_ms"] = {{"best", best}, {"median", median}};
-  j["peak_bytes"] = nlohmann::ordered_json::parse(peak_memory_json());
-  j["category_peak_bytes"] = nlohmann::ordered_json::parse(category_peak_json());
+  j["peak_bytes"] = peak_memory_json();
+  j["category_peak_bytes"] = category_peak_json();
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

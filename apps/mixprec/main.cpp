@@ -18,8 +18,10 @@ commands:
   devices list this machine's CPU features and GPUs (`mixprec --version`: is CUDA built in)
 
 shared flags (train, bench):
-  --model mlp                  model to build (mlp: 784-hidden...-10)
+  --model mlp|cnn|cnn-bn       model to build (mlp: 784-hidden...-10; cnn: the PyTorch tutorial's
+                               two conv/ReLU/max-pool stages; cnn-bn: conv-BN-ReLU stages, dropout)
   --hidden 1024,1024           mlp hidden widths
+  --channels 8,16              cnn conv widths (420,1000: the wide one)
   --precision auto|fp32|amp-bf16|amp-fp16|half-bf16|half-fp16|pure-bf16|pure-fp16
                                auto = amp-bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32;
                                amp-*: autocast, f32 parameters; half-*: 16-bit parameters, f32 master

@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "mixprec/allocator.h"
@@ -189,38 +188,6 @@ StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
   r.skipped = !s.scaler->step(*s.optimizer);
   s.scaler->update();
   return r;
-}
-
-std::string peak_memory_json() {
-  const MemoryStats st = allocator::stats();
-  nlohmann::ordered_json j;
-  j["total"] = st.peak_total;
-  for (size_t i = 0; i < kNumMemCategories; ++i)
-    j[std::string(mem_category_name(MemCategory(i)))] = st.at_peak_bytes[i];
-  return j.dump();
-}
-
-std::string category_peak_json() {
-  const MemoryStats st = allocator::stats();
-  nlohmann::ordered_json j;
-  for (size_t i = 0; i < kNumMemCategories; ++i) j[std::string(mem_category_name(MemCategory(i)))] = st.peak_bytes[i];
-  return j.dump();
-}
-
-std::string peak_memory_table() {
-  const MemoryStats st = allocator::stats();
-  std::ostringstream os;
-  auto mib = [](int64_t b) { return double(b) / (1024.0 * 1024.0); };
-  char line[160];
-  std::snprintf(line, sizeof line, "peak memory %.1f MiB:", mib(st.peak_total));
-  os << line;
-  for (size_t i = 0; i < kNumMemCategories; ++i) {
-    if (st.at_peak_bytes[i] == 0) continue;
-    std::snprintf(line, sizeof line, " %s %.1f", std::string(mem_category_name(MemCategory(i))).c_str(),
-                  mib(st.at_peak_bytes[i]));
-    os << line;
-  }
-  return os.str();
 }
 
 }  // namespace mixprec::cli

@@ -66,10 +66,4 @@ struct StepResult {
 // scaler.scale(loss).backward(); then unscale + clip (if asked), scaler.step, scaler.update.
 StepResult train_step(Session& s, const Tensor& x, const Tensor& y);
 
-// Peak bytes by category as a JSON-able map ("total" first), at the moment of the total peak.
-std::string peak_memory_json();
-std::string peak_memory_table();
-// Each category's own peak (not simultaneous: they need not add up to the total).
-std::string category_peak_json();
-
 }  // namespace mixprec::cli

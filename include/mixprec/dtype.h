@@ -13,7 +13,7 @@ constexpr size_t dtype_size(DType t) {
   switch (t) {
     case DType::f64: return 8;
     case DType::f32: return 4;
-    case DType::bf16: return 2;
+    case DType::bf16:
     case DType::f16: return 2;
     case DType::i64: return 8;
     case DType::u8: return 1;

@@ -44,7 +44,7 @@ kernels::ConvGeometry geometry(const Tensor& x, const Tensor& w, const Tensor& b
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dOptions& o) {
   check_floating(x_in, "conv2d", "input");
   if (x_in.dim() == 3) {  // unbatched [C, H, W], as PyTorch allows
-    const Shape s = x_in.shape();
+    const Shape& s = x_in.shape();
     Tensor y = conv2d(reshape(x_in, {1, s[0], s[1], s[2]}), w_in, b_in, o);
     return reshape(y, {y.size(1), y.size(2), y.size(3)});
   }

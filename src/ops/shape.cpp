@@ -39,7 +39,7 @@ Tensor reshape(const Tensor& x, const Shape& shape_in) {
   if (shape == x.shape()) return x;
   Tensor src = x.is_contiguous() ? x : x.contiguous();
   Tensor out = make_view(src, shape, contiguous_strides(shape), src.offset());
-  const Shape in_shape = src.shape();
+  const Shape& in_shape = src.shape();  // the lambda keeps a copy
   return autograd::record(out, "reshape", {src}, [in_shape](const Tensor& g, const autograd::Node&) {
     return std::vector<Tensor>{kernels::contig(g).reshape(in_shape)};
   });
@@ -86,7 +86,7 @@ Tensor expand(const Tensor& x, const Shape& shape_in) {
   }
   if (!repeats) return x;
   Tensor out = make_view(x, shape, strides, x.offset());
-  const Shape in_shape = x.shape();
+  const Shape& in_shape = x.shape();  // the lambda keeps a copy
   return autograd::record(out, "expand", {x}, [in_shape](const Tensor& g, const autograd::Node&) {
     return std::vector<Tensor>{sum_to(kernels::contig(g), in_shape)};  // over the repeated dims
   });
@@ -100,7 +100,7 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
   Shape shape = x.shape();
   shape[size_t(d)] = end - start;
   Tensor out = make_view(x, shape, x.strides(), x.offset() + start * x.strides()[size_t(d)]);
-  const Shape in_shape = x.shape();
+  const Shape& in_shape = x.shape();  // the lambda keeps a copy
   const DType dt = x.dtype();
   return autograd::record(out, "slice", {x}, [=](const Tensor& g, const autograd::Node&) {
     Tensor full = Tensor::zeros(in_shape, dt);

@@ -1,0 +1,107 @@
+// The text `mixprec train` prints on stdout (header, epochs, diagnostics, summary) and stderr
+// (progress, warnings).
+#include "progress.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "mixprec/allocator.h"
+
+namespace mixprec::cli {
+
+void print_header(const Session& s, const std::string& data_dir, const data::Dataset& train, const data::Dataset& test,
+                  bool detect_anomaly) {
+  const SessionOptions& opt = s.opt;
+  std::printf(
+      "mixprec train: model %s (%lld parameters), precision %s%s%s, optimizer %s lr %g, batch %lld, %d threads\n",
+      opt.model.name.c_str(), (long long)s.model->num_parameters(), opt.precision.name.c_str(),
+      opt.precision.why.empty() ? "" : " (auto: ", opt.precision.why.empty() ? "" : (opt.precision.why + ")").c_str(),
+      opt.optimizer.c_str(), opt.lr, (long long)opt.batch_size, opt.threads);
+  std::printf("precision: %s; loss scale %s%s\n", opt.precision.summary.c_str(), describe_loss_scale(opt).c_str(),
+              opt.accumulate > 1 ? (", " + std::to_string(opt.accumulate) + " micro-batches per step").c_str() : "");
+  for (const std::string& w : amp::optimizer_warnings(*s.optimizer)) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  if (detect_anomaly && s.scaler->is_enabled())
+    std::fprintf(stderr,
+                 "warning: --detect-anomaly stops at the first inf/NaN gradient, including the overflows that "
+                 "dynamic loss scaling would skip\n");
+  std::printf("data: %s, %lld train / %lld test images of %lldx%lld\n", data_dir.c_str(), (long long)train.size,
+              (long long)test.size, (long long)train.rows, (long long)train.cols);
+  std::fflush(stdout);
+}
+
+ProgressPrinter::ProgressPrinter(int64_t epochs, int64_t steps_per_epoch)
+    : epochs_(epochs),
+      steps_per_epoch_(steps_per_epoch),
+      report_every_(std::max<int64_t>(1, steps_per_epoch / 5)),
+      tty_(isatty(fileno(stderr))) {}
+
+void ProgressPrinter::step(int64_t epoch, int64_t i, double loss, int64_t samples, double seconds) const {
+  if (tty_) {
+    const int width = 30, filled = int(width * i / steps_per_epoch_);
+    std::fprintf(stderr, "\repoch %lld/%lld [%s%s] step %lld/%lld loss %.4f %.0f samples/s ", (long long)epoch,
+                 (long long)epochs_, std::string(size_t(filled), '#').c_str(),
+                 std::string(size_t(width - filled), '.').c_str(), (long long)i, (long long)steps_per_epoch_, loss,
+                 double(samples) / seconds);
+  } else if (i % report_every_ == 0 || i == steps_per_epoch_) {
+    std::fprintf(stderr, "epoch %lld/%lld step %lld/%lld loss %.4f %.0f samples/s\n", (long long)epoch,
+                 (long long)epochs_, (long long)i, (long long)steps_per_epoch_, loss, double(samples) / seconds);
+  }
+}
+
+void ProgressPrinter::end_epoch() const {
+  if (tty_) std::fprintf(stderr, "\n");
+}
+
+void print_epoch(int64_t epoch, double train_loss, double test_accuracy, double test_loss, double seconds,
+                 double samples_per_s) {
+  std::printf("epoch %lld: train loss %.4f, test accuracy %.2f%%, test loss %.4f, %.1f s (%.0f samples/s)\n",
+              (long long)epoch, train_loss, 100 * test_accuracy, test_loss, seconds, samples_per_s);
+  std::fflush(stdout);
+}
+
+void print_autocast_trace(const std::vector<amp::TraceEntry>& trace) {
+  std::printf("autocast trace (step 1, forward):\n%s", amp::format_autocast_trace(trace).c_str());
+}
+
+void print_gradient_stats(int64_t step, const std::vector<amp::GradStats>& stats, double scale) {
+  std::printf("diagnose step %lld (gradients in fp16 terms):\n%s", static_cast<long long>(step),
+              amp::format_gradient_stats(stats, scale).c_str());
+}
+
+void print_rounding(int64_t step, const optim::Optimizer::RoundingStats& r, const amp::Precision& p) {
+  const double frac = double(r.unchanged_16bit) / double(r.changed);
+  std::printf("rounding up to step %lld: %.2f%% of %lld weight updates left the 16-bit weight unchanged (%s)\n",
+              static_cast<long long>(step), 100 * frac, static_cast<long long>(r.changed),
+              p.master_weights        ? "held in the f32 master copy"
+              : p.stochastic_rounding ? "rounded stochastically: kept on average"
+                                      : "lost: no master copy, round to nearest");
+}
+
+void print_done(const Session& s, int64_t steps, double wall_seconds, double train_seconds, double samples_per_s,
+                double test_accuracy, const amp::ScaleTrace& scale_trace, bool diagnose) {
+  std::printf("done: %lld steps in %.1f s wall (%.1f s training), %.0f samples/s, final test accuracy %.2f%%\n",
+              (long long)steps, wall_seconds, train_seconds, samples_per_s, 100 * test_accuracy);
+  std::printf("%s\n", peak_memory_table().c_str());
+  if (s.scaler->is_enabled() || diagnose) std::printf("loss %s\n", scale_trace.summary().c_str());
+}
+
+std::string peak_memory_table() {
+  const MemoryStats st = allocator::stats();
+  std::ostringstream os;
+  auto mib = [](int64_t b) { return double(b) / (1024.0 * 1024.0); };
+  char line[160];
+  std::snprintf(line, sizeof line, "peak memory %.1f MiB:", mib(st.peak_total));
+  os << line;
+  for (size_t i = 0; i < kNumMemCategories; ++i) {
+    if (st.at_peak_bytes[i] == 0) continue;
+    std::snprintf(line, sizeof line, " %s %.1f", std::string(mem_category_name(MemCategory(i))).c_str(),
+                  mib(st.at_peak_bytes[i]));
+    os << line;
+  }
+  return os.str();
+}
+
+}  // namespace mixprec::cli

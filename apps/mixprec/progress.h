@@ -1,0 +1,46 @@
+// What `mixprec train` prints: the run's header, progress within an epoch (on stderr: a bar on a
+// terminal, else a line every fifth of an epoch), the epoch lines, the diagnostics and the summary.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mixprec/amp.h"
+#include "mixprec/data.h"
+#include "mixprec/diagnostics.h"
+#include "mixprec/optim.h"
+#include "session.h"
+
+namespace mixprec::cli {
+
+// Model, precision, loss scale, optimizer, threads and data set; warnings about the optimizer's
+// settings and --detect-anomaly go to stderr.
+void print_header(const Session& s, const std::string& data_dir, const data::Dataset& train, const data::Dataset& test,
+                  bool detect_anomaly);
+
+class ProgressPrinter {
+ public:
+  ProgressPrinter(int64_t epochs, int64_t steps_per_epoch);
+  // After step i (from 1) of `epoch`: `samples` trained in `seconds` this epoch.
+  void step(int64_t epoch, int64_t i, double loss, int64_t samples, double seconds) const;
+  void end_epoch() const;  // ends the terminal's bar line
+
+ private:
+  int64_t epochs_, steps_per_epoch_, report_every_;
+  bool tty_;
+};
+
+void print_epoch(int64_t epoch, double train_loss, double test_accuracy, double test_loss, double seconds,
+                 double samples_per_s);
+void print_autocast_trace(const std::vector<amp::TraceEntry>& trace);
+void print_gradient_stats(int64_t step, const std::vector<amp::GradStats>& stats, double scale);
+void print_rounding(int64_t step, const optim::Optimizer::RoundingStats& r, const amp::Precision& p);
+// The closing lines: steps, time and speed, final accuracy, peak memory, and the loss-scale
+// trace when a scaler ran or diagnostics were asked for.
+void print_done(const Session& s, int64_t steps, double wall_seconds, double train_seconds, double samples_per_s,
+                double test_accuracy, const amp::ScaleTrace& scale_trace, bool diagnose);
+
+// "peak memory 41.4 MiB: parameters 7.1 ..." (the split at the moment of the total peak).
+std::string peak_memory_table();
+
+}  // namespace mixprec::cli
