@@ -8,9 +8,10 @@
 #include <thread>
 #include <vector>
 
-#include "mixprec/amp.h"
+#include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
 #include "mixprec/ops.h"
+#include "autocast/autocast_state.h"
 
 namespace mixprec {
 namespace {

@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "mixprec/amp.h"
+#include "mixprec/autocast.h"
+#include "mixprec/diagnostics.h"
+#include "mixprec/precision.h"
 #include "mixprec/data.h"
 #include "mixprec/diagnostics.h"
 #include "mixprec/optim.h"
