@@ -26,8 +26,8 @@ std::vector<OpCase> build() {
   c.push_back({"linear", "fused_relu_3d", {any({2, 3, 16}), any({5, 16}), any({5})},
                [](const In& x) { return ops::linear_relu(x[0], x[1], x[2]); }, 16});
   // ---- softmax family ----
-  c.push_back({"softmax", "dim_last", {any({4, 9})}, [](const In& x) { return ops::softmax(x[0], -1); }, 9});
-  c.push_back({"log_softmax", "dim0", {any({5, 3})}, [](const In& x) { return ops::log_softmax(x[0], 0); }, 5});
+  c.push_back({"softmax", "dim_last", {any({4, 9})}, [](const In& x) { return ops::softmax(x[0], -1); }, 9, 1});
+  c.push_back({"log_softmax", "dim0", {any({5, 3})}, [](const In& x) { return ops::log_softmax(x[0], 0); }, 5, 1});
   // ---- loss family ----
   c.push_back({"cross_entropy", "mean", {any({6, 7}), targets(6, 7)},
                [](const In& x) { return ops::cross_entropy(x[0], x[1]); }, 7, 1});
@@ -57,9 +57,9 @@ std::vector<OpCase> build() {
   c.push_back({"relu", "basic", {any({4, 5})}, [](const In& x) { return ops::relu(x[0]); }});
   c.push_back({"gelu", "exact", {any({4, 5})}, [](const In& x) { return ops::gelu(x[0]); }});
   c.push_back({"gelu", "tanh", {any({4, 5})}, [](const In& x) { return ops::gelu(x[0], true); }});
-  c.push_back({"silu", "basic", {any({4, 33})}, [](const In& x) { return ops::silu(x[0]); }});
-  c.push_back({"sigmoid", "basic", {any({4, 33})}, [](const In& x) { return ops::sigmoid(x[0]); }});
-  c.push_back({"tanh", "basic", {any({4, 33})}, [](const In& x) { return ops::tanh(x[0]); }});
+  c.push_back({"silu", "basic", {any({4, 33})}, [](const In& x) { return ops::silu(x[0]); }, 1, 1});
+  c.push_back({"sigmoid", "basic", {any({4, 33})}, [](const In& x) { return ops::sigmoid(x[0]); }, 1, 1});
+  c.push_back({"tanh", "basic", {any({4, 33})}, [](const In& x) { return ops::tanh(x[0]); }, 1, 1});
   // A fresh generator per call: the same mask on every backend.
   c.push_back({"dropout", "p0_3", {any({4, 5})}, [](const In& x) {
                  Generator g(42);

@@ -39,8 +39,9 @@ struct OpCase {
   std::function<Tensor(const In&)> f;
   // The most terms one element of the output or of a gradient sums (1 for element-wise ops).
   int64_t k = 1;
-  // Roundings to the dtype of intermediates the output depends on (composite ops), whose last
-  // bit may differ between backends.
+  // Values inside the op that may differ by about an ulp of the dtype between backends: roundings
+  // of intermediates (composite ops), saved forward results the backward reads (softmax's y), or
+  // a fast kernel's polynomial in place of libm's function (silu, sigmoid, tanh).
   int rounds = 0;
 };
 
