@@ -292,7 +292,10 @@ void GradScaler::load_state_dict(const StateDict& sd) {
   MIXPREC_CHECK(!sd.empty(),
                 "GradScaler.load_state_dict: the source state dict is empty, possibly because it "
                 "was saved from a disabled GradScaler");
-  for (const auto& [k, t] : sd) {
+  for (const auto& entry : sd) {
+    // Not a structured binding: clang (tidy) cannot capture one in the lambda below.
+    const std::string& k = entry.first;
+    const Tensor& t = entry.second;
     const auto it =
         std::find_if(std::begin(kStateKeys), std::end(kStateKeys), [&](const StateKey& n) { return k == n.name; });
     MIXPREC_CHECK(it != std::end(kStateKeys), "GradScaler.load_state_dict: unexpected key '", k, "'");
