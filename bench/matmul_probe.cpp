@@ -52,17 +52,19 @@ struct Variant {
   DType in_t, dst_t;
 };
 // bf16->f32 is the weight gradient written straight into an fp32 .grad (no cast afterwards).
-constexpr Variant kVariants[] = {{"f32", DType::f32, DType::f32},
-                                 {"bf16", DType::bf16, DType::bf16},
-                                 {"bf16->f32", DType::bf16, DType::f32}};
+constexpr Variant kVariants[] = {
+    {"f32", DType::f32, DType::f32}, {"bf16", DType::bf16, DType::bf16}, {"bf16->f32", DType::bf16, DType::f32}};
 constexpr int kNumVariants = 3;
 
 enum class Product { forward, grad_x, grad_w };
 const char* product_name(Product p) {
   switch (p) {
-    case Product::forward: return "y = x @ W^T";
-    case Product::grad_x: return "gx = gy @ W";
-    case Product::grad_w: return "gW = gy^T @ x";
+    case Product::forward:
+      return "y = x @ W^T";
+    case Product::grad_x:
+      return "gx = gy @ W";
+    case Product::grad_w:
+      return "gW = gy^T @ x";
   }
   return "?";
 }

@@ -43,8 +43,8 @@ inline ::testing::AssertionResult close(const Tensor& fast, const Tensor& ref, c
   std::ostringstream msg;
   msg.precision(10);
   for (size_t i = 0; i < f.size(); ++i) {
-    const bool ok = std::isnan(r[i]) || std::isnan(f[i]) ? std::isnan(r[i]) && std::isnan(f[i])
-                                                         : std::fabs(f[i] - r[i]) <= tol(i);
+    const bool ok =
+        std::isnan(r[i]) || std::isnan(f[i]) ? std::isnan(r[i]) && std::isnan(f[i]) : std::fabs(f[i] - r[i]) <= tol(i);
     if (!ok && bad++ < 5) msg << "\n  element " << i << ": fast " << f[i] << " ref " << r[i] << " tol " << tol(i);
   }
   if (bad == 0) return ::testing::AssertionSuccess();

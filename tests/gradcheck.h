@@ -55,8 +55,8 @@ inline ::testing::AssertionResult gradcheck(std::string_view op, const GradFn& f
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined() || !inputs[i].requires_grad()) continue;
     if (inputs[i].dtype() != DType::f64 || !inputs[i].is_leaf())
-      return ::testing::AssertionFailure() << op << ": input " << i << " must be an f64 leaf, got "
-                                           << dtype_name(inputs[i].dtype());
+      return ::testing::AssertionFailure()
+             << op << ": input " << i << " must be an f64 leaf, got " << dtype_name(inputs[i].dtype());
     checked.push_back(i);
   }
   if (checked.empty()) return ::testing::AssertionFailure() << op << ": no input requires grad";

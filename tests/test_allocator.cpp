@@ -54,7 +54,7 @@ TEST(Allocator, LiveAndPeakAccounting) {
   allocator::reset_peak();
   const MemoryStats s0 = allocator::stats();
   EXPECT_EQ(s0.peak_total, s0.live_total);
-  Tensor a = Tensor::empty({1000});       // 4000 -> 4032
+  Tensor a = Tensor::empty({1000});        // 4000 -> 4032
   Tensor b = Tensor::empty({10, 10, 10});  // 4032
   const MemoryStats s1 = allocator::stats();
   EXPECT_EQ(s1.live_total - s0.live_total, 2 * 4032);
@@ -152,7 +152,7 @@ TEST(Allocator, BudgetThrowsOutOfMemoryAndLeaksNothing) {
   Tensor w = Tensor::randn({256, 256}, g).set_requires_grad();  // 256 KiB
   Tensor x = Tensor::randn({512, 256}, g);                      // 512 KiB
   const int64_t live1 = allocator::stats().live_total;
-  EXPECT_THROW(ops::gelu(ops::linear(x, w)), OutOfMemory);     // the 512 KiB linear output does not fit
+  EXPECT_THROW(ops::gelu(ops::linear(x, w)), OutOfMemory);  // the 512 KiB linear output does not fit
   EXPECT_EQ(allocator::stats().live_total, live1);
   EXPECT_THROW(ops::exp(x), OutOfMemory);
   EXPECT_EQ(allocator::stats().live_total, live1);

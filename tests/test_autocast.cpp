@@ -274,7 +274,8 @@ TEST_P(AutocastBoth, LinearParameterGradientPrecision) {
       const float rounded = half == DType::bf16 ? bf16_to_f32(f32_to_bf16(got)) : f16_to_f32(f32_to_f16(got));
       wider_than_half += rounded != got;
       // f32 accumulation bound, plus half an ulp of the 16-bit store for f16
-      const double tol = double(batch) * std::ldexp(1.0, -24) * mag + (half == DType::f16 ? std::fabs(want) * std::ldexp(1.0, -11) : 0.0);
+      const double tol = double(batch) * std::ldexp(1.0, -24) * mag +
+                         (half == DType::f16 ? std::fabs(want) * std::ldexp(1.0, -11) : 0.0);
       EXPECT_NEAR(got, want, tol + 1e-30) << dtype_name(half) << " (" << i << ", " << j << ")";
     }
   }
@@ -396,11 +397,11 @@ TEST(Autocast, TraceListsOpsWithTheirRunDtypes) {
   amp::start_trace();
   {
     amp::Autocast ac(DType::bf16);
-    Tensor h = ops::relu(ops::linear(x, m.w, m.b));      // linear f32,f32,f32 -> bf16; relu bf16
-    Tensor p = ops::softmax(h);                          // bf16 -> f32
-    Tensor s = ops::add(h, p);                           // bf16,f32 -> f32
-    ops::linear(x, m.w);                                 // a second, distinct signature
-    ops::relu(ops::linear(x, m.w, m.b));                 // duplicates are listed once
+    Tensor h = ops::relu(ops::linear(x, m.w, m.b));  // linear f32,f32,f32 -> bf16; relu bf16
+    Tensor p = ops::softmax(h);                      // bf16 -> f32
+    Tensor s = ops::add(h, p);                       // bf16,f32 -> f32
+    ops::linear(x, m.w);                             // a second, distinct signature
+    ops::relu(ops::linear(x, m.w, m.b));             // duplicates are listed once
   }
   const std::vector<amp::TraceEntry> t = amp::stop_trace();
   auto has = [&](const char* op, const char* in, const char* run) {

@@ -8,10 +8,10 @@
 #include <thread>
 #include <vector>
 
+#include "autocast/autocast_state.h"
 #include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
 #include "mixprec/ops.h"
-#include "autocast/autocast_state.h"
 
 namespace mixprec {
 namespace {

@@ -63,7 +63,7 @@ TEST(Autograd, TensorUsedTwiceGetsBothContributions) {
 
   // The same intermediate consumed by three ops.
   Tensor a = Tensor::from_vector(std::vector<double>{2.0}, {1}).set_requires_grad();
-  Tensor h = ops::affine(a, 2.0);  // 2a
+  Tensor h = ops::affine(a, 2.0);                    // 2a
   ops::sum(ops::add(ops::mul(h, h), h)).backward();  // 4a^2 + 2a -> 8a + 2
   EXPECT_DOUBLE_EQ(a.grad().item(), 18.0);
 }
@@ -85,7 +85,7 @@ TEST(Autograd, BackwardTwiceThroughTheSameGraphThrows) {
 
 TEST(Autograd, SeveralRootsAtOnce) {
   Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3}, {3}).set_requires_grad();
-  Tensor h = ops::affine(x, 2.0);      // 2x
+  Tensor h = ops::affine(x, 2.0);          // 2x
   Tensor loss = ops::sum(ops::mul(h, h));  // 4 x.x
   // h is a root and also inside loss's graph: dh = gh + 2h, dx = 2 dh.
   const Tensor gh = Tensor::from_vector(std::vector<double>{1, 0, -1}, {3});
@@ -182,13 +182,13 @@ TEST(Autograd, ScaleChainSavesNoActivations) {
 
 // Builds a graph through every op family with inputs that require grad.
 Tensor every_op_loss(const Tensor& w, const Tensor& b, const Tensor& x, const Tensor& target, Generator& g) {
-  Tensor h = ops::linear(x, w, b);                                   // [8, 32] @ [16, 32]^T: [8, 16]
+  Tensor h = ops::linear(x, w, b);  // [8, 32] @ [16, 32]^T: [8, 16]
   h = ops::gelu(ops::relu(ops::affine(h, 1.5, 0.1)), true);
   h = ops::dropout(h, 0.2, true, &g);
   Tensor s = ops::softmax(h, 0);
-  Tensor t = ops::transpose(ops::reshape(h, {16, 8}), 0, 1);         // [8, 16] strided
-  t = ops::slice(ops::contiguous(t), 1, 2, 12);                      // [8, 10]
-  Tensor u = ops::matmul(t, ops::slice(w, 0, 0, 10));                // [8, 10] @ [10, 32]
+  Tensor t = ops::transpose(ops::reshape(h, {16, 8}), 0, 1);  // [8, 16] strided
+  t = ops::slice(ops::contiguous(t), 1, 2, 12);               // [8, 10]
+  Tensor u = ops::matmul(t, ops::slice(w, 0, 0, 10));         // [8, 10] @ [10, 32]
   Tensor logits = ops::div(ops::sub(u, ops::mean(u, {0}, true)), ops::sqrt(ops::exp(ops::affine(u, 0.1))));
   Tensor ce = ops::cross_entropy(ops::cast(ops::cast(logits, DType::f32), DType::f64), target);
   Tensor mse = ops::mse_loss(ops::pow(ops::log(ops::add(ops::exp(s), s)), 2.0), ops::neg(s.detach()));

@@ -15,8 +15,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using mixprec::clitest::RunResult;
 using mixprec::clitest::run_cli;
+using mixprec::clitest::RunResult;
 using mixprec::clitest::slurp;
 using mixprec::clitest::write_dataset;
 

@@ -51,7 +51,8 @@ TEST(ConvGradcheck, EveryCaseInF64) {
     std::vector<Tensor> in{Tensor::uniform(c.x, g, -1, 1, DType::f64).set_requires_grad(),
                            Tensor::uniform(c.w, g, -1, 1, DType::f64).set_requires_grad()};
     if (c.bias) in.push_back(Tensor::uniform({c.w[0]}, g, -1, 1, DType::f64).set_requires_grad());
-    EXPECT_TRUE(testing::gradcheck("conv2d/" + c.name, [&](const std::vector<Tensor>& x) { return run_conv(x, c); }, in));
+    EXPECT_TRUE(testing::gradcheck(
+        "conv2d/" + c.name, [&](const std::vector<Tensor>& x) { return run_conv(x, c); }, in));
   }
 }
 
@@ -60,8 +61,8 @@ TEST(ConvGradcheck, UnbatchedInput) {
   std::vector<Tensor> in{Tensor::uniform({2, 4, 4}, g, -1, 1, DType::f64).set_requires_grad(),
                          Tensor::uniform({3, 2, 3, 3}, g, -1, 1, DType::f64).set_requires_grad()};
   EXPECT_TRUE(testing::gradcheck(
-      "conv2d/unbatched", [](const std::vector<Tensor>& x) { return ops::conv2d(x[0], x[1], Tensor(), {.padding = 1}); },
-      in));
+      "conv2d/unbatched",
+      [](const std::vector<Tensor>& x) { return ops::conv2d(x[0], x[1], Tensor(), {.padding = 1}); }, in));
 }
 
 TEST(Conv, KnownValues) {
@@ -146,8 +147,8 @@ TEST(ConvFast, FusedReluMatchesReference) {
     const Conv2dOptions o{.padding = 1, .relu = true};
     const ConvRun ref = conv_run(x, w, b, gy, o, kernels::Backend::ref);
     const ConvRun fast = conv_run(x, w, b, gy, o, kernels::Backend::cpu);
-    const ConvRun abs =
-        conv_run(convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(b), convtest::abs_of(gy), o, kernels::Backend::ref);
+    const ConvRun abs = conv_run(convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(b), convtest::abs_of(gy), o,
+                                 kernels::Backend::ref);
     EXPECT_TRUE(convtest::close_accumulated(fast.y, ref.y, abs.y, 8 * 9 + 1, "forward"));
     // The ReLU mask is y > 0 on both sides (a sign flip would need |y| below the f32 accumulation error).
     EXPECT_TRUE(convtest::close_accumulated(fast.gx, ref.gx, abs.gx, 16 * 9, "backward data"));
@@ -178,7 +179,8 @@ TEST(ConvFusion, SequentialConvReluEqualsTheUnfusedPair) {
     };
     const auto fused = run(true), plain = run(false);
     for (size_t i = 0; i < fused.size(); ++i)
-      EXPECT_TRUE(convtest::close(fused[i], plain[i], [](size_t) { return 0.0; }, "output " + std::to_string(i)));
+      EXPECT_TRUE(convtest::close(
+          fused[i], plain[i], [](size_t) { return 0.0; }, "output " + std::to_string(i)));
   }
 }
 
@@ -196,11 +198,12 @@ TEST(ConvFusion, ReluMaskInPlaceMatchesTheReferenceOnSpecialValues) {
       BackendGuard guard(kernels::Backend::ref);
       kernels::relu_mask_inplace(ref, y);
     }
-    EXPECT_TRUE(convtest::close(fast, ref, [](size_t) { return 0.0; }, std::string(dtype_name(t))));
+    EXPECT_TRUE(convtest::close(
+        fast, ref, [](size_t) { return 0.0; }, std::string(dtype_name(t))));
     const std::vector<float> r = ref.to_vector();
-    EXPECT_EQ(r[0], 0.f);         // NaN drops
-    EXPECT_NE(r[4], 0.f);         // +inf keeps
-    EXPECT_NE(r[6], 0.f);         // a positive subnormal keeps (bf16 has f32's exponent range)
+    EXPECT_EQ(r[0], 0.f);  // NaN drops
+    EXPECT_NE(r[4], 0.f);  // +inf keeps
+    EXPECT_NE(r[6], 0.f);  // a positive subnormal keeps (bf16 has f32's exponent range)
   }
 }
 

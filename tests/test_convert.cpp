@@ -36,17 +36,13 @@ uint64_t splitmix64(uint64_t& state) {
 
 double decode_f16(uint16_t h) {
   int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-  double v = e == 0x1f ? (m ? std::nan("") : kInf)
-             : e == 0  ? std::ldexp(m, -24)
-                       : std::ldexp(1024 + m, e - 25);
+  double v = e == 0x1f ? (m ? std::nan("") : kInf) : e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
   return (h & 0x8000) ? -v : v;
 }
 
 double decode_bf16(uint16_t h) {
   int e = (h >> 7) & 0xff, m = h & 0x7f;
-  double v = e == 0xff ? (m ? std::nan("") : kInf)
-             : e == 0  ? std::ldexp(m, -133)
-                       : std::ldexp(128 + m, e - 134);
+  double v = e == 0xff ? (m ? std::nan("") : kInf) : e == 0 ? std::ldexp(m, -133) : std::ldexp(128 + m, e - 134);
   return (h & 0x8000) ? -v : v;
 }
 
@@ -69,9 +65,7 @@ double ref_round(double x, int frac_bits, int emin, double max_finite) {
 double ref_f16(double x) { return ref_round(x, 10, -14, kF16Max); }
 double ref_bf16(double x) { return ref_round(x, 7, -126, kBf16Max); }
 
-bool same_value(double got, double want) {
-  return got == want && std::signbit(got) == std::signbit(want);
-}
+bool same_value(double got, double want) { return got == want && std::signbit(got) == std::signbit(want); }
 
 // NaN rule (what VCVTPS2PH / VCVTNEPS2BF16 do): sign and top payload bits kept, quiet bit set.
 uint16_t nan_f16(uint32_t u) { return uint16_t(((u >> 16) & 0x8000) | 0x7e00 | ((u >> 13) & 0x3ff)); }
@@ -108,7 +102,8 @@ void expect_all(uint64_t n, Gen gen, Check check, const char* what) {
 
 template <class Check>
 void expect_all(const std::vector<uint32_t>& bits, Check check, const char* what) {
-  expect_all(bits.size(), [&](uint64_t i) { return bits[i]; }, check, what);
+  expect_all(
+      bits.size(), [&](uint64_t i) { return bits[i]; }, check, what);
 }
 
 // Whole binades (every mantissa of each biased f32 exponent), positive; negative ones
@@ -127,11 +122,26 @@ struct Binades {
 };
 
 std::vector<uint32_t> special_bits() {
-  std::vector<float> v = {0.0f, 1.0f, 65504.0f, 65519.99f, 65520.0f, 65536.0f, 1e30f,
-                          std::ldexp(1.0f, -24), std::ldexp(1.0f, -25), std::ldexp(1.0f, -26),
-                          std::ldexp(1.5f, -24), std::ldexp(1.5f, -25), std::ldexp(1.0f, -14),
-                          std::ldexp(1023.0f, -24), std::ldexp(2047.0f, -25), FLT_MIN, FLT_MAX,
-                          FLT_TRUE_MIN, std::nextafter(FLT_MIN, 0.0f), FLT_EPSILON,
+  std::vector<float> v = {0.0f,
+                          1.0f,
+                          65504.0f,
+                          65519.99f,
+                          65520.0f,
+                          65536.0f,
+                          1e30f,
+                          std::ldexp(1.0f, -24),
+                          std::ldexp(1.0f, -25),
+                          std::ldexp(1.0f, -26),
+                          std::ldexp(1.5f, -24),
+                          std::ldexp(1.5f, -25),
+                          std::ldexp(1.0f, -14),
+                          std::ldexp(1023.0f, -24),
+                          std::ldexp(2047.0f, -25),
+                          FLT_MIN,
+                          FLT_MAX,
+                          FLT_TRUE_MIN,
+                          std::nextafter(FLT_MIN, 0.0f),
+                          FLT_EPSILON,
                           std::numeric_limits<float>::infinity()};
   v.push_back(std::nextafter(65520.0f, 0.0f));
   v.push_back(std::nextafter(std::ldexp(1.0f, -25), 1.0f));
@@ -139,8 +149,8 @@ std::vector<uint32_t> special_bits() {
   std::vector<uint32_t> out;
   for (float f : v) out.insert(out.end(), {f32_to_bits(f), f32_to_bits(-f)});
   // NaNs: quiet, signalling, payload only in low bits (truncation would give inf), all ones.
-  for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0x7fa00000u, 0x7f801fffu, 0x7f80ffffu,
-                       0x7fffffffu, 0x7fbfffffu, 0x7f812345u})
+  for (uint32_t nan :
+       {0x7fc00000u, 0x7f800001u, 0x7fa00000u, 0x7f801fffu, 0x7f80ffffu, 0x7fffffffu, 0x7fbfffffu, 0x7f812345u})
     out.insert(out.end(), {nan, nan | 0x80000000u});
   return out;
 }
@@ -164,8 +174,10 @@ TEST(Convert, Bf16ToF32MatchesLdexpFormulaForAllPatterns) {
   for (uint32_t h = 0; h < 65536; ++h) {
     double want = decode_bf16(uint16_t(h));
     float f = bf16_to_f32(uint16_t(h));
-    if (std::isnan(want)) ASSERT_TRUE(std::isnan(f)) << h;
-    else ASSERT_TRUE(same_value(f, want)) << std::hex << h;
+    if (std::isnan(want))
+      ASSERT_TRUE(std::isnan(f)) << h;
+    else
+      ASSERT_TRUE(same_value(f, want)) << std::hex << h;
   }
 }
 
@@ -202,7 +214,7 @@ TEST(Convert, ScalarMatchesReferenceOnSpecials) {
   EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);  // tie -> even (0)
   EXPECT_EQ(f32_to_f16(-std::ldexp(1.0f, -25)), 0x8000);
   EXPECT_EQ(f32_to_f16(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.5f, -24)), 0x0002);  // tie -> even (2)
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.5f, -24)), 0x0002);     // tie -> even (2)
   EXPECT_EQ(f32_to_f16(std::ldexp(2047.0f, -25)), 0x0400);  // rounds up into the normals
   EXPECT_EQ(f32_to_bf16(FLT_MAX), 0x7f80);
   EXPECT_EQ(f32_to_bf16(FLT_TRUE_MIN), 0x0000);
@@ -278,8 +290,7 @@ void expect_bulk_matches_scalar(uint64_t n, Gen gen) {
 TEST(Convert, BulkMatchesScalarOnF32Patterns) {
   const char* env = std::getenv("MIXPREC_EXHAUSTIVE");
   const uint64_t stride = env && env[0] == '1' ? 1 : kSanitized ? 4099 : 257;
-  expect_bulk_matches_scalar((uint64_t(1) << 32) / stride,
-                             [=](uint64_t i) { return uint32_t(i * stride); });
+  expect_bulk_matches_scalar((uint64_t(1) << 32) / stride, [=](uint64_t i) { return uint32_t(i * stride); });
 }
 
 // f32 denormals (VCVTNEPS2BF16 reads them as zero: the fix-up path), NaN payloads, the
@@ -346,8 +357,7 @@ TEST(Convert, BulkIgnoresFtzDazAndRoundingMode) {
 TEST(Convert, BulkTailsAndOffsets) {
   const auto specials = special_bits();
   uint64_t state = 7;
-  for (size_t n : {size_t(0), size_t(1), size_t(15), size_t(16), size_t(17), size_t(1000),
-                   (size_t(1) << 17) + 3}) {
+  for (size_t n : {size_t(0), size_t(1), size_t(15), size_t(16), size_t(17), size_t(1000), (size_t(1) << 17) + 3}) {
     for (size_t off : {size_t(0), size_t(1)}) {
       constexpr size_t kGuard = 40;
       std::vector<float> src(off + n + kGuard);
@@ -387,8 +397,7 @@ TEST(Convert, ScalarOnlySwitchGivesSameBits) {
   std::vector<float> src(100'003);
   uint64_t state = 3;
   for (auto& f : src) f = bits_to_f32(uint32_t(splitmix64(state)));
-  std::vector<uint16_t> fast_bf(src.size()), fast_h(src.size()), slow_bf(src.size()),
-      slow_h(src.size());
+  std::vector<uint16_t> fast_bf(src.size()), fast_h(src.size()), slow_bf(src.size()), slow_h(src.size());
   convert_f32_to_bf16(src.data(), fast_bf.data(), src.size());
   convert_f32_to_f16(src.data(), fast_h.data(), src.size());
   EXPECT_FALSE(detail::set_scalar_conversions_only(true));
@@ -408,25 +417,46 @@ std::vector<unsigned char> encode(DType t, double v) {
   std::vector<unsigned char> b(dtype_size(t));
   auto put = [&](auto x) { std::memcpy(b.data(), &x, sizeof x); };
   switch (t) {
-    case DType::f64: put(v); break;
-    case DType::f32: put(float(v)); break;
-    case DType::bf16: put(f32_to_bf16(float(v))); break;
-    case DType::f16: put(f32_to_f16(float(v))); break;
-    case DType::i64: put(int64_t(v)); break;
-    case DType::u8: put(uint8_t(v)); break;
+    case DType::f64:
+      put(v);
+      break;
+    case DType::f32:
+      put(float(v));
+      break;
+    case DType::bf16:
+      put(f32_to_bf16(float(v)));
+      break;
+    case DType::f16:
+      put(f32_to_f16(float(v)));
+      break;
+    case DType::i64:
+      put(int64_t(v));
+      break;
+    case DType::u8:
+      put(uint8_t(v));
+      break;
   }
   return b;
 }
 
 double decode(DType t, const unsigned char* p) {
-  auto get = [&](auto x) { std::memcpy(&x, p, sizeof x); return x; };
+  auto get = [&](auto x) {
+    std::memcpy(&x, p, sizeof x);
+    return x;
+  };
   switch (t) {
-    case DType::f64: return get(0.0);
-    case DType::f32: return get(0.0f);
-    case DType::bf16: return decode_bf16(get(uint16_t(0)));
-    case DType::f16: return decode_f16(get(uint16_t(0)));
-    case DType::i64: return double(get(int64_t(0)));
-    case DType::u8: return get(uint8_t(0));
+    case DType::f64:
+      return get(0.0);
+    case DType::f32:
+      return get(0.0f);
+    case DType::bf16:
+      return decode_bf16(get(uint16_t(0)));
+    case DType::f16:
+      return decode_f16(get(uint16_t(0)));
+    case DType::i64:
+      return double(get(int64_t(0)));
+    case DType::u8:
+      return get(uint8_t(0));
   }
   return 0;
 }
@@ -477,10 +507,8 @@ TEST(Convert, AnyToAnyFloatToIntTruncatesAndSaturates) {
     EXPECT_EQ(to_u8(-3.0), 0) << dtype_name(s);
     EXPECT_EQ(to_u8(std::nan("")), 0) << dtype_name(s);
   }
-  EXPECT_EQ((convert_one<double, int64_t>(-0x1p63, DType::f64, DType::i64)),
-            std::numeric_limits<int64_t>::min());
-  EXPECT_EQ((convert_one<double, int64_t>(0x1p63, DType::f64, DType::i64)),
-            std::numeric_limits<int64_t>::max());
+  EXPECT_EQ((convert_one<double, int64_t>(-0x1p63, DType::f64, DType::i64)), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ((convert_one<double, int64_t>(0x1p63, DType::f64, DType::i64)), std::numeric_limits<int64_t>::max());
 }
 
 TEST(Convert, AnyToAnyIntegersAndPrecision) {
@@ -491,8 +519,7 @@ TEST(Convert, AnyToAnyIntegersAndPrecision) {
   // i64 -> f32: one RNE step.
   EXPECT_EQ((convert_one<int64_t, float>((1 << 24) + 1, DType::i64, DType::f32)), 16777216.0f);
   EXPECT_EQ((convert_one<int64_t, float>((1 << 24) + 3, DType::i64, DType::f32)), 16777220.0f);
-  EXPECT_EQ((convert_one<int64_t, float>((int64_t(1) << 60) + (int64_t(1) << 36) + 1,
-                                         DType::i64, DType::f32)),
+  EXPECT_EQ((convert_one<int64_t, float>((int64_t(1) << 60) + (int64_t(1) << 36) + 1, DType::i64, DType::f32)),
             0x1p60f + 0x1p37f);
   // Just above a tie: rounding twice (f64 -> f32 -> 16-bit) would land on the tie and go
   // to even; the result must be the single correctly rounded value.
@@ -501,14 +528,11 @@ TEST(Convert, AnyToAnyIntegersAndPrecision) {
   EXPECT_EQ((convert_one<double, uint16_t>(1 + 0x1p-11, DType::f64, DType::f16)), 0x3c00);
   EXPECT_EQ((convert_one<double, uint16_t>(1 + 0x1p-8 + 0x1p-40, DType::f64, DType::bf16)), 0x3f81);
   EXPECT_EQ((convert_one<double, uint16_t>(0x1.4p-132 + 0x1p-170, DType::f64, DType::bf16)), 0x0003);
-  EXPECT_EQ((convert_one<int64_t, uint16_t>((int64_t(1) << 60) + (int64_t(1) << 52) + 1,
-                                            DType::i64, DType::bf16)),
+  EXPECT_EQ((convert_one<int64_t, uint16_t>((int64_t(1) << 60) + (int64_t(1) << 52) + 1, DType::i64, DType::bf16)),
             0x5d81);
   EXPECT_EQ((convert_one<int64_t, uint16_t>(65519, DType::i64, DType::f16)), 0x7bff);
   EXPECT_EQ((convert_one<int64_t, uint16_t>(65520, DType::i64, DType::f16)), 0x7c00);
-  EXPECT_EQ((convert_one<int64_t, uint16_t>(std::numeric_limits<int64_t>::min(), DType::i64,
-                                            DType::bf16)),
-            0xdf00);
+  EXPECT_EQ((convert_one<int64_t, uint16_t>(std::numeric_limits<int64_t>::min(), DType::i64, DType::bf16)), 0xdf00);
   EXPECT_EQ((convert_one<double, uint16_t>(1e300, DType::f64, DType::f16)), 0x7c00);
   EXPECT_EQ((convert_one<double, uint16_t>(-1e300, DType::f64, DType::bf16)), 0xff80);
   EXPECT_EQ((convert_one<double, uint16_t>(-1e-300, DType::f64, DType::bf16)), 0x8000);
@@ -563,12 +587,11 @@ TEST(Convert, AnyToAnyBulkPathsAndSameType) {
 
 TEST(ParseDtype, AcceptsKnownSpellings) {
   const std::pair<const char*, DType> cases[] = {
-      {"f64", DType::f64},   {"float64", DType::f64},   {"double", DType::f64},
-      {"f32", DType::f32},   {"float32", DType::f32},   {"float", DType::f32},
-      {"fp32", DType::f32},  {"bf16", DType::bf16},     {"bfloat16", DType::bf16},
-      {"f16", DType::f16},   {"fp16", DType::f16},      {"float16", DType::f16},
-      {"half", DType::f16},  {"i64", DType::i64},       {"int64", DType::i64},
-      {"u8", DType::u8},     {"uint8", DType::u8}};
+      {"f64", DType::f64},       {"float64", DType::f64}, {"double", DType::f64}, {"f32", DType::f32},
+      {"float32", DType::f32},   {"float", DType::f32},   {"fp32", DType::f32},   {"bf16", DType::bf16},
+      {"bfloat16", DType::bf16}, {"f16", DType::f16},     {"fp16", DType::f16},   {"float16", DType::f16},
+      {"half", DType::f16},      {"i64", DType::i64},     {"int64", DType::i64},  {"u8", DType::u8},
+      {"uint8", DType::u8}};
   for (const auto& [name, t] : cases) {
     auto got = parse_dtype(name);
     ASSERT_TRUE(got.has_value()) << name;
@@ -578,8 +601,7 @@ TEST(ParseDtype, AcceptsKnownSpellings) {
 }
 
 TEST(ParseDtype, RejectsEverythingElse) {
-  for (const char* bad : {"", "F32", "BF16", "bf", "fp8", "float8", "int32", "f32 ", " f16",
-                          "uint16", "bfloat", "f"})
+  for (const char* bad : {"", "F32", "BF16", "bf", "fp8", "float8", "int32", "f32 ", " f16", "uint16", "bfloat", "f"})
     EXPECT_FALSE(parse_dtype(bad).has_value()) << bad;
 }
 

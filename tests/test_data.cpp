@@ -48,8 +48,7 @@ class DataTest : public ::testing::Test {
 };
 
 // The bytes of an idx file: magic (0, 0, type, ndims), big-endian dims, then payload as given.
-Bytes idx_bytes(uint8_t type, std::initializer_list<uint32_t> dims, const Bytes& payload,
-                int ndims = -1) {
+Bytes idx_bytes(uint8_t type, std::initializer_list<uint32_t> dims, const Bytes& payload, int ndims = -1) {
   Bytes b = {0, 0, type, static_cast<uint8_t>(ndims >= 0 ? ndims : static_cast<int>(dims.size()))};
   for (uint32_t d : dims)
     for (int shift = 24; shift >= 0; shift -= 8) b.push_back(static_cast<uint8_t>(d >> shift));
@@ -88,7 +87,8 @@ std::string expect_error(const std::function<void()>& fn, std::initializer_list<
     fn();
   } catch (const mixprec::Error& e) {
     const std::string msg = e.what();
-    for (const std::string& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << "missing \"" << part << "\" in: " << msg;
+    for (const std::string& part : parts)
+      EXPECT_NE(msg.find(part), std::string::npos) << "missing \"" << part << "\" in: " << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     return msg;
   } catch (const std::exception& e) {
@@ -165,12 +165,14 @@ TEST_F(DataTest, TruncatedData) {
   const Bytes short_file = idx_bytes(0x08, {3, 4, 5}, iota_bytes(40));
   write_bytes(path("raw"), short_file, false);
   const std::string raw_msg = expect_error([&] { read_idx(path("raw")); }, {});
-  EXPECT_EQ(raw_msg, path("raw") + ": truncated: expected 60 bytes of data after the 16-byte header, "
-                                   "file ends at byte 56");
+  EXPECT_EQ(raw_msg, path("raw") +
+                         ": truncated: expected 60 bytes of data after the 16-byte header, "
+                         "file ends at byte 56");
   write_bytes(path("gz"), short_file, true);
   const std::string gz_msg = expect_error([&] { read_idx(path("gz")); }, {});
-  EXPECT_EQ(gz_msg, path("gz") + ": truncated: expected 60 bytes of data after the 16-byte header, "
-                                 "file ends at byte 56 of the decompressed stream");
+  EXPECT_EQ(gz_msg, path("gz") +
+                        ": truncated: expected 60 bytes of data after the 16-byte header, "
+                        "file ends at byte 56 of the decompressed stream");
 }
 
 TEST_F(DataTest, GzipFileCutShort) {
@@ -187,10 +189,9 @@ TEST_F(DataTest, GzipFileCutShort) {
 TEST_F(DataTest, BadMagic) {
   write_bytes(path("train-images-idx3-ubyte.gz"), {0x12, 0x34, 0x56, 0x78, 0, 0, 0, 1, 9}, true);
   const std::string msg = expect_error([&] { read_idx(path("train-images-idx3-ubyte.gz")); }, {});
-  EXPECT_EQ(msg.rfind(path("train-images-idx3-ubyte.gz") +
-                          ": bad idx magic 0x12345678 at byte 0 (expected 0x0000080N",
-                      0),
-            0u)
+  EXPECT_EQ(
+      msg.rfind(path("train-images-idx3-ubyte.gz") + ": bad idx magic 0x12345678 at byte 0 (expected 0x0000080N", 0),
+      0u)
       << msg;
 }
 
@@ -198,7 +199,8 @@ TEST_F(DataTest, WrongTypeCode) {
   write_bytes(path("float"), idx_bytes(0x0D, {2}, Bytes(8)), false);
   expect_error([&] { read_idx(path("float")); }, {path("float"), "0x0D", "float32", "byte 2", "not supported"});
   write_bytes(path("weird"), idx_bytes(0x07, {2}, Bytes(2)), false);
-  expect_error([&] { read_idx(path("weird")); }, {path("weird"), "bad idx magic 0x00000701", "unknown element type 0x07"});
+  expect_error([&] { read_idx(path("weird")); },
+               {path("weird"), "bad idx magic 0x00000701", "unknown element type 0x07"});
 }
 
 TEST_F(DataTest, BadDimensionCount) {
@@ -265,15 +267,13 @@ TEST_F(DataTest, ConcatenatedGzipMembersButNoJunk) {
   const size_t gz_bytes = junk.size();
   junk.insert(junk.end(), {'j', 'u', 'n', 'k'});
   write_bytes(path("junk.gz"), junk, false);
-  expect_error([&] { read_idx(path("junk.gz")); },
-               {path("junk.gz"), "non-gzip bytes after the end of the gzip stream",
-                "at byte " + std::to_string(gz_bytes) + " of the file"});
+  expect_error([&] { read_idx(path("junk.gz")); }, {path("junk.gz"), "non-gzip bytes after the end of the gzip stream",
+                                                    "at byte " + std::to_string(gz_bytes) + " of the file"});
 }
 
 // ---- datasets ----
 
-void write_pair(const DataTest& t, const std::string& split, const Bytes& images, const Bytes& labels,
-                bool gzip) {
+void write_pair(const DataTest& t, const std::string& split, const Bytes& images, const Bytes& labels, bool gzip) {
   const std::string ext = gzip ? ".gz" : "";
   write_bytes(t.path(split + "-images-idx3-ubyte" + ext), images, gzip);
   write_bytes(t.path(split + "-labels-idx1-ubyte" + ext), labels, gzip);
@@ -324,8 +324,9 @@ TEST_F(DatasetTest, MissingDirAndFiles) {
 TEST(DefaultDataDir, MessageNamesTheDebianPackage) {
   if (fs::exists(kDefaultDataDir)) GTEST_SKIP() << kDefaultDataDir << " is installed";
   const std::string msg = expect_error([] { load_idx_dataset(kDefaultDataDir, "train"); }, {});
-  EXPECT_EQ(msg, "no Fashion-MNIST data in /usr/share/datasets/fashion-mnist: install it with "
-                 "`apt-get install dataset-fashion-mnist`, or pass --data DIR with MNIST-format idx files");
+  EXPECT_EQ(msg,
+            "no Fashion-MNIST data in /usr/share/datasets/fashion-mnist: install it with "
+            "`apt-get install dataset-fashion-mnist`, or pass --data DIR with MNIST-format idx files");
 }
 
 TEST(FashionMnist, RealDataLoadsWithKnownStatistics) {
@@ -399,8 +400,7 @@ TEST(Loader, NormalisesPixels) {
   HostBatch b;
   ASSERT_TRUE(loader.next(b));
   ASSERT_EQ(b.x.size(), 4u);
-  for (int i = 0; i < 4; ++i)
-    EXPECT_NEAR(b.x[i], (d.images[i] / 255.0f - 0.2860f) / 0.3530f, 1e-5) << i;
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(b.x[i], (d.images[i] / 255.0f - 0.2860f) / 0.3530f, 1e-5) << i;
   EXPECT_FALSE(loader.next(b));
 }
 

@@ -38,15 +38,19 @@ struct Buffer {
   std::vector<float> f32;
   std::vector<uint16_t> bf16;
   Buffer(DType type, int64_t n) : t(type) {
-    if (t == DType::f32) f32.assign(size_t(n), 0.f);
-    else bf16.assign(size_t(n), 0);
+    if (t == DType::f32)
+      f32.assign(size_t(n), 0.f);
+    else
+      bf16.assign(size_t(n), 0);
   }
   void* data() { return t == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data(); }
   int64_t size() const { return int64_t(f32.size() + bf16.size()); }
   float get(int64_t i) const { return t == DType::f32 ? f32[size_t(i)] : bf16_value(bf16[size_t(i)]); }
   void set(int64_t i, float v) {
-    if (t == DType::f32) f32[size_t(i)] = v;
-    else bf16[size_t(i)] = round_bf16(v);
+    if (t == DType::f32)
+      f32[size_t(i)] = v;
+    else
+      bf16[size_t(i)] = round_bf16(v);
   }
 };
 
@@ -61,14 +65,14 @@ struct Case {
   bool bias = false;
   DType bias_t = DType::f32;
   bool relu = false, accumulate = false;
-  bool wei_broadcast = false;                     // one wei for every batch (stride 0)
+  bool wei_broadcast = false;  // one wei for every batch (stride 0)
 };
 
 std::string describe(const Case& c) {
   return detail::concat(dtype_name(c.in_t), "->", dtype_name(c.dst_t), " b=", c.batch, " m=", c.m, " n=", c.n,
-                        " k=", c.k, c.trans_src ? " srcT" : "", c.trans_wei ? " weiT" : "",
-                        c.bias ? " bias:" : "", c.bias ? dtype_name(c.bias_t) : "", c.relu ? " relu" : "",
-                        c.accumulate ? " acc" : "", c.wei_broadcast ? " wei-bcast" : "");
+                        " k=", c.k, c.trans_src ? " srcT" : "", c.trans_wei ? " weiT" : "", c.bias ? " bias:" : "",
+                        c.bias ? dtype_name(c.bias_t) : "", c.relu ? " relu" : "", c.accumulate ? " acc" : "",
+                        c.wei_broadcast ? " wei-bcast" : "");
 }
 
 struct Problem {
@@ -96,9 +100,12 @@ Problem make_problem(const Case& c, uint32_t seed) {
   a.dst_stride_batch = c.m * a.dst_stride_m;
   a.relu = c.relu, a.accumulate = c.accumulate;
 
-  Problem p{a, Buffer(c.in_t, c.batch * a.src_stride_batch),
+  Problem p{a,
+            Buffer(c.in_t, c.batch * a.src_stride_batch),
             Buffer(c.in_t, (c.wei_broadcast ? 1 : c.batch) * (c.trans_wei ? c.n : c.k) * wei_ld),
-            Buffer(c.dst_t, c.batch * a.dst_stride_batch), Buffer(c.bias_t, c.n), {}};
+            Buffer(c.dst_t, c.batch * a.dst_stride_batch),
+            Buffer(c.bias_t, c.n),
+            {}};
   for (int64_t i = 0; i < p.src.size(); ++i) p.src.set(i, uni(rng));
   for (int64_t i = 0; i < p.wei.size(); ++i) p.wei.set(i, uni(rng));
   for (int64_t i = 0; i < c.n; ++i) p.bias.set(i, uni(rng));
@@ -148,8 +155,8 @@ void check_case(const Case& c, uint32_t seed = 1) {
         if (c.dst_t == DType::bf16) tol += std::ldexp(std::abs(acc), -8);
         const double got = p.dst.get(at);
         if (!(std::abs(got - acc) <= tol) && bad++ < 5)
-          ADD_FAILURE() << "dst[" << b << "][" << i << "][" << j << "] = " << got << ", expected " << acc
-                        << " +- " << tol;
+          ADD_FAILURE() << "dst[" << b << "][" << i << "][" << j << "] = " << got << ", expected " << acc << " +- "
+                        << tol;
       }
   EXPECT_EQ(bad, 0);
   // Padding between rows is not part of dst: it must keep its sentinel.
@@ -168,8 +175,8 @@ TEST(DnnlMatmul, AllTransposesViaStrides) {
   for (Combo d : kCombos)
     for (int ts = 0; ts < 2; ++ts)
       for (int tw = 0; tw < 2; ++tw)
-        check_case({.m = 33, .n = 17, .k = 257, .in_t = d.in_t, .dst_t = d.dst_t, .trans_src = ts == 1,
-                    .trans_wei = tw == 1});
+        check_case(
+            {.m = 33, .n = 17, .k = 257, .in_t = d.in_t, .dst_t = d.dst_t, .trans_src = ts == 1, .trans_wei = tw == 1});
 }
 
 TEST(DnnlMatmul, OddSizes) {
@@ -187,17 +194,40 @@ TEST(DnnlMatmul, OddSizes) {
 TEST(DnnlMatmul, PaddedLeadingDimensions) {
   for (Combo d : kCombos)
     for (int ts = 0; ts < 2; ++ts)
-      check_case({.m = 17, .n = 33, .k = 33, .in_t = d.in_t, .dst_t = d.dst_t, .trans_src = ts == 1,
-                  .trans_wei = ts == 0, .src_pad = 5, .wei_pad = 3, .dst_pad = 7});
+      check_case({.m = 17,
+                  .n = 33,
+                  .k = 33,
+                  .in_t = d.in_t,
+                  .dst_t = d.dst_t,
+                  .trans_src = ts == 1,
+                  .trans_wei = ts == 0,
+                  .src_pad = 5,
+                  .wei_pad = 3,
+                  .dst_pad = 7});
 }
 
 TEST(DnnlMatmul, Batched) {
   for (Combo d : kCombos) {
     check_case({.batch = 3, .m = 17, .n = 33, .k = 3, .in_t = d.in_t, .dst_t = d.dst_t});
-    check_case({.batch = 4, .m = 33, .n = 17, .k = 33, .in_t = d.in_t, .dst_t = d.dst_t, .trans_src = true,
+    check_case({.batch = 4,
+                .m = 33,
+                .n = 17,
+                .k = 33,
+                .in_t = d.in_t,
+                .dst_t = d.dst_t,
+                .trans_src = true,
                 .trans_wei = true});
-    check_case({.batch = 3, .m = 3, .n = 17, .k = 33, .in_t = d.in_t, .dst_t = d.dst_t, .trans_wei = true,
-                .bias = true, .relu = true, .accumulate = true, .wei_broadcast = true});
+    check_case({.batch = 3,
+                .m = 3,
+                .n = 17,
+                .k = 33,
+                .in_t = d.in_t,
+                .dst_t = d.dst_t,
+                .trans_wei = true,
+                .bias = true,
+                .relu = true,
+                .accumulate = true,
+                .wei_broadcast = true});
   }
 }
 
@@ -206,13 +236,19 @@ TEST(DnnlMatmul, BiasReluAccumulate) {
     std::vector<DType> bias_types{DType::f32};
     if (d.in_t == DType::bf16) bias_types.push_back(DType::bf16);
     for (DType bt : bias_types)
-      check_case({.m = 33, .n = 17, .k = 33, .in_t = d.in_t, .dst_t = d.dst_t, .trans_wei = true, .bias = true,
-                  .bias_t = bt});
+      check_case(
+          {.m = 33, .n = 17, .k = 33, .in_t = d.in_t, .dst_t = d.dst_t, .trans_wei = true, .bias = true, .bias_t = bt});
     check_case({.m = 33, .n = 17, .k = 33, .in_t = d.in_t, .dst_t = d.dst_t, .relu = true});
-    check_case({.m = 33, .n = 17, .k = 33, .in_t = d.in_t, .dst_t = d.dst_t, .trans_src = true,
+    check_case({.m = 33, .n = 17, .k = 33, .in_t = d.in_t, .dst_t = d.dst_t, .trans_src = true, .accumulate = true});
+    check_case({.m = 17,
+                .n = 33,
+                .k = 257,
+                .in_t = d.in_t,
+                .dst_t = d.dst_t,
+                .bias = true,
+                .bias_t = bias_types.back(),
+                .relu = true,
                 .accumulate = true});
-    check_case({.m = 17, .n = 33, .k = 257, .in_t = d.in_t, .dst_t = d.dst_t, .bias = true,
-                .bias_t = bias_types.back(), .relu = true, .accumulate = true});
   }
 }
 
@@ -220,8 +256,8 @@ TEST(DnnlMatmul, BiasReluAccumulate) {
 TEST(DnnlMatmul, NoUnitStrideOperandIsCopiedDense) {
   for (Combo d : kCombos) {
     const Case src_case{.m = 17, .n = 33, .k = 33, .in_t = d.in_t, .dst_t = d.dst_t, .src_step = 2, .bias = true};
-    const Case wei_case{.m = 17, .n = 33, .k = 33, .in_t = d.in_t, .dst_t = d.dst_t, .trans_wei = true,
-                        .wei_step = 3, .relu = true};
+    const Case wei_case{
+        .m = 17, .n = 33, .k = 33, .in_t = d.in_t, .dst_t = d.dst_t, .trans_wei = true, .wei_step = 3, .relu = true};
     for (const Case& c : {src_case, wei_case}) {
       const std::string impl = matmul_impl_name(make_problem(c, 1).args);
       EXPECT_EQ(impl.rfind("ref", 0), std::string::npos) << impl;
@@ -232,15 +268,23 @@ TEST(DnnlMatmul, NoUnitStrideOperandIsCopiedDense) {
 }
 
 TEST(DnnlMatmul, EmptyAndZeroK) {
-  for (Combo d : kCombos) check_case({.batch = 2, .m = 3, .n = 5, .k = 0, .in_t = d.in_t, .dst_t = d.dst_t,
-                                      .bias = true, .relu = true, .accumulate = true});
+  for (Combo d : kCombos)
+    check_case({.batch = 2,
+                .m = 3,
+                .n = 5,
+                .k = 0,
+                .in_t = d.in_t,
+                .dst_t = d.dst_t,
+                .bias = true,
+                .relu = true,
+                .accumulate = true});
   Problem p = make_problem({.m = 3, .n = 5, .k = 0}, 7);
   MatmulArgs a = p.args;
   a.m = 0;
   a.src = a.wei = a.dst = nullptr;  // nothing to write: no pointer needed
   matmul(a);
   a.m = 3;
-  EXPECT_THROW(matmul(a), Error);   // now there is
+  EXPECT_THROW(matmul(a), Error);  // now there is
 }
 
 TEST(DnnlMatmul, OnePrimitivePerShape) {
@@ -307,15 +351,48 @@ TEST(DnnlMatmul, MlpProductsUseFastKernels) {
   const int64_t batch = 512, in = 784, out = 1024;
   static char dummy;  // impl_name reads no data; any non-null pointer will do
   for (Combo d : kCombos) {
-    MatmulArgs fwd{.m = batch, .n = out, .k = in, .src_t = d.in_t, .wei_t = d.in_t, .dst_t = d.dst_t,
-                   .src = &dummy, .src_stride_m = in, .src_stride_k = 1,
-                   .wei = &dummy, .wei_stride_k = 1, .wei_stride_n = in, .dst = &dummy, .dst_stride_m = out};
-    MatmulArgs grad_x{.m = batch, .n = in, .k = out, .src_t = d.in_t, .wei_t = d.in_t, .dst_t = d.dst_t,
-                      .src = &dummy, .src_stride_m = out, .src_stride_k = 1,
-                      .wei = &dummy, .wei_stride_k = in, .wei_stride_n = 1, .dst = &dummy, .dst_stride_m = in};
-    MatmulArgs grad_w{.m = out, .n = in, .k = batch, .src_t = d.in_t, .wei_t = d.in_t, .dst_t = d.dst_t,
-                      .src = &dummy, .src_stride_m = 1, .src_stride_k = out,
-                      .wei = &dummy, .wei_stride_k = in, .wei_stride_n = 1, .dst = &dummy, .dst_stride_m = in};
+    MatmulArgs fwd{.m = batch,
+                   .n = out,
+                   .k = in,
+                   .src_t = d.in_t,
+                   .wei_t = d.in_t,
+                   .dst_t = d.dst_t,
+                   .src = &dummy,
+                   .src_stride_m = in,
+                   .src_stride_k = 1,
+                   .wei = &dummy,
+                   .wei_stride_k = 1,
+                   .wei_stride_n = in,
+                   .dst = &dummy,
+                   .dst_stride_m = out};
+    MatmulArgs grad_x{.m = batch,
+                      .n = in,
+                      .k = out,
+                      .src_t = d.in_t,
+                      .wei_t = d.in_t,
+                      .dst_t = d.dst_t,
+                      .src = &dummy,
+                      .src_stride_m = out,
+                      .src_stride_k = 1,
+                      .wei = &dummy,
+                      .wei_stride_k = in,
+                      .wei_stride_n = 1,
+                      .dst = &dummy,
+                      .dst_stride_m = in};
+    MatmulArgs grad_w{.m = out,
+                      .n = in,
+                      .k = batch,
+                      .src_t = d.in_t,
+                      .wei_t = d.in_t,
+                      .dst_t = d.dst_t,
+                      .src = &dummy,
+                      .src_stride_m = 1,
+                      .src_stride_k = out,
+                      .wei = &dummy,
+                      .wei_stride_k = in,
+                      .wei_stride_n = 1,
+                      .dst = &dummy,
+                      .dst_stride_m = in};
     for (const MatmulArgs* a : {&fwd, &grad_x, &grad_w}) {
       const std::string impl = matmul_impl_name(*a);
       EXPECT_EQ(impl.rfind("brg:", 0), 0u) << dtype_name(d.in_t) << " " << impl;

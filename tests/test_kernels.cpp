@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "mixprec/convert.h"
 #include "mixprec/ops.h"
 #include "ulp.h"
-#include "mixprec/convert.h"
 
 namespace mixprec {
 namespace {
@@ -56,11 +56,13 @@ template <class Tol>
   msg.precision(10);
   for (size_t i = 0; i < f.size(); ++i) {
     bool ok;
-    if (std::isnan(r[i]) || std::isnan(f[i])) ok = std::isnan(r[i]) && std::isnan(f[i]);
-    else if (std::isinf(r[i]) || std::isinf(f[i])) ok = f[i] == r[i];
-    else ok = std::fabs(f[i] - r[i]) <= tol(i);
-    if (!ok && bad++ < 5)
-      msg << "\n  element " << i << ": fast " << f[i] << " ref " << r[i] << " tol " << tol(i);
+    if (std::isnan(r[i]) || std::isnan(f[i]))
+      ok = std::isnan(r[i]) && std::isnan(f[i]);
+    else if (std::isinf(r[i]) || std::isinf(f[i]))
+      ok = f[i] == r[i];
+    else
+      ok = std::fabs(f[i] - r[i]) <= tol(i);
+    if (!ok && bad++ < 5) msg << "\n  element " << i << ": fast " << f[i] << " ref " << r[i] << " tol " << tol(i);
   }
   if (bad == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << bad << " of " << f.size() << " elements differ (" << dtype_name(ref.dtype())
@@ -153,13 +155,13 @@ TEST(Kernels, BinarySameShape) {
 TEST(Kernels, BinaryBroadcastRowsAndScalars) {
   Generator g(4);
   const std::vector<BinCase> cases = {
-      {{5, 4000}, {4000}, true},    // bias rows, period not a divisor of the block
-      {{4000}, {5, 4000}, true},    // row on the left (sub/div operand order)
-      {{6667, 3}, {3}, true},       // short rows, 5 blocks (parallel)
-      {{3, 4097}, {1, 4097}, true}, // leading ones
-      {{2, 3, 7}, {3, 7}, true},    // suffix of two dims
-      {{20000}, {}, true},          // scalar right
-      {{}, {4097}, true},           // scalar left
+      {{5, 4000}, {4000}, true},     // bias rows, period not a divisor of the block
+      {{4000}, {5, 4000}, true},     // row on the left (sub/div operand order)
+      {{6667, 3}, {3}, true},        // short rows, 5 blocks (parallel)
+      {{3, 4097}, {1, 4097}, true},  // leading ones
+      {{2, 3, 7}, {3, 7}, true},     // suffix of two dims
+      {{20000}, {}, true},           // scalar right
+      {{}, {4097}, true},            // scalar left
       {{7}, {1}, true},
       {{}, {}, true},
       {{4097, 3}, {4097, 1}, false},  // [N,1] columns
@@ -191,13 +193,10 @@ struct UnaryCase {
   const char* name;
 };
 const std::vector<UnaryCase> kUnaryCases = {
-    {kernels::UnaryOp::neg, {}, -5, 5, "neg"},
-    {kernels::UnaryOp::affine, {1.7, -0.3}, -5, 5, "affine"},
+    {kernels::UnaryOp::neg, {}, -5, 5, "neg"},        {kernels::UnaryOp::affine, {1.7, -0.3}, -5, 5, "affine"},
     {kernels::UnaryOp::exp, {}, -12, 12, "exp"},  // overflows f16 above ~11.1
-    {kernels::UnaryOp::log, {}, 1e-3, 100, "log"},
-    {kernels::UnaryOp::pow, {2.5, 0}, 0.01, 20, "pow2.5"},
-    {kernels::UnaryOp::pow, {3.0, 0}, -4, 4, "pow3"},
-    {kernels::UnaryOp::sqrt, {}, 0, 100, "sqrt"},
+    {kernels::UnaryOp::log, {}, 1e-3, 100, "log"},    {kernels::UnaryOp::pow, {2.5, 0}, 0.01, 20, "pow2.5"},
+    {kernels::UnaryOp::pow, {3.0, 0}, -4, 4, "pow3"}, {kernels::UnaryOp::sqrt, {}, 0, 100, "sqrt"},
 };
 
 TEST(Kernels, Unary) {
@@ -252,10 +251,8 @@ struct ActivationCase {
   const char* name;
 };
 const std::vector<ActivationCase> kActivationCases = {
-    {kernels::Activation::relu, -3, 3, 0, 0, "relu"},
-    {kernels::Activation::gelu, -6, 6, 0, 0, "gelu"},
-    {kernels::Activation::gelu_tanh, -6, 6, 0, 0, "gelu_tanh"},
-    {kernels::Activation::silu, -20, 20, 4, 4, "silu"},
+    {kernels::Activation::relu, -3, 3, 0, 0, "relu"},           {kernels::Activation::gelu, -6, 6, 0, 0, "gelu"},
+    {kernels::Activation::gelu_tanh, -6, 6, 0, 0, "gelu_tanh"}, {kernels::Activation::silu, -20, 20, 4, 4, "silu"},
     {kernels::Activation::sigmoid, -20, 20, 4, 0, "sigmoid"},  // grad y(1-y): the same f32 operations
     {kernels::Activation::tanh, -6, 6, 4, 0, "tanh"},
 };
@@ -284,9 +281,8 @@ TEST(Kernels, Activation) {
                                        double f32_ulps) {
   const std::vector<double> r = ref.to_vector_f64(), gv = gr.to_vector_f64(), sv = saved.to_vector_f64();
   const DType t = ref.dtype();
-  return close(fast, ref, [&](size_t i) {
-    return ulp_of(t, r[i]) + f32_ulps * kU32 * std::fabs(gv[i]) * (1 + std::fabs(sv[i]));
-  });
+  return close(fast, ref,
+               [&](size_t i) { return ulp_of(t, r[i]) + f32_ulps * kU32 * std::fabs(gv[i]) * (1 + std::fabs(sv[i])); });
 }
 
 TEST(Kernels, ActivationGrad) {
@@ -309,13 +305,14 @@ TEST(Kernels, ActivationGrad) {
 // backward select exactly what "x > 0 ? g : 0" selects.
 TEST(Kernels, ReluSpecialValues) {
   const float sub16 = std::ldexp(1.0f, -24), sub_bf16 = std::ldexp(1.0f, -130);
-  const std::vector<float> xs = {0.f,  -0.f,      NAN,       -NAN,  INFINITY, -INFINITY, sub16, -sub16,
-                                 1.f,  -1.f,      sub_bf16,  -sub_bf16, 65504.f, -65504.f, 3e38f, -3e38f};
+  const std::vector<float> xs = {0.f, -0.f, NAN,      -NAN,      INFINITY, -INFINITY, sub16, -sub16,
+                                 1.f, -1.f, sub_bf16, -sub_bf16, 65504.f,  -65504.f,  3e38f, -3e38f};
   const std::vector<float> gs = {1.5f, -2.f, NAN, INFINITY, -INFINITY, 0.f, -0.f, 7.f};
   for (DType t : kDTypes)
     for (int64_t n : {int64_t(5), int64_t(16 * 7 + 3)}) {
       std::vector<float> xv(static_cast<size_t>(n)), gv(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) xv[size_t(i)] = xs[size_t(i) % xs.size()], gv[size_t(i)] = gs[size_t(i) % gs.size()];
+      for (int64_t i = 0; i < n; ++i)
+        xv[size_t(i)] = xs[size_t(i) % xs.size()], gv[size_t(i)] = gs[size_t(i) % gs.size()];
       const Tensor x = make(xv, {n}, t), gr = make(gv, {n}, t);
       Tensor fast = Tensor::empty({n}, t);
       ASSERT_TRUE(kernels::cpu::activation_grad(kernels::Activation::relu, gr, x, fast));
@@ -360,8 +357,9 @@ void check_sum(const Shape& shape, const std::vector<int64_t>& dims, bool keepdi
       const Tensor ref = kernels::ref::sum(x, dims, keepdim, out_t);
       Tensor fast = Tensor::empty(ref.shape(), out_t);
       const bool ok = kernels::cpu::sum(x, dims, keepdim, fast);
-      const std::string what = tag(t, shape) + " -> " + std::string(dtype_name(out_t)) + " keepdim=" +
-                               std::to_string(keepdim) + " dims[0]=" + std::to_string(dims.empty() ? -1 : dims[0]);
+      const std::string what = tag(t, shape) + " -> " + std::string(dtype_name(out_t)) +
+                               " keepdim=" + std::to_string(keepdim) +
+                               " dims[0]=" + std::to_string(dims.empty() ? -1 : dims[0]);
       if (fast_must_support) {
         EXPECT_TRUE(ok) << "fast path declined " << what;
       }
@@ -382,10 +380,10 @@ TEST(Kernels, SumFull) {
 
 TEST(Kernels, SumOverLeadingDims) {
   Generator g(9);
-  check_sum({4097, 3}, {0}, false, true, g);       // bias gradient of a narrow layer
-  check_sum({7, 4097}, {0}, false, true, g);       // columns across two column blocks
-  check_sum({100, 1000}, {0}, true, true, g);      // parallel over columns
-  check_sum({6250, 16}, {0}, false, true, g);      // 100000 elements, few columns
+  check_sum({4097, 3}, {0}, false, true, g);   // bias gradient of a narrow layer
+  check_sum({7, 4097}, {0}, false, true, g);   // columns across two column blocks
+  check_sum({100, 1000}, {0}, true, true, g);  // parallel over columns
+  check_sum({6250, 16}, {0}, false, true, g);  // 100000 elements, few columns
   check_sum({10, 20, 33}, {0, 1}, false, true, g);
   check_sum({1, 4095}, {0}, false, true, g);
 }
@@ -413,8 +411,8 @@ TEST(Kernels, SumOverAnEmptyDimIsZero) {
 
 // ---------------------------------------------------------------- softmax
 
-const std::vector<Shape> kSoftmaxShapes = {{1, 1}, {7, 7}, {3, 4095}, {2, 4096}, {100, 1000}, {4097, 8},
-                                           {4, 5, 33}, {9}, {3, 4097}};
+const std::vector<Shape> kSoftmaxShapes = {{1, 1},    {7, 7},     {3, 4095}, {2, 4096}, {100, 1000},
+                                           {4097, 8}, {4, 5, 33}, {9},       {3, 4097}};
 
 TEST(Kernels, SoftmaxForward) {
   Generator g(11);
@@ -458,7 +456,8 @@ TEST(Kernels, SoftmaxBackward) {
           row_s[size_t(i / cols)] += std::fabs(gv[size_t(i)]) * (log ? 1.0 : std::fabs(yv[size_t(i)]));
         auto tol = [&](size_t i) {
           const double w = log ? std::exp(yv[i]) : std::fabs(yv[i]);
-          return ulp_of(t, r[i]) + 4 * double(cols + 2) * kU32 * (std::fabs(gv[i]) * (1 + w) + w * row_s[i / size_t(cols)]);
+          return ulp_of(t, r[i]) +
+                 4 * double(cols + 2) * kU32 * (std::fabs(gv[i]) * (1 + w) + w * row_s[i / size_t(cols)]);
         };
         Tensor fast = Tensor::empty(s, t);
         const bool ok = kernels::cpu::softmax_lastdim_backward(y, gy, log, fast);
@@ -482,8 +481,8 @@ struct MatmulShape {
 
 // dst = op(a) @ op(b) (+ bias) (+ dst) through kernels::matmul with the cpu backend, against
 // ref::matmul. Bound: f32 accumulation over k products plus one rounding to the dst dtype.
-void check_matmul(const MatmulShape& sh, DType t, bool ta, bool tb, bool bias, bool acc, bool strided_a,
-                  Generator& g, bool relu = false) {
+void check_matmul(const MatmulShape& sh, DType t, bool ta, bool tb, bool bias, bool acc, bool strided_a, Generator& g,
+                  bool relu = false) {
   const Shape as = ta ? Shape{sh.k, sh.m} : Shape{sh.m, sh.k};
   const Shape bs = tb ? Shape{sh.n, sh.k} : Shape{sh.k, sh.n};
   Tensor a = make(uniform(g, shape_numel(as), -2, 2), as, t);
@@ -610,9 +609,9 @@ TEST(Kernels, BatchedMatmulOpFastMatchesReference) {
     for (size_t i = 0; i < fast.size(); ++i) {
       const std::vector<double> r = ref[i].to_vector_f64();
       const double partial = i == 0 ? 0.0 : ulp_of(t, 8.0);
-      EXPECT_TRUE(close(fast[i], ref[i], [&](size_t j) {
-        return 2 * ulp_of(t, r[j]) + partial + terms[i] * terms[i] * kU32;
-      })) << dtype_name(t) << " tensor " << i;
+      EXPECT_TRUE(
+          close(fast[i], ref[i], [&](size_t j) { return 2 * ulp_of(t, r[j]) + partial + terms[i] * terms[i] * kU32; }))
+          << dtype_name(t) << " tensor " << i;
     }
   }
 }

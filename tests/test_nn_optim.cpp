@@ -119,7 +119,8 @@ namespace {
 // One parameter with a fixed gradient per step.
 struct Fixture {
   Tensor p = Tensor::from_vector(std::vector<float>{0.5f, -1.5f, 2.0f, 0.0f}, {4}).set_requires_grad();
-  std::vector<std::vector<float>> grads = {{0.1f, -0.2f, 0.3f, 0.0f}, {-0.4f, 0.5f, 0.1f, 1.0f}, {0.2f, 0.2f, -0.3f, -1.0f}};
+  std::vector<std::vector<float>> grads = {
+      {0.1f, -0.2f, 0.3f, 0.0f}, {-0.4f, 0.5f, 0.1f, 1.0f}, {0.2f, 0.2f, -0.3f, -1.0f}};
   void set_grad(int step) { p.set_grad(Tensor::from_vector(grads[size_t(step)], {4})); }
 };
 }  // namespace
@@ -206,7 +207,10 @@ TEST(Optim, SgdF32UpdateIsBitIdenticalToTheScalarRule) {
       Tensor p = Tensor::uniform({n}, gen, -2, 2).set_requires_grad();
       std::vector<float> w = p.to_vector(), buf(size_t(n), 0.f);
       const double lr = 0.05, wd = 0.01, damp = 0.1;
-      optim::SGD opt({p}, {.lr = lr, .momentum = momentum, .dampening = nesterov ? 0.0 : damp, .weight_decay = wd,
+      optim::SGD opt({p}, {.lr = lr,
+                           .momentum = momentum,
+                           .dampening = nesterov ? 0.0 : damp,
+                           .weight_decay = wd,
                            .nesterov = nesterov});
       const float flr = float(lr), fwd = float(wd), fmom = float(momentum), fdamp = float(1 - (nesterov ? 0.0 : damp));
       for (int s = 0; s < 3; ++s) {

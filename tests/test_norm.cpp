@@ -42,21 +42,20 @@ TEST(NormGradcheck, BatchNormEval) {
   Generator g(2);
   const Tensor rm = Tensor::uniform({3}, g, -0.5, 0.5, DType::f64), rv = Tensor::uniform({3}, g, 0.5, 2, DType::f64);
   EXPECT_TRUE(testing::gradcheck(
-      "batch_norm/eval",
-      [&](const std::vector<Tensor>& x) { return ops::batch_norm(x[0], rm, rv, x[1], x[2], false); },
+      "batch_norm/eval", [&](const std::vector<Tensor>& x) { return ops::batch_norm(x[0], rm, rv, x[1], x[2], false); },
       {U(g, {2, 3, 3, 3}), U(g, {3}), U(g, {3})}));
 }
 
 TEST(NormGradcheck, LayerNorm) {
   Generator g(3);
-  EXPECT_TRUE(testing::gradcheck(
-      "layer_norm/last dim",
-      [](const std::vector<Tensor>& x) { return ops::layer_norm(x[0], {5}, x[1], x[2]); },
-      {U(g, {3, 5}), U(g, {5}, 0.5, 1.5), U(g, {5})}));
-  EXPECT_TRUE(testing::gradcheck(
-      "layer_norm/two dims",
-      [](const std::vector<Tensor>& x) { return ops::layer_norm(x[0], {3, 4}, x[1], x[2]); },
-      {U(g, {2, 3, 4}), U(g, {3, 4}), U(g, {3, 4})}));
+  EXPECT_TRUE(testing::gradcheck("layer_norm/last dim",
+                                 [](const std::vector<Tensor>& x) { return ops::layer_norm(x[0], {5}, x[1], x[2]); },
+                                 {U(g, {3, 5}), U(g, {5}, 0.5, 1.5), U(g, {5})}));
+  EXPECT_TRUE(testing::gradcheck("layer_norm/two dims",
+                                 [](const std::vector<Tensor>& x) {
+                                   return ops::layer_norm(x[0], {3, 4}, x[1], x[2]);
+                                 },
+                                 {U(g, {2, 3, 4}), U(g, {3, 4}), U(g, {3, 4})}));
   EXPECT_TRUE(testing::gradcheck(
       "layer_norm/no affine", [](const std::vector<Tensor>& x) { return ops::layer_norm(x[0], {6}); }, {U(g, {4, 6})}));
 }
@@ -64,14 +63,17 @@ TEST(NormGradcheck, LayerNorm) {
 TEST(NormGradcheck, Cat) {
   Generator g(4);
   for (int64_t dim : {0, 1, -1}) {
-    EXPECT_TRUE(testing::gradcheck(
-        "cat/dim " + std::to_string(dim),
-        [dim](const std::vector<Tensor>& x) { return ops::cat({x[0], x[1], x[2]}, dim); },
-        {U(g, {2, 3, 2}), U(g, {2, 3, 2}), U(g, {2, 3, 2})}));
+    EXPECT_TRUE(testing::gradcheck("cat/dim " + std::to_string(dim),
+                                   [dim](const std::vector<Tensor>& x) {
+                                     return ops::cat({x[0], x[1], x[2]}, dim);
+                                   },
+                                   {U(g, {2, 3, 2}), U(g, {2, 3, 2}), U(g, {2, 3, 2})}));
   }
-  EXPECT_TRUE(testing::gradcheck(
-      "cat/uneven", [](const std::vector<Tensor>& x) { return ops::cat({x[0], x[1]}, 1); },
-      {U(g, {2, 1, 3}), U(g, {2, 4, 3})}));
+  EXPECT_TRUE(testing::gradcheck("cat/uneven",
+                                 [](const std::vector<Tensor>& x) {
+                                   return ops::cat({x[0], x[1]}, 1);
+                                 },
+                                 {U(g, {2, 1, 3}), U(g, {2, 4, 3})}));
 }
 
 TEST(Cat, ValuesPromotionAndErrors) {
@@ -135,7 +137,7 @@ TEST(BatchNorm2d, CumulativeAverageWhenMomentumIsNone) {
   nn::BatchNorm2d bn(1, {.momentum = std::nullopt});
   bn(Tensor::from_vector(std::vector<float>{0, 2}, {2, 1, 1, 1}));  // mean 1
   bn(Tensor::from_vector(std::vector<float>{3, 5}, {2, 1, 1, 1}));  // mean 4
-  EXPECT_NEAR(bn.running_mean.item(), 2.5, 1e-6);  // the plain average of 1 and 4
+  EXPECT_NEAR(bn.running_mean.item(), 2.5, 1e-6);                   // the plain average of 1 and 4
 }
 
 TEST(BatchNorm2d, StateDictNamesAsPyTorch) {
@@ -148,7 +150,8 @@ TEST(BatchNorm2d, StateDictNamesAsPyTorch) {
   EXPECT_EQ(sd[6].second.dtype(), DType::i64);
   EXPECT_EQ(sd[6].second.dim(), 0);
   EXPECT_EQ(m.parameters().size(), 4u);  // buffers are not parameters
-  EXPECT_EQ(nn::BatchNorm2d(32).name(), "BatchNorm2d(32, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)");
+  EXPECT_EQ(nn::BatchNorm2d(32).name(),
+            "BatchNorm2d(32, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)");
 }
 
 TEST(BatchNorm2d, ErrorsNameTheLayer) {

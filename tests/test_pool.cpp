@@ -45,9 +45,9 @@ TEST(PoolGradcheck, MaxPool) {
   };
   for (const PoolCase& c : cases) {
     Generator g(1);
-    EXPECT_TRUE(testing::gradcheck(
-        "max_pool2d/" + c.name, [&](const std::vector<Tensor>& x) { return ops::max_pool2d(x[0], c.k, c.o); },
-        {distinct(g, c.x)}));
+    EXPECT_TRUE(testing::gradcheck("max_pool2d/" + c.name,
+                                   [&](const std::vector<Tensor>& x) { return ops::max_pool2d(x[0], c.k, c.o); },
+                                   {distinct(g, c.x)}));
   }
 }
 
@@ -61,9 +61,9 @@ TEST(PoolGradcheck, AvgPool) {
   };
   for (const PoolCase& c : cases) {
     Generator g(2);
-    EXPECT_TRUE(testing::gradcheck(
-        "avg_pool2d/" + c.name, [&](const std::vector<Tensor>& x) { return ops::avg_pool2d(x[0], c.k, c.o); },
-        {Tensor::uniform(c.x, g, -1, 1, DType::f64).set_requires_grad()}));
+    EXPECT_TRUE(testing::gradcheck("avg_pool2d/" + c.name,
+                                   [&](const std::vector<Tensor>& x) { return ops::avg_pool2d(x[0], c.k, c.o); },
+                                   {Tensor::uniform(c.x, g, -1, 1, DType::f64).set_requires_grad()}));
   }
 }
 
@@ -71,9 +71,9 @@ TEST(PoolGradcheck, AdaptiveAvgPool) {
   for (const auto& [in, out] : std::vector<std::pair<Shape, ops::IntPair>>{
            {{2, 3, 7, 7}, 3}, {{1, 2, 5, 8}, {2, 3}}, {{1, 2, 4, 4}, 1}, {{1, 1, 3, 3}, 5}}) {
     Generator g(3);
-    EXPECT_TRUE(testing::gradcheck(
-        "adaptive_avg_pool2d", [&](const std::vector<Tensor>& x) { return ops::adaptive_avg_pool2d(x[0], out); },
-        {Tensor::uniform(in, g, -1, 1, DType::f64).set_requires_grad()}));
+    EXPECT_TRUE(testing::gradcheck("adaptive_avg_pool2d",
+                                   [&](const std::vector<Tensor>& x) { return ops::adaptive_avg_pool2d(x[0], out); },
+                                   {Tensor::uniform(in, g, -1, 1, DType::f64).set_requires_grad()}));
   }
 }
 
@@ -100,9 +100,9 @@ TEST(Pool, MaxPropagatesNaNAndKeepsArgmaxInOneByte) {
   Tensor x = Tensor::from_vector(std::vector<float>{1, NAN, 3, 4}, {1, 1, 2, 2}).set_requires_grad();
   Tensor y = ops::max_pool2d(x, 2);
   EXPECT_TRUE(std::isnan(y.item()));
-  const kernels::MaxPoolResult r =
-      kernels::max_pool2d_forward(Tensor::zeros({1, 1, 4, 4}), {.n = 1, .c = 1, .h = 4, .w = 4, .oh = 2, .ow = 2, .kh = 2,
-                                                                 .kw = 2, .stride_h = 2, .stride_w = 2});
+  const kernels::MaxPoolResult r = kernels::max_pool2d_forward(
+      Tensor::zeros({1, 1, 4, 4}),
+      {.n = 1, .c = 1, .h = 4, .w = 4, .oh = 2, .ow = 2, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2});
   EXPECT_EQ(r.argmax.dtype(), DType::u8);
 }
 
@@ -127,12 +127,17 @@ TEST(PoolFast, MatchesReferenceInEveryDType) {
   const std::vector<std::pair<std::string, Fn>> fns = {
       {"max2x2", [](const Tensor& x) { return ops::max_pool2d(x, 2); }},
       {"max3x3s2p1", [](const Tensor& x) { return ops::max_pool2d(x, 3, {.stride = 2, .padding = 1}); }},
-      {"max_dil_ceil", [](const Tensor& x) { return ops::max_pool2d(x, 2, {.stride = 2, .dilation = 2, .ceil_mode = true}); }},
+      {"max_dil_ceil",
+       [](const Tensor& x) { return ops::max_pool2d(x, 2, {.stride = 2, .dilation = 2, .ceil_mode = true}); }},
       {"max3x3s1", [](const Tensor& x) { return ops::max_pool2d(x, 3, {.stride = 1}); }},
       {"avg2x2", [](const Tensor& x) { return ops::avg_pool2d(x, 2); }},
-      {"avg3x3s2p1_excl", [](const Tensor& x) { return ops::avg_pool2d(x, 3, {.stride = 2, .padding = 1, .count_include_pad = false}); }},
+      {"avg3x3s2p1_excl",
+       [](const Tensor& x) { return ops::avg_pool2d(x, 3, {.stride = 2, .padding = 1, .count_include_pad = false}); }},
       {"avg3x3s1", [](const Tensor& x) { return ops::avg_pool2d(x, 3, {.stride = 1, .ceil_mode = true}); }},
-      {"adaptive3", [](const Tensor& x) { return ops::adaptive_avg_pool2d(x, {3, 4}); }},
+      {"adaptive3",
+       [](const Tensor& x) {
+         return ops::adaptive_avg_pool2d(x, {3, 4});
+       }},
   };
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
     for (const auto& [name, f] : fns) {
@@ -174,8 +179,10 @@ TEST(PoolFast, MaxPool2x2TiesAndNaNsPickWhatTheReferencePicks) {
     const Tensor gy = convtest::rand(g, {2, 3, 3, 20}, t);
     auto f = [](const Tensor& in) { return ops::max_pool2d(in, 2); };
     const FastRun ref = pool_run(x, gy, kernels::Backend::ref, f), fast = pool_run(x, gy, kernels::Backend::cpu, f);
-    EXPECT_TRUE(convtest::close(fast.y, ref.y, [](size_t) { return 0.0; }, "forward"));
-    EXPECT_TRUE(convtest::close(fast.gx, ref.gx, [](size_t) { return 0.0; }, "backward"));
+    EXPECT_TRUE(convtest::close(
+        fast.y, ref.y, [](size_t) { return 0.0; }, "forward"));
+    EXPECT_TRUE(convtest::close(
+        fast.gx, ref.gx, [](size_t) { return 0.0; }, "backward"));
   }
 }
 

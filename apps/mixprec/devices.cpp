@@ -8,9 +8,9 @@
 namespace mixprec::cli {
 
 int cmd_version() {
-  std::printf("mixprec %s (%s)\n", MIXPREC_VERSION,
-              cuda::built() ? ("CUDA " + cuda::toolkit_version() + " support built in").c_str()
-                            : "built without CUDA support");
+  std::printf(
+      "mixprec %s (%s)\n", MIXPREC_VERSION,
+      cuda::built() ? ("CUDA " + cuda::toolkit_version() + " support built in").c_str() : "built without CUDA support");
   return 0;
 }
 

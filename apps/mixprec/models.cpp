@@ -43,13 +43,13 @@ std::shared_ptr<nn::Sequential> cnn(const ModelSpec& s) {
   MIXPREC_CHECK(s.channels.size() == 2, "--channels: cnn needs exactly 2 widths (c1,c2), got ", s.channels.size());
   const int64_t c1 = s.channels[0], c2 = s.channels[1];
   auto m = std::make_shared<nn::Sequential>();
-  m->push_back(std::make_shared<nn::Conv2d>(1, c1, 3, nn::Conv2dOptions{.padding = 1}));   // 0
-  m->push_back(std::make_shared<nn::ReLU>());                                             // 1
-  m->push_back(std::make_shared<nn::MaxPool2d>(2));                                       // 2
-  m->push_back(std::make_shared<nn::Conv2d>(c1, c2, 3, nn::Conv2dOptions{.padding = 1}));  // 3
-  m->push_back(std::make_shared<nn::ReLU>());                                             // 4
-  m->push_back(std::make_shared<nn::MaxPool2d>(2));                                       // 5
-  m->push_back(std::make_shared<nn::Flatten>());                                          // 6
+  m->push_back(std::make_shared<nn::Conv2d>(1, c1, 3, nn::Conv2dOptions{.padding = 1}));                    // 0
+  m->push_back(std::make_shared<nn::ReLU>());                                                               // 1
+  m->push_back(std::make_shared<nn::MaxPool2d>(2));                                                         // 2
+  m->push_back(std::make_shared<nn::Conv2d>(c1, c2, 3, nn::Conv2dOptions{.padding = 1}));                   // 3
+  m->push_back(std::make_shared<nn::ReLU>());                                                               // 4
+  m->push_back(std::make_shared<nn::MaxPool2d>(2));                                                         // 5
+  m->push_back(std::make_shared<nn::Flatten>());                                                            // 6
   m->push_back(std::make_shared<nn::Linear>(c2 * (s.image_rows / 4) * (s.image_cols / 4), s.num_classes));  // 7
   return m;
 }
@@ -63,18 +63,18 @@ std::shared_ptr<nn::Sequential> cnn_bn(const ModelSpec& s) {
     m->push_back(std::make_shared<nn::BatchNorm2d>(out));
     m->push_back(std::make_shared<nn::ReLU>());
   };
-  conv_bn_relu(1, 32);                                 // 0-2
-  conv_bn_relu(32, 32);                                // 3-5
-  m->push_back(std::make_shared<nn::MaxPool2d>(2));    // 6
-  conv_bn_relu(32, 64);                                // 7-9
-  conv_bn_relu(64, 64);                                // 10-12
-  m->push_back(std::make_shared<nn::MaxPool2d>(2));    // 13
-  m->push_back(std::make_shared<nn::Flatten>());       // 14
-  m->push_back(std::make_shared<nn::Dropout>(0.25));   // 15
+  conv_bn_relu(1, 32);                                                                            // 0-2
+  conv_bn_relu(32, 32);                                                                           // 3-5
+  m->push_back(std::make_shared<nn::MaxPool2d>(2));                                               // 6
+  conv_bn_relu(32, 64);                                                                           // 7-9
+  conv_bn_relu(64, 64);                                                                           // 10-12
+  m->push_back(std::make_shared<nn::MaxPool2d>(2));                                               // 13
+  m->push_back(std::make_shared<nn::Flatten>());                                                  // 14
+  m->push_back(std::make_shared<nn::Dropout>(0.25));                                              // 15
   m->push_back(std::make_shared<nn::Linear>(64 * (s.image_rows / 4) * (s.image_cols / 4), 128));  // 16
-  m->push_back(std::make_shared<nn::ReLU>());          // 17
-  m->push_back(std::make_shared<nn::Dropout>(0.25));   // 18
-  m->push_back(std::make_shared<nn::Linear>(128, s.num_classes));  // 19
+  m->push_back(std::make_shared<nn::ReLU>());                                                     // 17
+  m->push_back(std::make_shared<nn::Dropout>(0.25));                                              // 18
+  m->push_back(std::make_shared<nn::Linear>(128, s.num_classes));                                 // 19
   return m;
 }
 

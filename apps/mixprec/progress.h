@@ -6,11 +6,10 @@
 #include <vector>
 
 #include "mixprec/autocast.h"
-#include "mixprec/diagnostics.h"
-#include "mixprec/precision.h"
 #include "mixprec/data.h"
 #include "mixprec/diagnostics.h"
 #include "mixprec/optim.h"
+#include "mixprec/precision.h"
 #include "session.h"
 
 namespace mixprec::cli {

@@ -24,25 +24,25 @@ std::string_view mem_category_name(MemCategory c);
 
 struct MemoryStats {
   std::array<int64_t, kNumMemCategories> live_bytes{};
-  std::array<int64_t, kNumMemCategories> peak_bytes{};        // each category's own peak
-  std::array<int64_t, kNumMemCategories> at_peak_bytes{};     // the split at the moment of peak_total
+  std::array<int64_t, kNumMemCategories> peak_bytes{};     // each category's own peak
+  std::array<int64_t, kNumMemCategories> at_peak_bytes{};  // the split at the moment of peak_total
   int64_t live_total = 0;
   int64_t peak_total = 0;
-  int64_t cached_bytes = 0;   // free blocks held for reuse (not live)
-  int64_t budget_bytes = 0;   // 0: no budget
-  int64_t num_allocs = 0;     // calls that reached malloc (cache misses)
+  int64_t cached_bytes = 0;  // free blocks held for reuse (not live)
+  int64_t budget_bytes = 0;  // 0: no budget
+  int64_t num_allocs = 0;    // calls that reached malloc (cache misses)
   int64_t num_cache_hits = 0;
 };
 
 // Thread-safe process-wide allocator (like a device allocator: one per device).
 namespace allocator {
-void* allocate(size_t bytes, MemCategory cat);         // 64-byte aligned; throws OutOfMemory
+void* allocate(size_t bytes, MemCategory cat);  // 64-byte aligned; throws OutOfMemory
 void deallocate(void* ptr, size_t bytes, MemCategory cat);
 void recategorize(size_t bytes, MemCategory from, MemCategory to);  // ownership moved
 MemoryStats stats();
-void reset_peak();                 // peak := live, for every category
-void set_budget(int64_t bytes);    // 0 disables; live + new > budget -> OutOfMemory
-void empty_cache();                // return cached blocks to the system
+void reset_peak();               // peak := live, for every category
+void set_budget(int64_t bytes);  // 0 disables; live + new > budget -> OutOfMemory
+void empty_cache();              // return cached blocks to the system
 }  // namespace allocator
 
 // Thread-local category for new allocations (RAII, nests).

@@ -10,17 +10,29 @@
 namespace mixprec {
 
 // 16-bit storage types. Plain bit containers: arithmetic goes through float.
-struct bf16_t { uint16_t bits; };
-struct f16_t { uint16_t bits; };
+struct bf16_t {
+  uint16_t bits;
+};
+struct f16_t {
+  uint16_t bits;
+};
 
-inline float bits_to_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline uint32_t f32_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float bits_to_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t f32_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
 
 // ---- scalar conversions (the reference: bulk conversions must agree bit for bit) ----
 inline float bf16_to_f32(uint16_t h) { return bits_to_f32(uint32_t(h) << 16); }
-uint16_t f32_to_bf16(float f);   // RNE; NaN -> quiet NaN with sign kept
-float f16_to_f32(uint16_t h);    // exact, subnormals included
-uint16_t f32_to_f16(float f);    // RNE; |f| >= 65520 -> inf; subnormals down to 2^-24; NaN kept
+uint16_t f32_to_bf16(float f);  // RNE; NaN -> quiet NaN with sign kept
+float f16_to_f32(uint16_t h);   // exact, subnormals included
+uint16_t f32_to_f16(float f);   // RNE; |f| >= 65520 -> inf; subnormals down to 2^-24; NaN kept
 
 inline float to_f32(bf16_t v) { return bf16_to_f32(v.bits); }
 inline float to_f32(f16_t v) { return f16_to_f32(v.bits); }

@@ -6,6 +6,6 @@ namespace mixprec::cpu {
 bool has_avx512f();
 bool has_avx512_bf16();
 bool has_avx512_fp16();
-bool has_amx_bf16();  // also checks that the OS enabled the AMX tile state
+bool has_amx_bf16();     // also checks that the OS enabled the AMX tile state
 std::string describe();  // e.g. "AVX-512, AVX512-BF16, AVX512-FP16, AMX-BF16"
 }  // namespace mixprec::cpu

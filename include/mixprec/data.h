@@ -73,8 +73,8 @@ struct LoaderOptions {
   bool shuffle = true;
   bool drop_last = false;
   uint64_t seed = 0;  // epoch e shuffles with Generator(seed).split(e) (mixprec/random.h)
-  Normalize norm{};  // identity unless given: the loader never guesses the data set
-  int prefetch = 2;  // batches the producer may run ahead of the consumer
+  Normalize norm{};   // identity unless given: the loader never guesses the data set
+  int prefetch = 2;   // batches the producer may run ahead of the consumer
   // Optional, runs in the prefetch thread after normalisation (e.g. augmentation). An exception
   // it throws ends the epoch and is rethrown by next().
   std::function<void(HostBatch& batch, int64_t batch_index)> transform{};
@@ -117,8 +117,8 @@ class BatchLoader {
   std::thread producer_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<HostBatch> queue_;     // ready batches, at most options_.prefetch
-  std::vector<HostBatch> spare_;    // recycled buffers, so steady state allocates nothing
+  std::deque<HostBatch> queue_;   // ready batches, at most options_.prefetch
+  std::vector<HostBatch> spare_;  // recycled buffers, so steady state allocates nothing
   std::exception_ptr error_;
   bool stop_ = false;
   bool done_ = true;  // producer has finished the epoch (or none was started)

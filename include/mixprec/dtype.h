@@ -11,24 +11,35 @@ enum class DType : uint8_t { f64, f32, bf16, f16, i64, u8 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f64: return 8;
-    case DType::f32: return 4;
+    case DType::f64:
+      return 8;
+    case DType::f32:
+      return 4;
     case DType::bf16:
-    case DType::f16: return 2;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::f16:
+      return 2;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f64: return "f64";
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
+    case DType::f64:
+      return "f64";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
   }
   return "?";
 }

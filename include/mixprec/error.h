@@ -37,13 +37,15 @@ std::string concat(const Args&... args) {
 }  // namespace mixprec
 
 // User error: throw mixprec::Error with the streamed message parts.
-#define MIXPREC_CHECK(cond, ...)                                           \
-  do {                                                                     \
+#define MIXPREC_CHECK(cond, ...)                                                 \
+  do {                                                                           \
     if (!(cond)) throw ::mixprec::Error(::mixprec::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 // Internal invariant: abort with file:line.
-#define MIXPREC_ASSERT(cond, ...)                                                           \
-  do {                                                                                      \
-    if (!(cond)) ::mixprec::detail::assert_fail(#cond, __FILE__, __LINE__, ::mixprec::detail::concat("" __VA_OPT__(,) __VA_ARGS__)); \
+#define MIXPREC_ASSERT(cond, ...)                                                               \
+  do {                                                                                          \
+    if (!(cond))                                                                                \
+      ::mixprec::detail::assert_fail(#cond, __FILE__, __LINE__,                                 \
+                                     ::mixprec::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)

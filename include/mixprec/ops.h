@@ -13,7 +13,8 @@ namespace mixprec::ops {
 // [.., m, k] @ [k, n]: leading dims of a are flattened into one product. [.., m, k] @ [.., k, n]:
 // one product per batch, the batch dims broadcast as PyTorch's (a repeated operand is copied).
 Tensor matmul(const Tensor& a, const Tensor& b);
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());  // x[.., in] @ weight[out,in]^T + bias[out]
+Tensor linear(const Tensor& x, const Tensor& weight,
+              const Tensor& bias = Tensor());  // x[.., in] @ weight[out,in]^T + bias[out]
 // relu(linear(x, weight, bias)) as one oneDNN matmul with a ReLU post-op (nn::Sequential runs a
 // Linear followed by a ReLU this way): the values and gradients of the two ops, one pass fewer.
 // A variant of linear in ops.def (same OpId and autocast class).
@@ -28,21 +29,21 @@ Tensor div(const Tensor& a, const Tensor& b);
 // ---- unary ----
 Tensor neg(const Tensor& x);
 Tensor affine(const Tensor& x, double scale, double shift = 0.0);  // x*scale + shift, input dtype
-Tensor exp(const Tensor& x);   // fp32 class
-Tensor log(const Tensor& x);   // fp32 class
-Tensor pow(const Tensor& x, double exponent);  // fp32 class
-Tensor sqrt(const Tensor& x);  // fp32 class
+Tensor exp(const Tensor& x);                                       // fp32 class
+Tensor log(const Tensor& x);                                       // fp32 class
+Tensor pow(const Tensor& x, double exponent);                      // fp32 class
+Tensor sqrt(const Tensor& x);                                      // fp32 class
 
 // ---- activations (autocast: keep) ----
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, bool tanh_approx = false);  // exact erf form by default, as PyTorch
-Tensor silu(const Tensor& x);     // x * sigmoid(x)
-Tensor sigmoid(const Tensor& x);  // 1 / (1 + e^-x)
+Tensor silu(const Tensor& x);                            // x * sigmoid(x)
+Tensor sigmoid(const Tensor& x);                         // 1 / (1 + e^-x)
 Tensor tanh(const Tensor& x);
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
 // ---- reductions (autocast: fp32; accumulate in f32, f64 for f64) ----
-Tensor sum(const Tensor& x);                                    // all elements -> scalar
+Tensor sum(const Tensor& x);  // all elements -> scalar
 Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim = false);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, std::vector<int64_t> dims, bool keepdim = false);
@@ -93,8 +94,8 @@ struct Conv2dOptions {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dOptions& o = {});
 
 struct Pool2dOptions {
-  IntPair stride = 0;  // 0: the kernel size, as PyTorch's default
-  IntPair padding = 0;  // at most half the kernel; max pooling pads with -inf, avg with 0
+  IntPair stride = 0;    // 0: the kernel size, as PyTorch's default
+  IntPair padding = 0;   // at most half the kernel; max pooling pads with -inf, avg with 0
   IntPair dilation = 1;  // max pooling only
   bool ceil_mode = false;
   bool count_include_pad = true;  // avg pooling only

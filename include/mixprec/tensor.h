@@ -105,21 +105,23 @@ class Tensor {
   // Raw element pointer at this view's offset.
   void* data_ptr() const;
   template <class T>
-  T* data() const { return static_cast<T*>(data_ptr()); }
+  T* data() const {
+    return static_cast<T*>(data_ptr());
+  }
 
   // ---- values (host-side conveniences, not differentiable) ----
-  double item() const;                  // one-element tensor -> double
+  double item() const;                   // one-element tensor -> double
   std::vector<float> to_vector() const;  // any dtype, any layout -> row-major floats
   std::vector<double> to_vector_f64() const;
   std::vector<int64_t> to_vector_i64() const;
-  Tensor clone() const;                  // contiguous copy, same dtype, not recorded
-  Tensor contiguous() const;             // this if contiguous, else clone (differentiable)
-  Tensor detach() const;                 // same storage, no autograd history
+  Tensor clone() const;       // contiguous copy, same dtype, not recorded
+  Tensor contiguous() const;  // this if contiguous, else clone (differentiable)
+  Tensor detach() const;      // same storage, no autograd history
   // The storage's version (see Storage::version); bump_version() after writing the bytes
   // directly (the optimizers, clipping): in-place writes through the methods below bump it.
   uint64_t version() const;
   void bump_version() const;
-  void copy_(const Tensor& src);         // in-place copy with dtype conversion and broadcasting-free shape check
+  void copy_(const Tensor& src);  // in-place copy with dtype conversion and broadcasting-free shape check
   void fill_(double value);
   void zero_() { fill_(0.0); }
 
@@ -130,7 +132,7 @@ class Tensor {
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor t() const { return transpose(0, 1); }
   Tensor slice(int64_t dim, int64_t start, int64_t end) const;  // [start, end) along dim
-  Tensor to(DType dtype) const;  // differentiable cast; same dtype returns *this
+  Tensor to(DType dtype) const;                                 // differentiable cast; same dtype returns *this
 
   // ---- autograd ----
   bool requires_grad() const { return impl_->requires_grad; }

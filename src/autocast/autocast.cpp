@@ -44,8 +44,7 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
   if (!cacheable) return t.to(dtype);
   auto key = std::make_pair(t.impl(), dtype);
   auto it = cache.find(key);
-  if (it != cache.end() && !it->second.src.expired() && it->second.version == t.version() &&
-      !consumed(it->second.cast))
+  if (it != cache.end() && !it->second.src.expired() && it->second.version == t.version() && !consumed(it->second.cast))
     return it->second.cast;
   Tensor c = t.to(dtype);
   cache[key] = CacheEntry{t.impl_ptr(), t.version(), c};

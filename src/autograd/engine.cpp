@@ -29,8 +29,8 @@ std::vector<Tensor> FunctionNode::apply(const Tensor& grad_out) {
   MIXPREC_CHECK(fn != nullptr, "trying to backward through the graph a second time (at ", name,
                 "): saved tensors were freed after the first backward");
   for (const SavedVersion& s : saved)
-    MIXPREC_CHECK(s.storage->version() == s.version, "backward of ", name, ": a tensor it saved (",
-                  shape_str(s.shape), " ", dtype_name(s.dtype),
+    MIXPREC_CHECK(s.storage->version() == s.version, "backward of ", name, ": a tensor it saved (", shape_str(s.shape),
+                  " ", dtype_name(s.dtype),
                   ") was modified in place after the forward, so its gradient would be wrong; clone the tensor "
                   "before writing to it, or write after backward (an optimizer step between a forward and its "
                   "backward does this)");
@@ -98,8 +98,7 @@ static Tensor record_impl(Tensor out, std::string_view name, const Range& inputs
   node->name = name;
   node->fn = std::move(fn);
   for (const Tensor& t : saved)
-    if (t.defined() && t.storage())
-      node->saved.push_back(SavedVersion{t.storage(), t.version(), t.shape(), t.dtype()});
+    if (t.defined() && t.storage()) node->saved.push_back(SavedVersion{t.storage(), t.version(), t.shape(), t.dtype()});
   for (const Tensor& t : inputs) {
     node->next.push_back(edge_of(t));
     node->inputs.push_back(t.defined() ? InputMeta{t.shape(), t.dtype()} : InputMeta{{}, DType::f32});
@@ -198,8 +197,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       if (i < in_grads.size() && in_grads[i].defined()) {
         Tensor gi = in_grads[i];
         const InputMeta& meta = n->inputs[i];
-        MIXPREC_ASSERT(gi.shape() == meta.shape, n->name, " returned gradient ", shape_str(gi.shape()),
-                       " for input ", i, " of shape ", shape_str(meta.shape));
+        MIXPREC_ASSERT(gi.shape() == meta.shape, n->name, " returned gradient ", shape_str(gi.shape()), " for input ",
+                       i, " of shape ", shape_str(meta.shape));
         if (gi.dtype() != meta.dtype) gi = kernels::cast(gi, meta.dtype);
         if (g_anomaly) kernels::check_finite_or_throw(gi, n->name, /*backward=*/true);
         deliver(e, gi);

@@ -10,8 +10,8 @@
 namespace mixprec {
 namespace {
 
-constexpr size_t kAlign = 64;                  // one cache line; AVX-512 loads are aligned
-constexpr size_t kCacheMinBytes = 1 << 16;     // blocks this large are kept for reuse
+constexpr size_t kAlign = 64;                         // one cache line; AVX-512 loads are aligned
+constexpr size_t kCacheMinBytes = 1 << 16;            // blocks this large are kept for reuse
 constexpr int64_t kCacheMaxBytes = int64_t(1) << 31;  // cap on idle cached bytes
 
 size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -49,15 +49,24 @@ thread_local MemCategory tl_category = MemCategory::activations;
 
 std::string_view mem_category_name(MemCategory c) {
   switch (c) {
-    case MemCategory::parameters: return "parameters";
-    case MemCategory::gradients: return "gradients";
-    case MemCategory::optimizer_state: return "optimizer_state";
-    case MemCategory::activations: return "activations";
-    case MemCategory::temporaries: return "temporaries";
-    case MemCategory::workspace: return "workspace";
-    case MemCategory::data: return "data";
-    case MemCategory::other: return "other";
-    case MemCategory::count_: break;
+    case MemCategory::parameters:
+      return "parameters";
+    case MemCategory::gradients:
+      return "gradients";
+    case MemCategory::optimizer_state:
+      return "optimizer_state";
+    case MemCategory::activations:
+      return "activations";
+    case MemCategory::temporaries:
+      return "temporaries";
+    case MemCategory::workspace:
+      return "workspace";
+    case MemCategory::data:
+      return "data";
+    case MemCategory::other:
+      return "other";
+    case MemCategory::count_:
+      break;
   }
   return "?";
 }
@@ -73,9 +82,9 @@ void* allocate(size_t bytes, MemCategory cat) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   if (st.s.budget_bytes > 0 && st.s.live_total + int64_t(size) > st.s.budget_bytes) {
-    throw OutOfMemory(detail::concat(
-        "out of memory: allocating ", size, " bytes of ", mem_category_name(cat), " with ",
-        st.s.live_total, " bytes live would exceed the budget of ", st.s.budget_bytes, " bytes"));
+    throw OutOfMemory(detail::concat("out of memory: allocating ", size, " bytes of ", mem_category_name(cat), " with ",
+                                     st.s.live_total, " bytes live would exceed the budget of ", st.s.budget_bytes,
+                                     " bytes"));
   }
   void* p = nullptr;
   if (size >= kCacheMinBytes) {
@@ -96,8 +105,7 @@ void* allocate(size_t bytes, MemCategory cat) {
       st.release_cache_locked();
       p = std::aligned_alloc(kAlign, size);
     }
-    if (p == nullptr)
-      throw OutOfMemory(detail::concat("out of memory: the system refused ", size, " bytes"));
+    if (p == nullptr) throw OutOfMemory(detail::concat("out of memory: the system refused ", size, " bytes"));
     ++st.s.num_allocs;
   }
   st.note_alloc(size, cat);

@@ -112,19 +112,16 @@ __attribute__((target("avx512f,avx512bf16"))) inline __m256i bf16_from_ps(__m512
   if (denormal) [[unlikely]] {
     // Denormal lanes are never NaN, so the plain RNE add is the whole scalar algorithm.
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i rne = _mm512_srli_epi32(
-        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
     __m512i wide = _mm512_mask_blend_epi32(denormal, _mm512_cvtepu16_epi32(r), rne);
     r = _mm512_cvtepi32_epi16(wide);
   }
   return r;
 }
 
-__attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512(const float* src,
-                                                                       uint16_t* dst, size_t n) {
+__attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512(const float* src, uint16_t* dst, size_t n) {
   size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256((__m256i*)(dst + i), bf16_from_ps(_mm512_loadu_ps(src + i)));
+  for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i*)(dst + i), bf16_from_ps(_mm512_loadu_ps(src + i)));
   if (i < n) {
     __mmask16 m = __mmask16((1u << (n - i)) - 1);
     __m256i r = bf16_from_ps(_mm512_maskz_loadu_ps(m, src + i));
@@ -134,8 +131,7 @@ __attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512(const floa
 
 // 16-bit loads have no AVX512F masked form (that needs AVX512BW): the tail goes through a
 // zero-padded stack copy instead.
-__attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* src, float* dst,
-                                                           size_t n) {
+__attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* src, float* dst, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(src + i)));
@@ -145,8 +141,7 @@ __attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* src, 
     uint16_t buf[16] = {};
     std::memcpy(buf, src + i, (n - i) * sizeof(uint16_t));
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)buf));
-    _mm512_mask_storeu_ps(dst + i, __mmask16((1u << (n - i)) - 1),
-                          _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    _mm512_mask_storeu_ps(dst + i, __mmask16((1u << (n - i)) - 1), _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
   }
 }
 
@@ -154,8 +149,7 @@ __attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* src, 
 // inputs (DAZ or not) round to a signed zero either way, f16 subnormal outputs are never
 // flushed, and NaNs keep sign and top payload bits: it matches the scalar path exactly
 // (checked on all 2^32 inputs with MIXPREC_EXHAUSTIVE=1, and under FTZ/DAZ).
-__attribute__((target("avx512f"))) void f32_to_f16_avx512(const float* src, uint16_t* dst,
-                                                          size_t n) {
+__attribute__((target("avx512f"))) void f32_to_f16_avx512(const float* src, uint16_t* dst, size_t n) {
   constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -167,8 +161,7 @@ __attribute__((target("avx512f"))) void f32_to_f16_avx512(const float* src, uint
   }
 }
 
-__attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* src, float* dst,
-                                                          size_t n) {
+__attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* src, float* dst, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + i))));
@@ -259,12 +252,12 @@ float f64_to_f32_round_odd(double d) {
     return bits_to_f32(sign | 0x7fc00000u | uint32_t((a >> 29) & 0x7fffffu));
   if (a == 0x7ff0000000000000ull) return bits_to_f32(sign | 0x7f800000u);
   if (a == 0) return bits_to_f32(sign);
-  int biased = int(a >> 52);                   // f64 exponent field, 0 for subnormals
-  int exp = biased - 1023 + 127;               // f32 exponent field (unbounded)
-  uint64_t mant = a & 0xfffffffffffffull;      // 52 fraction bits
+  int biased = int(a >> 52);               // f64 exponent field, 0 for subnormals
+  int exp = biased - 1023 + 127;           // f32 exponent field (unbounded)
+  uint64_t mant = a & 0xfffffffffffffull;  // 52 fraction bits
   // Beyond f32 range: the largest odd f32 still rounds to inf in either 16-bit format.
   if (exp >= 255) return bits_to_f32(sign | 0x7f7fffffu);
-  uint32_t shift = 29;                         // 52 - 23 fraction bits dropped
+  uint32_t shift = 29;  // 52 - 23 fraction bits dropped
   if (exp <= 0) {
     // f32 subnormal: value / 2^-149 = (1.mant) * 2^(exp + 22), so the hidden one is kept
     // and the shift grows by 1 - exp. f64 subnormals (< 2^-1022) land far below 2^-149.
@@ -282,7 +275,7 @@ float f64_to_f32_round_odd(double d) {
 float i64_to_f32_round_odd(int64_t v) {
   uint32_t sign = v < 0 ? 0x80000000u : 0u;
   uint64_t mag = v < 0 ? uint64_t(0) - uint64_t(v) : uint64_t(v);
-  if (mag < (uint64_t(1) << 24)) return float(v);  // exact
+  if (mag < (uint64_t(1) << 24)) return float(v);    // exact
   uint32_t top = uint32_t(std::bit_width(mag)) - 1;  // 24..63
   uint32_t shift = top - 23;
   uint32_t kept = uint32_t(mag >> shift) & 0x7fffffu;
@@ -302,41 +295,75 @@ Int float_to_int(double d) {
 }
 
 // Element readers: a floating element as a double (exact), a 16-bit target from each type.
-template <DType T> struct Elem;
-template <> struct Elem<DType::f64> { using type = double; };
-template <> struct Elem<DType::f32> { using type = float; };
-template <> struct Elem<DType::bf16> { using type = uint16_t; };
-template <> struct Elem<DType::f16> { using type = uint16_t; };
-template <> struct Elem<DType::i64> { using type = int64_t; };
-template <> struct Elem<DType::u8> { using type = uint8_t; };
+template <DType T>
+struct Elem;
+template <>
+struct Elem<DType::f64> {
+  using type = double;
+};
+template <>
+struct Elem<DType::f32> {
+  using type = float;
+};
+template <>
+struct Elem<DType::bf16> {
+  using type = uint16_t;
+};
+template <>
+struct Elem<DType::f16> {
+  using type = uint16_t;
+};
+template <>
+struct Elem<DType::i64> {
+  using type = int64_t;
+};
+template <>
+struct Elem<DType::u8> {
+  using type = uint8_t;
+};
 
 template <DType S>
 double load_f64(typename Elem<S>::type v) {
-  if constexpr (S == DType::bf16) return bf16_to_f32(v);
-  else if constexpr (S == DType::f16) return f16_to_f32(v);
-  else return double(v);
+  if constexpr (S == DType::bf16)
+    return bf16_to_f32(v);
+  else if constexpr (S == DType::f16)
+    return f16_to_f32(v);
+  else
+    return double(v);
 }
 
 // Source element as an f32 from which one RNE step gives the correctly rounded 16-bit value.
 template <DType S>
 float load_f32_for_half(typename Elem<S>::type v) {
-  if constexpr (S == DType::f64) return f64_to_f32_round_odd(v);
-  else if constexpr (S == DType::i64) return i64_to_f32_round_odd(v);
-  else if constexpr (S == DType::bf16) return bf16_to_f32(v);
-  else if constexpr (S == DType::f16) return f16_to_f32(v);
-  else return float(v);  // f32, u8: exact
+  if constexpr (S == DType::f64)
+    return f64_to_f32_round_odd(v);
+  else if constexpr (S == DType::i64)
+    return i64_to_f32_round_odd(v);
+  else if constexpr (S == DType::bf16)
+    return bf16_to_f32(v);
+  else if constexpr (S == DType::f16)
+    return f16_to_f32(v);
+  else
+    return float(v);  // f32, u8: exact
 }
 
 template <DType S, DType D>
 typename Elem<D>::type convert_elem(typename Elem<S>::type v) {
   using Dst = typename Elem<D>::type;
-  if constexpr (D == DType::bf16) return f32_to_bf16(load_f32_for_half<S>(v));
-  else if constexpr (D == DType::f16) return f32_to_f16(load_f32_for_half<S>(v));
-  else if constexpr (D == DType::f64) return load_f64<S>(v);
-  else if constexpr (D == DType::f32 && is_half(S)) return float(load_f64<S>(v));  // exact
-  else if constexpr (D == DType::f32) return float(v);  // one rounding (i64 via f64: two)
-  else if constexpr (is_floating(S)) return float_to_int<Dst>(load_f64<S>(v));
-  else return Dst(v);  // int -> int: modular, as C++ (and PyTorch) do for i64 -> u8
+  if constexpr (D == DType::bf16)
+    return f32_to_bf16(load_f32_for_half<S>(v));
+  else if constexpr (D == DType::f16)
+    return f32_to_f16(load_f32_for_half<S>(v));
+  else if constexpr (D == DType::f64)
+    return load_f64<S>(v);
+  else if constexpr (D == DType::f32 && is_half(S))
+    return float(load_f64<S>(v));  // exact
+  else if constexpr (D == DType::f32)
+    return float(v);  // one rounding (i64 via f64: two)
+  else if constexpr (is_floating(S))
+    return float_to_int<Dst>(load_f64<S>(v));
+  else
+    return Dst(v);  // int -> int: modular, as C++ (and PyTorch) do for i64 -> u8
 }
 
 template <DType S, DType D>
@@ -351,12 +378,18 @@ void convert_loop(const void* src, void* dst, size_t n) {
 template <DType S>
 void convert_from(const void* src, void* dst, DType dst_t, size_t n) {
   switch (dst_t) {
-    case DType::f64: return convert_loop<S, DType::f64>(src, dst, n);
-    case DType::f32: return convert_loop<S, DType::f32>(src, dst, n);
-    case DType::bf16: return convert_loop<S, DType::bf16>(src, dst, n);
-    case DType::f16: return convert_loop<S, DType::f16>(src, dst, n);
-    case DType::i64: return convert_loop<S, DType::i64>(src, dst, n);
-    case DType::u8: return convert_loop<S, DType::u8>(src, dst, n);
+    case DType::f64:
+      return convert_loop<S, DType::f64>(src, dst, n);
+    case DType::f32:
+      return convert_loop<S, DType::f32>(src, dst, n);
+    case DType::bf16:
+      return convert_loop<S, DType::bf16>(src, dst, n);
+    case DType::f16:
+      return convert_loop<S, DType::f16>(src, dst, n);
+    case DType::i64:
+      return convert_loop<S, DType::i64>(src, dst, n);
+    case DType::u8:
+      return convert_loop<S, DType::u8>(src, dst, n);
   }
 }
 
@@ -370,21 +403,23 @@ void convert(const void* src, DType src_t, void* dst, DType dst_t, size_t n) {
   }
   auto* f32_src = static_cast<const float*>(src);
   auto* h_src = static_cast<const uint16_t*>(src);
-  if (src_t == DType::f32 && dst_t == DType::bf16)
-    return convert_f32_to_bf16(f32_src, static_cast<uint16_t*>(dst), n);
-  if (src_t == DType::f32 && dst_t == DType::f16)
-    return convert_f32_to_f16(f32_src, static_cast<uint16_t*>(dst), n);
-  if (src_t == DType::bf16 && dst_t == DType::f32)
-    return convert_bf16_to_f32(h_src, static_cast<float*>(dst), n);
-  if (src_t == DType::f16 && dst_t == DType::f32)
-    return convert_f16_to_f32(h_src, static_cast<float*>(dst), n);
+  if (src_t == DType::f32 && dst_t == DType::bf16) return convert_f32_to_bf16(f32_src, static_cast<uint16_t*>(dst), n);
+  if (src_t == DType::f32 && dst_t == DType::f16) return convert_f32_to_f16(f32_src, static_cast<uint16_t*>(dst), n);
+  if (src_t == DType::bf16 && dst_t == DType::f32) return convert_bf16_to_f32(h_src, static_cast<float*>(dst), n);
+  if (src_t == DType::f16 && dst_t == DType::f32) return convert_f16_to_f32(h_src, static_cast<float*>(dst), n);
   switch (src_t) {
-    case DType::f64: return convert_from<DType::f64>(src, dst, dst_t, n);
-    case DType::f32: return convert_from<DType::f32>(src, dst, dst_t, n);
-    case DType::bf16: return convert_from<DType::bf16>(src, dst, dst_t, n);
-    case DType::f16: return convert_from<DType::f16>(src, dst, dst_t, n);
-    case DType::i64: return convert_from<DType::i64>(src, dst, dst_t, n);
-    case DType::u8: return convert_from<DType::u8>(src, dst, dst_t, n);
+    case DType::f64:
+      return convert_from<DType::f64>(src, dst, dst_t, n);
+    case DType::f32:
+      return convert_from<DType::f32>(src, dst, dst_t, n);
+    case DType::bf16:
+      return convert_from<DType::bf16>(src, dst, dst_t, n);
+    case DType::f16:
+      return convert_from<DType::f16>(src, dst, dst_t, n);
+    case DType::i64:
+      return convert_from<DType::i64>(src, dst, dst_t, n);
+    case DType::u8:
+      return convert_from<DType::u8>(src, dst, dst_t, n);
   }
 }
 

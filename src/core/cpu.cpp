@@ -2,9 +2,9 @@
 #include "mixprec/cpu.h"
 
 #include <cpuid.h>
-#include <cstdint>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <cstdint>
 
 namespace mixprec::cpu {
 namespace {

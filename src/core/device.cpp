@@ -28,8 +28,8 @@ void require(const Device& d) {
   if (d.is_cpu()) return;
   const int n = device_count();
   MIXPREC_CHECK(n > 0, "device ", d.str(), " asked for, but there is no usable GPU: ", unavailable_reason());
-  MIXPREC_CHECK(d.index < n, "device ", d.str(), " asked for, but this machine has ", n, " GPU",
-                n == 1 ? "" : "s", " (cuda:0", n > 1 ? detail::concat("..cuda:", n - 1) : std::string(), ")");
+  MIXPREC_CHECK(d.index < n, "device ", d.str(), " asked for, but this machine has ", n, " GPU", n == 1 ? "" : "s",
+                " (cuda:0", n > 1 ? detail::concat("..cuda:", n - 1) : std::string(), ")");
 }
 
 #ifndef MIXPREC_WITH_CUDA

@@ -201,8 +201,7 @@ void Tensor::fill_(double value) {
 }
 
 Tensor& Tensor::set_requires_grad(bool on) {
-  MIXPREC_CHECK(!on || is_floating(dtype()), "only floating tensors can require grad, got ",
-                dtype_name(dtype()));
+  MIXPREC_CHECK(!on || is_floating(dtype()), "only floating tensors can require grad, got ", dtype_name(dtype()));
   MIXPREC_CHECK(is_leaf(), "requires_grad can only be set on a leaf tensor");
   impl_->requires_grad = on;
   return *this;

@@ -23,13 +23,20 @@ constexpr size_t kChunkBytes = size_t{1} << 20;       // zlib lengths are 32-bit
 
 const char* idx_type_name(uint8_t code) {
   switch (code) {
-    case 0x08: return "unsigned byte";
-    case 0x09: return "signed byte";
-    case 0x0B: return "int16";
-    case 0x0C: return "int32";
-    case 0x0D: return "float32";
-    case 0x0E: return "float64";
-    default: return nullptr;
+    case 0x08:
+      return "unsigned byte";
+    case 0x09:
+      return "signed byte";
+    case 0x0B:
+      return "int16";
+    case 0x0C:
+      return "int32";
+    case 0x0D:
+      return "float32";
+    case 0x0E:
+      return "float64";
+    default:
+      return nullptr;
   }
 }
 
@@ -101,8 +108,8 @@ class IdxStream {
         throw Error(concat(path_, ": out of memory while inflating"));
       } else if (ret != Z_OK && !(ret == Z_BUF_ERROR && (consumed || produced))) {
         const std::string reason = z_.msg ? z_.msg : concat("zlib error ", ret);
-        throw Error(concat(path_, ": corrupt gzip stream (", reason, ") at byte ", file_offset(),
-                           " of the file, byte ", offset_, " of the decompressed stream"));
+        throw Error(concat(path_, ": corrupt gzip stream (", reason, ") at byte ", file_offset(), " of the file, byte ",
+                           offset_, " of the decompressed stream"));
       }
     }
     return got;
@@ -134,8 +141,7 @@ class IdxStream {
     len_ -= pos_;
     pos_ = 0;
     const size_t r = std::fread(buf_.data() + len_, 1, buf_.size() - len_, file_);
-    MIXPREC_CHECK(!std::ferror(file_), path_, ": read error at byte ", file_bytes_, ": ",
-                  std::strerror(errno));
+    MIXPREC_CHECK(!std::ferror(file_), path_, ": read error at byte ", file_bytes_, ": ", std::strerror(errno));
     len_ += r;
     file_bytes_ += r;
     return len_ - pos_ >= k;
@@ -151,8 +157,8 @@ class IdxStream {
       return;
     }
     MIXPREC_CHECK(buffer_at_least(2) && buf_[pos_] == 0x1F && buf_[pos_ + 1] == 0x8B, path_,
-                  ": corrupt gzip file: non-gzip bytes after the end of the gzip stream at byte ",
-                  file_offset(), " of the file");
+                  ": corrupt gzip file: non-gzip bytes after the end of the gzip stream at byte ", file_offset(),
+                  " of the file");
     inflateReset(&z_);
   }
 
@@ -170,8 +176,7 @@ class IdxStream {
 
 // The tail of a truncation message, e.g. "file ends at byte 1234 of the decompressed stream".
 std::string ends_at(const IdxStream& in) {
-  return concat("file ends at byte ", in.offset(), in.where(),
-                in.cut_short() ? " (the gzip file is cut short)" : "");
+  return concat("file ends at byte ", in.offset(), in.where(), in.cut_short() ? " (the gzip file is cut short)" : "");
 }
 
 }  // namespace
@@ -188,25 +193,24 @@ IdxArray read_idx(const std::string& path) {
   const int ndims = magic_bytes[3];
   const std::string bad_magic = concat(p, ": bad idx magic ", hex(magic, 8), " at byte 0");
   if (magic_bytes[0] != 0 || magic_bytes[1] != 0)
-    throw Error(concat(bad_magic, " (expected 0x0000080N: two zero bytes, type code 0x08, N = 1..4 "
-                                  "dimensions); not an idx file?"));
+    throw Error(concat(bad_magic,
+                       " (expected 0x0000080N: two zero bytes, type code 0x08, N = 1..4 "
+                       "dimensions); not an idx file?"));
   if (type_code != kIdxUint8) {
     const char* name = idx_type_name(type_code);
     if (name)
       throw Error(concat(p, ": idx element type ", hex(type_code, 2), " (", name,
-                         ") at byte 2 is not supported (magic ", hex(magic, 8),
-                         "; only 0x08 unsigned byte is)"));
-    throw Error(concat(bad_magic, ": unknown element type ", hex(type_code, 2),
-                       " at byte 2 (expected 0x08 unsigned byte)"));
+                         ") at byte 2 is not supported (magic ", hex(magic, 8), "; only 0x08 unsigned byte is)"));
+    throw Error(
+        concat(bad_magic, ": unknown element type ", hex(type_code, 2), " at byte 2 (expected 0x08 unsigned byte)"));
   }
-  if (ndims < 1 || ndims > 4)
-    throw Error(concat(bad_magic, ": ", ndims, " dimensions at byte 3 (expected 1..4)"));
+  if (ndims < 1 || ndims > 4) throw Error(concat(bad_magic, ": ", ndims, " dimensions at byte 3 (expected 1..4)"));
 
   const size_t header_bytes = 4 + 4 * static_cast<size_t>(ndims);
   uint8_t dim_bytes[16];
   if (in.read(dim_bytes, 4 * ndims) < 4 * static_cast<size_t>(ndims))
-    throw Error(concat(p, ": truncated idx header: expected ", header_bytes, " bytes for ", ndims,
-                       " dimensions, ", ends_at(in)));
+    throw Error(concat(p, ": truncated idx header: expected ", header_bytes, " bytes for ", ndims, " dimensions, ",
+                       ends_at(in)));
 
   IdxArray out;
   out.type_code = type_code;
@@ -217,8 +221,7 @@ IdxArray read_idx(const std::string& path) {
     elements *= dim;  // <= 2^31 * (2^32 - 1) before the check below: no uint64 overflow
     out.dims.push_back(dim);
     MIXPREC_CHECK(elements <= kMaxElements, p, ": idx dimensions at bytes 4..", header_bytes - 1,
-                  " describe more than 2^31 elements (dimension ", d, " is ", dim,
-                  "): corrupt header?");
+                  " describe more than 2^31 elements (dimension ", d, " is ", dim, "): corrupt header?");
   }
 
   // Reserve at most 64 MiB up front: a lying header in a short file must not allocate 2 GiB.
@@ -229,18 +232,19 @@ IdxArray read_idx(const std::string& path) {
     out.data.resize(old + want);
     const size_t got = in.read(out.data.data() + old, want);
     if (got < want)
-      throw Error(concat(p, ": truncated: expected ", elements, " bytes of data after the ",
-                         header_bytes, "-byte header, ", ends_at(in)));
+      throw Error(concat(p, ": truncated: expected ", elements, " bytes of data after the ", header_bytes,
+                         "-byte header, ", ends_at(in)));
   }
 
   const uint64_t end = in.offset();
   const uint64_t trailing = in.drain();
   if (in.cut_short())
-    throw Error(concat(p, ": truncated gzip file: the data is complete but the gzip trailer is "
-                          "missing, ", ends_at(in)));
-  MIXPREC_CHECK(trailing == 0, p, ": ", trailing, " trailing bytes after the idx data at byte ", end,
-                in.where(), " (header says ", elements, " bytes of data after the ", header_bytes,
-                "-byte header)");
+    throw Error(concat(p,
+                       ": truncated gzip file: the data is complete but the gzip trailer is "
+                       "missing, ",
+                       ends_at(in)));
+  MIXPREC_CHECK(trailing == 0, p, ": ", trailing, " trailing bytes after the idx data at byte ", end, in.where(),
+                " (header says ", elements, " bytes of data after the ", header_bytes, "-byte header)");
   return out;
 }
 
@@ -257,14 +261,13 @@ void write_idx(const std::string& path, const IdxArray& array, bool gzip) {
     MIXPREC_CHECK(elements <= kMaxElements, path, ": write_idx: more than 2^31 elements");
     for (int shift = 24; shift >= 0; shift -= 8) header.push_back(static_cast<uint8_t>(d >> shift));
   }
-  MIXPREC_CHECK(elements == array.data.size(), path, ": write_idx: dims hold ", elements,
-                " elements but data has ", array.data.size());
+  MIXPREC_CHECK(elements == array.data.size(), path, ": write_idx: dims hold ", elements, " elements but data has ",
+                array.data.size());
 
   const std::string tmp = path + ".tmp";
   gzFile f = gzopen(tmp.c_str(), gzip ? "wb6" : "wbT");  // T: plain write, no compression
   MIXPREC_CHECK(f != nullptr, tmp, ": cannot create: ", std::strerror(errno));
-  bool ok = gzwrite(f, header.data(), static_cast<unsigned>(header.size())) ==
-            static_cast<int>(header.size());
+  bool ok = gzwrite(f, header.data(), static_cast<unsigned>(header.size())) == static_cast<int>(header.size());
   for (size_t off = 0; ok && off < array.data.size(); off += kChunkBytes) {
     const unsigned n = static_cast<unsigned>(std::min(kChunkBytes, array.data.size() - off));
     ok = gzwrite(f, array.data.data() + off, n) == static_cast<int>(n);
@@ -311,8 +314,7 @@ Dataset load_idx_dataset(const std::string& dir, const std::string& split) {
                          "--data DIR with MNIST-format idx files"));
     std::error_code ec;
     MIXPREC_CHECK(fs::is_directory(dir, ec), "no idx data in ", dir, ": no such directory");
-    throw Error(concat("no idx data in ", dir, ": expected ", images_name, "[.gz] and ", labels_name,
-                       "[.gz]"));
+    throw Error(concat("no idx data in ", dir, ": expected ", images_name, "[.gz] and ", labels_name, "[.gz]"));
   }
   MIXPREC_CHECK(!images_path.empty(), dir, ": found ", labels_path, " but no ", images_name, "[.gz]");
   MIXPREC_CHECK(!labels_path.empty(), dir, ": found ", images_path, " but no ", labels_name, "[.gz]");
@@ -321,19 +323,17 @@ Dataset load_idx_dataset(const std::string& dir, const std::string& split) {
   IdxArray labels = read_idx(labels_path);
   MIXPREC_CHECK(images.dims.size() == 3, images_path, ": expected 3 dims (count, rows, cols), got ",
                 images.dims.size());
-  MIXPREC_CHECK(labels.dims.size() == 1, labels_path, ": expected 1 dim (count), got ",
-                labels.dims.size());
-  MIXPREC_CHECK(images.dims[0] == labels.dims[0], images_path, " holds ", images.dims[0],
-                " images but ", labels_path, " holds ", labels.dims[0], " labels");
+  MIXPREC_CHECK(labels.dims.size() == 1, labels_path, ": expected 1 dim (count), got ", labels.dims.size());
+  MIXPREC_CHECK(images.dims[0] == labels.dims[0], images_path, " holds ", images.dims[0], " images but ", labels_path,
+                " holds ", labels.dims[0], " labels");
 
   Dataset ds;
   ds.size = images.dims[0];
   ds.rows = images.dims[1];
   ds.cols = images.dims[2];
   for (int64_t i = 0; i < ds.size; ++i)
-    MIXPREC_CHECK(labels.data[i] < ds.num_classes, labels_path, ": label ", int{labels.data[i]},
-                  " at index ", i, " (byte ", 8 + i, ") is out of range (expected 0..",
-                  ds.num_classes - 1, ")");
+    MIXPREC_CHECK(labels.data[i] < ds.num_classes, labels_path, ": label ", int{labels.data[i]}, " at index ", i,
+                  " (byte ", 8 + i, ") is out of range (expected 0..", ds.num_classes - 1, ")");
   ds.images = std::move(images.data);
   ds.labels = std::move(labels.data);
   ds.source = concat(dir, " (", split, ")");

@@ -11,22 +11,18 @@ namespace mixprec::data {
 
 BatchLoader::BatchLoader(const Dataset& dataset, LoaderOptions options)
     : dataset_(dataset), options_(std::move(options)) {
-  MIXPREC_CHECK(options_.batch_size >= 1, "BatchLoader: batch_size must be >= 1, got ",
-                options_.batch_size);
+  MIXPREC_CHECK(options_.batch_size >= 1, "BatchLoader: batch_size must be >= 1, got ", options_.batch_size);
   MIXPREC_CHECK(options_.prefetch >= 1, "BatchLoader: prefetch must be >= 1, got ", options_.prefetch);
-  MIXPREC_CHECK(std::isfinite(options_.norm.mean) && std::isfinite(options_.norm.std) &&
-                    options_.norm.std > 0,
-                "BatchLoader: normalisation needs a finite mean and std > 0, got mean ",
-                options_.norm.mean, " std ", options_.norm.std);
+  MIXPREC_CHECK(std::isfinite(options_.norm.mean) && std::isfinite(options_.norm.std) && options_.norm.std > 0,
+                "BatchLoader: normalisation needs a finite mean and std > 0, got mean ", options_.norm.mean, " std ",
+                options_.norm.std);
   const Dataset& d = dataset_;
   MIXPREC_CHECK(d.size >= 0 && d.rows >= 0 && d.cols >= 0 &&
                     d.images.size() == static_cast<size_t>(d.size * d.rows * d.cols) &&
                     d.labels.size() == static_cast<size_t>(d.size),
-                "BatchLoader: dataset ", d.source, " is inconsistent: size ", d.size, " x ", d.rows,
-                " x ", d.cols, " but ", d.images.size(), " image bytes and ", d.labels.size(),
-                " labels");
-  for (int v = 0; v < 256; ++v)
-    lut_[v] = static_cast<float>((v / 255.0 - options_.norm.mean) / options_.norm.std);
+                "BatchLoader: dataset ", d.source, " is inconsistent: size ", d.size, " x ", d.rows, " x ", d.cols,
+                " but ", d.images.size(), " image bytes and ", d.labels.size(), " labels");
+  for (int v = 0; v < 256; ++v) lut_[v] = static_cast<float>((v / 255.0 - options_.norm.mean) / options_.norm.std);
 }
 
 BatchLoader::~BatchLoader() { stop(); }

@@ -13,10 +13,14 @@ namespace mixprec::kernels {
 template <class A>
 inline A binary_value(BinaryOp op, A x, A y) {
   switch (op) {
-    case BinaryOp::add: return x + y;
-    case BinaryOp::sub: return x - y;
-    case BinaryOp::mul: return x * y;
-    case BinaryOp::div: return x / y;
+    case BinaryOp::add:
+      return x + y;
+    case BinaryOp::sub:
+      return x - y;
+    case BinaryOp::mul:
+      return x * y;
+    case BinaryOp::div:
+      return x / y;
   }
   return 0;
 }
@@ -24,12 +28,18 @@ inline A binary_value(BinaryOp op, A x, A y) {
 template <class A>
 inline A unary_value(UnaryOp op, A x, UnaryParams p) {
   switch (op) {
-    case UnaryOp::neg: return -x;
-    case UnaryOp::affine: return x * A(p.a) + A(p.b);
-    case UnaryOp::exp: return std::exp(x);
-    case UnaryOp::log: return std::log(x);
-    case UnaryOp::pow: return std::pow(x, A(p.a));
-    case UnaryOp::sqrt: return std::sqrt(x);
+    case UnaryOp::neg:
+      return -x;
+    case UnaryOp::affine:
+      return x * A(p.a) + A(p.b);
+    case UnaryOp::exp:
+      return std::exp(x);
+    case UnaryOp::log:
+      return std::log(x);
+    case UnaryOp::pow:
+      return std::pow(x, A(p.a));
+    case UnaryOp::sqrt:
+      return std::sqrt(x);
   }
   return 0;
 }
@@ -37,16 +47,22 @@ inline A unary_value(UnaryOp op, A x, UnaryParams p) {
 template <class A>
 inline A unary_derivative(UnaryGradOp op, A x, UnaryParams p) {
   switch (op) {
-    case UnaryGradOp::exp: return std::exp(x);
-    case UnaryGradOp::log: return A(1) / x;
-    case UnaryGradOp::pow: return A(p.a) * std::pow(x, A(p.a - 1));
-    case UnaryGradOp::sqrt: return A(0.5) / std::sqrt(x);
+    case UnaryGradOp::exp:
+      return std::exp(x);
+    case UnaryGradOp::log:
+      return A(1) / x;
+    case UnaryGradOp::pow:
+      return A(p.a) * std::pow(x, A(p.a - 1));
+    case UnaryGradOp::sqrt:
+      return A(0.5) / std::sqrt(x);
   }
   return 0;
 }
 
 template <class A>
-inline A gelu_exact(A x) { return A(0.5) * x * (A(1) + std::erf(x * A(std::numbers::sqrt2 / 2))); }
+inline A gelu_exact(A x) {
+  return A(0.5) * x * (A(1) + std::erf(x * A(std::numbers::sqrt2 / 2)));
+}
 template <class A>
 inline A gelu_tanh(A x) {
   const A c = A(0.7978845608028654);  // sqrt(2/pi)
@@ -54,17 +70,25 @@ inline A gelu_tanh(A x) {
 }
 // 1 / (1 + e^-x): e^-x overflows to inf for x < -88 (f32) and the quotient is then 0, as it should.
 template <class A>
-inline A sigmoid(A x) { return A(1) / (A(1) + std::exp(-x)); }
+inline A sigmoid(A x) {
+  return A(1) / (A(1) + std::exp(-x));
+}
 
 template <class A>
 inline A activation_value(Activation op, A x) {
   switch (op) {
-    case Activation::relu: return x > A(0) ? x : (x != x ? x : A(0));  // NaN stays NaN
-    case Activation::gelu: return gelu_exact(x);
-    case Activation::gelu_tanh: return gelu_tanh(x);
-    case Activation::silu: return x / (A(1) + std::exp(-x));  // PyTorch's form
-    case Activation::sigmoid: return sigmoid(x);
-    case Activation::tanh: return std::tanh(x);
+    case Activation::relu:
+      return x > A(0) ? x : (x != x ? x : A(0));  // NaN stays NaN
+    case Activation::gelu:
+      return gelu_exact(x);
+    case Activation::gelu_tanh:
+      return gelu_tanh(x);
+    case Activation::silu:
+      return x / (A(1) + std::exp(-x));  // PyTorch's form
+    case Activation::sigmoid:
+      return sigmoid(x);
+    case Activation::tanh:
+      return std::tanh(x);
   }
   return 0;
 }
@@ -73,7 +97,8 @@ inline A activation_value(Activation op, A x) {
 template <class A>
 inline A activation_derivative(Activation op, A s) {
   switch (op) {
-    case Activation::relu: return s > A(0) ? A(1) : A(0);
+    case Activation::relu:
+      return s > A(0) ? A(1) : A(0);
     case Activation::gelu: {
       const A cdf = A(0.5) * (A(1) + std::erf(s * A(std::numbers::sqrt2 / 2)));
       const A pdf = std::exp(A(-0.5) * s * s) * A(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
@@ -89,8 +114,10 @@ inline A activation_derivative(Activation op, A s) {
       const A sg = sigmoid(s);
       return sg * (A(1) + s * (A(1) - sg));
     }
-    case Activation::sigmoid: return s * (A(1) - s);  // from y
-    case Activation::tanh: return A(1) - s * s;       // from y
+    case Activation::sigmoid:
+      return s * (A(1) - s);  // from y
+    case Activation::tanh:
+      return A(1) - s * s;  // from y
   }
   return 0;
 }

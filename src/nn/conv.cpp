@@ -40,7 +40,8 @@ Conv2d::Conv2d(int64_t in, int64_t out, ops::IntPair k, Conv2dOptions o)
   // PyTorch: kaiming_uniform_(a=sqrt(5)) gives U(-1/sqrt(fan_in), 1/sqrt(fan_in)); bias the same bound.
   const int64_t fan_in = in / o.groups * k.h * k.w;
   const double bound = 1.0 / std::sqrt(double(fan_in));
-  weight = register_parameter("weight", Tensor::uniform({out, in / o.groups, k.h, k.w}, default_generator(), -bound, bound));
+  weight =
+      register_parameter("weight", Tensor::uniform({out, in / o.groups, k.h, k.w}, default_generator(), -bound, bound));
   if (o.bias) bias = register_parameter("bias", Tensor::uniform({out}, default_generator(), -bound, bound));
 }
 

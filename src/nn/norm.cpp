@@ -51,8 +51,10 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
 std::string BatchNorm2d::name() const {
   std::ostringstream os;
   os << "BatchNorm2d(" << num_features << ", eps=" << options.eps << ", momentum=";
-  if (options.momentum) os << *options.momentum;
-  else os << "None";
+  if (options.momentum)
+    os << *options.momentum;
+  else
+    os << "None";
   os << ", affine=" << (options.affine ? "True" : "False")
      << ", track_running_stats=" << (options.track_running_stats ? "True" : "False") << ")";
   return os.str();

@@ -12,12 +12,11 @@ Tensor activation_op(OpId id, kernels::Activation act, Tensor x) {
   check_floating(x, op_name(id));
   Tensor out = kernels::activation(act, x);
   Tensor saved = kernels::grad_from_output(act) ? out.detach() : x.detach();
-  return autograd::record(
-      out, op_name(id), {x},
-      [saved, act](const Tensor& g, const autograd::Node&) {
-        return std::vector<Tensor>{kernels::activation_grad(act, g, saved)};
-      },
-      {saved});
+  return autograd::record(out, op_name(id), {x},
+                          [saved, act](const Tensor& g, const autograd::Node&) {
+                            return std::vector<Tensor>{kernels::activation_grad(act, g, saved)};
+                          },
+                          {saved});
 }
 
 }  // namespace

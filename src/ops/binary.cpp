@@ -24,33 +24,36 @@ Tensor binary_op(OpId id, kernels::BinaryOp kop, Tensor a, Tensor b) {
   const bool need_a = kop == kernels::BinaryOp::mul || kop == kernels::BinaryOp::div;
   Tensor sa_saved = need_a ? b.detach() : Tensor();  // mul: da = g*b; div: da = g/b
   Tensor sb_saved = need_a ? a.detach() : Tensor();  // mul: db = g*a; div: db = -g*a/b^2
-  return autograd::record(out, op_name(id), {a, b}, [=](const Tensor& g, const autograd::Node& n) {
-    using kernels::BinaryOp;
-    Tensor ga, gb;
-    switch (kop) {
-      case BinaryOp::add:
-        if (n.needs_grad(0)) ga = sum_to(g, sa);
-        if (n.needs_grad(1)) gb = sum_to(g, sb);
-        break;
-      case BinaryOp::sub:
-        if (n.needs_grad(0)) ga = sum_to(g, sa);
-        if (n.needs_grad(1)) gb = sum_to(kernels::unary(kernels::UnaryOp::neg, g), sb);
-        break;
-      case BinaryOp::mul:
-        if (n.needs_grad(0)) ga = sum_to(kernels::binary(BinaryOp::mul, g, sa_saved), sa);
-        if (n.needs_grad(1)) gb = sum_to(kernels::binary(BinaryOp::mul, g, sb_saved), sb);
-        break;
-      case BinaryOp::div:
-        if (n.needs_grad(0)) ga = sum_to(kernels::binary(BinaryOp::div, g, sa_saved), sa);
-        if (n.needs_grad(1)) {
-          // db = -g * a / b^2
-          Tensor q = kernels::binary(BinaryOp::div, kernels::binary(BinaryOp::mul, g, sb_saved), sa_saved);
-          gb = sum_to(kernels::unary(kernels::UnaryOp::neg, kernels::binary(BinaryOp::div, q, sa_saved)), sb);
+  return autograd::record(
+      out, op_name(id), {a, b},
+      [=](const Tensor& g, const autograd::Node& n) {
+        using kernels::BinaryOp;
+        Tensor ga, gb;
+        switch (kop) {
+          case BinaryOp::add:
+            if (n.needs_grad(0)) ga = sum_to(g, sa);
+            if (n.needs_grad(1)) gb = sum_to(g, sb);
+            break;
+          case BinaryOp::sub:
+            if (n.needs_grad(0)) ga = sum_to(g, sa);
+            if (n.needs_grad(1)) gb = sum_to(kernels::unary(kernels::UnaryOp::neg, g), sb);
+            break;
+          case BinaryOp::mul:
+            if (n.needs_grad(0)) ga = sum_to(kernels::binary(BinaryOp::mul, g, sa_saved), sa);
+            if (n.needs_grad(1)) gb = sum_to(kernels::binary(BinaryOp::mul, g, sb_saved), sb);
+            break;
+          case BinaryOp::div:
+            if (n.needs_grad(0)) ga = sum_to(kernels::binary(BinaryOp::div, g, sa_saved), sa);
+            if (n.needs_grad(1)) {
+              // db = -g * a / b^2
+              Tensor q = kernels::binary(BinaryOp::div, kernels::binary(BinaryOp::mul, g, sb_saved), sa_saved);
+              gb = sum_to(kernels::unary(kernels::UnaryOp::neg, kernels::binary(BinaryOp::div, q, sa_saved)), sb);
+            }
+            break;
         }
-        break;
-    }
-    return std::vector<Tensor>{ga, gb};
-  }, {sa_saved, sb_saved});
+        return std::vector<Tensor>{ga, gb};
+      },
+      {sa_saved, sb_saved});
 }
 
 }  // namespace

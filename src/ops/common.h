@@ -41,8 +41,10 @@ inline Tensor relu_masked_grad(const Tensor& g, Tensor& y) {
   Tensor out = kernels::contig(g);  // a detached view of g's bytes when g is contiguous
   const bool exclusive =
       g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.storage().use_count() == 2;  // g's and out's
-  if (exclusive) kernels::relu_mask_inplace(out, y);
-  else out = kernels::activation_grad(kernels::Activation::relu, out, y);
+  if (exclusive)
+    kernels::relu_mask_inplace(out, y);
+  else
+    out = kernels::activation_grad(kernels::Activation::relu, out, y);
   y = Tensor();
   return out;
 }

@@ -28,9 +28,10 @@ kernels::ConvGeometry geometry(const Tensor& x, const Tensor& w, const Tensor& b
                 w.size(1) * g.groups);
   const int64_t ekh = (g.kh - 1) * g.dil_h + 1, ekw = (g.kw - 1) * g.dil_w + 1;  // dilated kernel extent
   const int64_t ph = g.h + 2 * g.pad_h, pw = g.w + 2 * g.pad_w;
-  MIXPREC_CHECK(ekh <= ph && ekw <= pw, "conv2d: kernel ", ekh, "x", ekw, (g.dil_h > 1 || g.dil_w > 1 ? " (dilated)" : ""),
-                " of weight ", shape_str(w.shape()), " is larger than the padded input ", ph, "x", pw, " of input ",
-                shape_str(x.shape()), " (padding ", g.pad_h, ", ", g.pad_w, ")");
+  MIXPREC_CHECK(ekh <= ph && ekw <= pw, "conv2d: kernel ", ekh, "x", ekw,
+                (g.dil_h > 1 || g.dil_w > 1 ? " (dilated)" : ""), " of weight ", shape_str(w.shape()),
+                " is larger than the padded input ", ph, "x", pw, " of input ", shape_str(x.shape()), " (padding ",
+                g.pad_h, ", ", g.pad_w, ")");
   g.oh = (ph - ekh) / g.stride_h + 1;
   g.ow = (pw - ekw) / g.stride_w + 1;
   if (b.defined())
@@ -77,16 +78,18 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
   if (b.defined()) inputs.push_back(b_wide ? b_in : b);
   // relu'(.) = [y > 0]; dropped as soon as the mask is applied (the lambda is mutable).
   Tensor y_mask = o.relu ? out.detach() : Tensor();
-  return autograd::record(out, "conv2d", inputs, [=](const Tensor& g_in, const autograd::Node& n) mutable {
-    // The output is no longer needed once masked: freed before the convolution runs.
-    const Tensor gy = y_mask.defined() ? relu_masked_grad(g_in, y_mask) : kernels::contig(g_in);
-    const bool need_b = n.next.size() > 2 && n.needs_grad(2);
-    kernels::ConvGrads grads =
-        kernels::conv2d_backward(gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t);
-    std::vector<Tensor> r{grads.x, grads.weight};
-    if (n.next.size() > 2) r.push_back(grads.bias);
-    return r;
-  }, {x_saved, w_saved, y_mask});
+  return autograd::record(out, "conv2d", inputs,
+                          [=](const Tensor& g_in, const autograd::Node& n) mutable {
+                            // The output is no longer needed once masked: freed before the convolution runs.
+                            const Tensor gy = y_mask.defined() ? relu_masked_grad(g_in, y_mask) : kernels::contig(g_in);
+                            const bool need_b = n.next.size() > 2 && n.needs_grad(2);
+                            kernels::ConvGrads grads = kernels::conv2d_backward(
+                                gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t);
+                            std::vector<Tensor> r{grads.x, grads.weight};
+                            if (n.next.size() > 2) r.push_back(grads.bias);
+                            return r;
+                          },
+                          {x_saved, w_saved, y_mask});
 }
 
 }  // namespace mixprec::ops

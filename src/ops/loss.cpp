@@ -4,7 +4,9 @@
 namespace mixprec::ops {
 namespace {
 
-double reduction_scale(Reduction r, int64_t n) { return r == Reduction::mean ? 1.0 / double(std::max<int64_t>(n, 1)) : 1.0; }
+double reduction_scale(Reduction r, int64_t n) {
+  return r == Reduction::mean ? 1.0 / double(std::max<int64_t>(n, 1)) : 1.0;
+}
 
 }  // namespace
 

@@ -40,16 +40,15 @@ Tensor batched_matmul(const Tensor& a, const Tensor& b) {
   const Tensor b3 = reshape(contiguous(expand(b, with(batch, k, n))), {nb, k, n});
   const Tensor ad = a3.detach(), bd = b3.detach();
   Tensor out = mm(ad, bd, false, false);
-  out = autograd::record(
-      out, "matmul", {a3, b3},
-      [ad, bd](const Tensor& g, const autograd::Node& node) {
-        const Tensor gc = kernels::contig(g);
-        Tensor ga, gb;
-        if (node.needs_grad(0)) ga = mm(gc, bd, false, true);  // g @ b^T
-        if (node.needs_grad(1)) gb = mm(ad, gc, true, false);  // a^T @ g
-        return std::vector<Tensor>{ga, gb};
-      },
-      {ad, bd});
+  out = autograd::record(out, "matmul", {a3, b3},
+                         [ad, bd](const Tensor& g, const autograd::Node& node) {
+                           const Tensor gc = kernels::contig(g);
+                           Tensor ga, gb;
+                           if (node.needs_grad(0)) ga = mm(gc, bd, false, true);  // g @ b^T
+                           if (node.needs_grad(1)) gb = mm(ad, gc, true, false);  // a^T @ g
+                           return std::vector<Tensor>{ga, gb};
+                         },
+                         {ad, bd});
   return reshape(out, with(batch, m, n));
 }
 
@@ -80,13 +79,15 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   Tensor a2 = kernels::contig(a.detach()).reshape({-1, a.size(-1)});
   Tensor bd = b.detach();
   Tensor out = mm(a2, bd, false, false).reshape(out_shape);
-  return autograd::record(out, "matmul", {a, b}, [a2, bd, a_shape = a.shape()](const Tensor& g, const autograd::Node& n) {
-    Tensor g2 = kernels::contig(g).reshape({-1, g.size(-1)});
-    Tensor ga, gb;
-    if (n.needs_grad(0)) ga = mm(g2, bd, false, true).reshape(a_shape);  // g @ b^T
-    if (n.needs_grad(1)) gb = mm(a2, g2, true, false);                  // a^T @ g
-    return std::vector<Tensor>{ga, gb};
-  }, {a2, bd});
+  return autograd::record(out, "matmul", {a, b},
+                          [a2, bd, a_shape = a.shape()](const Tensor& g, const autograd::Node& n) {
+                            Tensor g2 = kernels::contig(g).reshape({-1, g.size(-1)});
+                            Tensor ga, gb;
+                            if (n.needs_grad(0)) ga = mm(g2, bd, false, true).reshape(a_shape);  // g @ b^T
+                            if (n.needs_grad(1)) gb = mm(a2, g2, true, false);                   // a^T @ g
+                            return std::vector<Tensor>{ga, gb};
+                          },
+                          {a2, bd});
 }
 
 namespace {
@@ -111,7 +112,8 @@ Tensor linear_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, b
   Tensor x2 = kernels::contig(x.detach()).reshape({-1, x.size(-1)});  // [M, in]
   Tensor wd = w.detach();                                             // [out, in]
   Tensor bd = b.defined() ? b.detach() : Tensor();
-  Tensor out = mm(x2, wd, false, true, bd.defined() ? &bd : nullptr, std::nullopt, relu).reshape(out_shape);  // [M, out]
+  Tensor out =
+      mm(x2, wd, false, true, bd.defined() ? &bd : nullptr, std::nullopt, relu).reshape(out_shape);  // [M, out]
   // An f32 weight or bias that only casts turned bf16 (autocast's copy) gets its gradient in
   // f32 straight from the bf16 operands: the graph edge goes to the f32 tensor, past the cast
   // node. The gradient is the cast path's without its rounding to bf16, and without the bf16
@@ -124,12 +126,12 @@ Tensor linear_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, b
   // relu'(.) = [y > 0]: the output is saved for the mask and dropped once applied (mutable).
   Tensor y_mask = relu ? out.detach() : Tensor();
   auto backward = [x2, wd, w_wide, b_wide, y_mask, x_shape = x.shape()](const Tensor& g_in,
-                                                                         const autograd::Node& n) mutable {
+                                                                        const autograd::Node& n) mutable {
     const Tensor g = y_mask.defined() ? relu_masked_grad(g_in, y_mask) : kernels::contig(g_in);
     Tensor g2 = g.reshape({-1, g.size(-1)});  // [M, out]
     std::vector<Tensor> grads(n.next.size());
     const DType gt = g2.dtype();
-    if (n.needs_grad(0)) grads[0] = mm(g2, wd, false, false).reshape(x_shape);                        // [M,out]@[out,in]
+    if (n.needs_grad(0)) grads[0] = mm(g2, wd, false, false).reshape(x_shape);                   // [M,out]@[out,in]
     if (n.needs_grad(1)) grads[1] = mm(g2, x2, true, false, nullptr, w_wide ? DType::f32 : gt);  // [out,M]@[M,in]
     if (n.next.size() > 2 && n.needs_grad(2)) grads[2] = kernels::sum(g2, {0}, false, b_wide ? DType::f32 : gt);
     return grads;

@@ -29,7 +29,8 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   check_param(b, "batch_norm", "bias", {channels}, x);
   check_param(running_mean, "batch_norm", "running_mean", {channels}, x);
   check_param(running_var, "batch_norm", "running_var", {channels}, x);
-  MIXPREC_CHECK(running_mean.defined() == running_var.defined(), "batch_norm: give both running_mean and running_var, or neither");
+  MIXPREC_CHECK(running_mean.defined() == running_var.defined(),
+                "batch_norm: give both running_mean and running_var, or neither");
   MIXPREC_CHECK(training || running_mean.defined(), "batch_norm: eval mode needs running_mean and running_var");
   const int64_t count = channels ? x.numel() / channels : 0;
   MIXPREC_CHECK(!training || count > 1, "batch_norm: training needs more than 1 value per channel, got input ",
@@ -55,11 +56,14 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   Tensor out = kernels::batch_norm_forward(xd, mean, invstd, wd, bd);
 
   std::vector<Tensor> inputs{x, w, b};
-  return autograd::record(out, "batch_norm", inputs, [=](const Tensor& gy, const autograd::Node& n) {
-    kernels::NormGrads g = kernels::batch_norm_backward(kernels::contig(gy), xd, mean, invstd, wd, training,
-                                                        n.needs_grad(0), n.needs_grad(1), n.needs_grad(2));
-    return std::vector<Tensor>{g.x, g.weight, g.bias};
-  }, {xd, mean, wd});
+  return autograd::record(out, "batch_norm", inputs,
+                          [=](const Tensor& gy, const autograd::Node& n) {
+                            kernels::NormGrads g =
+                                kernels::batch_norm_backward(kernels::contig(gy), xd, mean, invstd, wd, training,
+                                                             n.needs_grad(0), n.needs_grad(1), n.needs_grad(2));
+                            return std::vector<Tensor>{g.x, g.weight, g.bias};
+                          },
+                          {xd, mean, wd});
 }
 
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& w_in, const Tensor& b_in,
@@ -71,8 +75,8 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   const size_t k = normalized_shape.size();
   bool fits = k >= 1 && k <= size_t(x.dim());
   for (size_t i = 0; fits && i < k; ++i) fits = normalized_shape[i] == x.shape()[x.shape().size() - k + i];
-  MIXPREC_CHECK(fits, "layer_norm: normalized_shape ", shape_str(normalized_shape), " is not the trailing shape of input ",
-                shape_str(x.shape()));
+  MIXPREC_CHECK(fits, "layer_norm: normalized_shape ", shape_str(normalized_shape),
+                " is not the trailing shape of input ", shape_str(x.shape()));
   check_param(w, "layer_norm", "weight", normalized_shape, x);
   check_param(b, "layer_norm", "bias", normalized_shape, x);
   const int64_t cols = shape_numel(normalized_shape);
@@ -84,14 +88,17 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   Tensor mean, rstd;
   Tensor out = kernels::layer_norm_forward(x2, wd, bd, eps, mean, rstd).reshape(x.shape());
   const Shape x_shape = x.shape();
-  return autograd::record(out, "layer_norm", {x, w, b}, [=](const Tensor& gy, const autograd::Node& n) {
-    kernels::NormGrads g = kernels::layer_norm_backward(kernels::contig(gy).reshape({rows, cols}), x2, mean, rstd, wd,
-                                                        n.needs_grad(0), n.needs_grad(1), n.needs_grad(2));
-    if (g.x.defined()) g.x = g.x.reshape(x_shape);
-    if (g.weight.defined()) g.weight = g.weight.reshape(normalized_shape);
-    if (g.bias.defined()) g.bias = g.bias.reshape(normalized_shape);
-    return std::vector<Tensor>{g.x, g.weight, g.bias};
-  }, {x2, wd});
+  return autograd::record(out, "layer_norm", {x, w, b},
+                          [=](const Tensor& gy, const autograd::Node& n) {
+                            kernels::NormGrads g =
+                                kernels::layer_norm_backward(kernels::contig(gy).reshape({rows, cols}), x2, mean, rstd,
+                                                             wd, n.needs_grad(0), n.needs_grad(1), n.needs_grad(2));
+                            if (g.x.defined()) g.x = g.x.reshape(x_shape);
+                            if (g.weight.defined()) g.weight = g.weight.reshape(normalized_shape);
+                            if (g.bias.defined()) g.bias = g.bias.reshape(normalized_shape);
+                            return std::vector<Tensor>{g.x, g.weight, g.bias};
+                          },
+                          {x2, wd});
 }
 
 }  // namespace mixprec::ops

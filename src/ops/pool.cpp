@@ -23,8 +23,8 @@ kernels::PoolGeometry pool_geometry(std::string_view op, const Tensor& x, IntPai
   MIXPREC_CHECK(max || o.dilation == IntPair(1), op, ": dilation is for max pooling only");
   MIXPREC_CHECK(o.dilation.h >= 1 && o.dilation.w >= 1, op, ": dilation must be >= 1");
   MIXPREC_CHECK(o.padding.h >= 0 && o.padding.w >= 0 && o.padding.h <= k.h / 2 && o.padding.w <= k.w / 2, op,
-                ": padding (", o.padding.h, ", ", o.padding.w, ") must be >= 0 and at most half the kernel (", k.h, ", ",
-                k.w, ")");
+                ": padding (", o.padding.h, ", ", o.padding.w, ") must be >= 0 and at most half the kernel (", k.h,
+                ", ", k.w, ")");
   kernels::PoolGeometry g;
   g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
   g.kh = k.h, g.kw = k.w, g.stride_h = stride.h, g.stride_w = stride.w;

@@ -41,7 +41,9 @@ Tensor reduce(OpId id, Tensor x, std::vector<int64_t> dims, bool keepdim, bool a
 }  // namespace
 
 Tensor sum(const Tensor& x) { return reduce(OpId::sum, x, {}, false, true); }
-Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim) { return reduce(OpId::sum, x, std::move(dims), keepdim, false); }
+Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(OpId::sum, x, std::move(dims), keepdim, false);
+}
 Tensor mean(const Tensor& x) { return reduce(OpId::mean, x, {}, false, true); }
 Tensor mean(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
   return reduce(OpId::mean, x, std::move(dims), keepdim, false);

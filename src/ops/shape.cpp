@@ -67,7 +67,8 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
 
 Tensor expand(const Tensor& x, const Shape& shape_in) {
   const int64_t nd = int64_t(shape_in.size()), lead = nd - x.dim();
-  MIXPREC_CHECK(lead >= 0, "expand ", shape_str(x.shape()), " -> ", shape_str(shape_in), ": fewer dims than the tensor");
+  MIXPREC_CHECK(lead >= 0, "expand ", shape_str(x.shape()), " -> ", shape_str(shape_in),
+                ": fewer dims than the tensor");
   Shape shape = shape_in, strides(size_t(nd), 0);
   bool repeats = lead > 0;
   for (int64_t d = 0; d < nd; ++d) {
@@ -79,10 +80,12 @@ Tensor expand(const Tensor& x, const Shape& shape_in) {
     const int64_t have = x.size(d - lead);
     int64_t& want = shape[size_t(d)];
     if (want == -1) want = have;
-    MIXPREC_CHECK(want == have || have == 1, "expand ", shape_str(x.shape()), " -> ", shape_str(shape_in),
-                  ": dim ", d, " of size ", have, " can only be repeated from size 1");
-    if (want == have) strides[size_t(d)] = x.strides()[size_t(d - lead)];
-    else repeats = true;
+    MIXPREC_CHECK(want == have || have == 1, "expand ", shape_str(x.shape()), " -> ", shape_str(shape_in), ": dim ", d,
+                  " of size ", have, " can only be repeated from size 1");
+    if (want == have)
+      strides[size_t(d)] = x.strides()[size_t(d - lead)];
+    else
+      repeats = true;
   }
   if (!repeats) return x;
   Tensor out = make_view(x, shape, strides, x.offset());
@@ -95,8 +98,8 @@ Tensor expand(const Tensor& x, const Shape& shape_in) {
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
   const int64_t d = wrap_dim(dim, x.dim(), "slice");
   const int64_t n = x.size(d);
-  MIXPREC_CHECK(0 <= start && start <= end && end <= n, "slice: range [", start, ", ", end, ") out of bounds for dimension ",
-                d, " of size ", n);
+  MIXPREC_CHECK(0 <= start && start <= end && end <= n, "slice: range [", start, ", ", end,
+                ") out of bounds for dimension ", d, " of size ", n);
   Shape shape = x.shape();
   shape[size_t(d)] = end - start;
   Tensor out = make_view(x, shape, x.strides(), x.offset() + start * x.strides()[size_t(d)]);
@@ -113,9 +116,8 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
 Tensor contiguous(const Tensor& x) {
   if (x.is_contiguous()) return x;
   Tensor out = x.detach().clone();
-  return autograd::record(out, "contiguous", {x}, [](const Tensor& g, const autograd::Node&) {
-    return std::vector<Tensor>{g};
-  });
+  return autograd::record(out, "contiguous", {x},
+                          [](const Tensor& g, const autograd::Node&) { return std::vector<Tensor>{g}; });
 }
 
 Tensor cast(const Tensor& x, DType dtype) {
@@ -136,9 +138,11 @@ Tensor cat(const std::vector<Tensor>& xs_in, int64_t dim) {
   DType t = xs[0].defined() ? xs[0].dtype() : DType::f32;
   for (size_t i = 0; i < xs.size(); ++i) {
     MIXPREC_CHECK(xs[i].defined(), "cat: tensor ", i, " is undefined");
-    if (is_floating(xs[i].dtype()) && is_floating(t)) t = promote_floating(t, xs[i].dtype());
-    else MIXPREC_CHECK(xs[i].dtype() == t, "cat: tensor ", i, " is ", dtype_name(xs[i].dtype()), " but tensor 0 is ",
-                       dtype_name(xs[0].dtype()));
+    if (is_floating(xs[i].dtype()) && is_floating(t))
+      t = promote_floating(t, xs[i].dtype());
+    else
+      MIXPREC_CHECK(xs[i].dtype() == t, "cat: tensor ", i, " is ", dtype_name(xs[i].dtype()), " but tensor 0 is ",
+                    dtype_name(xs[0].dtype()));
   }
   for (Tensor& x : xs)
     if (x.dtype() != t) x = x.to(t);

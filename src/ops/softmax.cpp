@@ -16,11 +16,13 @@ Tensor softmax_impl(OpId id, Tensor x, int64_t dim, bool log) {
   Tensor out = d == last ? y : kernels::contig(y.transpose(d, last));
   // When d == last, out *is* y: the lambda holds a detached handle, or out -> node -> out is a cycle.
   Tensor saved = y.detach();
-  return autograd::record(out, op_name(id), {x}, [y = saved, d, last, log](const Tensor& g, const autograd::Node&) {
-    Tensor gl = d == last ? g : kernels::contig(g.transpose(d, last));
-    Tensor gx = kernels::softmax_lastdim_backward(y, gl, log);
-    return std::vector<Tensor>{d == last ? gx : kernels::contig(gx.transpose(d, last))};
-  }, {saved});
+  return autograd::record(out, op_name(id), {x},
+                          [y = saved, d, last, log](const Tensor& g, const autograd::Node&) {
+                            Tensor gl = d == last ? g : kernels::contig(g.transpose(d, last));
+                            Tensor gx = kernels::softmax_lastdim_backward(y, gl, log);
+                            return std::vector<Tensor>{d == last ? gx : kernels::contig(gx.transpose(d, last))};
+                          },
+                          {saved});
 }
 
 }  // namespace

@@ -12,11 +12,14 @@ Tensor unary_op(OpId id, UnaryOp op, Tensor x, kernels::UnaryParams p, std::opti
   check_floating(x, op_name(id));
   Tensor out = kernels::unary(op, x, p);
   Tensor saved = grad_op ? x.detach() : Tensor();  // neg/affine need nothing: keep no activation
-  return autograd::record(out, op_name(id), {x}, [=](const Tensor& g, const autograd::Node&) {
-    if (op == UnaryOp::neg) return std::vector<Tensor>{kernels::unary(UnaryOp::neg, g)};
-    if (op == UnaryOp::affine) return std::vector<Tensor>{kernels::unary(UnaryOp::affine, g, {p.a, 0.0})};
-    return std::vector<Tensor>{kernels::unary_grad(*grad_op, g, saved, p)};
-  }, {saved});
+  return autograd::record(out, op_name(id), {x},
+                          [=](const Tensor& g, const autograd::Node&) {
+                            if (op == UnaryOp::neg) return std::vector<Tensor>{kernels::unary(UnaryOp::neg, g)};
+                            if (op == UnaryOp::affine)
+                              return std::vector<Tensor>{kernels::unary(UnaryOp::affine, g, {p.a, 0.0})};
+                            return std::vector<Tensor>{kernels::unary_grad(*grad_op, g, saved, p)};
+                          },
+                          {saved});
 }
 
 }  // namespace

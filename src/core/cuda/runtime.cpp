@@ -19,8 +19,8 @@ const Probe& probe() {
     if (e != cudaSuccess) {
       r.count = 0;
       r.reason = e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice
-                     ? std::string(e == cudaErrorNoDevice ? "no CUDA GPU found" : "no NVIDIA driver loaded") +
-                           " (" + cudaGetErrorString(e) + ")"
+                     ? std::string(e == cudaErrorNoDevice ? "no CUDA GPU found" : "no NVIDIA driver loaded") + " (" +
+                           cudaGetErrorString(e) + ")"
                      : std::string("the CUDA runtime failed: ") + cudaGetErrorString(e);
       cudaGetLastError();  // clear the sticky error state for later calls
     } else if (r.count == 0) {

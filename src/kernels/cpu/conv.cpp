@@ -131,8 +131,9 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Descs& d, bool has_bi
   using F = dnnl::convolution_forward;
   const auto prop = dnnl::prop_kind::forward_training;
   const auto alg = dnnl::algorithm::convolution_direct;
-  const F::desc desc = has_bias ? F::desc(prop, alg, d.src, d.wei, d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
-                                : F::desc(prop, alg, d.src, d.wei, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
+  const F::desc desc = has_bias
+                           ? F::desc(prop, alg, d.src, d.wei, d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
+                           : F::desc(prop, alg, d.src, d.wei, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r);
   return F::primitive_desc(desc, attr, dnnl_engine());
 }
 
@@ -261,8 +262,7 @@ struct WeightCache {
     purge(&w);
     for (size_t i = 0; i < entries.size(); ++i) {
       CachedWeight& c = entries[i];
-      if (c.data == w.data_ptr() && c.version == w.version() && c.md == op.prim &&
-          c.storage.lock() == w.storage()) {
+      if (c.data == w.data_ptr() && c.version == w.version() && c.md == op.prim && c.storage.lock() == w.storage()) {
         ++hits;
         std::rotate(entries.begin() + int64_t(i), entries.begin() + int64_t(i) + 1, entries.end());
         return entries.back().mem;
@@ -380,8 +380,8 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
   gs.n = share, gl.n = last;
   ConvEntry hold_s, hold_l;
   const ConvEntry* es = entry(gs, x.dtype(), with_bias, DType::f32, false, ConvPass::backward_weights, hold_s, true);
-  const ConvEntry* el = last == share ? es : entry(gl, x.dtype(), with_bias, DType::f32, false,
-                                                   ConvPass::backward_weights, hold_l, true);
+  const ConvEntry* el =
+      last == share ? es : entry(gl, x.dtype(), with_bias, DType::f32, false, ConvPass::backward_weights, hold_l, true);
   if (!es || !el) return false;
   const int64_t w_count = out.weight.numel();
   std::vector<std::vector<float>> dw(static_cast<size_t>(parts)), db(static_cast<size_t>(parts));
@@ -449,7 +449,6 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
 // Whether backward-weights runs split over the batch (see backward_weights_split).
 bool split_wgrad(const ConvGeometry& g) { return omp_get_max_threads() > 1 && g.n >= 2; }
 
-
 }  // namespace
 
 bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
@@ -464,8 +463,8 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && bf16_ok())) return false;
   if (bias.defined() && bias.dtype() != DType::f32 && bias.dtype() != x.dtype()) return false;
   ConvEntry holder;
-  const ConvEntry* e = entry(g, x.dtype(), bias.defined(), bias.defined() ? bias.dtype() : DType::f32, relu,
-                             ConvPass::forward, holder);
+  const ConvEntry* e =
+      entry(g, x.dtype(), bias.defined(), bias.defined() ? bias.dtype() : DType::f32, relu, ConvPass::forward, holder);
   if (!e) return false;
   CallState cs;
   std::vector<Input> in{{x.data_ptr()}, {weight.data_ptr(), &weight}};

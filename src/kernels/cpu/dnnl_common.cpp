@@ -19,10 +19,14 @@ dnnl::stream& dnnl_stream() {
 
 dnnl::memory::data_type to_dnnl(DType t) {
   switch (t) {
-    case DType::f32: return dnnl::memory::data_type::f32;
-    case DType::bf16: return dnnl::memory::data_type::bf16;
-    case DType::f16: return dnnl::memory::data_type::f16;
-    default: break;
+    case DType::f32:
+      return dnnl::memory::data_type::f32;
+    case DType::bf16:
+      return dnnl::memory::data_type::bf16;
+    case DType::f16:
+      return dnnl::memory::data_type::f16;
+    default:
+      break;
   }
   MIXPREC_ASSERT(false, "no oneDNN data type for ", dtype_name(t));
 }
@@ -39,17 +43,28 @@ bool has_amx_bf16() { return mixprec::cpu::has_amx_bf16(); }
 std::string dnnl_isa_name() {
   using isa = dnnl::cpu_isa;
   switch (dnnl::get_effective_cpu_isa()) {
-    case isa::all: return "all";
-    case isa::sse41: return "sse41";
-    case isa::avx: return "avx";
-    case isa::avx2: return "avx2";
-    case isa::avx2_vnni: return "avx2_vnni";
-    case isa::avx512_mic: return "avx512_mic";
-    case isa::avx512_mic_4ops: return "avx512_mic_4ops";
-    case isa::avx512_core: return "avx512_core";
-    case isa::avx512_core_vnni: return "avx512_core_vnni";
-    case isa::avx512_core_bf16: return "avx512_core_bf16";
-    case isa::avx512_core_amx: return "avx512_core_amx";
+    case isa::all:
+      return "all";
+    case isa::sse41:
+      return "sse41";
+    case isa::avx:
+      return "avx";
+    case isa::avx2:
+      return "avx2";
+    case isa::avx2_vnni:
+      return "avx2_vnni";
+    case isa::avx512_mic:
+      return "avx512_mic";
+    case isa::avx512_mic_4ops:
+      return "avx512_mic_4ops";
+    case isa::avx512_core:
+      return "avx512_core";
+    case isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case isa::avx512_core_amx:
+      return "avx512_core_amx";
   }
   return "unknown";
 }

@@ -71,7 +71,7 @@ class Scratchpad {
 
 struct CacheStats {
   int64_t hits = 0;
-  int64_t misses = 0;     // = primitives created
+  int64_t misses = 0;  // = primitives created
   int64_t evictions = 0;
   int64_t size = 0;
 };

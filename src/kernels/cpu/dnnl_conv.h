@@ -4,8 +4,8 @@
 #pragma once
 #include <string>
 
-#include "kernels/cpu/dnnl_common.h"
 #include "kernels/conv.h"
+#include "kernels/cpu/dnnl_common.h"
 #include "kernels/shape.h"
 
 namespace mixprec::kernels::cpu {

@@ -194,8 +194,8 @@ void validate(const MatmulArgs& a) {
                 dtype_name(a.wei_t), " -> dst ", dtype_name(a.dst_t), a.bias ? " with bias " : "",
                 a.bias ? dtype_name(a.bias_t) : "", "; expected f32@f32->f32, bf16@bf16->bf16 or bf16@bf16->f32, ",
                 "bias f32 (or bf16 with bf16 src)");
-  MIXPREC_CHECK(a.batch >= 0 && a.m >= 0 && a.n >= 0 && a.k >= 0, "matmul: negative size batch=", a.batch,
-                " m=", a.m, " n=", a.n, " k=", a.k);
+  MIXPREC_CHECK(a.batch >= 0 && a.m >= 0 && a.n >= 0 && a.k >= 0, "matmul: negative size batch=", a.batch, " m=", a.m,
+                " n=", a.n, " k=", a.k);
   // Strides of an operand with no elements (k == 0) are never used.
   const auto stride_ok = [&](int64_t size, int64_t stride) { return size <= 1 || a.k == 0 || stride >= 1; };
   MIXPREC_CHECK(stride_ok(a.m, a.src_stride_m) && stride_ok(a.k, a.src_stride_k) && stride_ok(a.k, a.wei_stride_k) &&

@@ -21,7 +21,7 @@ struct MatmulArgs {
   int64_t src_stride_m = 0, src_stride_k = 1, src_stride_batch = 0;
   const void* wei = nullptr;  // [batch][k,n]
   int64_t wei_stride_k = 0, wei_stride_n = 1, wei_stride_batch = 0;
-  void* dst = nullptr;        // [batch][m,n], unit stride along n
+  void* dst = nullptr;  // [batch][m,n], unit stride along n
   int64_t dst_stride_m = 0, dst_stride_batch = 0;
 
   const void* bias = nullptr;  // [n] contiguous, broadcast over m and batch

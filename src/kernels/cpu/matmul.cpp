@@ -1,8 +1,8 @@
 // Fast CPU matmul glue: tensors -> oneDNN MatmulArgs (f32; bf16 on AMX). oneDNN has no f16
 // matmul on CPU, so f16 operands are widened to f32, multiplied, and the result rounded to f16
 // once on store: f16 storage, range and rounding stay real (design decision 4).
-#include "kernels/cpu/dnnl_matmul.h"
 #include "kernels/matmul.h"
+#include "kernels/cpu/dnnl_matmul.h"
 #include "kernels/shape.h"
 
 namespace mixprec::kernels::cpu {

@@ -162,7 +162,8 @@ bool batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
   if (need_x) {
     // dx = a*dy + b*(x - mean) + e per channel; training adds the batch statistics' terms.
     const float count = float(d.outer * d.inner);
-    std::vector<float> a(static_cast<size_t>(channels)), b(static_cast<size_t>(channels)), e(static_cast<size_t>(channels));
+    std::vector<float> a(static_cast<size_t>(channels)), b(static_cast<size_t>(channels)),
+        e(static_cast<size_t>(channels));
     for (size_t c = 0; c < a.size(); ++c) {
       a[c] = w[c] * is[c];
       b[c] = training ? -a[c] * is[c] * sum_dy_xhat[c] / count : 0.f;

@@ -6,9 +6,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/simd.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/pool.h"
-#include "core/simd.h"
 
 #include "kernels/pool_window.h"
 #include "mixprec/convert.h"
@@ -47,8 +47,10 @@ __attribute__((target("avx512f"))) void max_row_2x2_avx512(const float* r0, cons
   const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2);
   for (int64_t ox = 0; ox < ow; ox += 16) {
     const ChunkMasks m = chunk_masks(std::min<int64_t>(16, ow - ox));
-    const __m512 lo0 = _mm512_maskz_loadu_ps(m.in_lo, r0 + 2 * ox), hi0 = _mm512_maskz_loadu_ps(m.in_hi, r0 + 2 * ox + 16);
-    const __m512 lo1 = _mm512_maskz_loadu_ps(m.in_lo, r1 + 2 * ox), hi1 = _mm512_maskz_loadu_ps(m.in_hi, r1 + 2 * ox + 16);
+    const __m512 lo0 = _mm512_maskz_loadu_ps(m.in_lo, r0 + 2 * ox),
+                 hi0 = _mm512_maskz_loadu_ps(m.in_hi, r0 + 2 * ox + 16);
+    const __m512 lo1 = _mm512_maskz_loadu_ps(m.in_lo, r1 + 2 * ox),
+                 hi1 = _mm512_maskz_loadu_ps(m.in_hi, r1 + 2 * ox + 16);
     const __m512 a = _mm512_permutex2var_ps(lo0, even, hi0), b = _mm512_permutex2var_ps(lo0, odd, hi0);
     const __m512 c = _mm512_permutex2var_ps(lo1, even, hi1), d = _mm512_permutex2var_ps(lo1, odd, hi1);
     const __mmask16 top_b = beats(b, a), bottom_d = beats(d, c);
@@ -128,8 +130,10 @@ bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r
   for_planes(g, [&](int64_t p, std::vector<float>& in_buf, std::vector<float>& out) {
     const float* src = in_f32(x, p * in_plane, in_plane, in_buf);
     out.resize(static_cast<size_t>(out_plane));
-    if (r.argmax.dtype() == DType::u8) max_plane(src, g, out.data(), r.argmax.data<uint8_t>() + p * out_plane);
-    else max_plane(src, g, out.data(), r.argmax.data<int64_t>() + p * out_plane);
+    if (r.argmax.dtype() == DType::u8)
+      max_plane(src, g, out.data(), r.argmax.data<uint8_t>() + p * out_plane);
+    else
+      max_plane(src, g, out.data(), r.argmax.data<int64_t>() + p * out_plane);
     store_f32(r.dst, p * out_plane, out_plane, out.data());
   });
   return true;
@@ -141,8 +145,10 @@ bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolG
   for_planes(g, [&](int64_t p, std::vector<float>& gy_buf, std::vector<float>& gx) {
     const float* gy = in_f32(grad_y, p * out_plane, out_plane, gy_buf);
     gx.assign(size_t(in_plane), 0.f);  // windows may overlap: accumulate in f32, round once
-    if (argmax.dtype() == DType::u8) max_plane_backward_fast(gy, argmax.data<uint8_t>() + p * out_plane, g, gx.data());
-    else max_plane_backward_fast(gy, argmax.data<int64_t>() + p * out_plane, g, gx.data());
+    if (argmax.dtype() == DType::u8)
+      max_plane_backward_fast(gy, argmax.data<uint8_t>() + p * out_plane, g, gx.data());
+    else
+      max_plane_backward_fast(gy, argmax.data<int64_t>() + p * out_plane, g, gx.data());
     store_f32(grad_x, p * in_plane, in_plane, gx.data());
   });
   return true;

@@ -2,9 +2,9 @@
 #pragma once
 #include <type_traits>
 
+#include "kernels/shape.h"
 #include "mixprec/convert.h"
 #include "mixprec/error.h"
-#include "kernels/shape.h"
 #include "mixprec/tensor.h"
 
 namespace mixprec::kernels {
@@ -26,11 +26,16 @@ inline void store(f16_t* p, float v) { p->bits = f32_to_f16(v); }
 template <class F>
 decltype(auto) dispatch_floating(DType t, F&& f) {
   switch (t) {
-    case DType::f64: return f(double{});
-    case DType::f32: return f(float{});
-    case DType::bf16: return f(bf16_t{});
-    case DType::f16: return f(f16_t{});
-    default: break;
+    case DType::f64:
+      return f(double{});
+    case DType::f32:
+      return f(float{});
+    case DType::bf16:
+      return f(bf16_t{});
+    case DType::f16:
+      return f(f16_t{});
+    default:
+      break;
   }
   throw Error(detail::concat("expected a floating dtype, got ", dtype_name(t)));
 }
@@ -65,7 +70,8 @@ Tensor map_elements(const Tensor& x, F&& f) {
     using T = decltype(tag);
     const T* px = static_cast<const T*>(x.storage()->data());
     T* pd = dst.data<T>();
-    for_each_offset(x.shape(), x.strides(), x.offset(), [&](int64_t i, int64_t off) { store(pd + i, f(load(px + off))); });
+    for_each_offset(x.shape(), x.strides(), x.offset(),
+                    [&](int64_t i, int64_t off) { store(pd + i, f(load(px + off))); });
   });
   return dst;
 }
@@ -89,4 +95,3 @@ Tensor map_grad(const Tensor& grad, const Tensor& s, F&& df) {
 }
 
 }  // namespace mixprec::kernels
-

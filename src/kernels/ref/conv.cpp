@@ -62,7 +62,8 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
   if (need_x || need_weight)
     for_each_term(g, [&](int64_t n, int64_t o, int64_t ci, int64_t c, int64_t oy, int64_t ox, int64_t iy, int64_t ix,
                          int64_t ky, int64_t kx) {
-      const size_t xi = size_t(((n * g.c + c) * g.h + iy) * g.w + ix), wi = size_t(((o * cg + ci) * g.kh + ky) * g.kw + kx);
+      const size_t xi = size_t(((n * g.c + c) * g.h + iy) * g.w + ix),
+                   wi = size_t(((o * cg + ci) * g.kh + ky) * g.kw + kx);
       const double dy = gy[size_t(((n * g.oc + o) * g.oh + oy) * g.ow + ox)];
       if (need_x) gx[xi] += dy * wv[wi];
       if (need_weight) gw[wi] += dy * xv[xi];

@@ -80,8 +80,8 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
       // Training: the batch mean and variance depend on x too, which removes the mean of dy and
       // the part of dy along xhat.
       const double xhat = (xv[k] - m[c]) * is[c];
-      gx[k] = training ? w[c] * is[c] * (gy[k] - sum_dy[c] / count - xhat * sum_dy_xhat[c] / count)
-                       : w[c] * is[c] * gy[k];
+      gx[k] =
+          training ? w[c] * is[c] * (gy[k] - sum_dy[c] / count - xhat * sum_dy_xhat[c] / count) : w[c] * is[c] * gy[k];
     }
     r.x = Tensor::from_vector(gx, x.shape(), grad_y.dtype());
   }
