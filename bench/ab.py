@@ -1,0 +1,57 @@
+#!/usr/bin/python3
+"""A/B step time of two mixprec builds (a refactor's "speed unchanged"), interleaved.
+
+For each repeat, for each configuration, runs `A bench ...` then `B bench ...` once each and
+takes each run's median step time; reports per configuration the median of those over the
+repeats and the ratio B/A computed pair by pair (same repeat), as min/median/max: runs close
+in time are comparable on this shared machine, runs minutes apart are not.
+
+Usage (standard library only):
+    python3 bench/ab.py OLD_BINARY NEW_BINARY [--repeats 5] [--steps 30] [--warmup 5]
+        [--configs "mlp:fp32,mlp:amp-bf16,cnn:amp-bf16"] [--threads 2]
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+
+# model -> extra flags of `mixprec bench` (the default recipes' batch sizes)
+MODEL_FLAGS = {"mlp": ["--batch-size", "512"], "cnn": ["--batch-size", "64"],
+               "cnn-bn": ["--batch-size", "128"]}
+
+
+def step_ms(binary, model, precision, a):
+    cmd = [binary, "bench", "--model", model, "--precision", precision, "--steps", str(a.steps),
+           "--warmup", str(a.warmup), "--threads", str(a.threads)] + MODEL_FLAGS[model]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["step_ms"]["median"]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--configs", default="mlp:fp32,mlp:amp-bf16,cnn:fp32,cnn:amp-bf16")
+    a = p.parse_args()
+    configs = [tuple(c.split(":")) for c in a.configs.split(",")]
+    times = {c: ([], []) for c in configs}
+    for _ in range(a.repeats):
+        for c in configs:
+            times[c][0].append(step_ms(a.a, *c, a))
+            times[c][1].append(step_ms(a.b, *c, a))
+    print(f"A = {a.a}\nB = {a.b}\n{a.repeats} interleaved repeats, median step ms of {a.steps} steps each")
+    print(f"{'config':<16} {'A ms':>8} {'B ms':>8}   B/A min / median / max")
+    for c in configs:
+        ta, tb = times[c]
+        r = [y / x for x, y in zip(ta, tb)]
+        print(f"{c[0] + ' ' + c[1]:<16} {statistics.median(ta):8.2f} {statistics.median(tb):8.2f}   "
+              f"{min(r):.3f} / {statistics.median(r):.3f} / {max(r):.3f}")
+
+
+if __name__ == "__main__":
+    main()
