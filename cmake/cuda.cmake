@@ -32,7 +32,13 @@ if(NOT CMAKE_CUDA_COMPILER)
   return()
 endif()
 
+# CMake 3.25.1's FindCUDAToolkit (Debian 12's) runs set_property on CUDA::nvToolsExt, which CUDA 13
+# no longer ships, when the project's minimum is 3.25 ("set_property could not find TARGET
+# CUDA::nvToolsExt", seen in a brand-new root): with the minimum read as 3.24 it skips that step.
+set(_mixprec_cmake_minimum ${CMAKE_MINIMUM_REQUIRED_VERSION})
+set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
 find_package(CUDAToolkit QUIET)
+set(CMAKE_MINIMUM_REQUIRED_VERSION ${_mixprec_cmake_minimum})
 if(NOT CUDAToolkit_FOUND)
   mixprec_cuda_off("nvcc at ${CMAKE_CUDA_COMPILER}, but no CUDA toolkit libraries beside it")
   return()
