@@ -17,8 +17,10 @@
 #include "mixprec/grad_scaler.h"
 #include "mixprec/ops.h"
 #include "mixprec/optim.h"
+#include "tensor_bytes.h"
 
 using namespace mixprec;
+using testutil::bytes_of;
 
 namespace {
 
@@ -66,12 +68,6 @@ struct Rig {
   }
   std::vector<Tensor> params() const { return {w1, w2}; }
 };
-
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  const Tensor c = t.contiguous().detach();
-  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
-  return std::vector<uint8_t>(p, p + c.nbytes());
-}
 
 // Every byte of every parameter and every optimizer state tensor.
 std::vector<std::vector<uint8_t>> snapshot(const optim::Optimizer& opt) {

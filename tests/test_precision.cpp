@@ -22,16 +22,12 @@
 #include "mixprec/optim.h"
 #include "mixprec/precision.h"
 #include "optim/rounding.h"
+#include "tensor_bytes.h"
 
 using namespace mixprec;
+using testutil::bytes_of;
 
 namespace {
-
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  const Tensor c = t.contiguous().detach();
-  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
-  return std::vector<uint8_t>(p, p + c.nbytes());
-}
 
 // 8 features -> 4 classes, 64 samples, learnable: the class is the argmax of 4 feature pairs.
 struct Toy {

@@ -15,16 +15,12 @@
 #include "mixprec/optim.h"
 #include "mixprec/schedule.h"
 #include "mixprec/state_dict.h"
+#include "tensor_bytes.h"
 
 using namespace mixprec;
+using testutil::bytes_of;
 
 namespace {
-
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  const Tensor c = t.contiguous().detach();
-  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
-  return std::vector<uint8_t>(p, p + c.nbytes());
-}
 
 // The error's message, which must be one line; fails the test when f does not throw.
 std::string error_of(const std::function<void()>& f) {
