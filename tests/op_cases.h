@@ -3,6 +3,8 @@
 // with its inputs described (shape, sign, targets) so a driver can make them in any dtypes.
 // test_op_coverage.cpp fails when an op in ops.def has no case in some driver.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <functional>
 #include <ostream>
 #include <set>
@@ -16,6 +18,7 @@
 namespace mixprec {
 // gtest names a failing parameter with these, not its bytes.
 inline void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+inline void PrintTo(const Device& d, std::ostream* os) { *os << d.str(); }
 namespace kernels {
 inline void PrintTo(Backend b, std::ostream* os) { *os << (b == Backend::cpu ? "cpu" : "ref"); }
 }  // namespace kernels
@@ -53,6 +56,21 @@ Tensor nonzero_values(const Shape& shape, DType t, bool positive, Generator& g);
 // Inputs for c: floating ones are leaves in dtype_of(i) that require grad (except `constant`),
 // magnitudes in [0.25, 2] (never zero), random sign unless `positive`; targets are i64.
 In make_inputs(const OpCase& c, Generator& g, const std::function<DType(size_t)>& dtype_of);
+
+// One run of a case: its output, then each input's gradient (undefined for constants).
+struct Outcome {
+  std::vector<Tensor> tensors;
+};
+// Runs c forward and backward on backend b, with the inputs (host tensors) moved to `device`
+// first and the output gradient drawn on the host from a generator seeded with `seed`: the
+// same on every backend and device. The outcome stays on `device`.
+Outcome run_case(const OpCase& c, const In& inputs, uint64_t seed, kernels::Backend b,
+                 const Device& device = Device::cpu());
+
+// |got - ref| <= 2 ulp_t(ref) + (k + 2) u32 S + rounds * ulp_t(S) element by element (S: the
+// largest |ref|, u32 = 2^-24; see test_op_backends.cpp), dtype and shape equal.
+::testing::AssertionResult agree_within_bound(const Tensor& got, const Tensor& ref, int64_t k, int rounds,
+                                              const std::string& what);
 
 // The ops each driver has cases for (test_op_coverage.cpp checks them against ops.def).
 std::set<std::string> gradcheck_ops();

@@ -189,7 +189,7 @@ TEST(Random, FillsDoNotDependOnThreads) {
     Generator g(5);
     std::vector<float> out = Tensor::uniform({100003}, g, -1, 1, dtype).to_vector();
     for (float x : Tensor::randn({50001}, g, dtype).to_vector()) out.push_back(x);
-    for (float x : kernels::dropout_mask({70001}, dtype, 0.3, g).to_vector()) out.push_back(x);
+    for (float x : kernels::dropout_mask({70001}, dtype, 0.3, g, Device::cpu()).to_vector()) out.push_back(x);
     return out;
   };
   const std::vector<float> one = draw(1, DType::f32);
@@ -205,7 +205,7 @@ TEST(Random, DropoutMaskKeepsOneMinusP) {
   Generator g(11);
   const int64_t n = 200000;
   for (DType t : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
-    const Tensor mask = kernels::dropout_mask({n}, t, 0.25, g);
+    const Tensor mask = kernels::dropout_mask({n}, t, 0.25, g, Device::cpu());
     EXPECT_EQ(mask.dtype(), t);
     int64_t kept = 0;
     const double keep = Tensor::scalar(1 / 0.75, t).item();
@@ -217,7 +217,7 @@ TEST(Random, DropoutMaskKeepsOneMinusP) {
   }
   // Element i is dropped when word i of the use is below p (the layout a GPU kernel reproduces).
   Generator a(12), b(12);
-  const std::vector<float> m = kernels::dropout_mask({9}, DType::f32, 0.5, a).to_vector();
+  const std::vector<float> m = kernels::dropout_mask({9}, DType::f32, 0.5, a, Device::cpu()).to_vector();
   const uint64_t first = b.reserve(9);
   for (size_t i = 0; i < 9; ++i) {
     const uint32_t w = b.block(first + i / 4)[i % 4];

@@ -1,10 +1,13 @@
-// The allocator every tensor byte goes through: live and peak bytes by category, 64-byte
-// alignment, a caching free-list for large blocks, and an optional budget (OutOfMemory).
+// The allocators every tensor byte goes through, one per device: live and peak bytes by category
+// and an optional budget (OutOfMemory). The CPU's: 64-byte alignment, a caching free-list for
+// large blocks.
 #pragma once
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+
+#include "mixprec/device.h"
 
 namespace mixprec {
 
@@ -34,7 +37,7 @@ struct MemoryStats {
   int64_t num_cache_hits = 0;
 };
 
-// Thread-safe process-wide allocator (like a device allocator: one per device).
+// Thread-safe process-wide allocators, one per device. The calls without a device are the CPU's.
 namespace allocator {
 void* allocate(size_t bytes, MemCategory cat);  // 64-byte aligned; throws OutOfMemory
 void deallocate(void* ptr, size_t bytes, MemCategory cat);
@@ -43,6 +46,11 @@ MemoryStats stats();
 void reset_peak();               // peak := live, for every category
 void set_budget(int64_t bytes);  // 0 disables; live + new > budget -> OutOfMemory
 void empty_cache();              // return cached blocks to the system
+
+MemoryStats stats(const Device& d);
+void reset_peak(const Device& d);
+void set_budget(int64_t bytes, const Device& d);
+void empty_cache(const Device& d);
 }  // namespace allocator
 
 // Thread-local category for new allocations (RAII, nests).

@@ -1,4 +1,5 @@
-// Devices: where a tensor's bytes live (cpu, cuda:N), and which GPUs this build and machine offer.
+// Devices: where a tensor's bytes live (cpu, cuda:N, and the test-only fenced device), and which
+// GPUs this build and machine offer.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -8,7 +9,11 @@
 
 namespace mixprec {
 
-enum class DeviceType : uint8_t { cpu, cuda };
+// fenced: host memory that host code may not touch (mprotect'ed PROT_NONE except while a kernel
+// runs), whose kernels are the CPU ones. It stands in for a GPU in tests that run everywhere: a
+// loop over tensor data outside the kernel interface crashes there as it would on a GPU, and
+// results must be bit-identical to the CPU's. Not for real work (one mmap per allocation).
+enum class DeviceType : uint8_t { cpu, cuda, fenced };
 
 struct Device {
   DeviceType type = DeviceType::cpu;
@@ -16,12 +21,15 @@ struct Device {
 
   static Device cpu() { return {}; }
   static Device cuda(int index = 0) { return {DeviceType::cuda, index}; }
-  // "cpu", "cuda", "cuda:N" (PyTorch's spelling); throws mixprec::Error naming the text otherwise.
+  static Device fenced() { return {DeviceType::fenced, 0}; }
+  // "cpu", "cuda", "cuda:N" (PyTorch's spelling), "fenced"; throws mixprec::Error naming the text
+  // otherwise.
   static Device parse(std::string_view text);
 
   bool is_cpu() const { return type == DeviceType::cpu; }
   bool is_cuda() const { return type == DeviceType::cuda; }
-  std::string str() const;  // "cpu", "cuda:0"
+  bool is_fenced() const { return type == DeviceType::fenced; }
+  std::string str() const;  // "cpu", "cuda:0", "fenced"
   friend bool operator==(const Device&, const Device&) = default;
 };
 
@@ -47,7 +55,7 @@ struct DeviceProperties {
 std::vector<DeviceProperties> devices();
 
 // Throws mixprec::Error (one line: the device asked for and why it is not there) unless `d` is the
-// CPU or a GPU this process can use.
+// CPU, the fenced device or a GPU this process can use.
 void require(const Device& d);
 
 }  // namespace cuda

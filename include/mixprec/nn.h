@@ -45,6 +45,10 @@ class Module {
   // `select(module)` is true (every module when no predicate). Gradients are dropped. Used by
   // the half/pure precision presets, which keep normalization layers in f32.
   void to(DType dtype, const std::function<bool(const Module&)>& select = nullptr);
+  // Moves every parameter and buffer of this module and its descendants to `device`, in place as
+  // above (PyTorch's module.to(device)): build the model, initialise it on the CPU, then move it.
+  // Gradients are dropped. Throws one line when the device is not there.
+  void to(const Device& device);
   // True for normalization layers (BatchNorm*, LayerNorm, GroupNorm, ...), which 16-bit presets
   // keep in f32; by default decided from name().
   virtual bool is_normalization() const;

@@ -69,6 +69,8 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end);
 Tensor expand(const Tensor& x, const Shape& shape);
 Tensor contiguous(const Tensor& x);
 Tensor cast(const Tensor& x, DType dtype);  // gradient is cast back to x's dtype
+// A contiguous copy on `device`; the gradient goes back to x's device. Same as x.to(device).
+Tensor to_device(const Tensor& x, const Device& device);
 
 }  // namespace mixprec::ops
 

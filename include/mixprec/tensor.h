@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mixprec/allocator.h"
+#include "mixprec/device.h"
 #include "mixprec/dtype.h"
 
 namespace mixprec {
@@ -21,15 +22,16 @@ namespace autograd {
 struct Node;
 }
 
-// Bytes owned through the allocator, tagged with the category they were allocated under.
+// Bytes owned through a device's allocator, tagged with the category they were allocated under.
 class Storage {
  public:
-  Storage(size_t bytes, MemCategory cat);
+  Storage(size_t bytes, MemCategory cat, Device device = Device::cpu());
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
+  const Device& device() const { return device_; }
   MemCategory category() const { return cat_; }
   void set_category(MemCategory c);  // ownership moved (e.g. a temporary becomes a .grad)
 
@@ -43,6 +45,7 @@ class Storage {
  private:
   void* data_;
   size_t bytes_;
+  Device device_;
   MemCategory cat_;
   uint64_t version_;
 };
@@ -66,24 +69,45 @@ struct TensorImpl {
 
 class Generator;  // mixprec/random.h
 
+// The device the factories allocate on when none is given: the CPU, unless a DefaultDevice scope
+// on this thread says otherwise (PyTorch's `with torch.device(...)`). Kernels run under one, so
+// the tensors they make land on their inputs' device.
+Device default_device();
+class DefaultDevice {
+ public:
+  explicit DefaultDevice(Device d);
+  ~DefaultDevice();
+  DefaultDevice(const DefaultDevice&) = delete;
+  DefaultDevice& operator=(const DefaultDevice&) = delete;
+
+ private:
+  Device prev_;
+};
+
 class Tensor {
  public:
   Tensor() = default;
   explicit Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)) {}  // internal
 
-  // ---- factories (allocate under the current MemoryScope category) ----
-  static Tensor empty(const Shape& shape, DType dtype = DType::f32);
-  static Tensor zeros(const Shape& shape, DType dtype = DType::f32);
-  static Tensor ones(const Shape& shape, DType dtype = DType::f32);
-  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32);
-  static Tensor scalar(double value, DType dtype = DType::f32);
-  static Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype = DType::f32);
-  static Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f64);
-  static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape);  // i64
-  // Random (one use of gen each, see mixprec/random.h): N(0, std^2), and U[lo, hi).
-  static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32, double std = 1.0);
-  static Tensor uniform(const Shape& shape, Generator& gen, double lo, double hi, DType dtype = DType::f32);
-  static Tensor arange(int64_t n, DType dtype = DType::f32);
+  // ---- factories (allocate under the current MemoryScope category, on `device`) ----
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = default_device());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = default_device());
+  static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = default_device());
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = default_device());
+  static Tensor scalar(double value, DType dtype = DType::f32, Device device = default_device());
+  static Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype = DType::f32,
+                            Device device = default_device());
+  static Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f64,
+                            Device device = default_device());
+  static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
+                            Device device = default_device());  // i64
+  // Random (one use of gen each, see mixprec/random.h): N(0, std^2), and U[lo, hi). The numbers
+  // are drawn on the host, then moved: the same values on every device.
+  static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32, double std = 1.0,
+                      Device device = default_device());
+  static Tensor uniform(const Shape& shape, Generator& gen, double lo, double hi, DType dtype = DType::f32,
+                        Device device = default_device());
+  static Tensor arange(int64_t n, DType dtype = DType::f32, Device device = default_device());
 
   // ---- metadata ----
   bool defined() const { return impl_ != nullptr; }
@@ -93,6 +117,7 @@ class Tensor {
   int64_t size(int64_t d) const;  // negative d counts from the end
   int64_t numel() const { return shape_numel(impl_->shape); }
   DType dtype() const { return impl_->dtype; }
+  Device device() const;
   int64_t offset() const { return impl_->offset; }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype()); }
   bool is_contiguous() const;
@@ -102,14 +127,18 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const { return impl_->storage; }
   bool same(const Tensor& o) const { return impl_ == o.impl_; }
 
-  // Raw element pointer at this view's offset.
+  // Raw element pointer at this view's offset, on the tensor's device (kernels).
   void* data_ptr() const;
+  // The same, for host code: throws mixprec::Error when the bytes are not host memory the caller
+  // may touch (a GPU's; the fenced device's outside a kernel). Use .to(Device::cpu()) first.
+  void* host_data_ptr() const;
   template <class T>
   T* data() const {
-    return static_cast<T*>(data_ptr());
+    return static_cast<T*>(host_data_ptr());
   }
 
-  // ---- values (host-side conveniences, not differentiable) ----
+  // ---- values (host-side conveniences, not differentiable; a device tensor is copied to the
+  // host first, which waits for the device) ----
   double item() const;                   // one-element tensor -> double
   std::vector<float> to_vector() const;  // any dtype, any layout -> row-major floats
   std::vector<double> to_vector_f64() const;
@@ -133,6 +162,7 @@ class Tensor {
   Tensor t() const { return transpose(0, 1); }
   Tensor slice(int64_t dim, int64_t start, int64_t end) const;  // [start, end) along dim
   Tensor to(DType dtype) const;                                 // differentiable cast; same dtype returns *this
+  Tensor to(const Device& device) const;  // differentiable copy to another device; same device returns *this
 
   // ---- autograd ----
   bool requires_grad() const { return impl_->requires_grad; }

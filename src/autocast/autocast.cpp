@@ -116,6 +116,14 @@ void apply_autocast(OpId op, std::initializer_list<Tensor*> inputs) {
   if (t.tracing) t.trace.emplace(std::string(op_name(op)), in_dtypes, std::string(dtype_name(run)));
 }
 
+void throw_mixed_devices(OpId op, std::initializer_list<Tensor*> inputs) {
+  std::string devices;
+  for (Tensor* x : inputs)
+    if (x->defined()) devices += (devices.empty() ? "" : ", ") + x->device().str();
+  throw Error(detail::concat(op_name(op), ": inputs on different devices (", devices,
+                             "); move them to one device with .to(device)"));
+}
+
 void start_trace() {
   ts().tracing = true;
   ts().trace.clear();

@@ -23,10 +23,25 @@ AutocastState& autocast_state();
 // (start_trace), records the op with its input and run dtypes. Call it through autocast().
 void apply_autocast(OpId op, std::initializer_list<Tensor*> inputs);
 
-// At every op's entry. Inside an autocast region, and outside the backward pass (which
+// Throws mixprec::Error naming the op and the devices when its defined inputs are not all on
+// one device (PyTorch refuses the same; a silent copy would hide a slow transfer).
+[[noreturn]] void throw_mixed_devices(OpId op, std::initializer_list<Tensor*> inputs);
+inline void check_devices(OpId op, std::initializer_list<Tensor*> inputs) {
+  const Tensor* first = nullptr;
+  for (Tensor* x : inputs) {
+    if (!x->defined()) continue;
+    if (first == nullptr)
+      first = x;
+    else if (!(x->device() == first->device()))
+      throw_mixed_devices(op, inputs);
+  }
+}
+
+// At every op's entry: the inputs' devices must agree. Inside an autocast region, and outside the backward pass (which
 // computes in the dtypes the forward chose), applies the op's class and feeds the trace;
 // elsewhere it does nothing, so the trace lists only the ops that ran under autocast.
 inline void autocast(OpId op, std::initializer_list<Tensor*> inputs) {
+  check_devices(op, inputs);
   if (autocast_state().enabled && !autograd::in_backward()) apply_autocast(op, inputs);
 }
 

@@ -1,10 +1,12 @@
-// The counting, caching, budgeted allocator behind every tensor.
+// The CPU allocator (counting, caching, budgeted) and the choice of allocator per device.
 #include "mixprec/allocator.h"
 
 #include <cstdlib>
 #include <map>
 #include <mutex>
 
+#include "core/device_allocator.h"
+#include "core/fenced.h"
 #include "mixprec/error.h"
 
 namespace mixprec {
@@ -16,31 +18,46 @@ constexpr int64_t kCacheMaxBytes = int64_t(1) << 31;  // cap on idle cached byte
 
 size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-struct State {
-  std::mutex mu;
-  MemoryStats s;
-  std::multimap<size_t, void*> free_blocks;  // rounded size -> block
+class CpuAllocator final : public detail::DeviceAllocator {
+ public:
+  void* allocate(size_t bytes, MemCategory cat) override;
+  void deallocate(void* ptr, size_t bytes, MemCategory cat) override;
+  void recategorize(size_t bytes, MemCategory from, MemCategory to) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    acc_.move(int64_t(round_up(bytes == 0 ? 1 : bytes)), from, to);
+  }
+  MemoryStats stats() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return acc_.s;
+  }
+  void reset_peak() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    acc_.reset_peak();
+  }
+  void set_budget(int64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    acc_.s.budget_bytes = bytes;
+  }
+  void empty_cache() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_cache_locked();
+  }
 
+ private:
   void release_cache_locked() {
-    for (auto& [bytes, p] : free_blocks) std::free(p);
-    free_blocks.clear();
-    s.cached_bytes = 0;
+    for (auto& [bytes, p] : free_blocks_) std::free(p);
+    free_blocks_.clear();
+    acc_.s.cached_bytes = 0;
   }
-  void note_alloc(size_t bytes, MemCategory cat) {
-    auto i = static_cast<size_t>(cat);
-    s.live_bytes[i] += int64_t(bytes);
-    s.live_total += int64_t(bytes);
-    if (s.live_bytes[i] > s.peak_bytes[i]) s.peak_bytes[i] = s.live_bytes[i];
-    if (s.live_total > s.peak_total) {
-      s.peak_total = s.live_total;
-      s.at_peak_bytes = s.live_bytes;
-    }
-  }
+
+  std::mutex mu_;
+  detail::MemoryAccounting acc_;
+  std::multimap<size_t, void*> free_blocks_;  // rounded size -> block
 };
 
-State& state() {
-  static State* st = new State();  // never destroyed: tensors may outlive static destruction
-  return *st;
+CpuAllocator& cpu_allocator() {
+  static auto* a = new CpuAllocator();  // never destroyed: tensors may outlive static destruction
+  return *a;
 }
 
 thread_local MemCategory tl_category = MemCategory::activations;
@@ -75,96 +92,89 @@ MemCategory current_mem_category() { return tl_category; }
 MemoryScope::MemoryScope(MemCategory c) : prev_(tl_category) { tl_category = c; }
 MemoryScope::~MemoryScope() { tl_category = prev_; }
 
-namespace allocator {
-
-void* allocate(size_t bytes, MemCategory cat) {
+void* CpuAllocator::allocate(size_t bytes, MemCategory cat) {
   const size_t size = round_up(bytes == 0 ? 1 : bytes);
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  if (st.s.budget_bytes > 0 && st.s.live_total + int64_t(size) > st.s.budget_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MemoryStats& s = acc_.s;
+  if (s.budget_bytes > 0 && s.live_total + int64_t(size) > s.budget_bytes) {
     throw OutOfMemory(detail::concat("out of memory: allocating ", size, " bytes of ", mem_category_name(cat), " with ",
-                                     st.s.live_total, " bytes live would exceed the budget of ", st.s.budget_bytes,
+                                     s.live_total, " bytes live would exceed the budget of ", s.budget_bytes,
                                      " bytes"));
   }
   void* p = nullptr;
   if (size >= kCacheMinBytes) {
-    auto it = st.free_blocks.find(size);
-    if (it != st.free_blocks.end()) {
+    auto it = free_blocks_.find(size);
+    if (it != free_blocks_.end()) {
       p = it->second;
-      st.free_blocks.erase(it);
-      st.s.cached_bytes -= int64_t(size);
-      ++st.s.num_cache_hits;
+      free_blocks_.erase(it);
+      s.cached_bytes -= int64_t(size);
+      ++s.num_cache_hits;
     }
   }
   if (p == nullptr) {
     // With a budget, live + cached must fit too (a device has only so much); drop the cache.
-    if (st.s.budget_bytes > 0 && st.s.live_total + st.s.cached_bytes + int64_t(size) > st.s.budget_bytes)
-      st.release_cache_locked();
+    if (s.budget_bytes > 0 && s.live_total + s.cached_bytes + int64_t(size) > s.budget_bytes) release_cache_locked();
     p = std::aligned_alloc(kAlign, size);
     if (p == nullptr) {
-      st.release_cache_locked();
+      release_cache_locked();
       p = std::aligned_alloc(kAlign, size);
     }
     if (p == nullptr) throw OutOfMemory(detail::concat("out of memory: the system refused ", size, " bytes"));
-    ++st.s.num_allocs;
+    ++s.num_allocs;
   }
-  st.note_alloc(size, cat);
+  acc_.add(int64_t(size), cat);
   return p;
 }
 
-void deallocate(void* ptr, size_t bytes, MemCategory cat) {
+void CpuAllocator::deallocate(void* ptr, size_t bytes, MemCategory cat) {
   if (ptr == nullptr) return;
   const size_t size = round_up(bytes == 0 ? 1 : bytes);
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  auto i = static_cast<size_t>(cat);
-  st.s.live_bytes[i] -= int64_t(size);
-  st.s.live_total -= int64_t(size);
-  MIXPREC_ASSERT(st.s.live_bytes[i] >= 0, "category ", mem_category_name(cat), " went negative");
-  if (size >= kCacheMinBytes && st.s.cached_bytes + int64_t(size) <= kCacheMaxBytes) {
-    st.free_blocks.emplace(size, ptr);
-    st.s.cached_bytes += int64_t(size);
+  std::lock_guard<std::mutex> lock(mu_);
+  acc_.remove(int64_t(size), cat);
+  if (size >= kCacheMinBytes && acc_.s.cached_bytes + int64_t(size) <= kCacheMaxBytes) {
+    free_blocks_.emplace(size, ptr);
+    acc_.s.cached_bytes += int64_t(size);
   } else {
     std::free(ptr);
   }
 }
 
-void recategorize(size_t bytes, MemCategory from, MemCategory to) {
-  if (from == to) return;
-  const size_t size = round_up(bytes == 0 ? 1 : bytes);
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  st.s.live_bytes[static_cast<size_t>(from)] -= int64_t(size);
-  st.s.live_total -= int64_t(size);
-  st.note_alloc(size, to);
+namespace detail {
+DeviceAllocator& device_allocator(const Device& d) {
+  switch (d.type) {
+    case DeviceType::cpu:
+      return cpu_allocator();
+    case DeviceType::fenced:
+      return fenced_allocator();
+    case DeviceType::cuda:
+      break;
+  }
+#ifdef MIXPREC_WITH_CUDA
+  cuda::require(d);
+  return cuda_allocator(d.index);
+#else
+  throw Error(detail::concat("device ", d.str(), " asked for, but ", cuda::unavailable_reason()));
+#endif
 }
+}  // namespace detail
 
-MemoryStats stats() {
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  return st.s;
-}
+namespace allocator {
 
-void reset_peak() {
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  st.s.peak_bytes = st.s.live_bytes;
-  st.s.peak_total = st.s.live_total;
-  st.s.at_peak_bytes = st.s.live_bytes;
-}
+void* allocate(size_t bytes, MemCategory cat) { return cpu_allocator().allocate(bytes, cat); }
+void deallocate(void* ptr, size_t bytes, MemCategory cat) { cpu_allocator().deallocate(ptr, bytes, cat); }
+void recategorize(size_t bytes, MemCategory from, MemCategory to) { cpu_allocator().recategorize(bytes, from, to); }
+MemoryStats stats() { return cpu_allocator().stats(); }
+void reset_peak() { cpu_allocator().reset_peak(); }
+void set_budget(int64_t bytes) { set_budget(bytes, Device::cpu()); }
+void empty_cache() { cpu_allocator().empty_cache(); }
 
-void set_budget(int64_t bytes) {
+MemoryStats stats(const Device& d) { return detail::device_allocator(d).stats(); }
+void reset_peak(const Device& d) { detail::device_allocator(d).reset_peak(); }
+void set_budget(int64_t bytes, const Device& d) {
   MIXPREC_CHECK(bytes >= 0, "memory budget must be >= 0 bytes, got ", bytes);
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  st.s.budget_bytes = bytes;
+  detail::device_allocator(d).set_budget(bytes);
 }
-
-void empty_cache() {
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  st.release_cache_locked();
-}
+void empty_cache(const Device& d) { detail::device_allocator(d).empty_cache(); }
 
 }  // namespace allocator
 }  // namespace mixprec

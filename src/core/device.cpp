@@ -11,6 +11,7 @@ namespace mixprec {
 Device Device::parse(std::string_view text) {
   if (text == "cpu") return cpu();
   if (text == "cuda") return cuda(0);
+  if (text == "fenced") return fenced();
   if (text.starts_with("cuda:")) {
     const std::string_view num = text.substr(5);
     int index = -1;
@@ -20,12 +21,22 @@ Device Device::parse(std::string_view text) {
   throw Error(detail::concat("unknown device '", text, "': expected cpu, cuda or cuda:N"));
 }
 
-std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+std::string Device::str() const {
+  switch (type) {
+    case DeviceType::cpu:
+      return "cpu";
+    case DeviceType::fenced:
+      return "fenced";
+    case DeviceType::cuda:
+      break;
+  }
+  return "cuda:" + std::to_string(index);
+}
 
 namespace cuda {
 
 void require(const Device& d) {
-  if (d.is_cpu()) return;
+  if (!d.is_cuda()) return;
   const int n = device_count();
   MIXPREC_CHECK(n > 0, "device ", d.str(), " asked for, but there is no usable GPU: ", unavailable_reason());
   MIXPREC_CHECK(d.index < n, "device ", d.str(), " asked for, but this machine has ", n, " GPU", n == 1 ? "" : "s",

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/fenced.h"
 #include "kernels/kernels.h"
 #include "mixprec/autograd.h"
 #include "mixprec/convert.h"
@@ -41,78 +42,90 @@ Shape contiguous_strides(const Shape& s) {
 
 namespace {
 std::atomic<uint64_t> g_versions{0};
-}
+thread_local Device tl_default_device;
+}  // namespace
 
-Storage::Storage(size_t bytes, MemCategory cat)
-    : data_(allocator::allocate(bytes, cat)), bytes_(bytes), cat_(cat), version_(++g_versions) {}
+Device default_device() { return tl_default_device; }
+DefaultDevice::DefaultDevice(Device d) : prev_(tl_default_device) { tl_default_device = d; }
+DefaultDevice::~DefaultDevice() { tl_default_device = prev_; }
+
+Storage::Storage(size_t bytes, MemCategory cat, Device device)
+    : data_(detail::device_allocator(device).allocate(bytes, cat)),
+      bytes_(bytes),
+      device_(device),
+      cat_(cat),
+      version_(++g_versions) {}
 void Storage::bump_version() { version_ = ++g_versions; }
-Storage::~Storage() { allocator::deallocate(data_, bytes_, cat_); }
+Storage::~Storage() { detail::device_allocator(device_).deallocate(data_, bytes_, cat_); }
 void Storage::set_category(MemCategory c) {
-  allocator::recategorize(bytes_, cat_, c);
+  detail::device_allocator(device_).recategorize(bytes_, cat_, c);
   cat_ = c;
 }
 
 // ---------------------------------------------------------------- factories
 
-Tensor Tensor::empty(const Shape& shape, DType dtype) {
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) MIXPREC_CHECK(d >= 0, "tensor dimensions must be >= 0, got ", shape_str(shape));
   auto impl = std::make_shared<detail::TensorImpl>();
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
-  impl->storage = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), current_mem_category());
+  impl->storage =
+      std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), current_mem_category(), device);
   return Tensor(std::move(impl));
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
-  std::memset(t.data_ptr(), 0, t.nbytes());
-  return t;
-}
-Tensor Tensor::ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
-Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
   t.fill_(value);
   return t;
 }
-Tensor Tensor::scalar(double value, DType dtype) { return full({}, value, dtype); }
+Tensor Tensor::scalar(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
 
-Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape, DType dtype) {
-  MIXPREC_CHECK(int64_t(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
-                " values do not fill shape ", shape_str(shape));
-  Tensor t = empty(shape, dtype);
-  convert(values.data(), DType::f32, t.data_ptr(), dtype, values.size());
-  return t;
+namespace {
+// A host tensor of `dtype` filled by `fill(ptr)`, then moved to `device` (detached: factories
+// make leaves).
+template <class Fill>
+Tensor host_then_move(const Shape& shape, DType dtype, Device device, Fill fill) {
+  Tensor t = Tensor::empty(shape, dtype, Device::cpu());
+  fill(t.data_ptr());
+  return device.is_cpu() ? t : t.to(device).detach();
 }
-Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape, DType dtype) {
+}  // namespace
+
+Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape, DType dtype, Device device) {
   MIXPREC_CHECK(int64_t(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
                 " values do not fill shape ", shape_str(shape));
-  Tensor t = empty(shape, dtype);
-  convert(values.data(), DType::f64, t.data_ptr(), dtype, values.size());
-  return t;
+  return host_then_move(shape, dtype, device,
+                        [&](void* p) { convert(values.data(), DType::f32, p, dtype, values.size()); });
 }
-Tensor Tensor::from_vector(const std::vector<int64_t>& values, const Shape& shape) {
+Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape, DType dtype, Device device) {
   MIXPREC_CHECK(int64_t(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
                 " values do not fill shape ", shape_str(shape));
-  Tensor t = empty(shape, DType::i64);
-  std::memcpy(t.data_ptr(), values.data(), values.size() * sizeof(int64_t));
-  return t;
+  return host_then_move(shape, dtype, device,
+                        [&](void* p) { convert(values.data(), DType::f64, p, dtype, values.size()); });
+}
+Tensor Tensor::from_vector(const std::vector<int64_t>& values, const Shape& shape, Device device) {
+  MIXPREC_CHECK(int64_t(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
+                " values do not fill shape ", shape_str(shape));
+  return host_then_move(shape, DType::i64, device,
+                        [&](void* p) { std::memcpy(p, values.data(), values.size() * sizeof(int64_t)); });
 }
 
-Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, double std) {
-  Tensor t = empty(shape, dtype);
-  fill_normal(t.data_ptr(), dtype, t.numel(), 0.0, std, gen);
-  return t;
+Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, double std, Device device) {
+  return host_then_move(shape, dtype, device,
+                        [&](void* p) { fill_normal(p, dtype, shape_numel(shape), 0.0, std, gen); });
 }
-Tensor Tensor::uniform(const Shape& shape, Generator& gen, double lo, double hi, DType dtype) {
-  Tensor t = empty(shape, dtype);
-  fill_uniform(t.data_ptr(), dtype, t.numel(), lo, hi, gen);
-  return t;
+Tensor Tensor::uniform(const Shape& shape, Generator& gen, double lo, double hi, DType dtype, Device device) {
+  return host_then_move(shape, dtype, device,
+                        [&](void* p) { fill_uniform(p, dtype, shape_numel(shape), lo, hi, gen); });
 }
-Tensor Tensor::arange(int64_t n, DType dtype) {
+Tensor Tensor::arange(int64_t n, DType dtype, Device device) {
   std::vector<double> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[size_t(i)] = double(i);
-  return from_vector(v, {n}, dtype);
+  return from_vector(v, {n}, dtype, device);
 }
 
 // ---------------------------------------------------------------- metadata
@@ -134,26 +147,41 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+Device Tensor::device() const { return impl_->storage ? impl_->storage->device() : Device::cpu(); }
+
 void* Tensor::data_ptr() const {
   return static_cast<char*>(impl_->storage->data()) + impl_->offset * int64_t(dtype_size(impl_->dtype));
 }
 
+void* Tensor::host_data_ptr() const {
+  const Device d = device();
+  MIXPREC_CHECK(d.is_cpu() || (d.is_fenced() && detail::fenced_access_open()), "host code read a tensor on ", d.str(),
+                " (", dtype_name(dtype()), " ", shape_str(shape()),
+                "): device memory is reached through kernels; copy it with .to(Device::cpu()) first");
+  return data_ptr();
+}
+
 // ---------------------------------------------------------------- values
 
+namespace {
+// A contiguous host copy (or view) of t's values, detached.
+Tensor on_host(const Tensor& t) { return t.detach().to(Device::cpu()).contiguous(); }
+}  // namespace
+
 std::vector<float> Tensor::to_vector() const {
-  Tensor c = contiguous().detach();
+  Tensor c = on_host(*this);
   std::vector<float> out(size_t(c.numel()));
   convert(c.data_ptr(), c.dtype(), out.data(), DType::f32, out.size());
   return out;
 }
 std::vector<double> Tensor::to_vector_f64() const {
-  Tensor c = contiguous().detach();
+  Tensor c = on_host(*this);
   std::vector<double> out(size_t(c.numel()));
   convert(c.data_ptr(), c.dtype(), out.data(), DType::f64, out.size());
   return out;
 }
 std::vector<int64_t> Tensor::to_vector_i64() const {
-  Tensor c = contiguous().detach();
+  Tensor c = on_host(*this);
   std::vector<int64_t> out(size_t(c.numel()));
   convert(c.data_ptr(), c.dtype(), out.data(), DType::i64, out.size());
   return out;
@@ -162,12 +190,12 @@ std::vector<int64_t> Tensor::to_vector_i64() const {
 double Tensor::item() const {
   MIXPREC_CHECK(numel() == 1, "item() needs a one-element tensor, got shape ", shape_str(shape()));
   double v = 0;
-  convert(data_ptr(), dtype(), &v, DType::f64, 1);
+  convert(on_host(*this).data_ptr(), dtype(), &v, DType::f64, 1);
   return v;
 }
 
 Tensor Tensor::clone() const {
-  Tensor dst = empty(shape(), dtype());
+  Tensor dst = empty(shape(), dtype(), device());
   kernels::copy(*this, dst);
   return dst;
 }
@@ -212,7 +240,7 @@ void Tensor::backward(const Tensor& grad) const {
   if (!g.defined()) {
     MIXPREC_CHECK(numel() == 1, "backward() without a gradient needs a one-element tensor, got shape ",
                   shape_str(shape()));
-    g = Tensor::ones(shape(), dtype());
+    g = Tensor::ones(shape(), dtype(), device());
   }
   autograd::backward({*this}, {g});
 }
@@ -229,5 +257,6 @@ Tensor Tensor::flatten(int64_t start_dim) const { return ops::flatten(*this, sta
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return ops::transpose(*this, d0, d1); }
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end) const { return ops::slice(*this, d, start, end); }
 Tensor Tensor::to(DType t) const { return t == dtype() ? *this : ops::cast(*this, t); }
+Tensor Tensor::to(const Device& d) const { return d == device() ? *this : ops::to_device(*this, d); }
 
 }  // namespace mixprec

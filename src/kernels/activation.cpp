@@ -7,6 +7,7 @@
 namespace mixprec::kernels {
 
 Tensor activation(Activation op, const Tensor& x) {
+  const DeviceScope on(x);
   if (use_fast() && x.is_contiguous()) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::activation(op, x, dst)) return dst;
@@ -15,6 +16,7 @@ Tensor activation(Activation op, const Tensor& x) {
 }
 
 Tensor activation_grad(Activation op, const Tensor& grad, const Tensor& saved) {
+  const DeviceScope on({&grad, &saved});
   if (use_fast() && grad.is_contiguous() && saved.is_contiguous()) {
     Tensor dst = Tensor::empty(saved.shape(), saved.dtype());
     if (cpu::activation_grad(op, grad, saved, dst)) return dst;
@@ -23,6 +25,7 @@ Tensor activation_grad(Activation op, const Tensor& grad, const Tensor& saved) {
 }
 
 void relu_mask_inplace(Tensor& grad, const Tensor& y) {
+  const DeviceScope on({&grad, &y});
   MIXPREC_ASSERT(grad.is_contiguous() && grad.shape() == y.shape(), "relu_mask_inplace ", shape_str(grad.shape()),
                  " vs ", shape_str(y.shape()));
   const Tensor yc = contig(y);

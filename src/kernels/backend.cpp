@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "mixprec/error.h"
+
 namespace mixprec::kernels {
 namespace {
 Backend initial_backend() {
@@ -15,5 +17,18 @@ Backend g_backend = initial_backend();
 
 Backend backend() { return g_backend; }
 void set_backend(Backend b) { g_backend = b; }
+
+Device DeviceScope::common_device(std::initializer_list<const Tensor*> xs) {
+  const Tensor* first = nullptr;
+  for (const Tensor* x : xs) {
+    if (!x->defined()) continue;
+    if (first == nullptr) first = x;
+    // Ops check their inputs (amp::check_devices); this catches a kernel's caller that made a
+    // tensor on the wrong device, before a CPU kernel reads device memory.
+    MIXPREC_CHECK(x->device() == first->device(), "internal: kernel operands on different devices (",
+                  first->device().str(), ", ", x->device().str(), ")");
+  }
+  return first ? first->device() : Device::cpu();
+}
 
 }  // namespace mixprec::kernels

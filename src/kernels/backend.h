@@ -1,8 +1,12 @@
 // Which implementation a kernel call runs. Every family (src/kernels/<family>.h) has one dispatch
-// function per computation that picks, in order: the device's kernels (src/kernels/cuda, next
-// issue: chosen by the inputs' device), the fast CPU kernel (src/kernels/cpu) where it supports
-// the case, the reference (src/kernels/ref) last. See docs/design.md (Kernels).
+// function per computation that opens a DeviceScope on its inputs' device, then picks, in order:
+// the device's kernels (src/kernels/cuda for a CUDA tensor), the fast CPU kernel (src/kernels/cpu)
+// where it supports the case, the reference (src/kernels/ref) last. See docs/design.md (Kernels).
 #pragma once
+#include <optional>
+
+#include "core/fenced.h"
+#include "mixprec/tensor.h"
 
 namespace mixprec::kernels {
 
@@ -23,6 +27,28 @@ class BackendGuard {
 
  private:
   Backend prev_;
+};
+
+// Opened by every dispatch function: the tensors the call makes land on `device` (a DefaultDevice
+// scope); on the fenced test device its memory is open to the host meanwhile, so the CPU kernels
+// serve it unchanged. cuda() says the call must go to src/kernels/cuda.
+class DeviceScope {
+ public:
+  explicit DeviceScope(const Tensor& x) : DeviceScope(x.device()) {}
+  // The device of the defined ones among `xs`, which must all be on it.
+  explicit DeviceScope(std::initializer_list<const Tensor*> xs) : DeviceScope(common_device(xs)) {}
+  explicit DeviceScope(Device d) : device_(d), default_(d) {
+    if (d.is_fenced()) access_.emplace();
+  }
+  const Device& device() const { return device_; }
+  bool cuda() const { return device_.is_cuda(); }
+
+ private:
+  static Device common_device(std::initializer_list<const Tensor*> xs);
+
+  Device device_;
+  DefaultDevice default_;
+  std::optional<detail::FencedAccess> access_;
 };
 
 }  // namespace mixprec::kernels

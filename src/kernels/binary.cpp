@@ -11,6 +11,7 @@ namespace mixprec::kernels {
 Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::add, a, b); }
 
 void add_inplace(Tensor& acc, const Tensor& g) {
+  const DeviceScope on({&acc, &g});
   MIXPREC_ASSERT(acc.shape() == g.shape() && acc.is_contiguous(), "add_inplace ", shape_str(acc.shape()),
                  " += ", shape_str(g.shape()));
   Tensor gg = g.dtype() == acc.dtype() ? g : cast(g, acc.dtype());
@@ -20,6 +21,7 @@ void add_inplace(Tensor& acc, const Tensor& g) {
 }
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  const DeviceScope on({&a, &b});
   MIXPREC_ASSERT(a.dtype() == b.dtype(), "binary op on ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
   if (use_fast()) {
     Tensor dst = Tensor::empty(broadcast_shapes(a.shape(), b.shape(), "binary op"), a.dtype());

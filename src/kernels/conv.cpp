@@ -4,6 +4,7 @@
 namespace mixprec::kernels {
 
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu) {
+  const DeviceScope on({&x, &weight, &bias});
   if (use_fast()) {
     Tensor dst = Tensor::empty(g.y_shape(), x.dtype());
     if (cpu::conv2d_forward(x, weight, bias, g, relu, dst)) return dst;
@@ -13,6 +14,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
                           bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
+  const DeviceScope on({&grad_y, &x, &weight});
   if (use_fast()) {
     ConvGrads out;
     if (need_x) out.x = Tensor::empty(g.x_shape(), grad_y.dtype());

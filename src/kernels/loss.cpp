@@ -4,11 +4,13 @@
 namespace mixprec::kernels {
 
 Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, bool reduce, double scale) {
+  const DeviceScope on({&log_probs, &target});
   return ref::nll_loss_forward(log_probs, target, reduce, scale);
 }
 
 Tensor nll_loss_backward(const Tensor& grad, const Tensor& target, int64_t classes, bool reduce, double scale,
                          DType dtype) {
+  const DeviceScope on({&grad, &target});
   return ref::nll_loss_backward(grad, target, classes, reduce, scale, dtype);
 }
 

@@ -4,6 +4,7 @@
 namespace mixprec::kernels {
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) {
+  const DeviceScope on({&a, &b, &dst});
   if (use_fast() && cpu::matmul(a, b, dst, o)) return;
   ref::matmul(a, b, dst, o);
 }

@@ -4,12 +4,14 @@
 namespace mixprec::kernels {
 
 void batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& var) {
+  const DeviceScope on({&x, &mean, &var});
   if (use_fast() && cpu::batch_norm_stats(x, channels, mean, var)) return;
   ref::batch_norm_stats(x, channels, mean, var);
 }
 
 Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
                           const Tensor& bias) {
+  const DeviceScope on({&x, &mean, &invstd, &weight, &bias});
   if (use_fast()) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::batch_norm_forward(x, mean, invstd, weight, bias, dst)) return dst;
@@ -19,6 +21,7 @@ Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& inv
 
 NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                               const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias) {
+  const DeviceScope on({&grad_y, &x, &mean, &invstd, &weight});
   NormGrads out;
   if (use_fast() &&
       cpu::batch_norm_backward(grad_y, x, mean, invstd, weight, training, need_x, need_weight, need_bias, out))
@@ -28,6 +31,7 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
 
 Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
                           Tensor& rstd) {
+  const DeviceScope on({&x, &weight, &bias, &mean, &rstd});
   if (use_fast()) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::layer_norm_forward(x, weight, bias, eps, mean, rstd, dst)) return dst;
@@ -37,6 +41,7 @@ Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& b
 
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& weight, bool need_x, bool need_weight, bool need_bias) {
+  const DeviceScope on({&grad_y, &x, &mean, &rstd, &weight});
   NormGrads out;
   if (use_fast() && cpu::layer_norm_backward(grad_y, x, mean, rstd, weight, need_x, need_weight, need_bias, out))
     return out;
@@ -44,8 +49,12 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
 }
 
 // Per-channel O(C) work: the reference only.
-Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype) { return ref::batch_norm_invstd(var, eps, dtype); }
+Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype) {
+  const DeviceScope on(var);
+  return ref::batch_norm_invstd(var, eps, dtype);
+}
 Tensor batch_norm_running(const Tensor& running, const Tensor& batch, double factor, double momentum) {
+  const DeviceScope on({&running, &batch});
   return ref::batch_norm_running(running, batch, factor, momentum);
 }
 

@@ -4,6 +4,7 @@
 namespace mixprec::kernels {
 
 MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
+  const DeviceScope on(x);
   if (use_fast()) {
     MaxPoolResult r;
     r.dst = Tensor::empty({g.n, g.c, g.oh, g.ow}, x.dtype());
@@ -14,6 +15,7 @@ MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g) {
+  const DeviceScope on({&grad_y, &argmax});
   if (use_fast()) {
     Tensor gx = Tensor::empty({g.n, g.c, g.h, g.w}, grad_y.dtype());
     if (cpu::max_pool2d_backward(grad_y, argmax, g, gx)) return gx;
@@ -22,6 +24,7 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Poo
 }
 
 Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
+  const DeviceScope on(x);
   if (use_fast()) {
     Tensor dst = Tensor::empty({g.n, g.c, g.oh, g.ow}, x.dtype());
     if (cpu::avg_pool2d_forward(x, g, dst)) return dst;
@@ -30,6 +33,7 @@ Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
 }
 
 Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g) {
+  const DeviceScope on(grad_y);
   if (use_fast()) {
     Tensor gx = Tensor::empty({g.n, g.c, g.h, g.w}, grad_y.dtype());
     if (cpu::avg_pool2d_backward(grad_y, g, gx)) return gx;

@@ -8,6 +8,7 @@
 namespace mixprec::kernels {
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype) {
+  const DeviceScope on(x);
   if (use_fast()) {
     Shape out_shape;
     for (int64_t d = 0; d < x.dim(); ++d) {
@@ -24,6 +25,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DTyp
 }
 
 bool all_finite(const Tensor& x) {
+  const DeviceScope on(x);
   if (!is_floating(x.dtype())) return true;
   bool finite = true;
   if (use_fast() && cpu::all_finite(x, finite)) return finite;

@@ -1,21 +1,47 @@
 // Dispatch of the shape family (shape.h): fast CPU copy where it supports the case, else the reference.
 #include "kernels/shape.h"
 
+#include <cstring>
+
 #include "kernels/ref/access.h"
 
 namespace mixprec::kernels {
 
 void copy(const Tensor& src, Tensor& dst) {
   MIXPREC_ASSERT(src.shape() == dst.shape(), "copy ", shape_str(src.shape()), " -> ", shape_str(dst.shape()));
+  MIXPREC_CHECK(src.device() == dst.device(), "copy_: source on ", src.device().str(), ", destination on ",
+                dst.device().str(), "; move the source with .to(device) first");
+  const DeviceScope on({&src, &dst});
   if (use_fast() && cpu::copy(src, dst)) return;
   ref::copy(src, dst);
 }
 
-void fill(Tensor& dst, double value) { ref::fill(dst, value); }  // memset/memcpy already: no fast variant
+void fill(Tensor& dst, double value) {  // memset/memcpy already: no fast variant
+  const DeviceScope on(dst);
+  ref::fill(dst, value);
+}
 
 Tensor cast(const Tensor& src, DType dtype) {
+  const DeviceScope on(src);
   Tensor dst = Tensor::empty(src.shape(), dtype);
   copy(src, dst);
+  return dst;
+}
+
+Tensor to_device(const Tensor& src, const Device& device) {
+  const Tensor c = contig(src);
+  Tensor dst = Tensor::empty(c.shape(), c.dtype(), device);
+  if (c.device().is_cuda() || device.is_cuda()) {
+#ifdef MIXPREC_WITH_CUDA
+    cuda::copy_between_devices(c, dst);
+    return dst;
+#else
+    MIXPREC_ASSERT(false, "a CUDA tensor in a build without CUDA");
+#endif
+  }
+  // cpu and fenced: host memory both, the fenced one opened for the copy.
+  const detail::FencedAccess access;
+  std::memcpy(dst.data_ptr(), c.data_ptr(), c.nbytes());
   return dst;
 }
 

@@ -11,6 +11,8 @@ inline Tensor contig(const Tensor& t) { return t.is_contiguous() ? t.detach() : 
 void copy(const Tensor& src, Tensor& dst);  // any strides, any dtypes, same shape
 void fill(Tensor& dst, double value);
 Tensor cast(const Tensor& src, DType dtype);  // new contiguous tensor
+// A contiguous copy of src on `device` (any pair of devices; from a GPU it waits for the copy).
+Tensor to_device(const Tensor& src, const Device& device);
 
 namespace ref {
 void copy(const Tensor& src, Tensor& dst);
@@ -20,5 +22,10 @@ void fill(Tensor& dst, double value);
 namespace cpu {
 bool copy(const Tensor& src, Tensor& dst);  // contiguous src and dst
 }  // namespace cpu
+
+namespace cuda {
+// Contiguous src and dst of one dtype and size, at least one of them on a GPU (src/kernels/cuda/).
+void copy_between_devices(const Tensor& src, Tensor& dst);
+}  // namespace cuda
 
 }  // namespace mixprec::kernels

@@ -4,6 +4,7 @@
 namespace mixprec::kernels {
 
 Tensor softmax_lastdim(const Tensor& x, bool log) {
+  const DeviceScope on(x);
   if (use_fast()) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::softmax_lastdim(x, log, dst)) return dst;
@@ -12,6 +13,7 @@ Tensor softmax_lastdim(const Tensor& x, bool log) {
 }
 
 Tensor softmax_lastdim_backward(const Tensor& y, const Tensor& grad_y, bool log) {
+  const DeviceScope on({&y, &grad_y});
   if (use_fast()) {
     Tensor dst = Tensor::empty(y.shape(), y.dtype());
     if (cpu::softmax_lastdim_backward(y, grad_y, log, dst)) return dst;

@@ -4,6 +4,7 @@
 namespace mixprec::kernels {
 
 Tensor unary(UnaryOp op, const Tensor& x, UnaryParams p) {
+  const DeviceScope on(x);
   if (use_fast() && x.is_contiguous()) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::unary(op, x, p, dst)) return dst;
@@ -12,6 +13,7 @@ Tensor unary(UnaryOp op, const Tensor& x, UnaryParams p) {
 }
 
 Tensor unary_grad(UnaryGradOp op, const Tensor& grad, const Tensor& x, UnaryParams p) {
+  const DeviceScope on({&grad, &x});
   if (use_fast() && grad.is_contiguous() && x.is_contiguous()) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::unary_grad(op, grad, x, p, dst)) return dst;

@@ -69,29 +69,38 @@ void Module::train(bool on) {
   for (auto& [n, c] : children_) c->train(on);
 }
 
-// The precision presets' in-place conversion: the impl keeps its identity (so Linear::weight,
-// the optimizer and any other handle see the new dtype) and gets a fresh contiguous storage of
-// the same memory category.
-static void convert_in_place(const Tensor& t, DType dtype) {
+// The in-place conversion of Module::to: the impl keeps its identity (so Linear::weight, the
+// optimizer and any other handle see the new dtype or device) and gets a fresh contiguous storage
+// of the same memory category.
+static void replace_in_place(const Tensor& t, DType dtype, const Device& device) {
   detail::TensorImpl* impl = t.impl();
-  if (impl->dtype == dtype || !is_floating(impl->dtype)) return;
-  const Tensor src = t.detach().is_contiguous() ? t.detach() : t.detach().clone();
-  auto storage = std::make_shared<Storage>(size_t(t.numel()) * dtype_size(dtype), impl->storage->category());
-  convert(src.data_ptr(), src.dtype(), storage->data(), dtype, size_t(t.numel()));
-  impl->storage = std::move(storage);
+  if (impl->dtype == dtype && t.device() == device) return;
+  const MemoryScope scope(impl->storage->category());
+  const autograd::NoGradGuard no_grad;
+  const Tensor moved = t.detach().to(dtype).to(device).contiguous();
+  impl->storage = moved.storage();
   impl->dtype = dtype;
   impl->strides = contiguous_strides(impl->shape);
-  impl->offset = 0;
+  impl->offset = moved.offset();
   impl->grad.reset();  // the new storage has a new version: caches keyed on the old one miss
 }
 
 void Module::to(DType dtype, const std::function<bool(const Module&)>& select) {
   MIXPREC_CHECK(is_floating(dtype), "Module::to: ", dtype_name(dtype), " is not a floating dtype");
   if (!select || select(*this)) {
-    for (auto& [n, t] : params_) convert_in_place(t, dtype);
-    for (auto& [n, t] : buffers_) convert_in_place(t, dtype);
+    for (auto& [n, t] : params_)
+      if (is_floating(t.dtype())) replace_in_place(t, dtype, t.device());
+    for (auto& [n, t] : buffers_)
+      if (is_floating(t.dtype())) replace_in_place(t, dtype, t.device());
   }
   for (auto& [n, c] : children_) c->to(dtype, select);
+}
+
+void Module::to(const Device& device) {
+  cuda::require(device);
+  for (auto& [n, t] : params_) replace_in_place(t, t.dtype(), device);
+  for (auto& [n, t] : buffers_) replace_in_place(t, t.dtype(), device);
+  for (auto& [n, c] : children_) c->to(device);
 }
 
 bool Module::is_normalization() const {

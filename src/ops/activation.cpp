@@ -36,7 +36,7 @@ Tensor dropout(const Tensor& x_in, double p, bool training, Generator* gen) {
   check_floating(x, "dropout");
   if (!training || p == 0.0) return x;
   // Mask holds 0 or 1/(1-p) in x's dtype: inverted dropout, as in PyTorch.
-  Tensor mask = kernels::dropout_mask(x.shape(), x.dtype(), p, gen ? *gen : default_generator());
+  Tensor mask = kernels::dropout_mask(x.shape(), x.dtype(), p, gen ? *gen : default_generator(), x.device());
   Tensor out = kernels::binary(kernels::BinaryOp::mul, x, mask);
   return autograd::record(out, "dropout", {x}, [mask](const Tensor& gr, const autograd::Node&) {
     return std::vector<Tensor>{kernels::binary(kernels::BinaryOp::mul, gr, mask)};

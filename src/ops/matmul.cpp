@@ -13,7 +13,7 @@ Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor* bias
           std::optional<DType> dst_t = std::nullopt, bool relu = false) {
   const int64_t r = a.dim() - 2;  // 1 when batched
   const int64_t m = ta ? a.size(r + 1) : a.size(r), n = tb ? b.size(r) : b.size(r + 1);
-  Tensor dst = Tensor::empty(r ? Shape{a.size(0), m, n} : Shape{m, n}, dst_t.value_or(a.dtype()));
+  Tensor dst = Tensor::empty(r ? Shape{a.size(0), m, n} : Shape{m, n}, dst_t.value_or(a.dtype()), a.device());
   kernels::MatmulOpts o;
   o.trans_a = ta;
   o.trans_b = tb;

@@ -33,7 +33,7 @@ Tensor reduce(OpId id, Tensor x, std::vector<int64_t> dims, bool keepdim, bool a
     // Broadcast the gradient back over the reduced dims.
     Tensor gk = kernels::contig(g).reshape(kept);
     if (is_mean) gk = kernels::unary(kernels::UnaryOp::affine, gk, {1.0 / double(std::max<int64_t>(count, 1)), 0.0});
-    Tensor zeros = Tensor::zeros(in_shape, g.dtype());
+    Tensor zeros = Tensor::zeros(in_shape, g.dtype(), g.device());
     return std::vector<Tensor>{kernels::binary(kernels::BinaryOp::add, zeros, gk)};
   });
 }

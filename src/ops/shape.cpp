@@ -106,7 +106,7 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
   const Shape& in_shape = x.shape();  // the lambda keeps a copy
   const DType dt = x.dtype();
   return autograd::record(out, "slice", {x}, [=](const Tensor& g, const autograd::Node&) {
-    Tensor full = Tensor::zeros(in_shape, dt);
+    Tensor full = Tensor::zeros(in_shape, dt, g.device());
     Tensor part = make_view(full, g.shape(), full.strides(), start * full.strides()[size_t(d)]);
     kernels::copy(g, part);
     return std::vector<Tensor>{full};
@@ -130,6 +130,16 @@ Tensor cast(const Tensor& x, DType dtype) {
   });
 }
 
+Tensor to_device(const Tensor& x, const Device& device) {
+  if (x.device() == device) return x;
+  Tensor out = kernels::to_device(x, device);
+  if (!is_floating(x.dtype())) return out;
+  const Device src_device = x.device();
+  return autograd::record(out, "to_device", {x}, [src_device](const Tensor& g, const autograd::Node&) {
+    return std::vector<Tensor>{kernels::to_device(g, src_device)};
+  });
+}
+
 Tensor cat(const std::vector<Tensor>& xs_in, int64_t dim) {
   MIXPREC_CHECK(!xs_in.empty(), "cat: needs at least one tensor");
   std::vector<Tensor> xs = xs_in;
@@ -138,6 +148,9 @@ Tensor cat(const std::vector<Tensor>& xs_in, int64_t dim) {
   DType t = xs[0].defined() ? xs[0].dtype() : DType::f32;
   for (size_t i = 0; i < xs.size(); ++i) {
     MIXPREC_CHECK(xs[i].defined(), "cat: tensor ", i, " is undefined");
+    MIXPREC_CHECK(xs[i].device() == xs[0].device(), "cat: inputs on different devices (tensor 0 on ",
+                  xs[0].device().str(), ", tensor ", i, " on ", xs[i].device().str(),
+                  "); move them to one device with .to(device)");
     if (is_floating(xs[i].dtype()) && is_floating(t))
       t = promote_floating(t, xs[i].dtype());
     else
@@ -157,7 +170,7 @@ Tensor cat(const std::vector<Tensor>& xs_in, int64_t dim) {
                   shape_str(first.shape()), "; all dims but ", d, " must match");
     out_shape[size_t(d)] += xs[i].size(d);
   }
-  Tensor out = Tensor::empty(out_shape, t);
+  Tensor out = Tensor::empty(out_shape, t, first.device());
   std::vector<int64_t> offsets;
   int64_t off = 0;
   for (const Tensor& x : xs) {

@@ -4,7 +4,7 @@
 #include "core/random_fill.h"
 #include "kernels/kernels.h"
 
-namespace mixprec::kernels {
+namespace mixprec::kernels::ref {
 
 Tensor dropout_mask(const Shape& shape, DType dtype, double p, Generator& gen) {
   Tensor mask = Tensor::empty(shape, dtype);
@@ -19,4 +19,4 @@ Tensor dropout_mask(const Shape& shape, DType dtype, double p, Generator& gen) {
   return mask;
 }
 
-}  // namespace mixprec::kernels
+}  // namespace mixprec::kernels::ref

@@ -1,0 +1,54 @@
+// What every CUDA source of mixprec shares (internal, CUDA builds only): error checks that throw
+// one line naming the call, the device guard, and the stream each device's work goes to.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "mixprec/error.h"
+#include "mixprec/tensor.h"
+
+namespace mixprec::cuda::detail {
+
+[[noreturn]] void throw_cuda_error(cudaError_t e, const char* call, const char* file, int line);
+
+// Throws mixprec::Error ("CUDA error in cudaMalloc(...) at file:line: out of memory") on failure.
+#define MIXPREC_CUDA_CHECK(call)                                                               \
+  do {                                                                                         \
+    const cudaError_t mixprec_cuda_err_ = (call);                                              \
+    if (mixprec_cuda_err_ != cudaSuccess)                                                      \
+      ::mixprec::cuda::detail::throw_cuda_error(mixprec_cuda_err_, #call, __FILE__, __LINE__); \
+  } while (0)
+// After a kernel launch: a bad launch configuration is reported here, not at the next sync.
+#define MIXPREC_CUDA_CHECK_LAUNCH() MIXPREC_CUDA_CHECK(cudaGetLastError())
+
+// Makes `index` the current GPU for the scope (cudaSetDevice), restoring the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+// The stream all of a device's work goes to, on this thread: one non-blocking stream per GPU,
+// created on first use (never the legacy default stream, which CUDA graphs cannot capture), or
+// the stream a StreamGuard set.
+cudaStream_t current_stream(int index);
+class StreamGuard {
+ public:
+  StreamGuard(int index, cudaStream_t s);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  int index_;
+  cudaStream_t prev_;
+};
+
+// The stream of a tensor's device.
+inline cudaStream_t stream_of(const Tensor& t) { return current_stream(t.device().index); }
+
+}  // namespace mixprec::cuda::detail
