@@ -1,6 +1,7 @@
 // The counting, caching, budgeted allocator behind every tensor.
 #include "mixprec/allocator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -82,6 +83,7 @@ void* allocate(size_t bytes, MemCategory cat) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   if (st.s.budget_bytes > 0 && st.s.live_total + int64_t(size) > st.s.budget_bytes) {
+    ++st.s.num_ooms;
     throw OutOfMemory(detail::concat("out of memory: allocating ", size, " bytes of ", mem_category_name(cat), " with ",
                                      st.s.live_total, " bytes live would exceed the budget of ", st.s.budget_bytes,
                                      " bytes"));
@@ -105,10 +107,14 @@ void* allocate(size_t bytes, MemCategory cat) {
       st.release_cache_locked();
       p = std::aligned_alloc(kAlign, size);
     }
-    if (p == nullptr) throw OutOfMemory(detail::concat("out of memory: the system refused ", size, " bytes"));
+    if (p == nullptr) {
+      ++st.s.num_ooms;
+      throw OutOfMemory(detail::concat("out of memory: the system refused ", size, " bytes"));
+    }
     ++st.s.num_allocs;
   }
   st.note_alloc(size, cat);
+  st.s.peak_reserved_bytes = std::max(st.s.peak_reserved_bytes, st.s.live_total + st.s.cached_bytes);
   return p;
 }
 
@@ -142,7 +148,12 @@ void recategorize(size_t bytes, MemCategory from, MemCategory to) {
 MemoryStats stats() {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
-  return st.s;
+  MemoryStats s = st.s;
+  // Every block is exactly its rounded request, and cached blocks are all that is held beyond them.
+  s.allocated_bytes = s.live_total;
+  s.peak_allocated_bytes = s.peak_total;
+  s.reserved_bytes = s.live_total + s.cached_bytes;
+  return s;
 }
 
 void reset_peak() {
@@ -151,6 +162,7 @@ void reset_peak() {
   st.s.peak_bytes = st.s.live_bytes;
   st.s.peak_total = st.s.live_total;
   st.s.at_peak_bytes = st.s.live_bytes;
+  st.s.peak_reserved_bytes = st.s.live_total + st.s.cached_bytes;
 }
 
 void set_budget(int64_t bytes) {
