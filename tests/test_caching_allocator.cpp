@@ -256,8 +256,8 @@ TEST_F(CachingAllocatorTest, EventsCompleteInOrderPerStream) {
   void* b = get(4096, 1);
   alloc->record_stream(a, 2);
   alloc->record_stream(b, 2);
-  put(a, 4096);  // event 1 on stream 2
-  put(b, 4096);  // event 2 on stream 2
+  put(a, 4096);         // event 1 on stream 2
+  put(b, 4096);         // event 2 on stream 2
   dev.finished[2] = 1;  // only the first has completed
   alloc->check_invariants();
   EXPECT_EQ(get(4096, 1), a);
@@ -271,7 +271,7 @@ TEST_F(CachingAllocatorTest, EventsCompleteInOrderPerStream) {
 
 TEST_F(CachingAllocatorTest, MissFreesTheCacheAndRetries) {
   dev.capacity = 24 * kMiB;
-  void* a = get(15 * kMiB);  // a 16 MiB segment
+  void* a = get(15 * kMiB);                     // a 16 MiB segment
   char* small = static_cast<char*>(get(kKiB));  // a 2 MiB segment, kept: partly live
   void* pending = get(kKiB, 1);
   alloc->record_stream(pending, 2);

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <tuple>
 
+#include "core/cuda/cuda_memory.h"
+#include "mixprec/device.h"
 #include "mixprec/error.h"
 
 namespace mixprec::detail {
@@ -17,8 +19,8 @@ struct CachingAllocator::Block {
   Stream stream = 0;   // the stream it was allocated on; every block of a segment shares it
   bool small = false;  // which pool: small blocks live in 2 MiB segments
   bool allocated = false;
-  int64_t charged = 0;             // while allocated: the rounded request the categories count
-  int event_count = 0;             // events still pending since deallocate()
+  int64_t charged = 0;              // while allocated: the rounded request the categories count
+  int event_count = 0;              // events still pending since deallocate()
   std::vector<Stream> stream_uses;  // other streams it was used on (record_stream)
   Block* prev = nullptr;            // neighbours within the segment
   Block* next = nullptr;
@@ -323,10 +325,11 @@ void CachingAllocator::throw_oom(size_t bytes, size_t size, MemCategory cat, siz
     limit = format_bytes(capacity) + ", the device's memory";
   else
     limit = "unknown";
-  std::string need = size < segment_bytes ? detail::concat(" needs a new segment of ", format_bytes(int64_t(segment_bytes)))
-                                          : std::string();
-  throw OutOfMemory(detail::concat("out of memory on ", provider_->name(), ": allocating ", format_bytes(int64_t(bytes)),
-                                   " of ", mem_category_name(cat), need, "; allocated ",
+  std::string need = size < segment_bytes
+                         ? detail::concat(" needs a new segment of ", format_bytes(int64_t(segment_bytes)))
+                         : std::string();
+  throw OutOfMemory(detail::concat("out of memory on ", provider_->name(), ": allocating ",
+                                   format_bytes(int64_t(bytes)), " of ", mem_category_name(cat), need, "; allocated ",
                                    format_bytes(stats_.allocated_bytes), ", reserved ",
                                    format_bytes(stats_.reserved_bytes), ", limit ", limit));
 }
@@ -374,5 +377,15 @@ void CachingAllocator::check_invariants() const {
   for (int64_t v : stats_.live_bytes) by_category += v;
   MIXPREC_ASSERT(by_category == stats_.live_total, "the categories do not add up to live_total");
 }
+
+#ifndef MIXPREC_WITH_CUDA
+// A build without CUDA has no GPU memory (src/core/cuda/cuda_memory.cpp defines these in one with).
+CachingAllocator& cuda_caching_allocator(int device) {
+  throw Error(concat("device cuda:", device, " memory asked for, but ", cuda::unavailable_reason()));
+}
+CachingAllocator& cuda_pinned_allocator() {
+  throw Error(concat("pinned host memory asked for, but ", cuda::unavailable_reason()));
+}
+#endif
 
 }  // namespace mixprec::detail

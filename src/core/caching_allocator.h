@@ -43,14 +43,14 @@ struct DeviceMemoryProvider {
 };
 
 // Sizes and pools, PyTorch's (c10/cuda/CUDACachingAllocator.cpp).
-constexpr size_t kMinBlockBytes = 512;             // every block size is a multiple of this
-constexpr size_t kSmallRequestBytes = 1 << 20;     // requests up to 1 MiB use the small pool
-constexpr size_t kSmallSegmentBytes = 2 << 20;     // which is carved from 2 MiB segments
-constexpr size_t kMidRequestBytes = 10 << 20;      // requests below 10 MiB take a
-constexpr size_t kMidSegmentBytes = 20 << 20;      // 20 MiB segment, split;
-constexpr size_t kLargeRoundBytes = 2 << 20;       // larger ones a segment rounded to 2 MiB
-size_t round_block_bytes(size_t bytes);            // 0 -> 512, else up to a multiple of 512
-size_t segment_bytes_for(size_t block_bytes);      // the raw_alloc size a miss of this block makes
+constexpr size_t kMinBlockBytes = 512;          // every block size is a multiple of this
+constexpr size_t kSmallRequestBytes = 1 << 20;  // requests up to 1 MiB use the small pool
+constexpr size_t kSmallSegmentBytes = 2 << 20;  // which is carved from 2 MiB segments
+constexpr size_t kMidRequestBytes = 10 << 20;   // requests below 10 MiB take a
+constexpr size_t kMidSegmentBytes = 20 << 20;   // 20 MiB segment, split;
+constexpr size_t kLargeRoundBytes = 2 << 20;    // larger ones a segment rounded to 2 MiB
+size_t round_block_bytes(size_t bytes);         // 0 -> 512, else up to a multiple of 512
+size_t segment_bytes_for(size_t block_bytes);   // the raw_alloc size a miss of this block makes
 
 // The allocator. Blocks belong to the stream they were allocated on and are reused only by that
 // stream (its work is ordered, so no event is needed); record_stream() marks use on another stream,
