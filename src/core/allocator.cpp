@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/memory_accounting.h"
 #include "mixprec/error.h"
 
 namespace mixprec {
@@ -26,16 +27,6 @@ struct State {
     for (auto& [bytes, p] : free_blocks) std::free(p);
     free_blocks.clear();
     s.cached_bytes = 0;
-  }
-  void note_alloc(size_t bytes, MemCategory cat) {
-    auto i = static_cast<size_t>(cat);
-    s.live_bytes[i] += int64_t(bytes);
-    s.live_total += int64_t(bytes);
-    if (s.live_bytes[i] > s.peak_bytes[i]) s.peak_bytes[i] = s.live_bytes[i];
-    if (s.live_total > s.peak_total) {
-      s.peak_total = s.live_total;
-      s.at_peak_bytes = s.live_bytes;
-    }
   }
 };
 
@@ -113,7 +104,7 @@ void* allocate(size_t bytes, MemCategory cat) {
     }
     ++st.s.num_allocs;
   }
-  st.note_alloc(size, cat);
+  detail::charge_category(st.s, int64_t(size), cat);
   st.s.peak_reserved_bytes = std::max(st.s.peak_reserved_bytes, st.s.live_total + st.s.cached_bytes);
   return p;
 }
@@ -123,10 +114,7 @@ void deallocate(void* ptr, size_t bytes, MemCategory cat) {
   const size_t size = round_up(bytes == 0 ? 1 : bytes);
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
-  auto i = static_cast<size_t>(cat);
-  st.s.live_bytes[i] -= int64_t(size);
-  st.s.live_total -= int64_t(size);
-  MIXPREC_ASSERT(st.s.live_bytes[i] >= 0, "category ", mem_category_name(cat), " went negative");
+  detail::release_category(st.s, int64_t(size), cat);
   if (size >= kCacheMinBytes && st.s.cached_bytes + int64_t(size) <= kCacheMaxBytes) {
     st.free_blocks.emplace(size, ptr);
     st.s.cached_bytes += int64_t(size);
@@ -140,9 +128,7 @@ void recategorize(size_t bytes, MemCategory from, MemCategory to) {
   const size_t size = round_up(bytes == 0 ? 1 : bytes);
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
-  st.s.live_bytes[static_cast<size_t>(from)] -= int64_t(size);
-  st.s.live_total -= int64_t(size);
-  st.note_alloc(size, to);
+  detail::move_category(st.s, int64_t(size), from, to);
 }
 
 MemoryStats stats() {
@@ -159,9 +145,7 @@ MemoryStats stats() {
 void reset_peak() {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
-  st.s.peak_bytes = st.s.live_bytes;
-  st.s.peak_total = st.s.live_total;
-  st.s.at_peak_bytes = st.s.live_bytes;
+  detail::reset_category_peaks(st.s);
   st.s.peak_reserved_bytes = st.s.live_total + st.s.cached_bytes;
 }
 

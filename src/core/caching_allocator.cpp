@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "core/cuda/cuda_memory.h"
+#include "core/memory_accounting.h"
 #include "mixprec/device.h"
 #include "mixprec/error.h"
 
@@ -108,7 +109,7 @@ void* CachingAllocator::allocate(size_t bytes, MemCategory cat, Stream stream) {
   live_.emplace(block->ptr, block);
   stats_.allocated_bytes += int64_t(block->size);
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
-  note_alloc_locked(int64_t(size), cat);
+  charge_category(stats_, int64_t(size), cat);
   return block->ptr;
 }
 
@@ -121,10 +122,7 @@ void CachingAllocator::deallocate(void* ptr, size_t bytes, MemCategory cat) {
   const int64_t charged = int64_t(round_block_bytes(bytes));
   MIXPREC_ASSERT(charged == block->charged, provider_->name(), ": deallocate of ", bytes, " bytes, allocated as ",
                  block->charged);
-  const auto i = static_cast<size_t>(cat);
-  stats_.live_bytes[i] -= charged;
-  stats_.live_total -= charged;
-  MIXPREC_ASSERT(stats_.live_bytes[i] >= 0, "category ", mem_category_name(cat), " went negative");
+  release_category(stats_, charged, cat);
   stats_.allocated_bytes -= int64_t(block->size);
   live_.erase(it);
   block->allocated = false;
@@ -143,13 +141,8 @@ void CachingAllocator::deallocate(void* ptr, size_t bytes, MemCategory cat) {
 
 void CachingAllocator::recategorize(size_t bytes, MemCategory from, MemCategory to) {
   if (from == to) return;
-  const auto charged = int64_t(round_block_bytes(bytes));
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.live_bytes[static_cast<size_t>(from)] -= charged;
-  stats_.live_total -= charged;
-  MIXPREC_ASSERT(stats_.live_bytes[static_cast<size_t>(from)] >= 0, "category ", mem_category_name(from),
-                 " went negative");
-  note_alloc_locked(charged, to);
+  move_category(stats_, int64_t(round_block_bytes(bytes)), from, to);
 }
 
 void CachingAllocator::record_stream(void* ptr, Stream stream) {
@@ -171,9 +164,7 @@ MemoryStats CachingAllocator::stats() const {
 
 void CachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.peak_bytes = stats_.live_bytes;
-  stats_.peak_total = stats_.live_total;
-  stats_.at_peak_bytes = stats_.live_bytes;
+  reset_category_peaks(stats_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
@@ -302,17 +293,6 @@ void CachingAllocator::release_free_segments() {
       segments_.erase(std::find(segments_.begin(), segments_.end(), block));
       delete block;
     }
-  }
-}
-
-void CachingAllocator::note_alloc_locked(int64_t charged, MemCategory cat) {
-  const auto i = static_cast<size_t>(cat);
-  stats_.live_bytes[i] += charged;
-  stats_.live_total += charged;
-  stats_.peak_bytes[i] = std::max(stats_.peak_bytes[i], stats_.live_bytes[i]);
-  if (stats_.live_total > stats_.peak_total) {
-    stats_.peak_total = stats_.live_total;
-    stats_.at_peak_bytes = stats_.live_bytes;
   }
 }
 

@@ -103,7 +103,6 @@ class CachingAllocator {
   void process_events();
   void synchronize_and_free_events();
   void release_free_segments();
-  void note_alloc_locked(int64_t charged, MemCategory cat);
   [[noreturn]] void throw_oom(size_t bytes, size_t size, MemCategory cat, size_t segment_bytes);
 
   std::unique_ptr<DeviceMemoryProvider> provider_;
