@@ -308,7 +308,9 @@ TEST_F(CachingAllocatorTest, OutOfMemoryReportsAndLeavesTheAllocatorUsable) {
     EXPECT_NE(msg.find("limit 25165824 bytes (24.0 MiB), the device's memory"), std::string::npos) << msg;
   }
   EXPECT_EQ(st().num_ooms, 1);
-  EXPECT_EQ(dev.syncs, 1);  // it did wait and free the cache before giving up
+  EXPECT_EQ(dev.syncs, 1);                     // it did wait and free the cache before giving up
+  EXPECT_THROW(get(~size_t(0)), OutOfMemory);  // no overflow in the rounding
+  EXPECT_EQ(st().num_ooms, 2);
   alloc->check_invariants();
   EXPECT_EQ(st().live_total, int64_t(15 * kMiB));
   // The process goes on: once a is freed, 20 MiB fits (a's cached segment is returned for it).

@@ -81,7 +81,10 @@ void* CachingAllocator::allocate(size_t bytes, MemCategory cat) {
 
 void* CachingAllocator::allocate(size_t bytes, MemCategory cat, Stream stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (bytes > kMaxRequestBytes) throw_oom(bytes, bytes, cat, bytes);
+  if (bytes > kMaxRequestBytes) {
+    ++stats_.num_ooms;
+    throw_oom(bytes, bytes, cat, bytes);
+  }
   const size_t size = round_block_bytes(bytes);
   const bool small = size <= kSmallRequestBytes;
   FreeList& pool = small ? small_pool_ : large_pool_;
