@@ -127,6 +127,24 @@ TEST(Allocator, LargeBlocksAreReused) {
   EXPECT_EQ(allocator::stats().cached_bytes, 0);
 }
 
+// The device-style figures: on the CPU every block is its rounded request, and the cache is all
+// that is held beyond the live blocks.
+TEST(Allocator, AllocatedAndReservedAsADeviceReportsThem) {
+  allocator::empty_cache();
+  allocator::reset_peak();
+  const int64_t n = 1 << 18;  // 1 MiB of f32: cached when freed
+  { Tensor t = Tensor::empty({n}); }
+  const MemoryStats s = allocator::stats();
+  EXPECT_EQ(s.allocated_bytes, s.live_total);
+  EXPECT_EQ(s.peak_allocated_bytes, s.peak_total);
+  EXPECT_EQ(s.reserved_bytes, s.live_total + s.cached_bytes);
+  EXPECT_GE(s.cached_bytes, n * 4);
+  EXPECT_GE(s.peak_reserved_bytes, s.reserved_bytes);  // it was live, then cached: reserved throughout
+  allocator::empty_cache();
+  allocator::reset_peak();
+  EXPECT_EQ(allocator::stats().peak_reserved_bytes, allocator::stats().live_total);
+}
+
 TEST(Allocator, BudgetThrowsOutOfMemoryAndLeaksNothing) {
   BudgetGuard guard;
   allocator::empty_cache();

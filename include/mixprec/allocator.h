@@ -35,6 +35,14 @@ struct MemoryStats {
   int64_t budget_bytes = 0;  // 0: no budget
   int64_t num_allocs = 0;    // calls that reached malloc (cache misses)
   int64_t num_cache_hits = 0;
+  // The bytes held from the system or device, as PyTorch reports them (memory_allocated and
+  // memory_reserved). On a GPU a block may be larger than its rounded request (a remainder too small
+  // to split), so allocated_bytes >= live_total there; on the CPU they are equal.
+  int64_t allocated_bytes = 0;  // live blocks' sizes
+  int64_t peak_allocated_bytes = 0;
+  int64_t reserved_bytes = 0;  // allocated + cached; what a device's budget counts
+  int64_t peak_reserved_bytes = 0;
+  int64_t num_ooms = 0;  // OutOfMemory thrown (device allocators)
 };
 
 // Thread-safe process-wide allocators, one per device. The calls without a device are the CPU's.

@@ -1,10 +1,12 @@
 // The CPU allocator (counting, caching, budgeted) and the choice of allocator per device.
 #include "mixprec/allocator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 
+#include "core/cuda/cuda_memory.h"
 #include "core/device_allocator.h"
 #include "core/fenced.h"
 #include "mixprec/error.h"
@@ -26,13 +28,19 @@ class CpuAllocator final : public detail::DeviceAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     acc_.move(int64_t(round_up(bytes == 0 ? 1 : bytes)), from, to);
   }
-  MemoryStats stats() override {
+  MemoryStats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return acc_.s;
+    MemoryStats s = acc_.s;
+    // Every block is exactly its rounded request, and cached blocks are all that is held beyond them.
+    s.allocated_bytes = s.live_total;
+    s.peak_allocated_bytes = s.peak_total;
+    s.reserved_bytes = s.live_total + s.cached_bytes;
+    return s;
   }
   void reset_peak() override {
     std::lock_guard<std::mutex> lock(mu_);
     acc_.reset_peak();
+    acc_.s.peak_reserved_bytes = acc_.s.live_total + acc_.s.cached_bytes;
   }
   void set_budget(int64_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -50,7 +58,7 @@ class CpuAllocator final : public detail::DeviceAllocator {
     acc_.s.cached_bytes = 0;
   }
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   detail::MemoryAccounting acc_;
   std::multimap<size_t, void*> free_blocks_;  // rounded size -> block
 };
@@ -97,6 +105,7 @@ void* CpuAllocator::allocate(size_t bytes, MemCategory cat) {
   std::lock_guard<std::mutex> lock(mu_);
   MemoryStats& s = acc_.s;
   if (s.budget_bytes > 0 && s.live_total + int64_t(size) > s.budget_bytes) {
+    ++s.num_ooms;
     throw OutOfMemory(detail::concat("out of memory: allocating ", size, " bytes of ", mem_category_name(cat), " with ",
                                      s.live_total, " bytes live would exceed the budget of ", s.budget_bytes,
                                      " bytes"));
@@ -119,10 +128,14 @@ void* CpuAllocator::allocate(size_t bytes, MemCategory cat) {
       release_cache_locked();
       p = std::aligned_alloc(kAlign, size);
     }
-    if (p == nullptr) throw OutOfMemory(detail::concat("out of memory: the system refused ", size, " bytes"));
+    if (p == nullptr) {
+      ++s.num_ooms;
+      throw OutOfMemory(detail::concat("out of memory: the system refused ", size, " bytes"));
+    }
     ++s.num_allocs;
   }
   acc_.add(int64_t(size), cat);
+  s.peak_reserved_bytes = std::max(s.peak_reserved_bytes, s.live_total + s.cached_bytes);
   return p;
 }
 
@@ -149,12 +162,7 @@ DeviceAllocator& device_allocator(const Device& d) {
     case DeviceType::cuda:
       break;
   }
-#ifdef MIXPREC_WITH_CUDA
-  cuda::require(d);
-  return cuda_allocator(d.index);
-#else
-  throw Error(detail::concat("device ", d.str(), " asked for, but ", cuda::unavailable_reason()));
-#endif
+  return cuda_caching_allocator(d.index);  // throws one line where there is no such GPU
 }
 }  // namespace detail
 

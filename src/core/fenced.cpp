@@ -50,7 +50,7 @@ class FencedAllocator final : public DeviceAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     acc_.move(int64_t(accounted(bytes)), from, to);
   }
-  MemoryStats stats() override {
+  MemoryStats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return acc_.s;
   }
@@ -87,7 +87,7 @@ class FencedAllocator final : public DeviceAllocator {
     }
   }
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   MemoryAccounting acc_;
   std::map<void*, size_t> regions_;  // start -> mapped length
   int open_ = 0;                     // FencedAccess scopes alive
