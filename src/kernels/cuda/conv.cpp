@@ -29,11 +29,10 @@ namespace {
                                       last[0] ? " (" : "", last, last[0] ? ")" : ""));
 }
 // Throws mixprec::Error naming the call, as MIXPREC_CUDA_CHECK does for the runtime.
-#define MIXPREC_CUDNN_CHECK(call)                                                              \
-  do {                                                                                         \
-    const cudnnStatus_t mixprec_cudnn_st_ = (call);                                            \
-    if (mixprec_cudnn_st_ != CUDNN_STATUS_SUCCESS)                                             \
-      throw_cudnn_error(mixprec_cudnn_st_, #call, __FILE__, __LINE__);                         \
+#define MIXPREC_CUDNN_CHECK(call)                                                                                   \
+  do {                                                                                                              \
+    const cudnnStatus_t mixprec_cudnn_st_ = (call);                                                                 \
+    if (mixprec_cudnn_st_ != CUDNN_STATUS_SUCCESS) throw_cudnn_error(mixprec_cudnn_st_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // One backend descriptor (RAII), with typed attribute setters.
@@ -138,8 +137,8 @@ CudnnDevice& cudnn_device(int index) {
 // The unique ids of the graph's tensors.
 enum Uid : int64_t { kX = 1, kW, kY, kBias, kConvOut, kBiasOut };
 
-std::shared_ptr<Desc> tensor_desc(int64_t uid, cudnnDataType_t type, const std::vector<int64_t>& dims,
-                                  uint32_t align, bool is_virtual = false) {
+std::shared_ptr<Desc> tensor_desc(int64_t uid, cudnnDataType_t type, const std::vector<int64_t>& dims, uint32_t align,
+                                  bool is_virtual = false) {
   auto d = std::make_shared<Desc>(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   // Contiguous NCHW (or [oc, c/groups, kh, kw], or [1, oc, 1, 1] for the bias) strides.
   std::vector<int64_t> strides(dims.size(), 1);
@@ -256,7 +255,8 @@ std::shared_ptr<Plan> build_plan(const GraphKey& k, cudnnHandle_t handle) {
           .set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, &compute);
       pw->finalize();
       auto pop = std::make_shared<Desc>(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-      pop->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *pw).set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, *in);
+      pop->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *pw)
+          .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, *in);
       if (b) pop->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
       pop->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, *out);
       pop->finalize();
@@ -316,8 +316,8 @@ std::shared_ptr<Plan> build_plan(const GraphKey& k, cudnnHandle_t handle) {
   const bool f32_data = x_t == CUDNN_DATA_FLOAT;
   for (cudnnBackendHeurMode_t mode_h : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph).set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE,
-                                                                    &mode_h);
+    heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
+        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode_h);
     if (!heur.try_finalize()) continue;
     int64_t count = 0;
     MIXPREC_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
@@ -472,9 +472,8 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
     if (out.weight.numel() > 0 && !run_pass(g, Pass::backward_filter, xc, out.weight, gy)) {
       // An f32 weight gradient from 16-bit operands (autocast's wide weight) where no engine
       // writes f32 from them: the operands widened (exact), an f32 convolution.
-      MIXPREC_CHECK(weight_dtype != gy.dtype() &&
-                        run_pass(g, Pass::backward_filter, kernels::cast(xc, weight_dtype), out.weight,
-                                 kernels::cast(gy, weight_dtype)),
+      MIXPREC_CHECK(weight_dtype != gy.dtype() && run_pass(g, Pass::backward_filter, kernels::cast(xc, weight_dtype),
+                                                           out.weight, kernels::cast(gy, weight_dtype)),
                     "conv2d backward (filter) on ", dev.str(), ": cuDNN has no engine for ", describe(g, gy));
     }
   }

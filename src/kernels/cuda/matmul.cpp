@@ -22,11 +22,11 @@ namespace {
                                       cublasLtGetStatusName(s), " (", cublasLtGetStatusString(s), ")"));
 }
 // Throws mixprec::Error naming the call, as MIXPREC_CUDA_CHECK does for the runtime.
-#define MIXPREC_CUBLAS_CHECK(call)                                                   \
-  do {                                                                               \
-    const cublasStatus_t mixprec_cublas_st_ = (call);                                \
-    if (mixprec_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                 \
-      throw_cublas_error(mixprec_cublas_st_, #call, __FILE__, __LINE__);             \
+#define MIXPREC_CUBLAS_CHECK(call)                                       \
+  do {                                                                   \
+    const cublasStatus_t mixprec_cublas_st_ = (call);                    \
+    if (mixprec_cublas_st_ != CUBLAS_STATUS_SUCCESS)                     \
+      throw_cublas_error(mixprec_cublas_st_, #call, __FILE__, __LINE__); \
   } while (0)
 
 cudaDataType_t cuda_type(DType t) {
@@ -288,8 +288,7 @@ bool lt_matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
         if (o.bias && o.bias->dtype() != dst.dtype()) return false;
         throw Error(mixprec::detail::concat("matmul on ", dst.device().str(), ": cuBLASLt has no algorithm for ",
                                             dtype_name(t), " [", m, ", ", k, "] @ [", k, ", ", n, "] -> ",
-                                            dtype_name(dst.dtype()), " (batch ", batch, ", epilogue ", epilogue,
-                                            ")"));
+                                            dtype_name(dst.dtype()), " (batch ", batch, ", epilogue ", epilogue, ")"));
       }
       MIXPREC_CUBLAS_CHECK(st);
       algo = result.algo;

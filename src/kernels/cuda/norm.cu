@@ -73,8 +73,8 @@ __global__ void bn_forward_kernel(const T* x, Nci d, const acc_t<T>* mean, const
 
 // Block c: sum(dy) and sum(dy * xhat) over channel c.
 template <class T>
-__global__ void bn_backward_sums_kernel(const T* gy, const T* x, Nci d, const acc_t<T>* mean,
-                                        const acc_t<T>* invstd, acc_t<T>* sum_dy, acc_t<T>* sum_dy_xhat) {
+__global__ void bn_backward_sums_kernel(const T* gy, const T* x, Nci d, const acc_t<T>* mean, const acc_t<T>* invstd,
+                                        acc_t<T>* sum_dy, acc_t<T>* sum_dy_xhat) {
   using A = acc_t<T>;
   __shared__ double scratch[32];
   const int64_t c = blockIdx.x, count = d.outer * d.inner;
@@ -130,8 +130,8 @@ int vec_width(int64_t inner, std::initializer_list<const void*> ptrs) {
 
 // Block r: mean and rstd of row r, then y.
 template <class T>
-__global__ void ln_forward_kernel(const T* x, int64_t cols, double eps, const acc_t<T>* weight,
-                                  const acc_t<T>* bias, T* y, acc_t<T>* mean, acc_t<T>* rstd) {
+__global__ void ln_forward_kernel(const T* x, int64_t cols, double eps, const acc_t<T>* weight, const acc_t<T>* bias,
+                                  T* y, acc_t<T>* mean, acc_t<T>* rstd) {
   using A = acc_t<T>;
   __shared__ double scratch[32];
   const T* row = x + int64_t(blockIdx.x) * cols;
@@ -152,8 +152,8 @@ __global__ void ln_forward_kernel(const T* x, int64_t cols, double eps, const ac
 
 // Block r: grad_x of row r.
 template <class T>
-__global__ void ln_backward_x_kernel(const T* gy, const T* x, int64_t cols, const acc_t<T>* mean,
-                                     const acc_t<T>* rstd, const acc_t<T>* weight, T* gx) {
+__global__ void ln_backward_x_kernel(const T* gy, const T* x, int64_t cols, const acc_t<T>* mean, const acc_t<T>* rstd,
+                                     const acc_t<T>* weight, T* gx) {
   using A = acc_t<T>;
   __shared__ double scratch[32];
   const int64_t r = blockIdx.x;
@@ -250,9 +250,8 @@ Tensor batch_norm_forward(const Tensor& x_in, const Tensor& mean_in, const Tenso
   return y;
 }
 
-NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Tensor& mean_in,
-                              const Tensor& invstd_in, const Tensor& weight_in, bool training, bool need_x,
-                              bool need_weight, bool need_bias) {
+NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Tensor& mean_in, const Tensor& invstd_in,
+                              const Tensor& weight_in, bool training, bool need_x, bool need_weight, bool need_bias) {
   // One element type for both: grad_y's and x's differ only outside autocast's rules; then both
   // go wide (exact) and grad_x is rounded to grad_y's dtype after.
   const DType t = grad_y.dtype() == x_in.dtype() ? x_in.dtype() : stats_dtype(x_in.dtype());
@@ -335,9 +334,8 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Te
       const T *g = static_cast<const T*>(gy.data_ptr()), *src = static_cast<const T*>(x.data_ptr());
       const A *m = ptr_or_null<A>(mean), *rs = ptr_or_null<A>(rstd);
       if (need_x) {
-        ln_backward_x_kernel<T><<<unsigned(rows), kThreads, 0, on.stream()>>>(g, src, cols, m, rs,
-                                                                             ptr_or_null<A>(weight),
-                                                                             static_cast<T*>(gx.data_ptr()));
+        ln_backward_x_kernel<T><<<unsigned(rows), kThreads, 0, on.stream()>>>(
+            g, src, cols, m, rs, ptr_or_null<A>(weight), static_cast<T*>(gx.data_ptr()));
         MIXPREC_CUDA_CHECK_LAUNCH();
       }
       if (need_weight || need_bias) {

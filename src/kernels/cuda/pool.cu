@@ -111,8 +111,7 @@ __global__ void avg_forward_kernel(const T* x, PoolGeometry g, int64_t total, T*
 // visit: a range around iy / stride (any window covering iy starts within kh rows before it; an
 // adaptive window within ceil(h / oh) + 1 outputs), each checked against its own window.
 template <class T>
-__global__ void avg_backward_kernel(const T* gy, PoolGeometry g, int64_t total, int64_t span_y, int64_t span_x,
-                                    T* gx) {
+__global__ void avg_backward_kernel(const T* gy, PoolGeometry g, int64_t total, int64_t span_y, int64_t span_x, T* gx) {
   using A = acc_t<T>;
   for (int64_t i = global_thread(); i < total; i += grid_threads()) {
     const int64_t ix = i % g.w, iy = i / g.w % g.h, p = i / (g.w * g.h);
@@ -122,8 +121,10 @@ __global__ void avg_backward_kernel(const T* gy, PoolGeometry g, int64_t total, 
       oy0 = max64(iy * g.oh / g.h - span_y, 0), oy1 = min64(iy * g.oh / g.h + span_y + 1, g.oh);
       ox0 = max64(ix * g.ow / g.w - span_x, 0), ox1 = min64(ix * g.ow / g.w + span_x + 1, g.ow);
     } else {
-      oy0 = max64((iy + g.pad_h - g.kh + g.stride_h) / g.stride_h, 0), oy1 = min64((iy + g.pad_h) / g.stride_h + 1, g.oh);
-      ox0 = max64((ix + g.pad_w - g.kw + g.stride_w) / g.stride_w, 0), ox1 = min64((ix + g.pad_w) / g.stride_w + 1, g.ow);
+      oy0 = max64((iy + g.pad_h - g.kh + g.stride_h) / g.stride_h, 0),
+      oy1 = min64((iy + g.pad_h) / g.stride_h + 1, g.oh);
+      ox0 = max64((ix + g.pad_w - g.kw + g.stride_w) / g.stride_w, 0),
+      ox1 = min64((ix + g.pad_w) / g.stride_w + 1, g.ow);
     }
     A s = 0;
     for (int64_t oy = oy0; oy < oy1; ++oy)
@@ -195,7 +196,7 @@ Tensor avg_pool2d_forward(const Tensor& x_in, const PoolGeometry& g) {
   dispatch_floating(x.dtype(), [&](auto t) {
     using T = decltype(t);
     avg_forward_kernel<T><<<blocks_for(total), kThreads, 0, on.stream()>>>(static_cast<const T*>(x.data_ptr()), g,
-                                                                            total, static_cast<T*>(y.data_ptr()));
+                                                                           total, static_cast<T*>(y.data_ptr()));
   });
   MIXPREC_CUDA_CHECK_LAUNCH();
   return y;

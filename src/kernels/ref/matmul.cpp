@@ -1,7 +1,7 @@
 // Reference matmul: direct loops accumulating in f64, so it is the exact product of the stored
 // values rounded once (the oracle for the oneDNN path).
-#include "kernels/elementwise_math.h"
 #include "kernels/matmul.h"
+#include "kernels/elementwise_math.h"
 #include "kernels/ref/access.h"
 
 namespace mixprec::kernels::ref {
