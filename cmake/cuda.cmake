@@ -93,6 +93,10 @@ if(NOT _probe_ok)
 endif()
 
 set(CMAKE_CUDA_ARCHITECTURES ${MIXPREC_CUDA_ARCHS})
+# C++20 in .cu files (they include the library's headers). CMake 3.25 (Debian 12's) does not
+# know nvcc 13's C++20 option and refuses the dialect at generate time: tell it.
+set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(MIXPREC_CUDA_ENABLED ON)

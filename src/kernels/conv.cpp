@@ -1,10 +1,14 @@
-// Dispatch of the conv family (conv.h): oneDNN where it supports the case, else the reference.
+// Dispatch of the conv family (conv.h): cuDNN for GPU tensors; on the CPU oneDNN where it supports the
+// case, else the reference.
 #include "kernels/conv.h"
 
 namespace mixprec::kernels {
 
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu) {
   const DeviceScope on({&x, &weight, &bias});
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::conv2d_forward(x, weight, bias, g, relu);
+#endif
   if (use_fast()) {
     Tensor dst = Tensor::empty(g.y_shape(), x.dtype());
     if (cpu::conv2d_forward(x, weight, bias, g, relu, dst)) return dst;
@@ -15,6 +19,10 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
                           bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
   const DeviceScope on({&grad_y, &x, &weight});
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda())
+    return cuda::conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
+#endif
   if (use_fast()) {
     ConvGrads out;
     if (need_x) out.x = Tensor::empty(g.x_shape(), grad_y.dtype());

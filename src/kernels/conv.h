@@ -1,6 +1,7 @@
 // Kernels of the conv family (ops/conv.cpp): 2-d convolution over NCHW activations, forward and
 // both backward passes. Reference: ref/conv.cpp; fast (oneDNN, primitive and reordered-weight
-// caches): cpu/conv.cpp with the shared oneDNN helpers in cpu/dnnl_common.{h,cpp}; dispatch: conv.cpp.
+// caches): cpu/conv.cpp with the shared oneDNN helpers in cpu/dnnl_common.{h,cpp}; GPU (cuDNN graph
+// API): cuda/conv.cpp; dispatch: conv.cpp.
 #pragma once
 #include "kernels/backend.h"
 #include "mixprec/tensor.h"
@@ -42,5 +43,12 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
 bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
                      ConvGrads& out);
 }  // namespace cpu
+
+namespace cuda {
+// cuDNN (src/kernels/cuda/conv.cpp): the same contracts as the dispatch functions above.
+Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu);
+ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype);
+}  // namespace cuda
 
 }  // namespace mixprec::kernels

@@ -1,6 +1,6 @@
 // Kernels of the norm family (ops/norm.cpp): batch and layer normalisation, forward and backward,
 // the batch statistics, invstd and the running-statistics update. Reference: ref/norm.cpp; fast:
-// cpu/norm.cpp; dispatch: norm.cpp.
+// cpu/norm.cpp; GPU: cuda/norm.cu; dispatch: norm.cpp.
 #pragma once
 #include "kernels/backend.h"
 #include "mixprec/tensor.h"
@@ -59,5 +59,20 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                          const Tensor& weight, bool need_x, bool need_weight, bool need_bias, NormGrads& out);
 }  // namespace cpu
+
+namespace cuda {
+// src/kernels/cuda/norm.cu: the same contracts as the dispatch functions above.
+void batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& var);
+Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                          const Tensor& bias);
+NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                              const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias);
+Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
+                          Tensor& rstd);
+NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias);
+Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype);
+Tensor batch_norm_running(const Tensor& running, const Tensor& batch, double factor, double momentum);
+}  // namespace cuda
 
 }  // namespace mixprec::kernels

@@ -1,10 +1,14 @@
-// Dispatch of the pool family (pool.h): the fast CPU kernel where it supports the case, else the reference.
+// Dispatch of the pool family (pool.h): the GPU's kernels for CUDA tensors; on the CPU the fast kernel
+// where it supports the case, else the reference.
 #include "kernels/pool.h"
 
 namespace mixprec::kernels {
 
 MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
   const DeviceScope on(x);
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::max_pool2d_forward(x, g);
+#endif
   if (use_fast()) {
     MaxPoolResult r;
     r.dst = Tensor::empty({g.n, g.c, g.oh, g.ow}, x.dtype());
@@ -16,6 +20,9 @@ MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
 
 Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g) {
   const DeviceScope on({&grad_y, &argmax});
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::max_pool2d_backward(grad_y, argmax, g);
+#endif
   if (use_fast()) {
     Tensor gx = Tensor::empty({g.n, g.c, g.h, g.w}, grad_y.dtype());
     if (cpu::max_pool2d_backward(grad_y, argmax, g, gx)) return gx;
@@ -25,6 +32,9 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Poo
 
 Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
   const DeviceScope on(x);
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::avg_pool2d_forward(x, g);
+#endif
   if (use_fast()) {
     Tensor dst = Tensor::empty({g.n, g.c, g.oh, g.ow}, x.dtype());
     if (cpu::avg_pool2d_forward(x, g, dst)) return dst;
@@ -34,6 +44,9 @@ Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
 
 Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g) {
   const DeviceScope on(grad_y);
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::avg_pool2d_backward(grad_y, g);
+#endif
   if (use_fast()) {
     Tensor gx = Tensor::empty({g.n, g.c, g.h, g.w}, grad_y.dtype());
     if (cpu::avg_pool2d_backward(grad_y, g, gx)) return gx;

@@ -1,6 +1,6 @@
 // Kernels of the pool family (ops/pool.cpp): max (with argmax), average and adaptive average 2-d
 // pooling over NCHW planes, forward and backward. Reference: ref/pool.cpp; fast: cpu/pool.cpp;
-// window rules shared by both: pool_window.h; dispatch: pool.cpp.
+// window rules shared by both: pool_window.h; GPU: cuda/pool.cu; dispatch: pool.cpp.
 #pragma once
 #include "kernels/backend.h"
 #include "mixprec/tensor.h"
@@ -39,5 +39,13 @@ bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolG
 bool avg_pool2d_forward(const Tensor& x, const PoolGeometry& g, Tensor& dst);
 bool avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g, Tensor& grad_x);
 }  // namespace cpu
+
+namespace cuda {
+// src/kernels/cuda/pool.cu: the same contracts as the dispatch functions above.
+MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g);
+Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g);
+Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
+Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
+}  // namespace cuda
 
 }  // namespace mixprec::kernels

@@ -1,6 +1,7 @@
 // Reference matmul: direct loops accumulating in f64, so it is the exact product of the stored
 // values rounded once (the oracle for the oneDNN path).
 #include "kernels/matmul.h"
+#include "kernels/elementwise_math.h"
 #include "kernels/ref/access.h"
 
 namespace mixprec::kernels::ref {
@@ -22,7 +23,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
   if (o.bias) bias = o.bias->to_vector_f64();
   std::vector<double> prev;
   if (o.accumulate) prev = dst.to_vector_f64();
-  std::vector<double> out(size_t(batch * m * n));
+  std::vector<double> out(size_t(batch * m * n)), gelu_in(o.gelu_input ? out.size() : 0);
   const int64_t a_cols = a.size(r0 + 1), b_cols = b.size(r0 + 1);
   const int64_t a_mat = a.size(r0) * a_cols, b_mat = b.size(r0) * b_cols;
   for (int64_t q = 0; q < batch; ++q)
@@ -37,12 +38,20 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
           s += av * bv;
         }
         if (o.bias) s += bias[size_t(j)];
-        if (o.relu && s < 0) s = 0;  // NaN stays NaN
         const size_t at = size_t((q * m + i) * n + j);
+        if (o.relu && s < 0) s = 0;  // NaN stays NaN
+        if (o.gelu) {
+          if (o.gelu_input) gelu_in[at] = s;
+          s = gelu_tanh(s);
+        }
         if (o.accumulate) s += prev[at];
         out[at] = s;
       }
   convert(out.data(), DType::f64, dst.data_ptr(), dst.dtype(), out.size());
+  if (o.gelu_input) {
+    MIXPREC_ASSERT(o.gelu_input->shape() == dst.shape() && o.gelu_input->is_contiguous(), "matmul gelu_input");
+    convert(gelu_in.data(), DType::f64, o.gelu_input->data_ptr(), o.gelu_input->dtype(), gelu_in.size());
+  }
 }
 
 }  // namespace mixprec::kernels::ref

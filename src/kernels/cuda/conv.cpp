@@ -1,0 +1,484 @@
+// GPU 2-d convolution on cuDNN 9's graph (backend) API (conv.h): forward with the bias and ReLU
+// fused into the graph where an engine takes it, backward-data, backward-filter; NCHW tensors
+// described to cuDNN by their strides; one handle per GPU on current_stream; execution plans
+// cached per problem; workspace from our allocator. Why the graph API: docs/design.md (CUDA).
+#include <cudnn.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "core/cuda/cuda_util.h"
+#include "kernels/activation.h"
+#include "kernels/binary.h"
+#include "kernels/conv.h"
+#include "kernels/matmul.h"
+#include "kernels/reduce.h"
+#include "kernels/shape.h"
+
+namespace mixprec::kernels::cuda {
+namespace {
+
+[[noreturn]] void throw_cudnn_error(cudnnStatus_t s, const char* call, const char* file, int line) {
+  char last[512] = {0};
+  cudnnGetLastErrorString(last, sizeof(last));
+  throw Error(mixprec::detail::concat("cuDNN error in ", call, " at ", file, ":", line, ": ", cudnnGetErrorString(s),
+                                      last[0] ? " (" : "", last, last[0] ? ")" : ""));
+}
+// Throws mixprec::Error naming the call, as MIXPREC_CUDA_CHECK does for the runtime.
+#define MIXPREC_CUDNN_CHECK(call)                                                                                   \
+  do {                                                                                                              \
+    const cudnnStatus_t mixprec_cudnn_st_ = (call);                                                                 \
+    if (mixprec_cudnn_st_ != CUDNN_STATUS_SUCCESS) throw_cudnn_error(mixprec_cudnn_st_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// One backend descriptor (RAII), with typed attribute setters.
+class Desc {
+ public:
+  explicit Desc(cudnnBackendDescriptorType_t type) { MIXPREC_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_)); }
+  ~Desc() {
+    if (d_) cudnnBackendDestroyDescriptor(d_);
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  cudnnBackendDescriptor_t get() const { return d_; }
+  template <class T>
+  Desc& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, const T* values, int64_t count = 1) {
+    MIXPREC_CUDNN_CHECK(cudnnBackendSetAttribute(d_, name, type, count, values));
+    return *this;
+  }
+  Desc& set_desc(cudnnBackendAttributeName_t name, const Desc& other) {
+    const cudnnBackendDescriptor_t v = other.get();
+    return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, &v);
+  }
+  Desc& set_i64s(cudnnBackendAttributeName_t name, const std::vector<int64_t>& v) {
+    return set(name, CUDNN_TYPE_INT64, v.data(), int64_t(v.size()));
+  }
+  void finalize() { MIXPREC_CUDNN_CHECK(cudnnBackendFinalize(d_)); }
+  // Finalize where the configuration may be unsupported: false then, any other failure throws.
+  bool try_finalize() {
+    const cudnnStatus_t s = cudnnBackendFinalize(d_);
+    if (s == CUDNN_STATUS_SUCCESS) return true;
+    if (s == CUDNN_STATUS_NOT_SUPPORTED || (int(s) >= 3000 && int(s) < 4000)) return false;  // the 3000s: unsupported
+    throw_cudnn_error(s, "cudnnBackendFinalize", __FILE__, __LINE__);
+  }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+cudnnDataType_t cudnn_type(DType t) {
+  switch (t) {
+    case DType::f64:
+      return CUDNN_DATA_DOUBLE;
+    case DType::f32:
+      return CUDNN_DATA_FLOAT;
+    case DType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    case DType::f16:
+      return CUDNN_DATA_HALF;
+    default:
+      throw Error(mixprec::detail::concat("conv2d on a GPU: no ", dtype_name(t), " convolution"));
+  }
+}
+
+uint32_t alignment(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 16;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+// One per GPU: its handle and the plans built for it.
+struct Plan {
+  std::shared_ptr<Desc> plan;
+  int64_t workspace_bytes = 0;
+  std::vector<int64_t> uids;  // the tensors the variant pack binds, in the call's order
+  // The descriptors the plan was built from (tensors, operations, graph, engine config), kept
+  // alive with it as cudnn_frontend keeps them.
+  std::vector<std::shared_ptr<Desc>> keep;
+};
+enum class Pass { forward, backward_data, backward_filter };
+// A graph to build: the pass, the geometry, the dtypes of the real tensors and whether the bias
+// and ReLU are fused into it.
+struct GraphKey {
+  int device;
+  Pass pass;
+  int64_t n, c, h, w, oc, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups;
+  int x_type, w_type, y_type, bias_type;  // bias_type -1: no bias in the graph
+  bool relu, tf32;
+  uint32_t align_x, align_w, align_y, align_b;
+  auto tie() const {
+    return std::tie(device, pass, n, c, h, w, oc, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups, x_type, w_type,
+                    y_type, bias_type, relu, tf32, align_x, align_w, align_y, align_b);
+  }
+  bool operator<(const GraphKey& o) const { return tie() < o.tie(); }
+};
+struct CudnnDevice {
+  std::mutex mu;
+  cudnnHandle_t handle = nullptr;
+  std::map<GraphKey, std::shared_ptr<Plan>> plans;  // null: no engine for that graph
+};
+CudnnDevice& cudnn_device(int index) {
+  static std::mutex mu;
+  static std::map<int, CudnnDevice> devices;  // never destroyed before exit
+  std::lock_guard<std::mutex> lock(mu);
+  CudnnDevice& d = devices[index];
+  if (d.handle == nullptr) {
+    mixprec::cuda::detail::DeviceGuard g(index);
+    MIXPREC_CUDNN_CHECK(cudnnCreate(&d.handle));
+  }
+  return d;
+}
+
+// The unique ids of the graph's tensors.
+enum Uid : int64_t { kX = 1, kW, kY, kBias, kConvOut, kBiasOut };
+
+std::shared_ptr<Desc> tensor_desc(int64_t uid, cudnnDataType_t type, const std::vector<int64_t>& dims, uint32_t align,
+                                  bool is_virtual = false) {
+  auto d = std::make_shared<Desc>(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  // Contiguous NCHW (or [oc, c/groups, kh, kw], or [1, oc, 1, 1] for the bias) strides.
+  std::vector<int64_t> strides(dims.size(), 1);
+  for (size_t i = dims.size() - 1; i > 0; --i) strides[i - 1] = strides[i] * dims[i];
+  const int64_t a = align;
+  d->set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, &type)
+      .set_i64s(CUDNN_ATTR_TENSOR_DIMENSIONS, dims)
+      .set_i64s(CUDNN_ATTR_TENSOR_STRIDES, strides)
+      .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, &uid)
+      .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, &a);
+  if (is_virtual) {
+    const bool v = true;
+    d->set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &v);
+  }
+  d->finalize();
+  return d;
+}
+
+// The handle attributes are deprecated since cuDNN 9.8 in favour of a device-property descriptor,
+// and still honoured by 9.19: one place sets them, so the switch is one edit.
+void set_handle(Desc& d, cudnnBackendAttributeName_t graph_or_plan, cudnnHandle_t h) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  d.set(graph_or_plan, CUDNN_TYPE_HANDLE, &h);
+#pragma GCC diagnostic pop
+}
+cudnnBackendAttributeName_t graph_handle_attr() {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return CUDNN_ATTR_OPERATIONGRAPH_HANDLE;
+#pragma GCC diagnostic pop
+}
+cudnnBackendAttributeName_t plan_handle_attr() {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return CUDNN_ATTR_EXECUTION_PLAN_HANDLE;
+#pragma GCC diagnostic pop
+}
+
+// Whether an engine's numerical notes fit our rules: accumulation in f32 (no reduced-precision
+// reduction, no inputs rounded down), no TF32 for f32 data unless allowed.
+bool engine_allowed(const Desc& cfg, bool f32_data, bool tf32) {
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t e = engine.get();
+  int64_t got = 0;
+  MIXPREC_CUDNN_CHECK(
+      cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got, &e));
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t count = 0;
+  MIXPREC_CUDNN_CHECK(cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes));
+  for (int64_t i = 0; i < count; ++i) {
+    if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS ||
+        notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
+      return false;
+    if (f32_data && !tf32 && notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE) return false;
+  }
+  return true;
+}
+
+// Builds the graph of `k` and the first execution plan an engine finalizes, in the order of the
+// heuristics (mode A, then the fallback list); null when none does.
+std::shared_ptr<Plan> build_plan(const GraphKey& k, cudnnHandle_t handle) {
+  const auto x_t = cudnnDataType_t(k.x_type), w_t = cudnnDataType_t(k.w_type), y_t = cudnnDataType_t(k.y_type);
+  const bool f64 = x_t == CUDNN_DATA_DOUBLE;
+  const cudnnDataType_t compute = f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  const std::vector<int64_t> xd{k.n, k.c, k.h, k.w}, wd{k.oc, k.c / k.groups, k.kh, k.kw}, yd{k.n, k.oc, k.oh, k.ow};
+  const bool fused = k.pass == Pass::forward && (k.bias_type >= 0 || k.relu);
+
+  auto conv_ptr = std::make_shared<Desc>(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  Desc& conv = *conv_ptr;
+  const int64_t spatial = 2;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  conv.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &compute)
+      .set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, &mode)
+      .set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, &spatial)
+      .set_i64s(CUDNN_ATTR_CONVOLUTION_DILATIONS, {k.dh, k.dw})
+      .set_i64s(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, {k.sh, k.sw})
+      .set_i64s(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, {k.ph, k.pw})
+      .set_i64s(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, {k.ph, k.pw});
+  conv.finalize();
+
+  // Groups are implied by the weight's c / groups input channels.
+  auto x = tensor_desc(kX, x_t, xd, k.align_x);
+  auto w = tensor_desc(kW, w_t, wd, k.align_w);
+  // The convolution's own output: the graph's y, or (fused) a virtual f32 tensor the bias and
+  // ReLU read, so the result is rounded once, as on the CPU.
+  auto conv_out = fused ? tensor_desc(kConvOut, compute, yd, 16, true) : tensor_desc(kY, y_t, yd, k.align_y);
+  std::vector<std::shared_ptr<Desc>> keep{conv_ptr};  // descriptors the graph refers to
+  std::vector<std::shared_ptr<Desc>> ops;
+  const double alpha64 = 1.0, beta64 = 0.0;
+  const float alpha32 = 1.f, beta32 = 0.f;
+  const auto scalar_type = f64 ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
+  const void* alpha = f64 ? static_cast<const void*>(&alpha64) : &alpha32;
+  const void* beta = f64 ? static_cast<const void*>(&beta64) : &beta32;
+  std::vector<int64_t> uids;
+  if (k.pass == Pass::forward) {
+    auto op = std::make_shared<Desc>(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+    op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, scalar_type, alpha)
+        .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, scalar_type, beta)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, *x)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, *w)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, *conv_out);
+    op->finalize();
+    ops.push_back(op);
+    uids = {kX, kW, kY};
+    std::shared_ptr<Desc> cur = conv_out;
+    const bool has_bias = k.bias_type >= 0;
+    auto pointwise = [&](cudnnPointwiseMode_t pm, const std::shared_ptr<Desc>& in, const std::shared_ptr<Desc>& b,
+                         const std::shared_ptr<Desc>& out) {
+      auto pw = std::make_shared<Desc>(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+      pw->set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, &pm)
+          .set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, &compute);
+      pw->finalize();
+      auto pop = std::make_shared<Desc>(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+      pop->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *pw)
+          .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, *in);
+      if (b) pop->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+      pop->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, *out);
+      pop->finalize();
+      keep.push_back(pw);
+      ops.push_back(pop);
+    };
+    if (has_bias) {
+      auto bias = tensor_desc(kBias, cudnnDataType_t(k.bias_type), {1, k.oc, 1, 1}, k.align_b);
+      auto out = k.relu ? tensor_desc(kBiasOut, compute, yd, 16, true) : tensor_desc(kY, y_t, yd, k.align_y);
+      pointwise(CUDNN_POINTWISE_ADD, cur, bias, out);
+      keep.push_back(bias);
+      keep.push_back(cur);
+      cur = out;
+      uids.push_back(kBias);
+    }
+    if (k.relu) {
+      auto y = tensor_desc(kY, y_t, yd, k.align_y);
+      pointwise(CUDNN_POINTWISE_RELU_FWD, cur, nullptr, y);
+      keep.push_back(cur);
+      keep.push_back(y);
+    }
+  } else if (k.pass == Pass::backward_data) {
+    auto op = std::make_shared<Desc>(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
+    // Here x is dx and y is dy.
+    op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, scalar_type, alpha)
+        .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, scalar_type, beta)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, *w)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, *x)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, *conv_out);
+    op->finalize();
+    ops.push_back(op);
+    uids = {kX, kW, kY};
+  } else {
+    auto op = std::make_shared<Desc>(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
+    // Here w is dw and y is dy.
+    op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, scalar_type, alpha)
+        .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, scalar_type, beta)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, *x)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, *w)
+        .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, *conv_out);
+    op->finalize();
+    ops.push_back(op);
+    uids = {kX, kW, kY};
+  }
+
+  auto graph_ptr = std::make_shared<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  Desc& graph = *graph_ptr;
+  std::vector<cudnnBackendDescriptor_t> op_handles;
+  for (const auto& op : ops) op_handles.push_back(op->get());
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, op_handles.data(),
+            int64_t(op_handles.size()));
+  set_handle(graph, graph_handle_attr(), handle);
+  if (!graph.try_finalize()) return nullptr;
+
+  const bool f32_data = x_t == CUDNN_DATA_FLOAT;
+  for (cudnnBackendHeurMode_t mode_h : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
+        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode_h);
+    if (!heur.try_finalize()) continue;
+    int64_t count = 0;
+    MIXPREC_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+    if (count <= 0) continue;
+    std::vector<std::shared_ptr<Desc>> cfgs;
+    std::vector<cudnnBackendDescriptor_t> cfg_handles;
+    for (int64_t i = 0; i < count; ++i) {
+      cfgs.push_back(std::make_shared<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+      cfg_handles.push_back(cfgs.back()->get());
+    }
+    int64_t got = 0;
+    MIXPREC_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfg_handles.data()));
+    for (int64_t i = 0; i < std::min(got, count); ++i) {
+      if (!engine_allowed(*cfgs[size_t(i)], f32_data, k.tf32)) continue;
+      auto plan = std::make_shared<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      set_handle(*plan, plan_handle_attr(), handle);
+      plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[size_t(i)]);
+      if (!plan->try_finalize()) continue;
+      auto p = std::make_shared<Plan>();
+      p->plan = plan;
+      int64_t n_ws = 0;
+      MIXPREC_CUDNN_CHECK(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                   CUDNN_TYPE_INT64, 1, &n_ws, &p->workspace_bytes));
+      p->uids = uids;
+      p->keep = keep;
+      p->keep.insert(p->keep.end(), ops.begin(), ops.end());
+      p->keep.insert(p->keep.end(), {x, w, conv_out, graph_ptr, cfgs[size_t(i)]});
+      return p;
+    }
+  }
+  return nullptr;
+}
+
+// The cached plan of `k` (built on first use); null when cuDNN has no engine for it.
+std::shared_ptr<Plan> plan_for(const GraphKey& k) {
+  CudnnDevice& dev = cudnn_device(k.device);
+  std::lock_guard<std::mutex> lock(dev.mu);
+  auto it = dev.plans.find(k);
+  if (it == dev.plans.end()) it = dev.plans.emplace(k, build_plan(k, dev.handle)).first;
+  return it->second;
+}
+
+// Runs plan p with the tensors in uid order, on the device's stream.
+void execute(const Plan& p, int index, const std::vector<void*>& ptrs) {
+  CudnnDevice& dev = cudnn_device(index);
+  cudaStream_t stream = mixprec::cuda::detail::current_stream(index);
+  Tensor ws;
+  if (p.workspace_bytes > 0) {
+    const MemoryScope scope(MemCategory::workspace);
+    ws = Tensor::empty({p.workspace_bytes}, DType::u8, Device::cuda(index));
+  }
+  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  void* ws_ptr = ws.defined() ? ws.data_ptr() : nullptr;
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, p.uids.data(), int64_t(p.uids.size()))
+      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, ptrs.data(), int64_t(ptrs.size()))
+      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &ws_ptr);
+  pack.finalize();
+  std::lock_guard<std::mutex> lock(dev.mu);  // the handle's stream is per call
+  MIXPREC_CUDNN_CHECK(cudnnSetStream(dev.handle, stream));
+  MIXPREC_CUDNN_CHECK(cudnnBackendExecute(dev.handle, p.plan->get(), pack.get()));
+}
+
+GraphKey key_of(const ConvGeometry& g, Pass pass, const Tensor& x, const Tensor& w, const Tensor& y) {
+  GraphKey k{};
+  k.device = x.device().index;
+  k.pass = pass;
+  k.n = g.n, k.c = g.c, k.h = g.h, k.w = g.w, k.oc = g.oc, k.kh = g.kh, k.kw = g.kw, k.oh = g.oh, k.ow = g.ow;
+  k.sh = g.stride_h, k.sw = g.stride_w, k.ph = g.pad_h, k.pw = g.pad_w, k.dh = g.dil_h, k.dw = g.dil_w;
+  k.groups = g.groups;
+  k.x_type = int(cudnn_type(x.dtype()));
+  k.w_type = int(cudnn_type(w.dtype()));
+  k.y_type = int(cudnn_type(y.dtype()));
+  k.bias_type = -1;
+  k.tf32 = allow_tf32();
+  k.align_x = alignment(x.data_ptr());
+  k.align_w = alignment(w.data_ptr());
+  k.align_y = alignment(y.data_ptr());
+  return k;
+}
+
+std::string describe(const ConvGeometry& g, const Tensor& x) {
+  return mixprec::detail::concat(dtype_name(x.dtype()), " x ", shape_str(g.x_shape()), " * w ", shape_str(g.w_shape()),
+                                 " stride ", g.stride_h, "x", g.stride_w, " pad ", g.pad_h, "x", g.pad_w, " dilation ",
+                                 g.dil_h, "x", g.dil_w, " groups ", g.groups);
+}
+
+// One convolution pass (no bias, no ReLU) of x, w, y (the two inputs and the output of the pass);
+// false when cuDNN has no engine for these dtypes.
+bool run_pass(const ConvGeometry& g, Pass pass, const Tensor& x, const Tensor& w, const Tensor& y) {
+  const auto p = plan_for(key_of(g, pass, x, w, y));
+  if (!p) return false;
+  execute(*p, x.device().index, {x.data_ptr(), w.data_ptr(), y.data_ptr()});
+  return true;
+}
+
+}  // namespace
+
+Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu) {
+  MIXPREC_ASSERT(x.is_contiguous() && weight.is_contiguous() && x.dtype() == weight.dtype(), "conv2d_forward inputs");
+  const mixprec::cuda::detail::DeviceGuard guard(x.device().index);
+  const Device dev = x.device();
+  Tensor y = Tensor::empty(g.y_shape(), x.dtype(), dev);
+  if (y.numel() == 0) return y;
+  const Tensor b = bias.defined() ? kernels::contig(bias) : Tensor();
+  // 1. Everything in one graph: the convolution's f32 result, + bias, ReLU, rounded once into y.
+  if (b.defined() || relu) {
+    GraphKey k = key_of(g, Pass::forward, x, weight, y);
+    k.relu = relu;
+    if (b.defined()) k.bias_type = int(cudnn_type(b.dtype())), k.align_b = alignment(b.data_ptr());
+    if (const auto p = plan_for(k)) {
+      std::vector<void*> ptrs{x.data_ptr(), weight.data_ptr(), y.data_ptr()};
+      if (b.defined()) ptrs.push_back(b.data_ptr());
+      execute(*p, dev.index, ptrs);
+      return y;
+    }
+  } else if (run_pass(g, Pass::forward, x, weight, y)) {
+    return y;
+  }
+  // 2. No engine fuses it: the convolution into f32 (or y's dtype where cuDNN has no mixed
+  // output), then the bias and ReLU by the element-wise kernels, in f32.
+  Tensor acc = Tensor::empty(g.y_shape(), x.dtype() == DType::f64 ? DType::f64 : DType::f32, dev);
+  if (!run_pass(g, Pass::forward, x, weight, acc)) {
+    MIXPREC_CHECK(run_pass(g, Pass::forward, x, weight, y), "conv2d on ", dev.str(), ": cuDNN has no engine for ",
+                  describe(g, x));
+    if (!b.defined() && !relu) return y;
+    acc = kernels::cast(y, acc.dtype());
+  }
+  if (b.defined()) acc = kernels::binary(BinaryOp::add, acc, kernels::cast(b, acc.dtype()).reshape({1, g.oc, 1, 1}));
+  if (relu) acc = kernels::activation(Activation::relu, acc);
+  kernels::copy(acc, y);
+  return y;
+}
+
+ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                          bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
+  const mixprec::cuda::detail::DeviceGuard guard(grad_y.device().index);
+  const Device dev = grad_y.device();
+  const Tensor gy = kernels::contig(grad_y);
+  ConvGrads out;
+  if (need_x) {
+    out.x = Tensor::empty(g.x_shape(), gy.dtype(), dev);
+    const Tensor w = weight.dtype() == gy.dtype() ? kernels::contig(weight) : kernels::cast(weight, gy.dtype());
+    if (out.x.numel() > 0)
+      MIXPREC_CHECK(run_pass(g, Pass::backward_data, out.x, w, gy), "conv2d backward (data) on ", dev.str(),
+                    ": cuDNN has no engine for ", describe(g, gy));
+  }
+  if (need_weight) {
+    out.weight = Tensor::empty(g.w_shape(), weight_dtype, dev);
+    const Tensor xc = x.dtype() == gy.dtype() ? kernels::contig(x) : kernels::cast(x, gy.dtype());
+    if (out.weight.numel() > 0 && !run_pass(g, Pass::backward_filter, xc, out.weight, gy)) {
+      // An f32 weight gradient from 16-bit operands (autocast's wide weight) where no engine
+      // writes f32 from them: the operands widened (exact), an f32 convolution.
+      MIXPREC_CHECK(weight_dtype != gy.dtype() && run_pass(g, Pass::backward_filter, kernels::cast(xc, weight_dtype),
+                                                           out.weight, kernels::cast(gy, weight_dtype)),
+                    "conv2d backward (filter) on ", dev.str(), ": cuDNN has no engine for ", describe(g, gy));
+    }
+  }
+  if (need_bias) out.bias = kernels::sum(gy, {0, 2, 3}, false, bias_dtype);
+  return out;
+}
+
+}  // namespace mixprec::kernels::cuda

@@ -1,0 +1,383 @@
+// GPU batch and layer normalisation (norm.h), with the reference's semantics: two-pass statistics
+// (the mean, then squared deviations), f32 accumulation (f64 for f64) with per-thread partial sums
+// combined in f64 in a fixed order (deterministic, as the CPU combines plane sums in f64);
+// weight/bias widened to the statistics dtype first. One block per channel (batch norm) or per
+// row (layer norm) for the reductions; element-wise passes grid-stride, 16-byte loads where the
+// planes allow.
+#include "kernels/cuda/lib_common.cuh"
+#include "kernels/norm.h"
+#include "kernels/shape.h"
+
+namespace mixprec::kernels::cuda {
+namespace {
+
+using namespace lib;
+
+constexpr int kReduceThreads = 512;
+
+DType stats_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
+// A per-channel (or per-column) parameter in the statistics dtype, contiguous; undefined stays so.
+Tensor param(const Tensor& t, DType st) {
+  if (!t.defined()) return t;
+  return t.dtype() == st ? kernels::contig(t) : kernels::cast(t, st);
+}
+template <class A>
+const A* ptr_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<const A*>(t.data_ptr()) : nullptr;
+}
+
+// x as [outer, channels, inner]: element (o, c, i) at (o * channels + c) * inner + i.
+struct Nci {
+  int64_t outer, channels, inner;
+};
+
+// ---------------------------------------------------------------------------------- batch norm
+
+// Block c: mean and biased variance of channel c, two passes.
+template <class T>
+__global__ void bn_stats_kernel(const T* x, Nci d, acc_t<T>* mean, acc_t<T>* var) {
+  using A = acc_t<T>;
+  __shared__ double scratch[32];
+  const int64_t c = blockIdx.x, count = d.outer * d.inner;
+  A s = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
+    s += to_acc(x[(j / d.inner * d.channels + c) * d.inner + j % d.inner]);
+  const A mu = A(block_sum<double>(double(s), scratch) / double(count));
+  A ss = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const A e = to_acc(x[(j / d.inner * d.channels + c) * d.inner + j % d.inner]) - mu;
+    ss += e * e;
+  }
+  const double v = block_sum<double>(double(ss), scratch) / double(count);
+  if (threadIdx.x == 0) mean[c] = mu, var[c] = A(v);
+}
+
+// y = (x - mean[c]) * invstd[c] * weight[c] + bias[c], kVec elements of one channel per step
+// (kVec divides inner).
+template <class T, int kVec>
+__global__ void bn_forward_kernel(const T* x, Nci d, const acc_t<T>* mean, const acc_t<T>* invstd,
+                                  const acc_t<T>* weight, const acc_t<T>* bias, T* y) {
+  using A = acc_t<T>;
+  using V = Vec<T, kVec>;
+  const int64_t nv = d.outer * d.channels * d.inner / kVec;
+  for (int64_t i = global_thread(); i < nv; i += grid_threads()) {
+    const int64_t c = i * kVec / d.inner % d.channels;
+    const A m = mean[c], is = invstd[c], w = weight ? weight[c] : A(1), b = bias ? bias[c] : A(0);
+    const V in = reinterpret_cast<const V*>(x)[i];
+    V out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) out.v[k] = from_acc<T>((to_acc(in.v[k]) - m) * is * w + b);
+    reinterpret_cast<V*>(y)[i] = out;
+  }
+}
+
+// Block c: sum(dy) and sum(dy * xhat) over channel c.
+template <class T>
+__global__ void bn_backward_sums_kernel(const T* gy, const T* x, Nci d, const acc_t<T>* mean, const acc_t<T>* invstd,
+                                        acc_t<T>* sum_dy, acc_t<T>* sum_dy_xhat) {
+  using A = acc_t<T>;
+  __shared__ double scratch[32];
+  const int64_t c = blockIdx.x, count = d.outer * d.inner;
+  const A m = mean[c], is = invstd[c];
+  A s = 0, sx = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const int64_t at = (j / d.inner * d.channels + c) * d.inner + j % d.inner;
+    const A g = to_acc(gy[at]);
+    s += g;
+    sx += g * (to_acc(x[at]) - m) * is;
+  }
+  const double total = block_sum<double>(double(s), scratch);
+  const double total_x = block_sum<double>(double(sx), scratch);
+  if (threadIdx.x == 0) sum_dy[c] = A(total), sum_dy_xhat[c] = A(total_x);
+}
+
+// grad_x; training: the batch statistics' dependence on x removes the mean of dy and its part
+// along xhat.
+template <class T, int kVec>
+__global__ void bn_backward_x_kernel(const T* gy, const T* x, Nci d, const acc_t<T>* mean, const acc_t<T>* invstd,
+                                     const acc_t<T>* weight, const acc_t<T>* sum_dy, const acc_t<T>* sum_dy_xhat,
+                                     bool training, T* gx) {
+  using A = acc_t<T>;
+  using V = Vec<T, kVec>;
+  const A count = A(d.outer * d.inner);
+  const int64_t nv = d.outer * d.channels * d.inner / kVec;
+  for (int64_t i = global_thread(); i < nv; i += grid_threads()) {
+    const int64_t c = i * kVec / d.inner % d.channels;
+    const A m = mean[c], is = invstd[c], w = weight ? weight[c] : A(1);
+    const A mean_dy = sum_dy[c] / count, mean_dy_xhat = sum_dy_xhat[c] / count;
+    const V g = reinterpret_cast<const V*>(gy)[i], xv = reinterpret_cast<const V*>(x)[i];
+    V out;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const A dy = to_acc(g.v[k]), xhat = (to_acc(xv.v[k]) - m) * is;
+      out.v[k] = from_acc<T>(training ? w * is * (dy - mean_dy - xhat * mean_dy_xhat) : w * is * dy);
+    }
+    reinterpret_cast<V*>(gx)[i] = out;
+  }
+}
+
+// The vector width for planes of `inner` elements: 16 bytes where inner and every pointer allow.
+template <class T>
+int vec_width(int64_t inner, std::initializer_list<const void*> ptrs) {
+  constexpr int v = kVec16<T>;
+  if (inner % v != 0) return 1;
+  for (const void* p : ptrs)
+    if (!aligned_to(p, 16)) return 1;
+  return v;
+}
+
+// ---------------------------------------------------------------------------------- layer norm
+
+// Block r: mean and rstd of row r, then y.
+template <class T>
+__global__ void ln_forward_kernel(const T* x, int64_t cols, double eps, const acc_t<T>* weight, const acc_t<T>* bias,
+                                  T* y, acc_t<T>* mean, acc_t<T>* rstd) {
+  using A = acc_t<T>;
+  __shared__ double scratch[32];
+  const T* row = x + int64_t(blockIdx.x) * cols;
+  A s = 0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) s += to_acc(row[j]);
+  const A mu = A(block_sum<double>(double(s), scratch) / double(cols));
+  A ss = 0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const A e = to_acc(row[j]) - mu;
+    ss += e * e;
+  }
+  const A inv = A(1.0 / sqrt(block_sum<double>(double(ss), scratch) / double(cols) + eps));
+  T* out = y + int64_t(blockIdx.x) * cols;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+    out[j] = from_acc<T>((to_acc(row[j]) - mu) * inv * (weight ? weight[j] : A(1)) + (bias ? bias[j] : A(0)));
+  if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = inv;
+}
+
+// Block r: grad_x of row r.
+template <class T>
+__global__ void ln_backward_x_kernel(const T* gy, const T* x, int64_t cols, const acc_t<T>* mean, const acc_t<T>* rstd,
+                                     const acc_t<T>* weight, T* gx) {
+  using A = acc_t<T>;
+  __shared__ double scratch[32];
+  const int64_t r = blockIdx.x;
+  const T *grow = gy + r * cols, *xrow = x + r * cols;
+  const A m = mean[r], rs = rstd[r];
+  A s = 0, sx = 0;  // of g = dy * w over the row
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const A g = to_acc(grow[j]) * (weight ? weight[j] : A(1));
+    s += g;
+    sx += g * (to_acc(xrow[j]) - m) * rs;
+  }
+  const A mean_g = A(block_sum<double>(double(s), scratch) / double(cols));
+  const A mean_g_xhat = A(block_sum<double>(double(sx), scratch) / double(cols));
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const A xhat = (to_acc(xrow[j]) - m) * rs;
+    gx[r * cols + j] = from_acc<T>(rs * (to_acc(grow[j]) * (weight ? weight[j] : A(1)) - mean_g - xhat * mean_g_xhat));
+  }
+}
+
+// Thread j: grad_weight[j] = sum_r dy * xhat and grad_bias[j] = sum_r dy, down column j (threads
+// of a warp read neighbouring columns; no atomics, so the same bits on every run).
+template <class T>
+__global__ void ln_backward_params_kernel(const T* gy, const T* x, int64_t rows, int64_t cols, const acc_t<T>* mean,
+                                          const acc_t<T>* rstd, acc_t<T>* gw, acc_t<T>* gb) {
+  using A = acc_t<T>;
+  for (int64_t j = global_thread(); j < cols; j += grid_threads()) {
+    A sw = 0, sb = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const A dy = to_acc(gy[r * cols + j]);
+      sw += dy * (to_acc(x[r * cols + j]) - mean[r]) * rstd[r];
+      sb += dy;
+    }
+    if (gw) gw[j] = sw;
+    if (gb) gb[j] = sb;
+  }
+}
+
+// --------------------------------------------------------------------------- per-channel O(C)
+
+__global__ void invstd_kernel(const double* var, int64_t n, double eps, double* dst) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) dst[i] = 1.0 / sqrt(var[i] + eps);
+}
+__global__ void running_kernel(const double* running, const double* batch, int64_t n, double factor, double momentum,
+                               double* dst) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
+    dst[i] = (1 - momentum) * running[i] + momentum * (batch[i] * factor);
+}
+
+}  // namespace
+
+void batch_norm_stats(const Tensor& x_in, int64_t channels, Tensor& mean, Tensor& var) {
+  const Tensor x = kernels::contig(x_in);
+  const Launch on(x);
+  const Nci d{x.size(0), channels, x.numel() / (x.size(0) * channels)};
+  const DType st = stats_dtype(x.dtype());
+  mean = Tensor::empty({channels}, st, x.device());
+  var = Tensor::empty({channels}, st, x.device());
+  if (channels == 0) return;
+  dispatch_floating(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    using A = acc_t<T>;
+    bn_stats_kernel<T><<<unsigned(channels), kReduceThreads, 0, on.stream()>>>(
+        static_cast<const T*>(x.data_ptr()), d, static_cast<A*>(mean.data_ptr()), static_cast<A*>(var.data_ptr()));
+  });
+  MIXPREC_CUDA_CHECK_LAUNCH();
+}
+
+Tensor batch_norm_forward(const Tensor& x_in, const Tensor& mean_in, const Tensor& invstd_in, const Tensor& weight_in,
+                          const Tensor& bias_in) {
+  const Tensor x = kernels::contig(x_in);
+  const Launch on(x);
+  const DType st = stats_dtype(x.dtype());
+  const Tensor mean = param(mean_in, st), invstd = param(invstd_in, st), weight = param(weight_in, st),
+               bias = param(bias_in, st);
+  const int64_t channels = mean.numel();
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (x.numel() == 0) return y;
+  const Nci d{x.size(0), channels, x.numel() / (x.size(0) * channels)};
+  dispatch_floating(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    using A = acc_t<T>;
+    const T* src = static_cast<const T*>(x.data_ptr());
+    T* dst = static_cast<T*>(y.data_ptr());
+    const A *m = ptr_or_null<A>(mean), *is = ptr_or_null<A>(invstd), *w = ptr_or_null<A>(weight),
+            *b = ptr_or_null<A>(bias);
+    if (vec_width<T>(d.inner, {src, dst}) > 1) {
+      constexpr int v = kVec16<T>;
+      bn_forward_kernel<T, v><<<blocks_for(x.numel() / v), kThreads, 0, on.stream()>>>(src, d, m, is, w, b, dst);
+    } else {
+      bn_forward_kernel<T, 1><<<blocks_for(x.numel()), kThreads, 0, on.stream()>>>(src, d, m, is, w, b, dst);
+    }
+  });
+  MIXPREC_CUDA_CHECK_LAUNCH();
+  return y;
+}
+
+NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Tensor& mean_in, const Tensor& invstd_in,
+                              const Tensor& weight_in, bool training, bool need_x, bool need_weight, bool need_bias) {
+  // One element type for both: grad_y's and x's differ only outside autocast's rules; then both
+  // go wide (exact) and grad_x is rounded to grad_y's dtype after.
+  const DType t = grad_y.dtype() == x_in.dtype() ? x_in.dtype() : stats_dtype(x_in.dtype());
+  const Tensor x = x_in.dtype() == t ? kernels::contig(x_in) : kernels::cast(x_in, t);
+  const Tensor gy = grad_y.dtype() == t ? kernels::contig(grad_y) : kernels::cast(grad_y, t);
+  const Launch on(x);
+  const DType st = stats_dtype(t);
+  const Tensor mean = param(mean_in, st), invstd = param(invstd_in, st), weight = param(weight_in, st);
+  const int64_t channels = mean.numel();
+  const Nci d{x.size(0), channels, x.numel() / (x.size(0) * channels)};
+  Tensor sum_dy = Tensor::empty({channels}, st, x.device()), sum_dy_xhat = Tensor::empty({channels}, st, x.device());
+  NormGrads out;
+  Tensor gx = need_x ? Tensor::empty(x.shape(), t, x.device()) : Tensor();
+  if (channels > 0)
+    dispatch_floating(t, [&](auto tag) {
+      using T = decltype(tag);
+      using A = acc_t<T>;
+      const T *g = static_cast<const T*>(gy.data_ptr()), *src = static_cast<const T*>(x.data_ptr());
+      const A *m = ptr_or_null<A>(mean), *is = ptr_or_null<A>(invstd), *w = ptr_or_null<A>(weight);
+      A *s = static_cast<A*>(sum_dy.data_ptr()), *sx = static_cast<A*>(sum_dy_xhat.data_ptr());
+      bn_backward_sums_kernel<T><<<unsigned(channels), kReduceThreads, 0, on.stream()>>>(g, src, d, m, is, s, sx);
+      MIXPREC_CUDA_CHECK_LAUNCH();
+      if (!need_x || x.numel() == 0) return;
+      T* dst = static_cast<T*>(gx.data_ptr());
+      if (vec_width<T>(d.inner, {g, src, dst}) > 1) {
+        constexpr int v = kVec16<T>;
+        bn_backward_x_kernel<T, v>
+            <<<blocks_for(x.numel() / v), kThreads, 0, on.stream()>>>(g, src, d, m, is, w, s, sx, training, dst);
+      } else {
+        bn_backward_x_kernel<T, 1>
+            <<<blocks_for(x.numel()), kThreads, 0, on.stream()>>>(g, src, d, m, is, w, s, sx, training, dst);
+      }
+      MIXPREC_CUDA_CHECK_LAUNCH();
+    });
+  if (need_x) out.x = gx.dtype() == grad_y.dtype() ? gx : kernels::cast(gx, grad_y.dtype());
+  if (need_weight) out.weight = sum_dy_xhat;
+  if (need_bias) out.bias = sum_dy;
+  return out;
+}
+
+Tensor layer_norm_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps, Tensor& mean,
+                          Tensor& rstd) {
+  const Tensor x = kernels::contig(x_in);
+  const Launch on(x);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const DType st = stats_dtype(x.dtype());
+  const Tensor weight = param(weight_in, st), bias = param(bias_in, st);
+  mean = Tensor::empty({rows}, st, x.device());
+  rstd = Tensor::empty({rows}, st, x.device());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (rows == 0 || cols == 0) return y;
+  dispatch_floating(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    using A = acc_t<T>;
+    ln_forward_kernel<T><<<unsigned(rows), kThreads, 0, on.stream()>>>(
+        static_cast<const T*>(x.data_ptr()), cols, eps, ptr_or_null<A>(weight), ptr_or_null<A>(bias),
+        static_cast<T*>(y.data_ptr()), static_cast<A*>(mean.data_ptr()), static_cast<A*>(rstd.data_ptr()));
+  });
+  MIXPREC_CUDA_CHECK_LAUNCH();
+  return y;
+}
+
+NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Tensor& mean_in, const Tensor& rstd_in,
+                              const Tensor& weight_in, bool need_x, bool need_weight, bool need_bias) {
+  const DType t = grad_y.dtype() == x_in.dtype() ? x_in.dtype() : stats_dtype(x_in.dtype());
+  const Tensor x = x_in.dtype() == t ? kernels::contig(x_in) : kernels::cast(x_in, t);
+  const Tensor gy = grad_y.dtype() == t ? kernels::contig(grad_y) : kernels::cast(grad_y, t);
+  const Launch on(x);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const DType st = stats_dtype(t);
+  const Tensor mean = param(mean_in, st), rstd = param(rstd_in, st), weight = param(weight_in, st);
+  NormGrads out;
+  Tensor gx = need_x ? Tensor::empty(x.shape(), t, x.device()) : Tensor();
+  if (need_weight) out.weight = Tensor::empty({cols}, st, x.device());
+  if (need_bias) out.bias = Tensor::empty({cols}, st, x.device());
+  if (rows > 0 && cols > 0)
+    dispatch_floating(t, [&](auto tag) {
+      using T = decltype(tag);
+      using A = acc_t<T>;
+      const T *g = static_cast<const T*>(gy.data_ptr()), *src = static_cast<const T*>(x.data_ptr());
+      const A *m = ptr_or_null<A>(mean), *rs = ptr_or_null<A>(rstd);
+      if (need_x) {
+        ln_backward_x_kernel<T><<<unsigned(rows), kThreads, 0, on.stream()>>>(
+            g, src, cols, m, rs, ptr_or_null<A>(weight), static_cast<T*>(gx.data_ptr()));
+        MIXPREC_CUDA_CHECK_LAUNCH();
+      }
+      if (need_weight || need_bias) {
+        ln_backward_params_kernel<T><<<blocks_for(cols), kThreads, 0, on.stream()>>>(
+            g, src, rows, cols, m, rs, need_weight ? static_cast<A*>(out.weight.data_ptr()) : nullptr,
+            need_bias ? static_cast<A*>(out.bias.data_ptr()) : nullptr);
+        MIXPREC_CUDA_CHECK_LAUNCH();
+      }
+    });
+  else if (rows == 0) {  // empty sums
+    if (need_weight) kernels::fill(out.weight, 0.0);
+    if (need_bias) kernels::fill(out.bias, 0.0);
+  }
+  if (need_x) out.x = gx.dtype() == grad_y.dtype() ? gx : kernels::cast(gx, grad_y.dtype());
+  return out;
+}
+
+// f64 throughout, as the reference: the inputs widened first (exact), the result rounded once.
+Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype) {
+  const Tensor v = var.dtype() == DType::f64 ? kernels::contig(var) : kernels::cast(var, DType::f64);
+  const Launch on(v);
+  Tensor dst = Tensor::empty(v.shape(), DType::f64, v.device());
+  if (v.numel() > 0) {
+    invstd_kernel<<<blocks_for(v.numel()), kThreads, 0, on.stream()>>>(
+        static_cast<const double*>(v.data_ptr()), v.numel(), eps, static_cast<double*>(dst.data_ptr()));
+    MIXPREC_CUDA_CHECK_LAUNCH();
+  }
+  return dtype == DType::f64 ? dst : kernels::cast(dst, dtype);
+}
+
+Tensor batch_norm_running(const Tensor& running, const Tensor& batch, double factor, double momentum) {
+  const Tensor r = running.dtype() == DType::f64 ? kernels::contig(running) : kernels::cast(running, DType::f64);
+  const Tensor b = batch.dtype() == DType::f64 ? kernels::contig(batch) : kernels::cast(batch, DType::f64);
+  const Launch on(r);
+  Tensor dst = Tensor::empty(r.shape(), DType::f64, r.device());
+  if (r.numel() > 0) {
+    running_kernel<<<blocks_for(r.numel()), kThreads, 0, on.stream()>>>(
+        static_cast<const double*>(r.data_ptr()), static_cast<const double*>(b.data_ptr()), r.numel(), factor, momentum,
+        static_cast<double*>(dst.data_ptr()));
+    MIXPREC_CUDA_CHECK_LAUNCH();
+  }
+  return dst;
+}
+
+}  // namespace mixprec::kernels::cuda
