@@ -287,6 +287,14 @@ def summarise(a, runs, impls):
     return out
 
 
+def peak_of(result):
+    """PyTorch's max_memory_allocated figure, or the total of mixprec's peak_bytes."""
+    if result.get("max_memory_allocated") is not None:
+        return result["max_memory_allocated"]
+    pb = result.get("peak_bytes")
+    return pb.get("total") if isinstance(pb, dict) else None
+
+
 def print_tables(a, runs, summaries):
     for cfg in a.configs:
         s = summaries.get(cfg.name)
@@ -298,9 +306,7 @@ def print_tables(a, runs, summaries):
         for row in s["per_impl"]:
             last = [r["result"] for r in runs if r["config"] == cfg.name and r["impl"] == row["impl"]
                     and r["precision"] == row["precision"]]
-            peak = next((x.get("max_memory_allocated") or x.get("peak_bytes", {}).get("total")
-                         for x in last if isinstance(x.get("max_memory_allocated", x.get("peak_bytes")), (int, dict))),
-                        None)
+            peak = next((p for p in map(peak_of, last) if p is not None), None)
             peak_s = f"{peak / 2**20:9.1f}" if isinstance(peak, (int, float)) else f"{'-':>9}"
             kern = next((x.get("kernels_per_step") for x in last if x.get("kernels_per_step") is not None), None)
             kern_s = f"{kern:12.1f}" if kern is not None else f"{'-':>12}"
@@ -326,12 +332,15 @@ def main(argv=None):
     runs, skipped, error = [], {}, None
     mixprec_failed = set()  # (config, precision): a failed command is not retried every repeat
     for rep in range(a.repeats):
-        if a.budget_s and time.perf_counter() - t_start > a.budget_s and rep > 0:
-            error = f"stopped after {rep} repeats: --budget-s {a.budget_s:.0f} spent"
-            print(f"torch_gpu.py: {error}", flush=True)
-            break
         for cfg in a.configs:
             for prec in a.precisions:
+                # Checked per cell (its impls run together, so its ratios stay pair-wise); the first
+                # repeat always completes.
+                if rep > 0 and a.budget_s and time.perf_counter() - t_start > a.budget_s and error is None:
+                    error = f"stopped in repeat {rep + 1}: --budget-s {a.budget_s:.0f} spent"
+                    print(f"torch_gpu.py: {error}", flush=True)
+                if error:
+                    break
                 for impl in impls:
                     t0 = time.perf_counter()
                     key = (cfg.name, prec, impl)
@@ -375,6 +384,8 @@ def main(argv=None):
                           f"{res['step_ms']['median']:9.3f} ms  best {res['step_ms']['best']:9.3f} ms  ({wall:.1f} s)",
                           flush=True)
                     write_json(a, env, runs, skipped, summarise(a, runs, impls), False, error)
+        if error:
+            break
         if a.device == "cuda":
             gc.collect()
 

@@ -9,7 +9,6 @@ Prints a readable report; FILE gets the facts, the library directories chosen fo
 """
 
 import argparse
-import ctypes
 import glob
 import json
 import os

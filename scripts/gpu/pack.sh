@@ -71,11 +71,11 @@ ldd "$build/mixprec" "$build/mixprec_tests" | awk '$2 == "=>" && $3 ~ /^\// { pr
     *) cp -L "$path" "$stage/bundle/lib/$soname" ;;
     esac
   done
-ls "$stage/bundle/lib" | grep -q '^libdnnl\.so' || die "no libdnnl in the bundle: ldd found none"
+compgen -G "$stage/bundle/lib/libdnnl.so*" >/dev/null || die "no libdnnl in the bundle: ldd found none"
 # Every carried library must be the one the binaries load (RPATH reaches libdnnl's needs too).
 for b in mixprec mixprec_tests; do
   for f in "$stage"/bundle/lib/*.so*; do
-    got=$(LD_LIBRARY_PATH= ldd "$stage/bundle/$b" | awk -v n="$(basename "$f")" '$1 == n { print $3 }')
+    got=$(LD_LIBRARY_PATH='' ldd "$stage/bundle/$b" | awk -v n="$(basename "$f")" '$1 == n { print $3 }')
     [ -z "$got" ] || [ "$got" -ef "$f" ] || die "$b loads $(basename "$f") from $got, not from the bundle's lib/"
   done
 done
@@ -104,7 +104,7 @@ cp -a /usr/lib/$multiarch/cmake/dnnl "$k/lib/$multiarch/cmake/"
 cp -a /usr/share/cmake/nlohmann_json "$k/share/cmake/"
 cp -a /usr/src/googletest "$stage/kit/googletest"
 # The file name dnnl's CMake target expects (run.sh copies the bundle's libdnnl there under it).
-dnnl_file=$(grep -o 'libdnnl\.so[0-9.]*' /usr/lib/$multiarch/cmake/dnnl/dnnl-targets-*.cmake | head -1 | sed 's/.*://')
+dnnl_file=$(grep -o 'libdnnl\.so[0-9.]*' /usr/lib/$multiarch/cmake/dnnl/dnnl-targets-*.cmake | sed -n 1p | sed 's/.*://')
 tar -C "$stage" -cJf "$pack/kit.tar.xz" kit
 t_kit=$((SECONDS - t0))
 
@@ -127,7 +127,7 @@ hdr_version() { # hdr_version FILE MACRO_MAJOR MACRO_MINOR MACRO_PATCH
   local f=$1
   shift
   local v=()
-  for m in "$@"; do v+=("$(sed -n "s/^#define $m \([0-9]*\).*/\1/p" "$f" | head -1)"); done
+  for m in "$@"; do v+=("$(sed -n "s/^#define $m \([0-9]*\).*/\1/p" "$f" | sed -n 1p)"); done
   (
     IFS=.
     echo "${v[*]}"
@@ -136,7 +136,7 @@ hdr_version() { # hdr_version FILE MACRO_MAJOR MACRO_MINOR MACRO_PATCH
 cudnn_built=$(hdr_version "$cudnn_h" CUDNN_MAJOR CUDNN_MINOR CUDNN_PATCHLEVEL)
 cublas_built=$(hdr_version "$cublas_h" CUBLAS_VER_MAJOR CUBLAS_VER_MINOR CUBLAS_VER_PATCH)
 # cmake/cuda.cmake sets the compiler as a plain variable: CMake records it per CMake version.
-nvcc=$(sed -n 's/^set(CMAKE_CUDA_COMPILER "\(.*\)")$/\1/p' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake | head -1)
+nvcc=$(sed -n 's/^set(CMAKE_CUDA_COMPILER "\(.*\)")$/\1/p' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake | sed -n 1p)
 nvcc_built=$("${nvcc:-nvcc}" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
 
 repo_bytes=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null |

@@ -19,7 +19,8 @@
 # Env: RUN_BUDGET_S (560: the whole call, under the tool's 600 s), TRAIN_MODELS (mlp,cnn),
 #   TRAIN_PRECISIONS (fp32,amp-fp16,amp-bf16), TRAIN_SEEDS (0,1,2), TRAIN_EPOCHS (5),
 #   CNN_CHANNELS (32,64), BENCH_ARGS (extra torch_gpu.py flags), TORCH_PYTHON (python3),
-#   RUN_WITHOUT_GPU=1 (run the GPU steps on a machine without one: dry runs).
+#   RUN_WITHOUT_GPU=1 (run the GPU steps on a machine without one: dry runs), FRESH=1 (drop the
+#   results that earlier calls left on a warm machine; they are otherwise summarised together).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -30,6 +31,8 @@ PACK=$root/gpu-pack
 DATA=$PACK/data/fashion-mnist
 # The mixprec flag that puts a run on the GPU: one place to change (CPU runs get none).
 GPU_FLAG=(--device cuda)
+# FRESH=1: forget the results of earlier calls on this (warm) machine.
+[ "${FRESH:-0}" = 1 ] && [ "${1:-}" != --step ] && rm -rf "$W/logs" "$W/results" "$W/steps.jsonl"
 mkdir -p "$W/logs" "$W/results" "$OUT"
 
 if [ -z "${TORCH_PYTHON:-}" ]; then
@@ -66,19 +69,21 @@ need_binary() {
 step_inventory() {
   local man=()
   [ -f "$PACK/manifest.json" ] && man=(--manifest "$PACK/manifest.json")
+  set +e # the raw listings below are for the log: none of them may stop inventory.py
   echo "== date: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git -C "$root" rev-parse HEAD 2>/dev/null || echo '?')"
   echo "== nvidia-smi"
   nvidia-smi 2>&1 || echo "nvidia-smi: not available"
   echo "== uname -a; os-release; ldd --version"
   uname -a
   grep -E '^(PRETTY_NAME|VERSION_ID)=' /etc/os-release || true
-  ldd --version 2>&1 | head -1
+  ldd --version 2>&1 | sed -n 1p # sed, not head: head would end ldd with SIGPIPE, a failure under pipefail
   echo "== nvcc --version; ls /usr/local"
   (command -v nvcc && nvcc --version) || /usr/local/cuda/bin/nvcc --version || echo "nvcc: not found"
   ls -d /usr/local/cuda* /usr/local/nvidia 2>/dev/null || true
   echo "== free -g; df -h ."
   free -g || true
   df -h . || true
+  set -e
   echo "== inventory.py"
   python3 "$root/scripts/gpu/inventory.py" "${man[@]}" --torch-python "$TORCH_PYTHON" \
     --json-out "$W/results/inventory.json"
@@ -150,14 +155,20 @@ use_bundle() {
 # The fallback: build this tree here with the kit (oneDNN, OpenCL, json, zlib headers + CMake configs,
 # GoogleTest sources), the machine's nvcc and the CUDA libraries found by the inventory.
 build_from_source() {
-  [ -f "$PACK/kit.tar.xz" ] && [ -f "$PACK/bundle.tar.xz" ] || {
+  if [ ! -f "$PACK/kit.tar.xz" ] || [ ! -f "$PACK/bundle.tar.xz" ]; then
     echo "no kit.tar.xz/bundle.tar.xz in $PACK"
     return 1
-  }
+  fi
   local arch prefix jobs inv
   arch=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["multiarch"])' "$PACK/manifest.json")
-  rm -rf "$W/kit" && tar -C "$W" -xJf "$PACK/kit.tar.xz"
-  [ -d "$W/bundle" ] || tar -C "$W" -xJf "$PACK/bundle.tar.xz"
+  # Unpacked once per kit: fresh header timestamps would make ninja rebuild everything on a warm
+  # machine's next call.
+  local stamp
+  stamp=$(sha256sum "$PACK/kit.tar.xz" "$PACK/bundle.tar.xz" | cut -c1-64 | tr -d '\n')
+  if [ "$(cat "$W/kit/.stamp" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$W/kit" "$W/gtest-build" "$W/bundle" && tar -C "$W" -xJf "$PACK/kit.tar.xz" && tar -C "$W" -xJf "$PACK/bundle.tar.xz"
+    echo "$stamp" >"$W/kit/.stamp"
+  fi
   prefix=$W/kit/prefix
   jobs=$(nproc)
   inv=$W/results/inventory.json
@@ -169,13 +180,15 @@ build_from_source() {
   ln -sf "$dnnl_file" "$prefix/lib/$arch/$(basename "$W"/bundle/lib/libdnnl.so.*)"
   cp "$W"/bundle/lib/libOpenCL.so.1 "$prefix/lib/$arch/" && ln -sf libOpenCL.so.1 "$prefix/lib/$arch/libOpenCL.so"
   local zlib
-  zlib=$(ls /usr/lib/"$arch"/libz.so.1 /lib/"$arch"/libz.so.1 2>/dev/null | head -1 || true)
+  zlib=$(ls /usr/lib/"$arch"/libz.so.1 /lib/"$arch"/libz.so.1 2>/dev/null | sed -n 1p || true)
   [ -n "$zlib" ] || zlib=$W/bundle/lib/libz.so.1
 
-  log "building GoogleTest from the kit"
-  cmake -S "$W/kit/googletest" -B "$W/gtest-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF \
-    -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_INSTALL_LIBDIR=lib >/dev/null
-  cmake --build "$W/gtest-build" -j "$jobs" >/dev/null && cmake --install "$W/gtest-build" >/dev/null
+  if [ ! -f "$prefix/lib/cmake/GTest/GTestConfig.cmake" ]; then
+    log "building GoogleTest from the kit"
+    cmake -S "$W/kit/googletest" -B "$W/gtest-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF \
+      -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_INSTALL_LIBDIR=lib >/dev/null
+    cmake --build "$W/gtest-build" -j "$jobs" >/dev/null && cmake --install "$W/gtest-build" >/dev/null
+  fi
 
   # cuDNN and cuBLASLt where the inventory found them; headers beside them (the wheels ship include/).
   local cudnn_lib cublaslt_lib cudnn_inc extra_inc="" nvcc
@@ -271,6 +284,7 @@ step_memcheck() {
 train() {
   local dev=$1 flags=() rc=0
   need_binary
+  rm -f "$W/logs/train-$dev.runs"
   [ -f "$DATA/train-images-idx3-ubyte.gz" ] || {
     echo "no Fashion-MNIST in $DATA (gpu-pack/data)"
     return 1
@@ -283,8 +297,11 @@ train() {
     python3 "$root/bench/accuracy.py" --mixprec "$MIXPREC" --models "$model" \
       --precisions "${TRAIN_PRECISIONS:-fp32,amp-fp16,amp-bf16}" --seeds "${TRAIN_SEEDS:-0,1,2}" \
       --json-out "$W/results/train-$dev-$model.json" -- \
-      --epochs "${TRAIN_EPOCHS:-5}" --data "$DATA" "${flags[@]}" "${extra[@]}" || rc=1
+      --epochs "${TRAIN_EPOCHS:-5}" --data "$DATA" "${flags[@]}" "${extra[@]}" 2>&1 | tee -a "$W/logs/train-$dev.runs" || rc=1
   done
+  if ((rc)); then # the step's note: how many runs failed, and the first one's error
+    echo "$(grep -c '^FAILED:' "$W/logs/train-$dev.runs") runs failed; first: $(grep -m1 '^FAILED:' "$W/logs/train-$dev.runs" | sed 's/.*error: //')"
+  fi
   return $rc
 }
 step_train-gpu() {
@@ -308,11 +325,17 @@ step_bench() {
   remaining=${STEP_BUDGET_S:-500}
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
   PYTHONUNBUFFERED=1 "$TORCH_PYTHON" "$root/bench/peers/torch_gpu.py" --impls "$impls" "${mixprec_args[@]}" \
-    --budget-s $((remaining * 6 / 10)) --json-out "$W/results/bench.json" ${BENCH_ARGS:-}
+    --budget-s $((remaining > 120 ? remaining - 60 : remaining / 2)) --json-out "$W/results/bench.json" ${BENCH_ARGS:-}
 }
 
 # ---------------------------------------------------------------------------------------------
 # One step in its own process: `run.sh --step NAME` (the driver below calls this under timeout).
+case ${1:-} in
+-h | --help)
+  sed -n '2,/^set -euo/p' "$self" | sed '$d; s/^# \{0,1\}//'
+  exit 0
+  ;;
+esac
 if [ "${1:-}" = --step ]; then
   name=$2
   "step_$name"
@@ -342,45 +365,48 @@ if ! printf '%s\n' "${expanded[@]}" | grep -qx setup &&
   expanded=(inventory setup "${expanded[@]:1}")
 fi
 
-exec > >(tee -a "$OUT/run.log") 2>&1
-log "run.sh: steps ${expanded[*]}; budget ${budget} s; OUT=$OUT; work dir $W"
+# The steps, with their output on the console and in $OUT/run.log (tee ends before the script does).
+main() {
+  log "run.sh: steps ${expanded[*]}; budget ${budget} s; OUT=$OUT; work dir $W"
 
-finish() { # the summary and the logs, after every step: a call killed at its limit still has them
-  python3 "$root/scripts/gpu/summarize.py" --work "$W" --out "$OUT" --root "$root" >/dev/null 2>"$W/logs/summarize.err" ||
-    log "summarize.py failed: $(tail -3 "$W/logs/summarize.err")"
-  tar -C "$W" -cJf "$OUT/logs.tar.xz" logs results 2>/dev/null || true
+  finish() { # the summary and the logs, after every step: a call killed at its limit still has them
+    python3 "$root/scripts/gpu/summarize.py" --work "$W" --out "$OUT" --root "$root" >/dev/null 2>"$W/logs/summarize.err" ||
+      log "summarize.py failed: $(tail -3 "$W/logs/summarize.err")"
+    tar -C "$W" -cJf "$OUT/logs.tar.xz" logs results 2>/dev/null || true
+  }
+
+  for s in "${expanded[@]}"; do
+    left=$((budget - ($(date +%s) - started)))
+    if ((left < 20)); then
+      log "$s: not started, ${left} s of the budget left"
+      echo "{\"call\":\"$call_id\",\"step\":\"$s\",\"status\":\"not started\",\"rc\":null,\"seconds\":0,\"note\":\"budget spent\"}" >>"$W/steps.jsonl"
+      continue
+    fi
+    log "== $s (at most $((left - 10)) s)"
+    t0=$(date +%s)
+    set +e
+    STEP_BUDGET_S=$((left - 10)) timeout -k 5 $((left - 10)) "$self" --step "$s" >"$W/logs/$s.log" 2>&1
+    rc=$?
+    set -e
+    secs=$(($(date +%s) - t0))
+    case $rc in
+    0) status=ok ;;
+    77) status=skipped ;;
+    124 | 137) status=timeout ;;
+    *) status=failed ;;
+    esac
+    note=$(grep -v '^[[:space:]]*$' "$W/logs/$s.log" | tail -1 | tr -d '"\\\000-\037' | cut -c1-200)
+    echo "{\"call\":\"$call_id\",\"step\":\"$s\",\"status\":\"$status\",\"rc\":$rc,\"seconds\":$secs,\"note\":\"$note\"}" >>"$W/steps.jsonl"
+    if [ $status = ok ]; then
+      log "$s: ok in ${secs} s"
+    else
+      log "$s: $status (exit $rc) after ${secs} s; the log ends:"
+      tail -15 "$W/logs/$s.log" | sed 's/^/    /'
+    fi
+    if [ "$s" = inventory ]; then grep -E '^(device|bundle|torch): ' "$W/logs/inventory.log" | sed 's/^/    /' || true; fi
+    finish
+  done
+  log "run.sh: done in $(($(date +%s) - started)) s"
+  cat "$OUT/gpu-run.md" 2>/dev/null || true
 }
-
-for s in "${expanded[@]}"; do
-  left=$((budget - ($(date +%s) - started)))
-  if ((left < 20)); then
-    log "$s: not started, ${left} s of the budget left"
-    echo "{\"call\":\"$call_id\",\"step\":\"$s\",\"status\":\"not started\",\"rc\":null,\"seconds\":0,\"note\":\"budget spent\"}" >>"$W/steps.jsonl"
-    continue
-  fi
-  log "== $s (at most $((left - 10)) s)"
-  t0=$(date +%s)
-  set +e
-  STEP_BUDGET_S=$((left - 10)) timeout -k 5 $((left - 10)) "$self" --step "$s" >"$W/logs/$s.log" 2>&1
-  rc=$?
-  set -e
-  secs=$(($(date +%s) - t0))
-  case $rc in
-  0) status=ok ;;
-  77) status=skipped ;;
-  124 | 137) status=timeout ;;
-  *) status=failed ;;
-  esac
-  note=$(tail -1 "$W/logs/$s.log" | tr -d '"\\' | cut -c1-200)
-  echo "{\"call\":\"$call_id\",\"step\":\"$s\",\"status\":\"$status\",\"rc\":$rc,\"seconds\":$secs,\"note\":\"$note\"}" >>"$W/steps.jsonl"
-  if [ $status = ok ]; then
-    log "$s: ok in ${secs} s"
-  else
-    log "$s: $status (exit $rc) after ${secs} s; the log ends:"
-    tail -15 "$W/logs/$s.log" | sed 's/^/    /'
-  fi
-  [ "$s" = inventory ] && grep -E '^(device|bundle|torch): ' "$W/logs/inventory.log" | sed 's/^/    /'
-  finish
-done
-log "run.sh: done in $(($(date +%s) - started)) s"
-cat "$OUT/gpu-run.md" 2>/dev/null || true
+main 2>&1 | tee -a "$OUT/run.log"

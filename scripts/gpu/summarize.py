@@ -184,10 +184,10 @@ def markdown(s):
          f"cuDNN {libs.get('libcudnn', {}).get('version', '-')}, cuBLASLt {libs.get('libcublasLt', {}).get('version', '-')}, "
          f"cudart {libs.get('libcudart', {}).get('version', '-')}; PyTorch {tc.get('torch', '-')} "
          f"(CUDA {tc.get('cuda', '-')}, cuDNN {tc.get('cudnn', '-')})", "",
-         "| step | status | seconds | note |", "|---|---|---|---|"]
-    for st in s["steps"]:
+         "| step | call | status | seconds | note |", "|---|---|---|---|---|"]
+    for st in s["steps"]:  # a warm machine keeps earlier calls' results: the call says which
         note = st.get("note", "") if st["status"] != "ok" else ""
-        L.append(f"| {st['step']} | {st['status']} | {st['seconds']} | {note.replace('|', '/')} |")
+        L.append(f"| {st['step']} | {st.get('call', '')} | {st['status']} | {st['seconds']} | {note.replace('|', '/')} |")
     t = s.get("tests")
     if t:
         L += ["", f"**CUDA tests** ({', '.join(t['suites']) or 'no suite matched'}): {t['run']} run, "
