@@ -10,9 +10,11 @@ the same model (bench/peers/models.py, the CLI's layers), batch and precision; f
 amp-fp16 with GradScaler, amp-bf16 without; fused AdamW (no per-step host sync in GradScaler.step);
 cudnn.benchmark; data generated on the GPU once; no per-step .item(). Steps are timed with CUDA
 events recorded between steps and read after one synchronize. Peak memory is
-torch.cuda.max_memory_allocated over the run's first repeat (warm-up included) less what was
-allocated before its model was built (cuBLAS's workspace is allocated before any run, so it is in
-neither). Kernel launches per step come from torch.profiler over a few extra steps.
+torch.cuda.max_memory_allocated over the timed steps of the run's first repeat (its peak reset after
+the warm-up, as `mixprec bench` resets its own) less what was allocated before its model was built:
+the model's parameters, gradients, optimizer state, data and the step's transients (cuBLAS's
+workspace is allocated before any run, so it is in neither). Kernel launches per step come from
+torch.profiler over a few extra steps.
 
 The mixprec side is one command line, MIXPREC_CMD below (or --mixprec-cmd): change it there when
 the CLI's flags change.
@@ -229,9 +231,13 @@ class TorchRun:
             if self.device == "cuda":
                 torch.cuda.synchronize()
                 base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-                torch.cuda.reset_peak_memory_stats()
             for _ in range(a.warmup):
                 self.step()
+            if self.device == "cuda":
+                # The steady step's peak, as `mixprec bench` reports it (its peak is reset after the
+                # warm-up too): cudnn.benchmark's trial workspaces and compilation stay out.
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
         ms = self.time_steps(a.steps)
         if first and self.device == "cuda":
             self.peak_bytes = torch.cuda.max_memory_allocated() - base

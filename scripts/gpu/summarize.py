@@ -178,7 +178,8 @@ def markdown(s):
     libs = inv.get("lib_dirs", {})
     tools = inv.get("tools", {})
     L = [f"### GPU run {s['date']} — {dev}", "",
-         f"- commit `{s['commit']}`{' (uncommitted changes)' if s.get('dirty') else ''}; mixprec from: "
+         f"- commit `{s['commit']}`{' (uncommitted changes)' if s.get('dirty') else ''}"
+         f"{' (from the pack: no git there)' if s.get('commit_from') != 'git' else ''}; mixprec from: "
          f"{s.get('built_how') or 'not set up'}",
          f"- {inv.get('os', '?')}, glibc {inv.get('glibc', '?')}; nvcc {((tools.get('nvcc') or {}).get('version')) or '-'}; "
          f"cuDNN {libs.get('libcudnn', {}).get('version', '-')}, cuBLASLt {libs.get('libcublasLt', {}).get('version', '-')}, "
@@ -267,13 +268,16 @@ def main():
         m = re.search(r"^BUILT_HOW=(.*)$", open(env).read(), re.M)
         built_how = m and m.group(1).strip("'\"").replace("\\ ", " ")
     manifest = load(os.path.join(a.root, "gpu-pack", "manifest.json")) or {}
-    commit = git("rev-parse", "HEAD") or manifest.get("commit", "?")
+    # The tree may travel without .git: then the commit is the one the pack was made at.
+    commit = git("rev-parse", "HEAD")
+    commit_from = "git" if commit else "gpu-pack/manifest.json"
+    commit = commit or manifest.get("commit", "?")
     dirty = git("status", "--porcelain", "-uno")
     bench = load(os.path.join(res, "bench.json"))
     tr = train(a.work)
     s = {
         "date": __import__("datetime").datetime.now(__import__("datetime").timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit, "dirty": bool(dirty), "bundle_commit": manifest.get("commit"),
+        "commit": commit, "commit_from": commit_from, "dirty": bool(dirty), "bundle_commit": manifest.get("commit"),
         "built_how": built_how, "steps": steps(a.work), "inventory": load(os.path.join(res, "inventory.json")),
         "tests": gtest_counts(os.path.join(res, "tests.json")), "memcheck": memcheck(a.work),
         "train": tr, "accuracy": accuracy_rows(tr), "train_epochs": int(os.environ.get("TRAIN_EPOCHS", "5")),
