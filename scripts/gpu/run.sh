@@ -44,6 +44,19 @@ export TORCH_PYTHON
 
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 
+# xz archives through Python's tarfile: the machine's image may have no xz program.
+PY_TAR='
+import sys, tarfile
+if sys.argv[1] == "x":
+    with tarfile.open(sys.argv[2]) as t:
+        t.extractall(sys.argv[3], **({"filter": "tar"} if hasattr(tarfile, "data_filter") else {}))
+else:
+    with tarfile.open(sys.argv[2], "w:xz") as t:
+        for p in sys.argv[3:]:
+            t.add(p)
+'
+untar() { python3 -c "$PY_TAR" x "$1" "$2"; } # untar ARCHIVE DIR
+
 # ---------------------------------------------------------------------------------------------
 # The steps. Each runs as `run.sh --step NAME` in its own process under `timeout`, with its output
 # in $W/logs/NAME.log; exit 0 ok, 77 skipped (the reason on its last line), anything else failed.
@@ -128,7 +141,7 @@ use_bundle() {
     echo "no $PACK/bundle.tar.xz: was gpu-pack carried (carry: [\"gpu-pack\"]) after scripts/gpu/pack.sh?"
     return 1
   }
-  rm -rf "$W/bundle" && tar -C "$W" -xJf "$PACK/bundle.tar.xz"
+  rm -rf "$W/bundle" && untar "$PACK/bundle.tar.xz" "$W"
   local ld out
   ld=$(cuda_ld_path)
   echo "CUDA library path: $ld"
@@ -166,7 +179,7 @@ build_from_source() {
   local stamp
   stamp=$(sha256sum "$PACK/kit.tar.xz" "$PACK/bundle.tar.xz" | cut -c1-64 | tr -d '\n')
   if [ "$(cat "$W/kit/.stamp" 2>/dev/null)" != "$stamp" ]; then
-    rm -rf "$W/kit" "$W/gtest-build" "$W/bundle" && tar -C "$W" -xJf "$PACK/kit.tar.xz" && tar -C "$W" -xJf "$PACK/bundle.tar.xz"
+    rm -rf "$W/kit" "$W/gtest-build" "$W/bundle" && untar "$PACK/kit.tar.xz" "$W" && untar "$PACK/bundle.tar.xz" "$W"
     echo "$stamp" >"$W/kit/.stamp"
   fi
   prefix=$W/kit/prefix
@@ -372,7 +385,7 @@ main() {
   finish() { # the summary and the logs, after every step: a call killed at its limit still has them
     python3 "$root/scripts/gpu/summarize.py" --work "$W" --out "$OUT" --root "$root" >/dev/null 2>"$W/logs/summarize.err" ||
       log "summarize.py failed: $(tail -3 "$W/logs/summarize.err")"
-    tar -C "$W" -cJf "$OUT/logs.tar.xz" logs results 2>/dev/null || true
+    (cd "$W" && python3 -c "$PY_TAR" c "$OUT/logs.tar.xz" logs results) 2>/dev/null || true
   }
 
   for s in "${expanded[@]}"; do
@@ -385,7 +398,7 @@ main() {
     log "== $s (at most $((left - 10)) s)"
     t0=$(date +%s)
     set +e
-    STEP_BUDGET_S=$((left - 10)) timeout -k 5 $((left - 10)) "$self" --step "$s" >"$W/logs/$s.log" 2>&1
+    STEP_BUDGET_S=$((left - 10)) timeout -k 5 $((left - 10)) bash "$self" --step "$s" >"$W/logs/$s.log" 2>&1
     rc=$?
     set -e
     secs=$(($(date +%s) - t0))
