@@ -130,10 +130,16 @@ write_env() {
   } >"$W/env.sh"
 }
 
-# try_binary BIN_DIR LD_PATH: does the binary start, and see the GPU through the CUDA runtime?
+# try_binary BIN_DIR LD_PATH: does the binary start (the library path as the wrappers will set it)?
+# It prints what `mixprec devices` sees, and warns when that is no GPU on a machine that has one.
 try_binary() {
-  local bin=$1 ld=$2
-  LD_LIBRARY_PATH=$ld "$bin/mixprec" --version && LD_LIBRARY_PATH=$ld "$bin/mixprec" devices
+  local bin=$1 ld=$2${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} out
+  LD_LIBRARY_PATH=$ld "$bin/mixprec" --version || return 1
+  out=$(LD_LIBRARY_PATH=$ld "$bin/mixprec" devices) || return 1
+  echo "$out"
+  if gpu_present && grep -q '^cuda: none' <<<"$out"; then
+    echo "WARNING: mixprec sees no GPU where nvidia-smi lists one: the CUDA tests will skip (driver or library path?)"
+  fi
 }
 
 use_bundle() {
@@ -207,7 +213,10 @@ build_from_source() {
   local cudnn_lib cublaslt_lib cudnn_inc extra_inc="" nvcc
   cudnn_lib=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["lib_dirs"]["libcudnn"]["path"])' "$inv")
   cublaslt_lib=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["lib_dirs"]["libcublasLt"]["path"])' "$inv")
-  cudnn_inc=$(dirname "$(python3 -c 'import json,sys; print((json.load(open(sys.argv[1]))["headers"]["cudnn_version.h"] or [""])[0])' "$inv")")
+  # The headers of the library found: its wheel's include/ beside lib/, else the first found.
+  cudnn_inc=$(dirname "$cudnn_lib")/../include
+  [ -f "$cudnn_inc/cudnn_version.h" ] ||
+    cudnn_inc=$(dirname "$(python3 -c 'import json,sys; print((json.load(open(sys.argv[1]))["headers"]["cudnn_version.h"] or [""])[0])' "$inv")")
   [ -f "$cudnn_inc/cudnn_version.h" ] || {
     echo "no cudnn_version.h on this machine: cannot build the CUDA backend"
     return 1
@@ -216,7 +225,8 @@ build_from_source() {
   # cuBLASLt's header where the toolkit has none: the wheel's include/ directory.
   if [ ! -f "$(dirname "$nvcc")/../include/cublasLt.h" ]; then
     local h
-    h=$(python3 -c 'import json,sys; print((json.load(open(sys.argv[1]))["headers"]["cublasLt.h"] or [""])[0])' "$inv")
+    h=$(dirname "$cublaslt_lib")/../include/cublasLt.h
+    [ -f "$h" ] || h=$(python3 -c 'import json,sys; print((json.load(open(sys.argv[1]))["headers"]["cublasLt.h"] or [""])[0])' "$inv")
     [ -n "$h" ] && extra_inc="-isystem $(dirname "$h")"
   fi
   log "configuring with nvcc $nvcc, cuDNN $cudnn_lib, cuBLASLt $cublaslt_lib"
