@@ -113,28 +113,32 @@ class RunError(Exception):
     pass
 
 
-def run_once(a, impl, precision):
-    cmd = command(a, impl, precision)
+def run_command(cmd, label, timeout):
+    """Runs one bench command; its JSON result, or RunError saying what failed and how."""
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                              timeout=a.timeout)
+                              timeout=timeout)
     except OSError as e:
         raise RunError(f"cannot run {shlex.join(cmd)}: {e}") from e
     except subprocess.TimeoutExpired as e:
-        raise RunError(f"timed out after {a.timeout:.0f} s: {shlex.join(cmd)}") from e
+        raise RunError(f"timed out after {timeout:.0f} s: {shlex.join(cmd)}") from e
     wall = time.perf_counter() - t0
     res = parse_result(proc.stdout)
     if proc.returncode != 0 or res is None:
         tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-15:])
         why = (f"exit status {proc.returncode}" if proc.returncode != 0
                else "no JSON line with \"steps_per_s\" on stdout")
-        raise RunError(f"{impl} {precision} failed ({why}): {shlex.join(cmd)}\n{tail}")
+        raise RunError(f"{label} failed ({why}): {shlex.join(cmd)}\n{tail}")
     try:
         float(res["step_ms"]["median"])
     except (KeyError, TypeError, ValueError) as e:
-        raise RunError(f"{impl} {precision}: result has no step_ms.median: {res}") from e
+        raise RunError(f"{label}: result has no step_ms.median: {res}") from e
     return {"cmd": cmd, "wall_s": wall, "result": res}
+
+
+def run_once(a, impl, precision):
+    return run_command(command(a, impl, precision), f"{impl} {precision}", a.timeout)
 
 
 def stats(xs):
@@ -178,10 +182,11 @@ def summarise(a, runs):
             if p != "fp32" and "fp32" in a.precisions:
                 ratios.append(ratio(f"{impl} {p} speedup over {impl} fp32",
                                     (impl, "fp32"), (impl, p)))
-    if "mixprec" in a.impls and "pytorch" in a.impls:
+    # mixprec against each peer (torch_gpu.py has two: pytorch-eager, pytorch-compile).
+    for peer in [i for i in a.impls if i != "mixprec"] if "mixprec" in a.impls else []:
         for p in a.precisions:
-            ratios.append(ratio(f"mixprec {p} vs pytorch {p} (x faster)",
-                                ("pytorch", p), ("mixprec", p)))
+            ratios.append(ratio(f"mixprec {p} vs {peer} {p} (x faster)",
+                                (peer, p), ("mixprec", p)))
     return {"per_impl": per, "ratios": [r for r in ratios if r is not None]}
 
 

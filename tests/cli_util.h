@@ -1,3 +1,4 @@
+
 // Helpers for tests that run the CLI binary (MIXPREC_CLI) on a small generated data set.
 #pragma once
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "mixprec/data.h"
+#include "test_paths.h"
 
 namespace mixprec::clitest {
 
@@ -42,7 +44,7 @@ inline std::string slurp(const fs::path& p) {
 // `mixprec ARGS`, its stdout and stderr captured through files in dir.
 inline RunResult run_cli(const std::string& args, const fs::path& dir) {
   const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const std::string cmd = std::string(MIXPREC_CLI) + " " + args + " >" + out.string() + " 2>" + err.string();
+  const std::string cmd = mixprec::test::cli_path() + " " + args + " >" + out.string() + " 2>" + err.string();
   const int status = std::system(cmd.c_str());
   RunResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -10,6 +10,7 @@
 
 #include "op_cases.h"
 #include "ops/op_table.h"
+#include "test_paths.h"
 
 namespace mixprec::testing {
 namespace {
@@ -47,7 +48,7 @@ TEST(OpCoverage, AMissingOpIsReported) {
 // Each family of ops.def's family column has its op file, its kernel interface and dispatch,
 // and its reference kernels (fast kernels where a fast path pays: src/kernels/cpu/<family>.cpp).
 TEST(OpCoverage, EveryFamilyHasItsFiles) {
-  const std::filesystem::path root = MIXPREC_SOURCE_DIR;
+  const std::filesystem::path root = test::source_dir();
   for (std::string_view fam : kOpFamily) {
     const std::string f(fam);
     for (const std::string& rel : {"src/ops/" + f + ".cpp", "src/kernels/" + f + ".h", "src/kernels/" + f + ".cpp",

@@ -9,12 +9,13 @@
 #include <string>
 
 #include "mixprec/mixprec.h"
+#include "test_paths.h"
 
 namespace mixprec {
 namespace {
 
 namespace fs = std::filesystem;
-const fs::path kIncludeDir = fs::path(MIXPREC_SOURCE_DIR) / "include" / "mixprec";
+const fs::path kIncludeDir = fs::path(test::source_dir()) / "include" / "mixprec";
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p);
