@@ -91,7 +91,11 @@ StateDict Checkpoint::model_tensors(const StateDict& sd) {
   return out;
 }
 
-void Checkpoint::load_model(nn::Module& model, const StateDict& tensors, const std::string& source) {
+namespace {
+
+// Throws, listing every missing, unexpected and misshapen name, unless `tensors` has exactly the
+// model's names and shapes.
+void check_model_names(const nn::Module& model, const StateDict& tensors, const std::string& source) {
   std::map<std::string, Shape> mine;
   for (const auto& [k, t] : model.state_dict()) mine.emplace(k, t.shape());
   std::vector<std::string> missing, unexpected, misshapen;
@@ -115,6 +119,12 @@ void Checkpoint::load_model(nn::Module& model, const StateDict& tensors, const s
     if (!misshapen.empty()) os << sep << "other shape " << name_list(misshapen);
     throw Error(os.str());
   }
+}
+
+}  // namespace
+
+void Checkpoint::load_model(nn::Module& model, const StateDict& tensors, const std::string& source) {
+  check_model_names(model, tensors, source);
   try {
     model.load_state_dict(tensors);  // the dtypes
   } catch (const Error& e) {
@@ -124,6 +134,8 @@ void Checkpoint::load_model(nn::Module& model, const StateDict& tensors, const s
 
 void Checkpoint::load_state_dict(const StateDict& sd, const std::string& source) {
   // Everything whose absence or presence can be seen from the names first, then each part.
+  const StateDict model = model_tensors(sd);
+  check_model_names(model_, model, source);
   const StateDict opt = under(sd, kOptimizer), scaler = under(sd, kScaler), rng = under(sd, kRng);
   MIXPREC_CHECK(!optimizer_ || !opt.empty(), source, " holds no optimizer state (optimizer.*)");
   MIXPREC_CHECK(!generator_ || !rng.empty(), source, " holds no generator state (rng.*)");
@@ -149,7 +161,7 @@ void Checkpoint::load_state_dict(const StateDict& sd, const std::string& source)
       opt_sd.emplace_back("state." + std::to_string(it->second) + key.substr(dot), t);
     }
   }
-  load_model(model_, model_tensors(sd), source);
+  load_model(model_, model, source);
   try {
     if (optimizer_) optimizer_->load_state_dict(opt_sd);
     if (scaler_) scaler_->load_state_dict(scaler);
