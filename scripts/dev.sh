@@ -12,7 +12,8 @@ jobs=$(nproc)
 
 packages=(g++ cmake ninja-build libdnnl-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libgtest-dev dataset-fashion-mnist
   clang-format-14 clang-tidy-14 libomp-14-dev) # libomp-14-dev: omp.h where clang-tidy looks for it
-[ "${1:-}" = bench ] && packages+=(python3-torch python3-numpy)
+# bench compares with PyTorch; test checks checkpoints both ways with it (ctest interop.pytorch).
+[ "${1:-}" = bench ] || [ "${1:-}" = test ] && packages+=(python3-torch python3-numpy)
 
 setup() {
   local missing=()

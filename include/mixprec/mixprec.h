@@ -3,6 +3,7 @@
 #include "mixprec/allocator.h"
 #include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
+#include "mixprec/checkpoint.h"
 #include "mixprec/clip.h"
 #include "mixprec/convert.h"
 #include "mixprec/cpu.h"
