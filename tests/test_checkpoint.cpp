@@ -4,11 +4,11 @@
 // disabled scaler, reserved names).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "mixprec/checkpoint.h"
@@ -73,9 +73,8 @@ struct TinyRun {
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("mixprec_ckpt_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("mixprec_ckpt_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -106,8 +105,8 @@ TEST_F(CheckpointTest, NamesFollowPyTorchAndTheParameters) {
       // the scaler (PyTorch's keys first), the generator, the caller's
       "scaler.scale", "scaler.growth_factor", "scaler.backoff_factor", "scaler.growth_interval",
       "scaler._growth_tracker", "scaler.dynamic", "scaler.hysteresis", "scaler._hysteresis_left", "scaler.min_scale",
-      "scaler.max_scale", "scaler.error_at_min_scale", "scaler._skipped_steps", "scaler._overflows",
-      "scaler._updates", "rng.seed", "rng.stream", "rng.offset", "run.epoch"};
+      "scaler.max_scale", "scaler.error_at_min_scale", "scaler._skipped_steps", "scaler._overflows", "scaler._updates",
+      "rng.seed", "rng.stream", "rng.offset", "run.epoch"};
   EXPECT_EQ(names, expected);
   EXPECT_EQ(find_state(sd, "0.weight")->dtype(), DType::f16);  // stored as trained
   EXPECT_EQ(find_state(sd, "1.weight")->dtype(), DType::f32);  // norms stay f32
@@ -167,17 +166,20 @@ TEST_F(CheckpointTest, PartsMustMatchTheFile) {
   StateDict bad = sd;
   for (auto& [k, t] : bad)
     if (k == "optimizer.5.bias.exp_avg") k = "optimizer.7.bias.exp_avg";
-  EXPECT_NE(error_of([&] { b.checkpoint().load_state_dict(bad, "f.st"); })
-                .find("f.st: 'optimizer.7.bias.exp_avg' is the state of no parameter of this optimizer"),
+  EXPECT_NE(error_of([&] {
+              b.checkpoint().load_state_dict(bad, "f.st");
+            }).find("f.st: 'optimizer.7.bias.exp_avg' is the state of no parameter of this optimizer"),
             std::string::npos);
   // A file with scaler state into a disabled scaler, and the other way round.
   amp::GradScaler off(amp::GradScalerOptions{.enabled = false});
-  EXPECT_NE(error_of([&] { Checkpoint(*b.model, b.opt.get(), &off).load_state_dict(sd, "f.st"); })
-                .find("f.st holds GradScaler state (scaler.*) but this GradScaler is disabled"),
+  EXPECT_NE(error_of([&] {
+              Checkpoint(*b.model, b.opt.get(), &off).load_state_dict(sd, "f.st");
+            }).find("f.st holds GradScaler state (scaler.*) but this GradScaler is disabled"),
             std::string::npos);
   std::erase_if(sd, [](const auto& e) { return e.first.rfind("scaler.", 0) == 0; });
-  EXPECT_NE(error_of([&] { b.checkpoint().load_state_dict(sd, "f.st"); })
-                .find("f.st holds no GradScaler state (scaler.*) but this GradScaler is enabled"),
+  EXPECT_NE(error_of([&] {
+              b.checkpoint().load_state_dict(sd, "f.st");
+            }).find("f.st holds no GradScaler state (scaler.*) but this GradScaler is enabled"),
             std::string::npos);
   // The model alone loads from any of them (eval, export).
   Checkpoint(*b.model, nullptr, nullptr, nullptr).load_state_dict(sd);
@@ -194,8 +196,9 @@ TEST_F(CheckpointTest, ReservedNamesAreRefused) {
   EXPECT_NE(error_of([&] { Checkpoint c(h); }).find("'optimizer.weight' starts with a prefix the checkpoint keeps"),
             std::string::npos);
   TinyRun a(5);
-  EXPECT_NE(error_of([&] { a.checkpoint().state_dict({{"epoch", state_i64(1)}}); })
-                .find("the caller's entry 'epoch' must be named run.<key>"),
+  EXPECT_NE(error_of([&] {
+              a.checkpoint().state_dict({{"epoch", state_i64(1)}});
+            }).find("the caller's entry 'epoch' must be named run.<key>"),
             std::string::npos);
   // An optimizer over a tensor that is not the model's.
   Tensor stray = Tensor::zeros({2}).set_requires_grad();

@@ -30,10 +30,10 @@ class CheckpointCli : public mixprec::clitest::TempDirTest {
     write_dataset(dir_, "train", 200, 1);
     write_dataset(dir_, "t10k", 100, 2);
     ck_ = (dir_ / "ck.st").string();
-    const RunResult r = run_cli("train --data " + dir_.string() + " --hidden 32 --epochs 1 --batch-size 50 " +
-                                    "--precision amp-bf16 --threads 2 --metrics " + (dir_ / "m.jsonl").string() +
-                                    " --save " + ck_,
-                                dir_);
+    const RunResult r =
+        run_cli("train --data " + dir_.string() + " --hidden 32 --epochs 1 --batch-size 50 " +
+                    "--precision amp-bf16 --threads 2 --metrics " + (dir_ / "m.jsonl").string() + " --save " + ck_,
+                dir_);
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   // The last epoch line of the metrics.

@@ -60,15 +60,15 @@ TEST_P(Resume, StoppedAndResumedRunIsBitIdentical) {
   RunResult r = run_cli("train " + flags + " --metrics " + full_m.string() + " --save " + full_st.string(), dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // Stopped at step 8 (mid-epoch 2), resumed and stopped at 12 (the end of epoch 2), resumed to the end.
-  r = run_cli("train " + flags + " --metrics " + part_m.string() + " --save " + part_st.string() +
-                  " --stop-after-steps 8",
-              dir_);
+  r = run_cli(
+      "train " + flags + " --metrics " + part_m.string() + " --save " + part_st.string() + " --stop-after-steps 8",
+      dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("stopped after step 8"), std::string::npos) << r.out;
   for (const char* more : {" --stop-after-steps 12", ""}) {
-    r = run_cli("train --resume " + part_st.string() + " --metrics " + part_m.string() + " --save " +
-                    part_st.string() + more,
-                dir_);
+    r = run_cli(
+        "train --resume " + part_st.string() + " --metrics " + part_m.string() + " --save " + part_st.string() + more,
+        dir_);
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   EXPECT_NE(r.out.find("resumed from " + part_st.string() + ": epoch 3, step 12"), std::string::npos) << r.out;

@@ -21,8 +21,8 @@ namespace {
 
 // What a file's metadata says about its model: the flags that build it, and the data it expects.
 const char* const kModelKeys[] = {"model", "hidden", "channels"};
-const char* const kExportKeys[] = {"model",      "hidden",      "channels", "image-rows", "image-cols",
-                                   "num-classes", "norm-mean",  "norm-std", "precision",  "data"};
+const char* const kExportKeys[] = {"model",       "hidden",    "channels", "image-rows", "image-cols",
+                                   "num-classes", "norm-mean", "norm-std", "precision",  "data"};
 
 Flags model_flags(const Flags& metadata) {
   Flags f;
@@ -39,8 +39,8 @@ ModelSpec read_model(Args& a, const Args& given, const Flags& stored, const std:
     if (!given.has(k)) continue;
     Args alone("", {"--" + k, v});
     const ModelSpec s = parse_model(alone);
-    MIXPREC_CHECK(s.name == m.name && s.hidden == m.hidden && s.channels == m.channels, "--", k, " ",
-                  a.str(k, ""), ": ", path, " holds a model with ", k, " ", v);
+    MIXPREC_CHECK(s.name == m.name && s.hidden == m.hidden && s.channels == m.channels, "--", k, " ", a.str(k, ""),
+                  ": ", path, " holds a model with ", k, " ", v);
   }
   return m;
 }
@@ -93,8 +93,8 @@ int cmd_eval(Args& given) {
   Checkpoint::load_model(*model, Checkpoint::model_tensors(f.tensors), path);
   const EvalResult r = evaluate(*model, precision, test, norm);
   if (json) {
-    const Json j = {{"checkpoint", path},         {"model", spec.name},     {"precision", precision.name},
-                    {"data", data_dir},           {"test_samples", test.size}, {"test_accuracy", r.accuracy},
+    const Json j = {{"checkpoint", path}, {"model", spec.name},        {"precision", precision.name},
+                    {"data", data_dir},   {"test_samples", test.size}, {"test_accuracy", r.accuracy},
                     {"test_loss", r.loss}};
     std::printf("%s\n", j.dump().c_str());
   } else {

@@ -38,7 +38,7 @@ struct SessionOptions {
 // Reads the flags train and bench share (model, precision, loss scale, optimizer, batch size,
 // accumulation, clipping, seed, threads).
 SessionOptions parse_session(Args& args);
-ModelSpec parse_model(Args& args);                            // --model, --hidden, --channels
+ModelSpec parse_model(Args& args);                              // --model, --hidden, --channels
 Precision parse_precision(Args& args, const std::string& def);  // --precision
 Precision resolve_precision(const std::string& name);
 int available_cores();

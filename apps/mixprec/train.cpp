@@ -224,8 +224,8 @@ class TrainingRun {
   optim::LrSchedule lr_schedule_;
   const ProgressPrinter progress_;
   const std::vector<std::pair<std::string, Tensor>> named_params_;
-  const RunState start_;  // where this process starts: zeros, or a checkpoint's
-  const Flags metadata_;  // of the checkpoints
+  const RunState start_;         // where this process starts: zeros, or a checkpoint's
+  const Flags metadata_;         // of the checkpoints
   amp::ScaleTrace scale_trace_;  // of this process's steps
   int64_t step_, samples_;       // over the whole run
   double train_seconds_;         // without the evaluations
@@ -273,7 +273,8 @@ int cmd_train(Args& given) {
   Session s = make_session(opt);
   RunState start;
   if (ckpt) {
-    Checkpoint(*s.model, s.optimizer.get(), s.scaler.get(), &default_generator()).load_state_dict(ckpt->tensors, resume);
+    Checkpoint(*s.model, s.optimizer.get(), s.scaler.get(), &default_generator())
+        .load_state_dict(ckpt->tensors, resume);
     // The schedule takes its base lr from the optimizer: the file holds the lr of its last step.
     s.optimizer->set_lr(opt.lr);
     start = load_run_state(ckpt->tensors, resume);
@@ -283,12 +284,12 @@ int cmd_train(Args& given) {
                   resume, ": run.* says step ", start.step, " after ", start.epochs_done, " epochs and ",
                   start.batches_done, " batches, which is no point of a run of ", o.epochs, " epochs of ", per_epoch,
                   " batches");
-    MIXPREC_CHECK(o.stop_after_steps == 0 || o.stop_after_steps > start.step, "--stop-after-steps ",
-                  o.stop_after_steps, ": ", resume, " is at step ", start.step, " already");
+    MIXPREC_CHECK(o.stop_after_steps == 0 || o.stop_after_steps > start.step, "--stop-after-steps ", o.stop_after_steps,
+                  ": ", resume, " is at step ", start.step, " already");
   }
   // Last, as it rewrites the metrics file: a resumed run keeps the lines up to its checkpoint.
-  MetricsWriter metrics(o.metrics_path, ckpt ? std::optional<MetricsWriter::KeepUpTo>({start.step, start.epochs_done})
-                                             : std::nullopt);
+  MetricsWriter metrics(o.metrics_path,
+                        ckpt ? std::optional<MetricsWriter::KeepUpTo>({start.step, start.epochs_done}) : std::nullopt);
   print_header(s, o.data_dir, train, test, o.detect_anomaly);
   if (ckpt)
     std::printf("resumed from %s: epoch %lld, step %lld\n", resume.c_str(), (long long)(start.epochs_done + 1),

@@ -39,8 +39,8 @@ struct RunState {
   int64_t batches_done = 0;  // batches of epoch epochs_done + 1 already trained
   int64_t step = 0;          // optimizer steps over the run (= batches trained)
   int64_t samples = 0;
-  double epoch_loss_sum = 0;  // the losses of the batches_done batches, for the epoch's train loss
-  double train_seconds = 0;   // training time so far (without the evaluations)
+  double epoch_loss_sum = 0;                // the losses of the batches_done batches, for the epoch's train loss
+  double train_seconds = 0;                 // training time so far (without the evaluations)
   double test_accuracy = 0, test_loss = 0;  // the latest evaluation
 };
 StateDict run_state_dict(const RunState& r);

@@ -71,8 +71,8 @@ void BatchLoader::begin_epoch(int epoch, int64_t first_batch) {
     done_ = false;
     started_ = true;
   }
-  producer_ = std::thread(
-      [this, order = std::move(order), first_batch]() mutable { produce(std::move(order), first_batch); });
+  producer_ =
+      std::thread([this, order = std::move(order), first_batch]() mutable { produce(std::move(order), first_batch); });
 }
 
 void BatchLoader::fill_batch(HostBatch& batch, const int64_t* indices, int64_t n) const {
