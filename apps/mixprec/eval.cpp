@@ -34,7 +34,7 @@ Flags model_flags(const Flags& metadata) {
 // The model the flags (over the file's metadata) describe; an explicit flag that contradicts the
 // metadata is refused, naming both.
 ModelSpec read_model(Args& a, const Args& given, const Flags& stored, const std::string& path) {
-  const ModelSpec m = parse_model(a);
+  ModelSpec m = parse_model(a);
   for (const auto& [k, v] : stored) {
     if (!given.has(k)) continue;
     Args alone("", {"--" + k, v});
@@ -55,7 +55,7 @@ ModelSpec stored_model(const Flags& metadata, const std::string& path) {
 }
 
 std::string required(Args& a, const std::string& flag) {
-  const std::string v = a.str(flag, "");
+  std::string v = a.str(flag, "");
   MIXPREC_CHECK(!v.empty(), "--", flag, " FILE is required");
   return v;
 }

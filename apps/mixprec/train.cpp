@@ -292,7 +292,7 @@ int cmd_train(Args& given) {
                         ckpt ? std::optional<MetricsWriter::KeepUpTo>({start.step, start.epochs_done}) : std::nullopt);
   print_header(s, o.data_dir, train, test, o.detect_anomaly);
   if (ckpt)
-    std::printf("resumed from %s: epoch %lld, step %lld\n", resume.c_str(), (long long)(start.epochs_done + 1),
+    std::printf("resumed from %s: epoch %lld, step %lld\n", resume.c_str(), (long long)start.epochs_done + 1,
                 (long long)start.step);
   TrainingRun(s, o, train, test, facts.norm, metrics, start, checkpoint_metadata(opt, o, facts)).run();
   return 0;
