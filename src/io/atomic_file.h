@@ -33,6 +33,9 @@ class AtomicFile {
   void commit();
 
   uint64_t bytes_written() const { return written_; }
+  // Whether the temporary is an unnamed O_TMPFILE inode (before commit), which a killed process
+  // cannot leave behind.
+  bool temporary_is_unnamed() const { return fd_ >= 0 && temp_path_.empty(); }
 
  private:
   enum class KillAt { never, bytes, synced, linked, renamed };
