@@ -230,6 +230,9 @@ TEST_F(Safetensors, BadHeadersAreRefusedInOneLine) {
          "tensor 'a': field 'dtype' appears twice in the header (bytes 8..{H})");
   expect(a_and + b + R"(,"__metadata__":{"k":"1","k":"2"}})",
          "__metadata__ key 'k' appears twice in the header (bytes 8..{H})");
+  // Found by the fuzzer: nlohmann throws out_of_range, not parse_error, for a number beyond a double.
+  expect(R"({"a":{"dtype":"F32","shape":[1e999],"data_offsets":[0,12]}})",
+         "the header (bytes 8..{H}) is not valid JSON: number overflow parsing '1e999'");
   expect(R"({"a":{"dtype":"F32",})",
          "the header is not valid JSON at byte 28: syntax error while parsing object key - unexpected '}'; expected "
          "string literal");

@@ -73,12 +73,14 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// The reason from an nlohmann parse error, without its "[json.exception...] parse error at line 1,
-// column 12: " prefix (the caller gives the byte offset), as one bounded line.
+// The reason from an nlohmann exception, without its "[json.exception.parse_error.101] " tag and
+// "parse error at line 1, column 12: " prefix (the caller gives the byte offset), as one bounded line.
 std::string json_reason(const std::string& what) {
-  const size_t column = what.find("column ");
-  const size_t colon = column == std::string::npos ? std::string::npos : what.find(": ", column);
-  return escaped(colon == std::string::npos ? what : what.substr(colon + 2), false);
+  const size_t tag = what.rfind("[json.exception.", 0) == 0 ? what.find("] ") : std::string::npos;
+  size_t start = tag == std::string::npos ? 0 : tag + 2;
+  if (what.compare(start, 15, "parse error at ") == 0 && what.find(": ", start) != std::string::npos)
+    start = what.find(": ", start) + 2;
+  return escaped(std::string_view(what).substr(start), false);
 }
 
 class HeaderParser {
@@ -154,6 +156,8 @@ class HeaderParser {
       root = Json::parse(text, text + n_, on_event);
     } catch (const Json::parse_error& e) {
       fail("the header is not valid JSON at byte ", 8 + (e.byte ? e.byte - 1 : 0), ": ", json_reason(e.what()));
+    } catch (const Json::exception& e) {  // e.g. out_of_range: a number too large for a double (1e999)
+      fail("the header ", header_bytes(), " is not valid JSON: ", json_reason(e.what()));
     }
     if (!duplicate.empty()) fail(duplicate, " appears twice in the header ", header_bytes());
     if (!root.is_object()) fail("the header ", header_bytes(), " is not a JSON object");
