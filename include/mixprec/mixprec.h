@@ -13,6 +13,7 @@
 #include "mixprec/dtype.h"
 #include "mixprec/error.h"
 #include "mixprec/grad_scaler.h"
+#include "mixprec/io.h"
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
 #include "mixprec/optim.h"
