@@ -2,7 +2,8 @@
 # One entry point on a fresh Debian 12 machine: installs what is missing, builds, then runs.
 #   scripts/dev.sh train [mixprec train flags]   set up, build, train on Fashion-MNIST
 #   scripts/dev.sh test                          set up, build, run every check: the Release suite, clang-format,
-#                                                clang-tidy, the threaded tests under TSan, the suite under ASan/UBSan
+#                                                clang-tidy, the threaded tests under TSan, the suite under ASan/UBSan,
+#                                                libFuzzer on the file readers (MIXPREC_FUZZ_SECONDS per target, 30)
 #   scripts/dev.sh bench [compare.py flags]      set up (plus python3-torch), build, compare with PyTorch
 #   scripts/dev.sh build                         set up and build only
 set -euo pipefail
@@ -11,8 +12,10 @@ root=$(pwd)
 jobs=$(nproc)
 
 packages=(g++ cmake ninja-build libdnnl-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libgtest-dev dataset-fashion-mnist
-  clang-format-14 clang-tidy-14 libomp-14-dev) # libomp-14-dev: omp.h where clang-tidy looks for it
-[ "${1:-}" = bench ] && packages+=(python3-torch python3-numpy)
+  clang-format-14 clang-tidy-14 libomp-14-dev # libomp-14-dev: omp.h where clang-tidy looks for it
+  clang-14 libclang-rt-14-dev) # the fuzz targets: clang's libFuzzer and sanitizer runtimes
+# bench compares with PyTorch; test checks checkpoints both ways with it (ctest interop.pytorch).
+[ "${1:-}" = bench ] || [ "${1:-}" = test ] && packages+=(python3-torch python3-numpy)
 
 setup() {
   local missing=()
@@ -65,6 +68,36 @@ tsan_suite() {
     OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp" "$root/build-tsan/mixprec_thread_tests"
 }
 
+# libFuzzer on the file readers (tests/fuzz/: the safetensors header parser, the idx reader), built
+# alone with clang under ASan and UBSan in build-fuzz, each target run for MIXPREC_FUZZ_SECONDS from
+# the seed corpus (tests/fuzz/corpus/; what a run adds stays in build-fuzz/corpus/ for the next).
+# A crash, leak, timeout or sanitizer report fails the part; the input is left in
+# build-fuzz/artifacts/ (copy it to tests/fuzz/regressions/<target>/: the suite replays those).
+fuzz_suite() {
+  local dir=$root/build-fuzz seconds=${MIXPREC_FUZZ_SECONDS:-30} status=0 t
+  mkdir -p "$dir/artifacts"
+  if ! cmake -S "$root/tests/fuzz" -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 >"$dir/configure.log" 2>&1; then
+    cat "$dir/configure.log" >&2
+    return 1
+  fi
+  cmake --build "$dir" -j "$jobs" || return 1
+  for t in safetensors idx; do
+    mkdir -p "$dir/corpus/$t"
+    local dict=()
+    [ -f "$root/tests/fuzz/$t.dict" ] && dict=(-dict="$root/tests/fuzz/$t.dict")
+    # -timeout: one input running 10 s is a hang; -rss_limit_mb: one using 2 GB is a leak or a bomb.
+    if "$dir/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "${dict[@]}" \
+      -artifact_prefix="$dir/artifacts/$t-" "$dir/corpus/$t" "$root/tests/fuzz/corpus/$t" >"$dir/$t.log" 2>&1; then
+      echo "fuzz $t: $(grep -E '^Done [0-9]+ runs' "$dir/$t.log" | tail -1), no crash, leak or sanitizer report"
+    else
+      grep -v '^"' "$dir/$t.log" | tail -40 >&2
+      echo "fuzz $t: FAILED (log: $dir/$t.log; input: $dir/artifacts/$t-*)" >&2
+      status=1
+    fi
+  done
+  return $status
+}
+
 # part NAME COMMAND...: runs one part of `test`, timed; a failure is recorded, the next part runs.
 failed=()
 times=()
@@ -92,6 +125,7 @@ case "$cmd" in
     part tidy scripts/lint.sh tidy "$root/build" # reads build/compile_commands.json
     part tsan tsan_suite
     part asan-suite asan_suite
+    part fuzz fuzz_suite
     echo "=== dev.sh test: times"
     printf '%s\n' "${times[@]}"
     if ((${#failed[@]})); then

@@ -422,6 +422,24 @@ TEST(Loader, EverySampleOncePerEpochWithPartialLastBatch) {
   }
 }
 
+// A resumed run starts an epoch at the batch its checkpoint stopped at: the same batches, in the
+// same order, as the rest of the uninterrupted epoch.
+TEST(Loader, BeginEpochAtABatchContinuesTheSameOrder) {
+  const Dataset d = synthetic(103);
+  BatchLoader loader(d, {.batch_size = 10, .shuffle = true, .seed = 7});
+  const std::vector<int64_t> order = loader.epoch_order(2);
+  for (int64_t first : {0, 4, 10, 11}) {
+    loader.begin_epoch(2, first);
+    std::vector<int64_t> seen;
+    HostBatch b;
+    while (loader.next(b))
+      for (int64_t i = 0; i < b.n; ++i)
+        seen.push_back(std::lround(b.x[i * 6] * 255) + 256 * std::lround(b.x[i * 6 + 1] * 255));
+    EXPECT_EQ(seen, std::vector<int64_t>(order.begin() + std::min<int64_t>(first * 10, 103), order.end())) << first;
+  }
+  expect_error([&] { loader.begin_epoch(0, 12); }, {"first batch 12 of an epoch of 11"});
+}
+
 TEST(Loader, DropLast) {
   const Dataset d = synthetic(103);
   BatchLoader loader(d, {.batch_size = 10, .shuffle = true, .drop_last = true, .seed = 1});

@@ -115,4 +115,11 @@ void Args::finish() const {
     MIXPREC_CHECK(used_.count(name), "unknown flag --", name, " (see `mixprec ", command_, " --help`)");
 }
 
+Args Args::with_defaults(const std::map<std::string, std::string>& defaults) const {
+  Args out = *this;
+  out.used_.clear();
+  for (const auto& [name, value] : defaults) out.values_.emplace(name, value);  // keeps a given value
+  return out;
+}
+
 }  // namespace mixprec::cli

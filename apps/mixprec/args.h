@@ -22,6 +22,9 @@ class Args {
   std::vector<int64_t> int_list(const std::string& name, const std::vector<int64_t>& def, int64_t lo, int64_t hi);
   // Call after all getters: rejects flags nobody read (typos, flags of another command).
   void finish() const;
+  // These flags plus `defaults` ("name" -> value) for the names not given, none read yet: a
+  // resumed run takes its checkpoint's settings wherever the command line gives none.
+  Args with_defaults(const std::map<std::string, std::string>& defaults) const;
 
  private:
   std::string command_;

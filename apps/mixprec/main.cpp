@@ -14,6 +14,8 @@ const char* kUsage = R"(usage: mixprec <command> [flags]
 
 commands:
   train   train a model on Fashion-MNIST (or --data DIR of idx files), evaluate each epoch
+  eval    test accuracy and loss of a checkpoint (or of a PyTorch state_dict in safetensors)
+  export  a checkpoint's model tensors alone, in safetensors, for PyTorch and other tools
   bench   time training steps on synthetic data, print one JSON object
   devices list this machine's CPU features and GPUs (`mixprec --version`: is CUDA built in)
 
@@ -42,6 +44,12 @@ train:   --epochs N (5)  --data DIR  --metrics FILE (JSON lines)  --log-every K 
          --diagnose K   every K steps: per-parameter share of gradient values fp16 flushes to zero or
                         overflows, at the loss scale and without; autocast trace; scale trace
          --lr-schedule cosine|constant (cosine: anneal to 0 over the run)  --lr-warmup STEPS (0)
+         --save FILE    a checkpoint (safetensors) at each epoch end; --save-every N: also every N steps
+         --resume FILE  continue a checkpoint's run bit-exactly (its settings; an explicit flag must agree)
+         --stop-after-steps N   stop after step N (saving first with --save), as a preempted job would
+eval:    --checkpoint FILE  [--data DIR] [--precision P (the file's)] [--json] [--threads N]
+         --model/--hidden/--channels for a file that does not name its model (a PyTorch state_dict)
+export:  --checkpoint FILE --out FILE [--dtype f32|bf16|f16 (default: as stored)]
 bench:   --steps N (30)  --warmup N (5)
 )";
 
@@ -63,6 +71,8 @@ int main(int argc, char** argv) {
   try {
     mixprec::cli::Args args(cmd, rest);
     if (cmd == "train") return mixprec::cli::cmd_train(args);
+    if (cmd == "eval") return mixprec::cli::cmd_eval(args);
+    if (cmd == "export") return mixprec::cli::cmd_export(args);
     if (cmd == "bench") return mixprec::cli::cmd_bench(args);
     if (cmd == "devices") return mixprec::cli::cmd_devices(args);
     std::fprintf(stderr, "mixprec: unknown command '%s' (try `mixprec --help`)\n", cmd.c_str());

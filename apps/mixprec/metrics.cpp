@@ -75,10 +75,24 @@ Json summary_event(const Session& s, int64_t steps, double wall_seconds, double 
   return j;
 }
 
-MetricsWriter::MetricsWriter(std::string path) : path_(std::move(path)) {
+MetricsWriter::MetricsWriter(std::string path, std::optional<KeepUpTo> keep) : path_(std::move(path)) {
   if (path_.empty()) return;
+  std::string kept;
+  if (keep) {
+    std::ifstream in(path_);
+    std::string line;
+    while (std::getline(in, line)) {
+      const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_object() || !j.contains("event")) break;  // a line cut by a kill, and all after it
+      const bool before = j.contains("step")    ? j["step"].get<int64_t>() <= keep->step
+                          : j.contains("epoch") ? j["epoch"].get<int64_t>() <= keep->epoch
+                                                : false;
+      if (before) kept += line + "\n";
+    }
+  }
   file_.open(path_, std::ios::trunc);
   MIXPREC_CHECK(file_.good(), "--metrics: cannot write ", path_);
+  file_ << kept;
 }
 
 void MetricsWriter::write(const Json& event) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,10 +33,15 @@ Json rounding_event(int64_t step, const optim::Optimizer::RoundingStats& r, cons
 Json summary_event(const Session& s, int64_t steps, double wall_seconds, double samples_per_s, double test_accuracy);
 
 // --metrics FILE, truncated at construction; with an empty path the writer is disabled and
-// write() does nothing.
+// write() does nothing. A resumed run keeps the file's lines up to its checkpoint (the step lines
+// up to `step`, the epoch lines up to `epoch`, no summary) and continues after them, so the file
+// reads as if the run had never stopped.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(std::string path);
+  struct KeepUpTo {
+    int64_t step = 0, epoch = 0;
+  };
+  explicit MetricsWriter(std::string path, std::optional<KeepUpTo> keep = std::nullopt);
   bool enabled() const { return file_.is_open(); }
   void write(const Json& event);  // one line
   void flush();                   // after each epoch: a run that is stopped keeps its lines

@@ -91,12 +91,22 @@ std::string describe_loss_scale(const SessionOptions& o) {
   return os.str();
 }
 
+ModelSpec parse_model(Args& a) {
+  ModelSpec m;
+  m.name = a.choice("model", "mlp", model_names());
+  m.hidden = a.int_list("hidden", m.hidden, 1, 1 << 16);
+  m.channels = a.int_list("channels", m.channels, 1, 1 << 14);
+  return m;
+}
+
+Precision parse_precision(Args& a, const std::string& def) {
+  return resolve_precision(a.choice("precision", def, precision_choices()));
+}
+
 SessionOptions parse_session(Args& a) {
   SessionOptions o;
-  o.model.name = a.choice("model", "mlp", model_names());
-  o.model.hidden = a.int_list("hidden", o.model.hidden, 1, 1 << 16);
-  o.model.channels = a.int_list("channels", o.model.channels, 1, 1 << 14);
-  o.precision = resolve_precision(a.choice("precision", "auto", precision_choices()));
+  o.model = parse_model(a);
+  o.precision = parse_precision(a, "auto");
   const bool half_params = o.precision.param_dtype != DType::f32;
   if (a.has("stochastic-rounding")) {
     const bool sr = a.flag("stochastic-rounding");

@@ -38,6 +38,8 @@ struct SessionOptions {
 // Reads the flags train and bench share (model, precision, loss scale, optimizer, batch size,
 // accumulation, clipping, seed, threads).
 SessionOptions parse_session(Args& args);
+ModelSpec parse_model(Args& args);                              // --model, --hidden, --channels
+Precision parse_precision(Args& args, const std::string& def);  // --precision
 Precision resolve_precision(const std::string& name);
 int available_cores();
 std::string describe_loss_scale(const SessionOptions& opt);  // "dynamic (init 65536, growth every 2000)", "none"

@@ -1,41 +1,32 @@
 // `mixprec train`: train a model on an idx data set, evaluate after each epoch, write metrics;
-// with --diagnose K, report the gradients' fp16 range, the loss-scale trace and the autocast trace.
-// This file is the epoch loop; what it prints is in progress.cpp, what it writes to --metrics in
-// metrics.cpp.
+// with --diagnose K, report the gradients' fp16 range, the loss-scale trace and the autocast trace;
+// with --save, checkpoints that --resume continues bit-exactly. This file is the epoch loop; what
+// it prints is in progress.cpp, what it writes to --metrics in metrics.cpp, what a checkpoint
+// records of the run in run_config.cpp.
+#include "train.h"
+
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "commands.h"
+#include "evaluate.h"
 #include "metrics.h"
-#include "mixprec/allocator.h"
 #include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
+#include "mixprec/checkpoint.h"
 #include "mixprec/data.h"
 #include "mixprec/diagnostics.h"
 #include "mixprec/error.h"
+#include "mixprec/io.h"
 #include "mixprec/schedule.h"
 #include "progress.h"
 #include "session.h"
 
 namespace mixprec::cli {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// The flags of train beyond the ones it shares with bench (session.h).
-struct TrainOptions {
-  int64_t epochs = 5;
-  std::string data_dir, metrics_path;
-  int64_t log_every = 1;  // a metrics line every K steps
-  bool detect_anomaly = false;
-  int64_t diagnose = 0;  // gradient statistics every K steps; 0: off
-  std::string lr_schedule;
-  int64_t lr_warmup = 0;
-};
 
 TrainOptions parse_train_options(Args& a) {
   TrainOptions o;
@@ -49,57 +40,17 @@ TrainOptions parse_train_options(Args& a) {
   // the model's, not the luck of where a constant-lr walk stopped.
   o.lr_schedule = a.choice("lr-schedule", "cosine", {"cosine", "constant"});
   o.lr_warmup = a.integer("lr-warmup", 0, 0, INT64_MAX);
+  o.save_path = a.str("save", "");
+  o.save_every = a.integer("save-every", 0, 0, INT64_MAX);
+  MIXPREC_CHECK(o.save_every == 0 || !o.save_path.empty(), "--save-every needs --save FILE");
+  o.stop_after_steps = a.integer("stop-after-steps", 0, 0, INT64_MAX);
   return o;
 }
 
-Tensor batch_images(const data::HostBatch& b, int64_t rows, int64_t cols) {
-  MemoryScope scope(MemCategory::data);
-  Tensor x = Tensor::empty({b.n, 1, rows, cols});
-  std::copy(b.x.begin(), b.x.end(), x.data<float>());
-  return x;
-}
-Tensor batch_labels(const data::HostBatch& b) {
-  MemoryScope scope(MemCategory::data);
-  return Tensor::from_vector(b.y, {b.n});
-}
+namespace {
 
-struct EvalResult {
-  double accuracy = 0, loss = 0;
-};
-
-EvalResult evaluate(Session& s, const data::Dataset& test, data::Normalize norm) {
-  data::LoaderOptions lo;
-  lo.batch_size = 1000;
-  lo.shuffle = false;
-  lo.norm = norm;
-  data::BatchLoader loader(test, lo);
-  loader.begin_epoch(0);
-  s.model->eval();
-  autograd::NoGradGuard no_grad;
-  int64_t correct = 0, seen = 0;
-  double loss_sum = 0;
-  data::HostBatch b;
-  while (loader.next(b)) {
-    Tensor x = batch_images(b, test.rows, test.cols), y = batch_labels(b);
-    Tensor logits, loss;
-    {
-      amp::Autocast ac(s.opt.precision.autocast_dtype, s.opt.precision.autocast);
-      logits = (*s.model)(x);
-      loss = ops::cross_entropy(logits, y, ops::Reduction::sum);
-    }
-    loss_sum += loss.item();
-    const std::vector<float> l = logits.to_vector();
-    const int64_t c = logits.size(1);
-    for (int64_t i = 0; i < b.n; ++i) {
-      const float* row = l.data() + i * c;
-      const int64_t pred = std::max_element(row, row + c) - row;
-      correct += pred == b.y[size_t(i)];
-    }
-    seen += b.n;
-  }
-  s.model->train();
-  return {double(correct) / double(std::max<int64_t>(seen, 1)), loss_sum / double(std::max<int64_t>(seen, 1))};
-}
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 data::LoaderOptions train_loader_options(const SessionOptions& opt, data::Normalize norm) {
   data::LoaderOptions lo;
@@ -110,12 +61,13 @@ data::LoaderOptions train_loader_options(const SessionOptions& opt, data::Normal
   return lo;
 }
 
-// One training run: the epochs, and around each step the lr schedule, the diagnostics, the
-// scale trace, the metrics lines and the progress.
+// One training run, from its start or from where a checkpoint stopped: the epochs, and around
+// each step the lr schedule, the diagnostics, the scale trace, the metrics lines, the progress
+// and the checkpoints.
 class TrainingRun {
  public:
   TrainingRun(Session& s, const TrainOptions& o, const data::Dataset& train, const data::Dataset& test,
-              data::Normalize norm, MetricsWriter& metrics)
+              data::Normalize norm, MetricsWriter& metrics, const RunState& start, Flags checkpoint_metadata)
       : s_(s),
         o_(o),
         train_(train),
@@ -125,7 +77,13 @@ class TrainingRun {
         loader_(train, train_loader_options(s.opt, norm)),
         lr_schedule_(*s.optimizer, o.lr_schedule, o.epochs * loader_.num_batches(), o.lr_warmup),
         progress_(o.epochs, loader_.num_batches()),
-        named_params_(s.model->named_parameters()) {
+        named_params_(s.model->named_parameters()),
+        start_(start),
+        metadata_(std::move(checkpoint_metadata)),
+        step_(start.step),
+        samples_(start.samples),
+        train_seconds_(start.train_seconds),
+        last_{start.test_accuracy, start.test_loss} {
     if (o_.diagnose > 0) {
       s_.optimizer->set_track_rounding(true);
       // After backward, while the gradients still carry the scale.
@@ -138,9 +96,17 @@ class TrainingRun {
   TrainingRun& operator=(const TrainingRun&) = delete;
   ~TrainingRun() { s_.after_backward = nullptr; }
 
+  int64_t num_batches() const { return loader_.num_batches(); }
+
   void run() {
     const auto t_start = Clock::now();
-    for (int64_t epoch = 1; epoch <= o_.epochs; ++epoch) run_epoch(epoch);
+    for (int64_t epoch = start_.epochs_done + 1; epoch <= o_.epochs; ++epoch)
+      if (!run_epoch(epoch)) {
+        std::printf("stopped after step %lld (--stop-after-steps)%s%s\n", (long long)step_,
+                    o_.save_path.empty() ? "" : "; resume with --resume ", o_.save_path.c_str());
+        metrics_.check();
+        return;
+      }
     const double wall = seconds_since(t_start);
     const double sps = double(samples_) / train_seconds_;
     print_done(s_, step_, wall, train_seconds_, sps, last_.accuracy, scale_trace_, o_.diagnose > 0);
@@ -152,12 +118,15 @@ class TrainingRun {
   // Gradient statistics at step 1 and every `diagnose` steps (the autocast trace: step 1 only).
   bool diagnose_due() const { return o_.diagnose > 0 && ((step_ + 1) % o_.diagnose == 0 || step_ == 0); }
 
-  void run_epoch(int64_t epoch) {
-    loader_.begin_epoch(int(epoch - 1));
-    const auto t_epoch = Clock::now();
+  // The epoch from the batch a checkpoint stopped at (or its first); false when the run stops
+  // in it (--stop-after-steps).
+  bool run_epoch(int64_t epoch) {
+    const bool resumed = epoch == start_.epochs_done + 1;
+    int64_t i = resumed ? start_.batches_done : 0, epoch_samples = 0;
+    double loss_sum = resumed ? start_.epoch_loss_sum : 0;
+    loader_.begin_epoch(int(epoch - 1), i);
+    t_epoch_ = Clock::now();
     data::HostBatch b;
-    int64_t i = 0, epoch_samples = 0;
-    double loss_sum = 0;
     while (loader_.next(b)) {
       const StepResult r = run_step(b);
       ++step_, ++i;
@@ -165,17 +134,46 @@ class TrainingRun {
       loss_sum += r.loss;
       if (metrics_.enabled() && step_ % o_.log_every == 0)
         metrics_.write(step_event(step_, epoch, s_.optimizer->lr(), r));
-      progress_.step(epoch, i, r.loss, epoch_samples, seconds_since(t_epoch));
+      progress_.step(epoch, i, r.loss, epoch_samples, seconds_since(t_epoch_));
+      if (i == loader_.num_batches()) break;  // the epoch's end saves and stops below
+      const bool stop = step_ == o_.stop_after_steps;
+      if (stop || (o_.save_every > 0 && step_ % o_.save_every == 0)) save(epoch - 1, i, loss_sum);
+      if (stop) {
+        loader_.stop();
+        progress_.end_epoch();
+        return false;
+      }
     }
-    const double epoch_train_s = seconds_since(t_epoch);
+    const double epoch_train_s = seconds_since(t_epoch_);
     train_seconds_ += epoch_train_s;
     progress_.end_epoch();
-    last_ = evaluate(s_, test_, norm_);
-    const double epoch_s = seconds_since(t_epoch);
+    last_ = evaluate(*s_.model, s_.opt.precision, test_, norm_);
+    const double epoch_s = seconds_since(t_epoch_);
     const double train_loss = loss_sum / double(std::max<int64_t>(i, 1));
     print_epoch(epoch, train_loss, last_.accuracy, last_.loss, epoch_s, double(epoch_samples) / epoch_train_s);
     metrics_.write(epoch_event(epoch, last_.accuracy, last_.loss, train_loss, epoch_s));
     metrics_.flush();
+    save(epoch, 0, 0.0);
+    return step_ != o_.stop_after_steps || epoch == o_.epochs;
+  }
+
+  // A checkpoint of the run as it stands after `batches_done` batches of epoch epochs_done + 1
+  // (to --save, if given). The metrics lines so far are flushed first, so that a run killed
+  // after the save has them all.
+  void save(int64_t epochs_done, int64_t batches_done, double epoch_loss_sum) {
+    if (o_.save_path.empty()) return;
+    metrics_.flush();
+    RunState r;
+    r.epochs_done = epochs_done;
+    r.batches_done = batches_done;
+    r.step = step_;
+    r.samples = samples_;
+    r.epoch_loss_sum = epoch_loss_sum;
+    r.train_seconds = train_seconds_ + (batches_done > 0 ? seconds_since(t_epoch_) : 0.0);
+    r.test_accuracy = last_.accuracy;
+    r.test_loss = last_.loss;
+    Checkpoint(*s_.model, s_.optimizer.get(), s_.scaler.get(), &default_generator())
+        .save(o_.save_path, metadata_, run_state_dict(r));
   }
 
   // Step `step_ + 1`: one optimizer step on batch b, checked for divergence.
@@ -226,18 +224,32 @@ class TrainingRun {
   optim::LrSchedule lr_schedule_;
   const ProgressPrinter progress_;
   const std::vector<std::pair<std::string, Tensor>> named_params_;
-  amp::ScaleTrace scale_trace_;
-  int64_t step_ = 0, samples_ = 0;  // over the whole run
-  double train_seconds_ = 0;        // without the evaluations
-  EvalResult last_;                 // the latest evaluation
+  const RunState start_;         // where this process starts: zeros, or a checkpoint's
+  const Flags metadata_;         // of the checkpoints
+  amp::ScaleTrace scale_trace_;  // of this process's steps
+  int64_t step_, samples_;       // over the whole run
+  double train_seconds_;         // without the evaluations
+  EvalResult last_;              // the latest evaluation
+  Clock::time_point t_epoch_;    // the current epoch's start in this process
 };
 
 }  // namespace
 
-int cmd_train(Args& a) {
+int cmd_train(Args& given) {
+  // --resume: the checkpoint's settings are the defaults, and an explicit flag must agree with them.
+  const std::string resume = given.str("resume", "");
+  std::optional<io::SafetensorsFile> ckpt;
+  Flags stored;
+  if (!resume.empty()) {
+    ckpt = io::load_safetensors(resume);
+    stored = stored_run_flags(ckpt->metadata, resume);
+  }
+  Args a = ckpt ? given.with_defaults(stored) : given;
+  (void)a.str("resume", "");
   SessionOptions opt = parse_session(a);
   const TrainOptions o = parse_train_options(a);
   a.finish();
+  if (ckpt) check_same_settings(stored, setting_flags(opt, o), given, resume);
 
   // Data first: a missing or broken file fails before any model is built.
   const data::Dataset train = data::load_idx_dataset(o.data_dir, "train");
@@ -246,14 +258,43 @@ int cmd_train(Args& a) {
                 " but test images are ", test.rows, "x", test.cols, " in ", o.data_dir);
   opt.model.image_rows = train.rows;
   opt.model.image_cols = train.cols;
-  const data::Normalize norm =
-      o.data_dir == data::kDefaultDataDir ? data::kFashionMnistNorm : data::compute_normalize(train);
+  DataFacts facts{train.size, train.rows, train.cols,
+                  o.data_dir == data::kDefaultDataDir ? data::kFashionMnistNorm : data::compute_normalize(train)};
+  if (ckpt) {
+    const DataFacts was = stored_data_facts(ckpt->metadata, resume);
+    MIXPREC_CHECK(was.train_samples == facts.train_samples && was.rows == facts.rows && was.cols == facts.cols,
+                  "--resume ", resume, ": its run trained on ", was.train_samples, " images of ", was.rows, "x",
+                  was.cols, ", ", o.data_dir, " has ", facts.train_samples, " of ", facts.rows, "x", facts.cols,
+                  ": a resumed run needs the same data");
+    facts.norm = was.norm;
+  }
 
-  MetricsWriter metrics(o.metrics_path);
   autograd::set_anomaly_enabled(o.detect_anomaly);
   Session s = make_session(opt);
+  RunState start;
+  if (ckpt) {
+    Checkpoint(*s.model, s.optimizer.get(), s.scaler.get(), &default_generator())
+        .load_state_dict(ckpt->tensors, resume);
+    // The schedule takes its base lr from the optimizer: the file holds the lr of its last step.
+    s.optimizer->set_lr(opt.lr);
+    start = load_run_state(ckpt->tensors, resume);
+    const int64_t per_epoch = (train.size + opt.batch_size - 1) / opt.batch_size;
+    MIXPREC_CHECK(start.epochs_done <= o.epochs && start.batches_done < per_epoch &&
+                      start.step == start.epochs_done * per_epoch + start.batches_done,
+                  resume, ": run.* says step ", start.step, " after ", start.epochs_done, " epochs and ",
+                  start.batches_done, " batches, which is no point of a run of ", o.epochs, " epochs of ", per_epoch,
+                  " batches");
+    MIXPREC_CHECK(o.stop_after_steps == 0 || o.stop_after_steps > start.step, "--stop-after-steps ", o.stop_after_steps,
+                  ": ", resume, " is at step ", start.step, " already");
+  }
+  // Last, as it rewrites the metrics file: a resumed run keeps the lines up to its checkpoint.
+  MetricsWriter metrics(o.metrics_path,
+                        ckpt ? std::optional<MetricsWriter::KeepUpTo>({start.step, start.epochs_done}) : std::nullopt);
   print_header(s, o.data_dir, train, test, o.detect_anomaly);
-  TrainingRun(s, o, train, test, norm, metrics).run();
+  if (ckpt)
+    std::printf("resumed from %s: epoch %lld, step %lld\n", resume.c_str(), (long long)start.epochs_done + 1,
+                (long long)start.step);
+  TrainingRun(s, o, train, test, facts.norm, metrics, start, checkpoint_metadata(opt, o, facts)).run();
   return 0;
 }
 

@@ -90,9 +90,10 @@ class BatchLoader {
   BatchLoader& operator=(const BatchLoader&) = delete;
   ~BatchLoader();
 
-  // Starts (or restarts, abandoning the current one) epoch `epoch`. The sample order is a
-  // function of (seed, epoch) only, identical across standard libraries.
-  void begin_epoch(int epoch);
+  // Starts (or restarts, abandoning the current one) epoch `epoch` at batch `first_batch` (a
+  // resumed run continues where its checkpoint stopped). The sample order is a function of
+  // (seed, epoch) only, identical across standard libraries.
+  void begin_epoch(int epoch, int64_t first_batch = 0);
   // Fills `batch` with the next batch; false at the end of the epoch. Rethrows an exception
   // raised in the producer thread. The previous contents of `batch` are recycled.
   bool next(HostBatch& batch);
@@ -107,7 +108,7 @@ class BatchLoader {
   std::vector<int64_t> epoch_order(int epoch) const;
 
  private:
-  void produce(std::vector<int64_t> order);
+  void produce(std::vector<int64_t> order, int64_t first_batch);
   void fill_batch(HostBatch& batch, const int64_t* indices, int64_t n) const;
 
   const Dataset& dataset_;

@@ -60,7 +60,9 @@ void BatchLoader::stop() {
   done_ = true;
 }
 
-void BatchLoader::begin_epoch(int epoch) {
+void BatchLoader::begin_epoch(int epoch, int64_t first_batch) {
+  MIXPREC_CHECK(first_batch >= 0 && first_batch <= num_batches(), "BatchLoader::begin_epoch: first batch ", first_batch,
+                " of an epoch of ", num_batches());
   stop();
   std::vector<int64_t> order = epoch_order(epoch);
   {
@@ -69,7 +71,8 @@ void BatchLoader::begin_epoch(int epoch) {
     done_ = false;
     started_ = true;
   }
-  producer_ = std::thread([this, order = std::move(order)]() mutable { produce(std::move(order)); });
+  producer_ =
+      std::thread([this, order = std::move(order), first_batch]() mutable { produce(std::move(order), first_batch); });
 }
 
 void BatchLoader::fill_batch(HostBatch& batch, const int64_t* indices, int64_t n) const {
@@ -85,10 +88,10 @@ void BatchLoader::fill_batch(HostBatch& batch, const int64_t* indices, int64_t n
   }
 }
 
-void BatchLoader::produce(std::vector<int64_t> order) {
+void BatchLoader::produce(std::vector<int64_t> order, int64_t first_batch) {
   try {
     const int64_t batches = num_batches();
-    for (int64_t b = 0; b < batches; ++b) {
+    for (int64_t b = first_batch; b < batches; ++b) {
       HostBatch batch;
       {
         std::lock_guard lock(mutex_);

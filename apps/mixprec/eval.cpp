@@ -1,0 +1,132 @@
+// `mixprec eval` (a checkpoint's test accuracy and loss) and `mixprec export` (its model tensors
+// alone, for other tools). Both read a training checkpoint, an export, or a PyTorch state_dict
+// saved as safetensors (whose model then comes from --model/--hidden/--channels).
+#include <omp.h>
+
+#include <cstdio>
+#include <string>
+
+#include "commands.h"
+#include "evaluate.h"
+#include "metrics.h"
+#include "mixprec/checkpoint.h"
+#include "mixprec/error.h"
+#include "mixprec/io.h"
+#include "models.h"
+#include "session.h"
+#include "train.h"
+
+namespace mixprec::cli {
+namespace {
+
+// What a file's metadata says about its model: the flags that build it, and the data it expects.
+const char* const kModelKeys[] = {"model", "hidden", "channels"};
+const char* const kExportKeys[] = {"model",       "hidden",    "channels", "image-rows", "image-cols",
+                                   "num-classes", "norm-mean", "norm-std", "precision",  "data"};
+
+Flags model_flags(const Flags& metadata) {
+  Flags f;
+  for (const char* k : kModelKeys)
+    if (metadata.count(k)) f[k] = metadata.at(k);
+  return f;
+}
+
+// The model the flags (over the file's metadata) describe; an explicit flag that contradicts the
+// metadata is refused, naming both.
+ModelSpec read_model(Args& a, const Args& given, const Flags& stored, const std::string& path) {
+  ModelSpec m = parse_model(a);
+  for (const auto& [k, v] : stored) {
+    if (!given.has(k)) continue;
+    Args alone("", {"--" + k, v});
+    const ModelSpec s = parse_model(alone);
+    MIXPREC_CHECK(s.name == m.name && s.hidden == m.hidden && s.channels == m.channels, "--", k, " ", a.str(k, ""),
+                  ": ", path, " holds a model with ", k, " ", v);
+  }
+  return m;
+}
+
+// The model a file's metadata names.
+ModelSpec stored_model(const Flags& metadata, const std::string& path) {
+  Args flags = Args("export", {}).with_defaults(model_flags(metadata));
+  ModelSpec spec = parse_model(flags);
+  if (metadata.count("image-rows")) spec.image_rows = metadata_int(metadata, "image-rows", path);
+  if (metadata.count("image-cols")) spec.image_cols = metadata_int(metadata, "image-cols", path);
+  return spec;
+}
+
+std::string required(Args& a, const std::string& flag) {
+  std::string v = a.str(flag, "");
+  MIXPREC_CHECK(!v.empty(), "--", flag, " FILE is required");
+  return v;
+}
+
+}  // namespace
+
+int cmd_eval(Args& given) {
+  const std::string path = required(given, "checkpoint");
+  const io::SafetensorsFile f = io::load_safetensors(path);
+  const Flags stored = model_flags(f.metadata);
+  Args a = given.with_defaults(stored);
+  (void)a.str("checkpoint", "");
+  ModelSpec spec = read_model(a, given, stored, path);
+  // The precision it trained in by default; another one evaluates the same weights that way.
+  const Precision precision = parse_precision(a, f.metadata.count("precision") ? f.metadata.at("precision") : "fp32");
+  const std::string data_dir =
+      a.str("data", f.metadata.count("data") ? f.metadata.at("data") : std::string(data::kDefaultDataDir));
+  const bool json = a.flag("json");
+  const int threads = int(a.integer("threads", available_cores(), 1, 1024));
+  a.finish();
+
+  const data::Dataset test = data::load_idx_dataset(data_dir, "t10k");
+  spec.image_rows = test.rows;
+  spec.image_cols = test.cols;
+  // The training run's normalisation where the file records it, else the data set's.
+  data::Normalize norm = data::kFashionMnistNorm;
+  if (f.metadata.count("norm-mean") && f.metadata.count("norm-std"))
+    norm = {std::stof(f.metadata.at("norm-mean")), std::stof(f.metadata.at("norm-std"))};
+  else if (data_dir != data::kDefaultDataDir)
+    norm = data::compute_normalize(data::load_idx_dataset(data_dir, "train"));
+
+  omp_set_num_threads(threads);
+  std::shared_ptr<nn::Sequential> model = build_model(spec);
+  amp::apply_precision(*model, precision);
+  Checkpoint::load_model(*model, Checkpoint::model_tensors(f.tensors), path);
+  const EvalResult r = evaluate(*model, precision, test, norm);
+  if (json) {
+    const Json j = {{"checkpoint", path}, {"model", spec.name},        {"precision", precision.name},
+                    {"data", data_dir},   {"test_samples", test.size}, {"test_accuracy", r.accuracy},
+                    {"test_loss", r.loss}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%s: test accuracy %.2f %% (%lld images), loss %.4f; model %s, precision %s, data %s\n", path.c_str(),
+                100 * r.accuracy, (long long)test.size, r.loss, spec.name.c_str(), precision.name.c_str(),
+                data_dir.c_str());
+  }
+  return 0;
+}
+
+int cmd_export(Args& a) {
+  const std::string path = required(a, "checkpoint"), out = required(a, "out");
+  const std::string dtype_name = a.choice("dtype", "as-stored", {"as-stored", "f32", "bf16", "f16"});
+  a.finish();
+
+  const io::SafetensorsFile f = io::load_safetensors(path);
+  StateDict tensors = Checkpoint::model_tensors(f.tensors);
+  MIXPREC_CHECK(!tensors.empty(), path, " holds no model tensors");
+  // A file that names its model must hold that model: checked before anything is written.
+  if (f.metadata.count("model")) Checkpoint::load_model(*build_model(stored_model(f.metadata, path)), tensors, path);
+  if (dtype_name != "as-stored") {
+    const DType dtype = dtype_name == "f32" ? DType::f32 : dtype_name == "bf16" ? DType::bf16 : DType::f16;
+    for (auto& [name, t] : tensors)
+      if (is_floating(t.dtype())) t = t.to(dtype);  // integer buffers (num_batches_tracked) stay
+  }
+  Flags metadata = {{"format", "pt"}};
+  for (const char* k : kExportKeys)
+    if (f.metadata.count(k)) metadata[k] = f.metadata.at(k);
+  io::save_safetensors(out, tensors, metadata);
+  std::printf("%s: %zu model tensors%s from %s\n", out.c_str(), tensors.size(),
+              dtype_name == "as-stored" ? "" : (" as " + dtype_name).c_str(), path.c_str());
+  return 0;
+}
+
+}  // namespace mixprec::cli

@@ -1,0 +1,66 @@
+// The flags of `mixprec train` beyond the ones it shares with bench (session.h), and what a
+// checkpoint records of a run: its settings as flags, and where it stopped.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "args.h"
+#include "mixprec/data.h"
+#include "mixprec/state_dict.h"
+#include "session.h"
+
+namespace mixprec::cli {
+
+struct TrainOptions {
+  int64_t epochs = 5;
+  std::string data_dir, metrics_path;
+  int64_t log_every = 1;  // a metrics line every K steps
+  bool detect_anomaly = false;
+  int64_t diagnose = 0;  // gradient statistics every K steps; 0: off
+  std::string lr_schedule;
+  int64_t lr_warmup = 0;
+  // ---- checkpoints ----
+  std::string save_path;         // --save: a checkpoint at each epoch end (and every save_every steps)
+  int64_t save_every = 0;        // 0: at epoch ends only
+  int64_t stop_after_steps = 0;  // stop (after saving) at this step, as a preempted job; 0: run to the end
+};
+TrainOptions parse_train_options(Args& a);
+
+// A run's settings as the flags that give them, with canonical values (a shortest round-trip
+// number, a resolved preset name), so that two runs' settings compare as strings. These are the
+// settings a resumed run must keep: everything but threads and data.
+using Flags = std::map<std::string, std::string>;
+Flags setting_flags(const SessionOptions& s, const TrainOptions& o);
+
+// Where a run stopped (the "run." entries of its checkpoint; the rest is the Checkpoint's).
+struct RunState {
+  int64_t epochs_done = 0;   // whole epochs trained and evaluated
+  int64_t batches_done = 0;  // batches of epoch epochs_done + 1 already trained
+  int64_t step = 0;          // optimizer steps over the run (= batches trained)
+  int64_t samples = 0;
+  double epoch_loss_sum = 0;                // the losses of the batches_done batches, for the epoch's train loss
+  double train_seconds = 0;                 // training time so far (without the evaluations)
+  double test_accuracy = 0, test_loss = 0;  // the latest evaluation
+};
+StateDict run_state_dict(const RunState& r);
+RunState load_run_state(const StateDict& checkpoint, const std::string& path);
+
+// What a training checkpoint's metadata holds: the setting flags, threads and data, the data's
+// shape and normalisation, and the format's name.
+struct DataFacts {
+  int64_t train_samples = 0, rows = 28, cols = 28;
+  data::Normalize norm;
+};
+Flags checkpoint_metadata(const SessionOptions& s, const TrainOptions& o, const DataFacts& d);
+
+// For --resume: the flags of the checkpoint's metadata (settings, threads, data; throws when the
+// file is no training checkpoint), the data facts it recorded, and the check that the resumed
+// run's settings are the stored ones (an explicit flag that differs is named in the error).
+Flags stored_run_flags(const Flags& metadata, const std::string& path);
+DataFacts stored_data_facts(const Flags& metadata, const std::string& path);
+void check_same_settings(const Flags& stored, const Flags& now, const Args& given, const std::string& path);
+// Metadata `key` as an integer >= 0; throws naming the file when it is absent or malformed.
+int64_t metadata_int(const Flags& metadata, const std::string& key, const std::string& path);
+
+}  // namespace mixprec::cli
