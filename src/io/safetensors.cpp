@@ -67,7 +67,7 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
   dense.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
     MIXPREC_CHECK(t.defined(), path, ": cannot save tensor '", name, "': it is undefined");
-    dense.push_back(t.is_contiguous() ? t : t.clone());
+    dense.push_back(t.detach().to(Device::cpu()).contiguous());  // host bytes in logical order, any device
   }
   std::vector<detail::EntrySpec> specs;
   specs.reserve(tensors.size());
