@@ -103,7 +103,7 @@ class GradScaler {
   void require_scale(const char* call) const;
   void to_device(const Device& d);  // moves the state tensors (once: where the losses are)
   void check_opt(optim::Optimizer& opt, OptState& st, bool check_only);  // the unscale/inf check
-  std::vector<int64_t> read_counters() const;  // throws a pending error at min_scale
+  std::vector<int64_t> read_counters() const;                            // throws a pending error at min_scale
   int64_t counter(size_t k) const { return read_counters()[k]; }
 
   GradScalerOptions o_;

@@ -46,8 +46,8 @@ int64_t unscale_and_check(const std::vector<Tensor>& params, const Tensor& scale
 }
 
 kernels::rule::ScaleRule scale_rule(const GradScalerOptions& o) {
-  return {o.growth_factor, o.backoff_factor, o.growth_interval,        o.dynamic,
-          o.hysteresis,    o.min_scale,      o.max_scale,              o.error_at_min_scale};
+  return {o.growth_factor, o.backoff_factor, o.growth_interval, o.dynamic,
+          o.hysteresis,    o.min_scale,      o.max_scale,       o.error_at_min_scale};
 }
 
 }  // namespace detail
@@ -61,9 +61,9 @@ GradScaler::GradScaler(GradScalerOptions o) : o_(o) {
   MIXPREC_CHECK(o.backoff_factor < 1.0 || !o.dynamic, "GradScaler: the backoff factor must be < 1.0, got ",
                 o.backoff_factor);
   MIXPREC_CHECK(o.backoff_factor > 0.0, "GradScaler: the backoff factor must be > 0, got ", o.backoff_factor);
-  MIXPREC_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0 && std::isfinite(float(o.init_scale)) &&
-                    float(o.init_scale) > 0,
-                "GradScaler: init_scale must be a finite f32 number > 0, got ", o.init_scale);
+  MIXPREC_CHECK(
+      std::isfinite(o.init_scale) && o.init_scale > 0 && std::isfinite(float(o.init_scale)) && float(o.init_scale) > 0,
+      "GradScaler: init_scale must be a finite f32 number > 0, got ", o.init_scale);
   MIXPREC_CHECK(o.growth_interval >= 1, "GradScaler: growth_interval must be >= 1, got ", o.growth_interval);
   MIXPREC_CHECK(o.hysteresis >= 1, "GradScaler: hysteresis must be >= 1, got ", o.hysteresis);
   MIXPREC_CHECK(o.min_scale >= 0 && o.max_scale >= o.min_scale, "GradScaler: need 0 <= min_scale <= max_scale, got ",

@@ -43,8 +43,7 @@ void unscale_and_check(const std::vector<Tensor>& src, const std::vector<Tensor>
 }
 
 void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const OptimStep& s) {
-  const DeviceScope on(
-      params_device(params, {&o.momentum_ready, &s.step, &s.found_inf, &s.scale, &s.rounding}));
+  const DeviceScope on(params_device(params, {&o.momentum_ready, &s.step, &s.found_inf, &s.scale, &s.rounding}));
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::sgd_step(params, o, s);
 #endif

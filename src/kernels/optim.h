@@ -37,9 +37,9 @@ struct OptimParam {
 };
 // What every parameter of one step shares.
 struct OptimStep {
-  Tensor step;       // 0-d i64: steps taken; the update uses step + 1 and stores it, unless skipped
-  Tensor found_inf;  // 0-d f32 or undefined: nonzero skips the whole step (nothing is written)
-  Tensor scale;      // 0-d f32 or undefined: gradients are read multiplied by inv_scale(scale)
+  Tensor step;              // 0-d i64: steps taken; the update uses step + 1 and stores it, unless skipped
+  Tensor found_inf;         // 0-d f32 or undefined: nonzero skips the whole step (nothing is written)
+  Tensor scale;             // 0-d f32 or undefined: gradients are read multiplied by inv_scale(scale)
   bool stochastic = false;  // 16-bit params without a master round stochastically
   uint64_t seed = 0;        // ... with Generator(seed).split(step + 1).split(index)
   Tensor rounding;          // i64 [2] or undefined: += (f32 weights changed, of those 16-bit unchanged)

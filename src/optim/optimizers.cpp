@@ -129,8 +129,8 @@ std::vector<kernels::OptimParam> Optimizer::with_grads(const std::function<void(
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     if (!p.grad().defined()) continue;
-    kernels::OptimParam op{p, checked_grad(p, i), master_[i], {}, {}, lr_[group_of_[i]],
-                           groups_[group_of_[i]].weight_decay, uint64_t(i)};
+    kernels::OptimParam op{
+        p, checked_grad(p, i), master_[i], {}, {}, lr_[group_of_[i]], groups_[group_of_[i]].weight_decay, uint64_t(i)};
     p.bump_version();  // an in-place write: caches keyed by version (reordered conv weights) must see it
     state(i, op);
     out.push_back(std::move(op));

@@ -126,8 +126,8 @@ void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, flo
 __attribute__((target("avx512f"))) int64_t adamw_f32_avx512(float* w, const float* g, float* m, float* v, int64_t len,
                                                             const rule::AdamW<float>& c) {
   const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), one_b1 = _mm512_set1_ps(1.0f - c.b1),
-               one_b2 = _mm512_set1_ps(1.0f - c.b2), decay = _mm512_set1_ps(c.decay), step = _mm512_set1_ps(c.step_size),
-               bc2 = _mm512_set1_ps(c.inv_sqrt_bc2), eps = _mm512_set1_ps(c.eps);
+               one_b2 = _mm512_set1_ps(1.0f - c.b2), decay = _mm512_set1_ps(c.decay),
+               step = _mm512_set1_ps(c.step_size), bc2 = _mm512_set1_ps(c.inv_sqrt_bc2), eps = _mm512_set1_ps(c.eps);
   int64_t j = 0;
   for (; j + 16 <= len; j += 16) {
     const __m512 gj = _mm512_loadu_ps(g + j);
@@ -197,37 +197,39 @@ void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const 
     const bool first = ready && !ready[p.index];
     void* buf_base = ready ? p.state1.data_ptr() : nullptr;
     const double lr = scalar<double>(p.lr);
-    fused_update(p.param, p.grad, p.master, inv, stream, track, [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
-      using T = std::remove_pointer_t<decltype(w)>;
-      T* buf = buf_base ? static_cast<T*>(buf_base) + begin : nullptr;
-      const auto c = rule::sgd_consts<T>(lr, p.weight_decay, o.momentum, o.dampening, first, o.nesterov);
-      int64_t j = 0;
-      if constexpr (std::is_same_v<T, float>)
-        if (vectorised) j = sgd_f32_avx512(w, gr, buf, len, c);
-      for (; j < len; ++j) rule::sgd(w[j], gr[j], buf ? buf + j : nullptr, c);
-    });
+    fused_update(p.param, p.grad, p.master, inv, stream, track,
+                 [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
+                   using T = std::remove_pointer_t<decltype(w)>;
+                   T* buf = buf_base ? static_cast<T*>(buf_base) + begin : nullptr;
+                   const auto c = rule::sgd_consts<T>(lr, p.weight_decay, o.momentum, o.dampening, first, o.nesterov);
+                   int64_t j = 0;
+                   if constexpr (std::is_same_v<T, float>)
+                     if (vectorised) j = sgd_f32_avx512(w, gr, buf, len, c);
+                   for (; j < len; ++j) rule::sgd(w[j], gr[j], buf ? buf + j : nullptr, c);
+                 });
     if (ready) ready[p.index] = 1;
   });
 }
 
 void adamw_step(const std::vector<OptimParam>& params, const AdamWOptions& o, const OptimStep& s) {
   const bool vectorised = mixprec::cpu::has_avx512f();
-  fused_step(params, s, [&](const OptimParam& p, int64_t step, float inv, const Generator* stream,
-                            RoundingCounts* track) {
-    void* m_base = p.state1.data_ptr();
-    void* v_base = p.state2.data_ptr();
-    const double lr = scalar<double>(p.lr);
-    fused_update(p.param, p.grad, p.master, inv, stream, track, [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
-      using T = std::remove_pointer_t<decltype(w)>;
-      T* m = static_cast<T*>(m_base) + begin;
-      T* v = static_cast<T*>(v_base) + begin;
-      const auto c = rule::adamw_consts<T>(lr, p.weight_decay, o.beta1, o.beta2, o.eps, step);
-      int64_t j = 0;
-      if constexpr (std::is_same_v<T, float>)
-        if (vectorised) j = adamw_f32_avx512(w, gr, m, v, len, c);
-      for (; j < len; ++j) rule::adamw(w[j], gr[j], m[j], v[j], c);
-    });
-  });
+  fused_step(params, s,
+             [&](const OptimParam& p, int64_t step, float inv, const Generator* stream, RoundingCounts* track) {
+               void* m_base = p.state1.data_ptr();
+               void* v_base = p.state2.data_ptr();
+               const double lr = scalar<double>(p.lr);
+               fused_update(p.param, p.grad, p.master, inv, stream, track,
+                            [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
+                              using T = std::remove_pointer_t<decltype(w)>;
+                              T* m = static_cast<T*>(m_base) + begin;
+                              T* v = static_cast<T*>(v_base) + begin;
+                              const auto c = rule::adamw_consts<T>(lr, p.weight_decay, o.beta1, o.beta2, o.eps, step);
+                              int64_t j = 0;
+                              if constexpr (std::is_same_v<T, float>)
+                                if (vectorised) j = adamw_f32_avx512(w, gr, m, v, len, c);
+                              for (; j < len; ++j) rule::adamw(w[j], gr[j], m[j], v[j], c);
+                            });
+             });
 }
 
 // ------------------------------------------------------------------------ unscale and check

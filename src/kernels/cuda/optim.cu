@@ -20,19 +20,23 @@ using mixprec::cuda::detail::DeviceGuard;
 using mixprec::cuda::detail::stream_of;
 
 constexpr int kThreads = 256;
-constexpr int kIlp = 4;                    // elements per thread per iteration
-constexpr int64_t kChunk = 65536;          // elements per block
-constexpr int kMaxTensors = 24;            // per launch: keeps the argument below 4 KiB
-constexpr int kMaxBlocks = 160;            // per launch
+constexpr int kIlp = 4;            // elements per thread per iteration
+constexpr int64_t kChunk = 65536;  // elements per block
+constexpr int kMaxTensors = 24;    // per launch: keeps the argument below 4 KiB
+constexpr int kMaxBlocks = 160;    // per launch
 
 // ------------------------------------------------------------------------ element access
 
 __device__ __forceinline__ float load_f32(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return float(static_cast<const double*>(p)[i]);
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return float(static_cast<const double*>(p)[i]);
   }
 }
 __device__ __forceinline__ double load_f64(const void* p, DType t, int64_t i) {
@@ -41,18 +45,32 @@ __device__ __forceinline__ double load_f64(const void* p, DType t, int64_t i) {
 // Rounded to nearest even, once.
 __device__ __forceinline__ void store_f32(void* p, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::f32: static_cast<float*>(p)[i] = v; break;
-    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    case DType::f16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    default: static_cast<double*>(p)[i] = double(v);
+    case DType::f32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::bf16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    case DType::f16:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+    default:
+      static_cast<double*>(p)[i] = double(v);
   }
 }
 __device__ __forceinline__ void store_f64(void* p, DType t, int64_t i, double v) {
   switch (t) {
-    case DType::f64: static_cast<double*>(p)[i] = v; break;
-    case DType::f32: static_cast<float*>(p)[i] = float(v); break;
-    case DType::bf16: static_cast<__nv_bfloat16*>(p)[i] = __double2bfloat16(v); break;
-    default: static_cast<__half*>(p)[i] = __double2half(v);
+    case DType::f64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DType::f32:
+      static_cast<float*>(p)[i] = float(v);
+      break;
+    case DType::bf16:
+      static_cast<__nv_bfloat16*>(p)[i] = __double2bfloat16(v);
+      break;
+    default:
+      static_cast<__half*>(p)[i] = __double2half(v);
   }
 }
 
@@ -154,9 +172,9 @@ void for_lists(const std::vector<Entry<Depth>>& entries, Launch&& launch) {
 int blocks_of(int64_t n) { return int(std::max<int64_t>(1, (n + kChunk - 1) / kChunk)); }
 
 // The element range of this block and thread: [begin, end) of tensor blockIdx's entry.
-#define MIXPREC_CHUNK_RANGE(l)                                       \
-  const int slot = l.block_tensor[blockIdx.x];                       \
-  const int64_t n = l.numel[slot];                                   \
+#define MIXPREC_CHUNK_RANGE(l)                                             \
+  const int slot = l.block_tensor[blockIdx.x];                             \
+  const int64_t n = l.numel[slot];                                         \
   const int64_t chunk_begin = int64_t(l.block_chunk[blockIdx.x]) * kChunk; \
   const int64_t chunk_end = min(n, chunk_begin + kChunk)
 
@@ -386,7 +404,9 @@ __global__ void update_scale_kernel(float* scale, int64_t* c, FoundList f, rule:
   c[kUpdates] += 1;
   c[kOverflows] += found ? 1 : 0;
 }
-__global__ void count_skipped_kernel(int64_t* c, const float* found_inf) { c[kSkippedSteps] += *found_inf != 0 ? 1 : 0; }
+__global__ void count_skipped_kernel(int64_t* c, const float* found_inf) {
+  c[kSkippedSteps] += *found_inf != 0 ? 1 : 0;
+}
 __global__ void increment_kernel(int64_t* c) { *c += 1; }
 
 // ------------------------------------------------------------------------- norms, clipping
@@ -473,7 +493,8 @@ __global__ void range_partial_kernel(TensorList<1> l, double scale, double* part
     __syncthreads();
     for (int w = blockDim.x / 2; w > 0; w /= 2) {
       if (threadIdx.x < w)
-        sh[threadIdx.x] = j == kMaxAbs ? fmax(sh[threadIdx.x], sh[threadIdx.x + w]) : sh[threadIdx.x] + sh[threadIdx.x + w];
+        sh[threadIdx.x] =
+            j == kMaxAbs ? fmax(sh[threadIdx.x], sh[threadIdx.x + w]) : sh[threadIdx.x] + sh[threadIdx.x + w];
       __syncthreads();
     }
     if (threadIdx.x == 0) partial[(l.first_block + blockIdx.x) * kRangeCounts + j] = sh[0];
@@ -484,7 +505,8 @@ __global__ void range_final_kernel(const double* partial, int n, double* out) {
   const int j = threadIdx.x;
   if (j >= kRangeCounts) return;
   double acc = 0;
-  for (int b = 0; b < n; ++b) acc = j == kMaxAbs ? fmax(acc, partial[b * kRangeCounts + j]) : acc + partial[b * kRangeCounts + j];
+  for (int b = 0; b < n; ++b)
+    acc = j == kMaxAbs ? fmax(acc, partial[b * kRangeCounts + j]) : acc + partial[b * kRangeCounts + j];
   out[j] = acc;
 }
 

@@ -105,7 +105,8 @@ void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const 
   update_all(params, s, step, [&](auto& w, auto g, const OptimParam& p, int64_t e) {
     using T = std::remove_reference_t<decltype(w)>;
     const bool first = ready && !ready[p.index];
-    const auto c = rule::sgd_consts<T>(scalar<double>(p.lr), p.weight_decay, o.momentum, o.dampening, first, o.nesterov);
+    const auto c =
+        rule::sgd_consts<T>(scalar<double>(p.lr), p.weight_decay, o.momentum, o.dampening, first, o.nesterov);
     T* buf = ready ? static_cast<T*>(p.state1.data_ptr()) + e : nullptr;
     rule::sgd(w, g, buf, c);
   });
