@@ -74,7 +74,7 @@ GradScaler::GradScaler(GradScalerOptions o) : o_(o) {
   scale_ = Tensor::scalar(o.init_scale, DType::f32, Device::cpu());
   std::vector<int64_t> c(kernels::kScaleCounters, 0);
   c[kernels::kHysteresisLeft] = o.hysteresis;
-  counters_ = Tensor::from_vector(c, {kernels::kScaleCounters});
+  counters_ = Tensor::from_vector(c, {kernels::kScaleCounters}, Device::cpu());
 }
 
 void GradScaler::to_device(const Device& d) {

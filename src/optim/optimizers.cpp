@@ -80,9 +80,10 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr, double weight_de
       master_[i] = p.detach().to(DType::f32);  // exact, on p's device
     }
   }
-  step_ = state_i64(0);
-  rounding_ = Tensor::zeros({2}, DType::i64);
-  for (const ParamGroupState& g : groups_) lr_.push_back(Tensor::scalar(g.lr, DType::f64));
+  // Made on the host, then moved where the parameters are (and again if they move later).
+  step_ = Tensor::from_vector(std::vector<int64_t>{0}, {}, Device::cpu());
+  rounding_ = Tensor::zeros({2}, DType::i64, Device::cpu());
+  for (const ParamGroupState& g : groups_) lr_.push_back(Tensor::scalar(g.lr, DType::f64, Device::cpu()));
   to_params_device();
 }
 
