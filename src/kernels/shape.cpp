@@ -1,6 +1,8 @@
 // Dispatch of the shape family (shape.h): fast CPU copy where it supports the case, else the reference.
 #include "kernels/shape.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/ref/access.h"
@@ -28,7 +30,19 @@ Tensor cast(const Tensor& src, DType dtype) {
   return dst;
 }
 
+namespace {
+std::atomic<int64_t> g_device_to_host{0};
+}  // namespace
+
+int64_t device_to_host_copies() { return g_device_to_host.load(); }
+
 Tensor to_device(const Tensor& src, const Device& device) {
+  // A CPU kernel serving the fenced device runs with its memory open and may copy what a GPU
+  // kernel would read in place (the labels of nll_loss): not a host sync, not counted.
+  if (device.is_cpu() && !src.device().is_cpu() && !(src.device().is_fenced() && detail::fenced_access_open())) {
+    ++g_device_to_host;
+    if (std::getenv("MIXPREC_DEBUG_TRAP_D2H")) __builtin_trap();
+  }
   const Tensor c = contig(src);
   Tensor dst = Tensor::empty(c.shape(), c.dtype(), device);
   if (c.device().is_cuda() || device.is_cuda()) {

@@ -1,0 +1,265 @@
+// Whole training loops on the fenced device (host access to its memory faults, as on a GPU) against
+// the same loops on the CPU: every parameter, buffer and the loss scale bit-identical after N
+// steps, the same skipped steps for injected inf/NaN gradients, and not one device-to-host copy in
+// an amp-fp16 step (forward, scaled backward, unscale, clip, step, update). Plus the optimizer
+// family's fast CPU kernels against the reference in f32, bf16 and f16.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/optim.h"
+#include "kernels/shape.h"
+#include "mixprec/autocast.h"
+#include "mixprec/clip.h"
+#include "mixprec/grad_scaler.h"
+#include "mixprec/nn.h"
+#include "mixprec/ops.h"
+#include "mixprec/optim.h"
+#include "mixprec/random.h"
+#include "tensor_bytes.h"
+
+using namespace mixprec;
+using testutil::bytes_of;
+
+namespace {
+
+struct Loop {
+  std::string model;      // "mlp" or "cnn" (conv + BatchNorm)
+  std::string precision;  // "fp32", "amp-bf16", "amp-fp16", "bf16-sr" (pure bf16, stochastic rounding)
+  std::string optimizer;  // "adamw" or "sgd" (momentum, nesterov)
+  bool clip = false;
+  int bad_step = -1;  // this step's first gradient is overwritten with bad_value
+  double bad_value = INFINITY;
+};
+
+struct Outcome {
+  std::vector<std::vector<uint8_t>> state;  // parameters, buffers, master weights
+  std::vector<bool> stepped;
+  double scale = 0;
+  int64_t skipped = 0, steps = 0;
+};
+
+std::shared_ptr<nn::Module> make_model(const std::string& kind) {
+  default_generator().manual_seed(11);
+  if (kind == "mlp")
+    return std::make_shared<nn::Sequential>(nn::Flatten(), nn::Linear(64, 32), nn::ReLU(), nn::Linear(32, 10));
+  return std::make_shared<nn::Sequential>(nn::Conv2d(1, 4, 3, {.padding = 1}), nn::BatchNorm2d(4), nn::ReLU(),
+                                          nn::MaxPool2d(2), nn::Flatten(), nn::Linear(4 * 4 * 4, 10));
+}
+
+constexpr int kSteps = 6;
+
+// The loop of docs (scale, backward, [unscale, clip], step, update) on `device`; batches are made
+// on the CPU and moved, as a loader's are. count_copies: the device-to-host copies of steps 2..N.
+Outcome run(const Loop& c, const Device& device, int64_t* count_copies = nullptr) {
+  std::shared_ptr<nn::Module> model = make_model(c.model);
+  const bool pure = c.precision == "bf16-sr";
+  if (pure) model->to(DType::bf16, [](const nn::Module& m) { return !m.is_normalization(); });
+  model->to(device);
+  const optim::HalfParamOptions half{.master_weights = !pure, .stochastic_rounding = pure, .seed = 5};
+  std::unique_ptr<optim::Optimizer> opt;
+  if (c.optimizer == "adamw")
+    opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 1e-2, .half = half});
+  else
+    opt = std::make_unique<optim::SGD>(
+        model->parameters(),
+        optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4, .nesterov = true, .half = half});
+  const bool fp16 = c.precision == "amp-fp16";
+  amp::GradScaler scaler({.init_scale = 1024, .growth_interval = 2, .enabled = fp16});
+  Generator data(3);
+  Outcome out;
+  int64_t copies_before = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    if (step == 1) copies_before = kernels::device_to_host_copies();
+    const Tensor x = Tensor::randn({8, 1, 8, 8}, data, pure ? DType::bf16 : DType::f32).to(device);
+    std::vector<int64_t> labels(8);
+    for (int64_t& l : labels) l = int64_t(data.uniform_below(10));
+    const Tensor y = Tensor::from_vector(labels, {8}).to(device);
+    opt->zero_grad();
+    Tensor loss;
+    {
+      amp::Autocast ac(fp16 ? DType::f16 : DType::bf16, c.precision == "amp-fp16" || c.precision == "amp-bf16");
+      loss = ops::cross_entropy((*model)(x), y);
+    }
+    scaler.scale(loss).backward();
+    if (step == c.bad_step) {
+      Tensor g = opt->params()[0].grad();
+      g.copy_(Tensor::full(g.shape(), c.bad_value, g.dtype(), device));
+    }
+    if (c.clip) {
+      scaler.unscale_(*opt);
+      nn::clip_grad_norm_(opt->params(), 0.5);
+    }
+    scaler.step(*opt);
+    scaler.update();
+  }
+  if (count_copies) *count_copies = kernels::device_to_host_copies() - copies_before;
+  for (const Tensor& p : model->parameters()) out.state.push_back(bytes_of(p.to(Device::cpu())));
+  for (const auto& [name, b] : model->named_buffers()) out.state.push_back(bytes_of(b.to(Device::cpu())));
+  for (size_t i = 0; i < opt->params().size(); ++i)
+    if (opt->master(i).defined()) out.state.push_back(bytes_of(opt->master(i).to(Device::cpu())));
+  out.scale = scaler.get_scale();
+  out.skipped = scaler.num_skipped_steps();
+  out.steps = opt->steps();
+  return out;
+}
+
+void expect_same(const Loop& c) {
+  SCOPED_TRACE(c.model + " " + c.precision + " " + c.optimizer + (c.clip ? " clip" : "") +
+               (c.bad_step >= 0 ? " bad " + std::to_string(c.bad_value) : ""));
+  const Outcome cpu = run(c, Device::cpu()), fenced = run(c, Device::fenced());
+  ASSERT_EQ(cpu.state.size(), fenced.state.size());
+  for (size_t i = 0; i < cpu.state.size(); ++i) EXPECT_EQ(cpu.state[i], fenced.state[i]) << "tensor " << i;
+  EXPECT_EQ(cpu.scale, fenced.scale);
+  EXPECT_EQ(cpu.skipped, fenced.skipped);
+  EXPECT_EQ(cpu.steps, fenced.steps);
+  const int64_t expected_skips = c.precision == "amp-fp16" && c.bad_step >= 0 ? 1 : 0;
+  EXPECT_EQ(fenced.skipped, expected_skips);
+  EXPECT_EQ(fenced.steps, kSteps - expected_skips);
+}
+
+}  // namespace
+
+TEST(TrainDevices, LoopsOnTheFencedDeviceAreBitIdenticalToTheCpu) {
+  for (const char* model : {"mlp", "cnn"})
+    for (const char* precision : {"fp32", "amp-bf16", "amp-fp16"})
+      for (const char* optimizer : {"adamw", "sgd"}) expect_same({model, precision, optimizer, /*clip=*/true});
+  expect_same({"mlp", "bf16-sr", "sgd"});
+  expect_same({"cnn", "bf16-sr", "adamw", true});
+}
+
+TEST(TrainDevices, InjectedInfAndNaNSkipTheSameStepsAndBackOffTheSameScale) {
+  for (double bad : {INFINITY, -INFINITY, NAN})
+    for (const char* optimizer : {"adamw", "sgd"}) {
+      expect_same({"mlp", "amp-fp16", optimizer, /*clip=*/false, /*bad_step=*/3, bad});
+      expect_same({"cnn", "amp-fp16", optimizer, /*clip=*/true, /*bad_step=*/2, bad});
+    }
+  // The scale really backed off: growth every 2 finite steps from 1024, halved at the bad step.
+  const Outcome o = run({"mlp", "amp-fp16", "adamw", false, 3, INFINITY}, Device::fenced());
+  EXPECT_EQ(o.scale, 2048.0);  // steps 0,1: x2 (2048); 2: -; 3: inf (1024); 4,5: x2 (2048)
+}
+
+TEST(TrainDevices, AnAmpFp16StepMakesNoDeviceToHostCopy) {
+  for (const char* model : {"mlp", "cnn"}) {
+    int64_t copies = -1;
+    run({model, "amp-fp16", "adamw", /*clip=*/true, /*bad_step=*/3}, Device::fenced(), &copies);
+    EXPECT_EQ(copies, 0) << model;
+  }
+  // The counter counts: one item() is one copy.
+  const int64_t before = kernels::device_to_host_copies();
+  (void)Tensor::scalar(1.0, DType::f32, Device::fenced()).item();
+  EXPECT_EQ(kernels::device_to_host_copies() - before, 1);
+}
+
+TEST(TrainDevices, ErrorAtMinScaleSurfacesWhenTheStateIsRead) {
+  nn::Linear lin(4, 2);
+  lin.to(Device::fenced());
+  optim::SGD opt(lin.parameters(), {.lr = 0.1});
+  amp::GradScaler s({.init_scale = 2, .min_scale = 2, .error_at_min_scale = true});
+  const Tensor x = Tensor::ones({3, 4}).to(Device::fenced());
+  s.scale(ops::sum(lin(x))).backward();
+  Tensor g = opt.params()[0].grad();
+  g.copy_(Tensor::full(g.shape(), INFINITY, g.dtype(), Device::fenced()));
+  s.step(opt);
+  EXPECT_NO_THROW(s.update());  // on a device: recorded there, not read
+  EXPECT_THROW(s.get_scale(), Error);
+  EXPECT_EQ(s.get_scale(), 2.0);  // reported once; the scale stayed
+}
+
+// ------------------------------------------------------------- fast kernels vs the reference
+
+namespace {
+
+struct KernelRig {
+  std::vector<kernels::OptimParam> params;
+  std::vector<Tensor> keep;
+  kernels::OptimStep step;
+};
+
+// Two parameters of dtype t (one of 5000 elements: blocks, vector lanes and a tail), with
+// gradients, states and (for 16-bit) a master or stochastic rounding.
+KernelRig make_rig(DType t, bool master, bool stochastic, bool scaled) {
+  Generator gen(9);
+  KernelRig r;
+  int64_t index = 0;
+  for (int64_t n : {5000, 37}) {
+    kernels::OptimParam p;
+    p.param = Tensor::randn({n}, gen, t);
+    p.grad = Tensor::randn({n}, gen, t == DType::f16 && scaled ? DType::f32 : t, scaled ? 512.0 : 1.0);
+    if (is_half(t) && master) p.master = p.param.to(DType::f32);
+    const DType st = t == DType::f64 ? DType::f64 : DType::f32;
+    p.state1 = Tensor::randn({n}, gen, st, 0.1);
+    p.state2 = Tensor::uniform({n}, gen, 0.0, 1e-4, st);
+    p.lr = Tensor::scalar(0.01, DType::f64);
+    p.weight_decay = 0.05;
+    p.index = uint64_t(index++);
+    r.params.push_back(p);
+  }
+  r.step = {state_i64(3),
+            Tensor::zeros({}),
+            scaled ? Tensor::scalar(512.0) : Tensor(),
+            stochastic,
+            17,
+            Tensor::zeros({2}, DType::i64)};
+  return r;
+}
+
+std::vector<std::vector<uint8_t>> bytes(const KernelRig& r, const Tensor& ready) {
+  std::vector<std::vector<uint8_t>> out{bytes_of(r.step.step), bytes_of(r.step.rounding), bytes_of(ready)};
+  for (const kernels::OptimParam& p : r.params)
+    for (const Tensor* t : {&p.param, &p.master, &p.state1, &p.state2})
+      if (t->defined()) out.push_back(bytes_of(*t));
+  return out;
+}
+
+}  // namespace
+
+TEST(OptimKernels, FastUpdatesAreBitIdenticalToTheReference) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64})
+    for (bool master : {true, false})
+      for (bool scaled : {false, true})
+        for (const char* rule : {"sgd", "adamw"}) {
+          SCOPED_TRACE(std::string(dtype_name(t)) + " " + rule + (master ? " master" : " sr") +
+                       (scaled ? " scaled" : ""));
+          KernelRig a = make_rig(t, master, !master, scaled), b = make_rig(t, master, !master, scaled);
+          const Tensor ra = Tensor::zeros({2}, DType::u8), rb = Tensor::zeros({2}, DType::u8);
+          for (int k = 0; k < 2; ++k) {  // the first SGD step copies d into the buffer, the second uses it
+            if (std::string(rule) == "sgd") {
+              kernels::cpu::sgd_step(a.params, {0.9, 0.1, false, ra}, a.step);
+              kernels::ref::sgd_step(b.params, {0.9, 0.1, false, rb}, b.step);
+            } else {
+              kernels::cpu::adamw_step(a.params, {0.9, 0.999, 1e-8}, a.step);
+              kernels::ref::adamw_step(b.params, {0.9, 0.999, 1e-8}, b.step);
+            }
+          }
+          EXPECT_EQ(bytes(a, ra), bytes(b, rb));
+          EXPECT_EQ(state_to_i64(a.step.step), 5);
+          // A set found_inf changes nothing.
+          const auto before = bytes(a, ra);
+          a.step.found_inf.fill_(1);
+          kernels::cpu::adamw_step(a.params, {0.9, 0.999, 1e-8}, a.step);
+          kernels::cpu::sgd_step(a.params, {0.9, 0.1, true, ra}, a.step);
+          EXPECT_EQ(bytes(a, ra), before);
+        }
+}
+
+TEST(OptimKernels, FastUnscaleIsBitIdenticalToTheReference) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64})
+    for (bool bad : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + (bad ? " with inf" : ""));
+      Generator gen(4);
+      const Tensor src = Tensor::randn({9001}, gen, t, 1000.0);
+      if (bad) src.slice(0, 8999, 9000).fill_(INFINITY);
+      Tensor da = Tensor::empty({9001}, t == DType::f16 ? DType::f32 : t), db = da.clone();
+      Tensor fa = Tensor::zeros({}), fb = Tensor::zeros({});
+      const Tensor scale = Tensor::scalar(1024.0);
+      kernels::cpu::unscale_and_check({src}, {da}, scale, fa);
+      kernels::ref::unscale_and_check({src}, {db}, scale, fb);
+      EXPECT_EQ(bytes_of(da), bytes_of(db));
+      EXPECT_EQ(fa.item(), bad ? 1.0 : 0.0);
+      EXPECT_EQ(fb.item(), fa.item());
+    }
+}
