@@ -52,17 +52,6 @@ TrainOptions parse_train_options(Args& a) {
   return o;
 }
 
-Tensor batch_images(const data::HostBatch& b, int64_t rows, int64_t cols) {
-  MemoryScope scope(MemCategory::data);
-  Tensor x = Tensor::empty({b.n, 1, rows, cols});
-  std::copy(b.x.begin(), b.x.end(), x.data<float>());
-  return x;
-}
-Tensor batch_labels(const data::HostBatch& b) {
-  MemoryScope scope(MemCategory::data);
-  return Tensor::from_vector(b.y, {b.n});
-}
-
 struct EvalResult {
   double accuracy = 0, loss = 0;
 };
@@ -72,6 +61,7 @@ EvalResult evaluate(Session& s, const data::Dataset& test, data::Normalize norm)
   lo.batch_size = 1000;
   lo.shuffle = false;
   lo.norm = norm;
+  lo.pin_memory = s.opt.device.is_cuda();
   data::BatchLoader loader(test, lo);
   loader.begin_epoch(0);
   s.model->eval();
@@ -80,10 +70,11 @@ EvalResult evaluate(Session& s, const data::Dataset& test, data::Normalize norm)
   double loss_sum = 0;
   data::HostBatch b;
   while (loader.next(b)) {
-    Tensor x = batch_images(b, test.rows, test.cols), y = batch_labels(b);
+    const data::DeviceBatch d = data::to_device(b, test.rows, test.cols, s.opt.device);
+    const Tensor &x = d.x, &y = d.y;
     Tensor logits, loss;
     {
-      amp::Autocast ac(s.opt.precision.autocast_dtype, s.opt.precision.autocast);
+      amp::Autocast ac(s.opt.device.type, s.opt.precision.autocast_dtype, s.opt.precision.autocast);
       logits = (*s.model)(x);
       loss = ops::cross_entropy(logits, y, ops::Reduction::sum);
     }
@@ -107,6 +98,8 @@ data::LoaderOptions train_loader_options(const SessionOptions& opt, data::Normal
   lo.shuffle = true;
   lo.seed = opt.seed;
   lo.norm = norm;
+  // Page-locked batches for a GPU: their copies run asynchronously, overlapping the step before.
+  lo.pin_memory = opt.device.is_cuda();
   return lo;
 }
 
@@ -159,14 +152,13 @@ class TrainingRun {
     int64_t i = 0, epoch_samples = 0;
     double loss_sum = 0;
     while (loader_.next(b)) {
-      const StepResult r = run_step(b);
+      StepResult r = run_step(b);
       ++step_, ++i;
       samples_ += b.n, epoch_samples += b.n;
-      loss_sum += r.loss;
-      if (metrics_.enabled() && step_ % o_.log_every == 0)
-        metrics_.write(step_event(step_, epoch, s_.optimizer->lr(), r));
-      progress_.step(epoch, i, r.loss, epoch_samples, seconds_since(t_epoch));
+      unread_.push_back({step_, epoch, i, s_.optimizer->lr(), epoch_samples, seconds_since(t_epoch), std::move(r)});
+      if (loss_due(i)) report_steps(loss_sum);
     }
+    report_steps(loss_sum);
     const double epoch_train_s = seconds_since(t_epoch);
     train_seconds_ += epoch_train_s;
     progress_.end_epoch();
@@ -178,9 +170,36 @@ class TrainingRun {
     metrics_.flush();
   }
 
-  // Step `step_ + 1`: one optimizer step on batch b, checked for divergence.
-  StepResult run_step(const data::HostBatch& b) {
-    Tensor x = batch_images(b, train_.rows, train_.cols), y = batch_labels(b);
+  // Whether step i of the epoch reads the losses of the steps not yet read: on the CPU at every
+  // step (reading costs nothing there); on a device (a sync on a GPU) only where a metrics line
+  // or a progress line reports one, and at the end of the epoch.
+  bool loss_due(int64_t i) const {
+    return s_.opt.device.is_cpu() || (metrics_.enabled() && step_ % o_.log_every == 0) || progress_.line_due(i);
+  }
+
+  // Reads the losses of the unread steps (one copy from the device), checks them for divergence,
+  // and writes their metrics lines and progress in step order.
+  void report_steps(double& loss_sum) {
+    if (unread_.empty()) return;
+    std::vector<const StepLoss*> pending;
+    for (const UnreadStep& u : unread_) pending.push_back(&u.r.pending_loss);
+    const std::vector<double> losses = read_losses(pending);
+    for (size_t k = 0; k < unread_.size(); ++k) {
+      UnreadStep& u = unread_[k];
+      u.r.loss = losses[k];
+      MIXPREC_CHECK(std::isfinite(u.r.loss), "training diverged: loss is ", u.r.loss, " at step ", u.step,
+                    " (try a lower --lr, or --detect-anomaly to find the op)");
+      loss_sum += u.r.loss;
+      if (metrics_.enabled() && u.step % o_.log_every == 0) metrics_.write(step_event(u.step, u.epoch, u.lr, u.r));
+      progress_.step(u.epoch, u.i, u.r.loss, u.epoch_samples, u.seconds);
+    }
+    unread_.clear();
+  }
+
+  // Step `step_ + 1`: one optimizer step on batch b (its loss is read later, by report_steps).
+  StepResult run_step(data::HostBatch& b) {
+    const data::DeviceBatch d = data::to_device(b, train_.rows, train_.cols, s_.opt.device);
+    const Tensor &x = d.x, &y = d.y;
     const bool trace_autocast = o_.diagnose > 0 && step_ == 0;
     if (trace_autocast) amp::start_trace();
     s_.measure_grad_norm = metrics_.enabled() && (step_ + 1) % o_.log_every == 0;  // for the metrics line
@@ -195,8 +214,6 @@ class TrainingRun {
       throw Error(detail::concat(e.what(), " (at step ", step_ + 1, ")"));
     }
     if (trace_autocast) print_autocast_trace(amp::stop_trace());
-    MIXPREC_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step_ + 1,
-                  " (try a lower --lr, or --detect-anomaly to find the op)");
     scale_trace_.record(step_ + 1, r.scale, r.skipped);
     if (diagnose_due()) report_rounding();
     return r;
@@ -227,6 +244,15 @@ class TrainingRun {
   const ProgressPrinter progress_;
   const std::vector<std::pair<std::string, Tensor>> named_params_;
   amp::ScaleTrace scale_trace_;
+  // The steps whose loss is still on the device, with what their report needs.
+  struct UnreadStep {
+    int64_t step, epoch, i;  // i: the step's index in its epoch, from 1
+    double lr;
+    int64_t epoch_samples;
+    double seconds;  // since the epoch began
+    StepResult r;
+  };
+  std::vector<UnreadStep> unread_;
   int64_t step_ = 0, samples_ = 0;  // over the whole run
   double train_seconds_ = 0;        // without the evaluations
   EvalResult last_;                 // the latest evaluation
