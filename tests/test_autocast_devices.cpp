@@ -83,7 +83,7 @@ TEST(AutocastDevices, AnOpFollowsItsInputsDeviceType) {
 // casts afresh after an in-place write to the parameter.
 TEST(AutocastDevices, WeightCastCacheServesDeviceTensors) {
   Generator g(2);
-  const Layer l = make_layer(g, Device::fenced());
+  Layer l = make_layer(g, Device::fenced());
   const Tensor x = Tensor::randn({3, 8}, g).to(Device::fenced());
   ASSERT_EQ(amp::autocast_cache_size(), 0u);
   {

@@ -3,6 +3,7 @@
 // lines, and a device that is not there is one line and a non-zero exit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>

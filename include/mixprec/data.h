@@ -68,16 +68,21 @@ constexpr Normalize kMnistNorm{0.1307f, 0.3081f};
 // Mean and (population) standard deviation of pixel/255 over the whole dataset.
 Normalize compute_normalize(const Dataset& dataset);
 
-namespace detail {
+}  // namespace mixprec::data
+
+namespace mixprec::detail {
 // A batch array's memory: page-locked (cudaHostAlloc) when `pinned` is asked and a GPU can be had,
 // pageable otherwise; `got_pinned` says which. The pinned blocks come from one narrow place
 // (src/data/host_memory.cpp) so the caching allocator's pinned pool can serve them later.
 void* host_alloc(size_t bytes, bool pinned, bool& got_pinned);
 void host_free(void* p, bool pinned);
-}  // namespace detail
+}  // namespace mixprec::detail
+
+namespace mixprec::data {
 
 // A resizable array of a batch on the host (trivially copyable elements), in pinned memory when
-// asked for (set_pinned): a GPU copies pinned memory by DMA, asynchronously, while it computes.
+// asked for (set_pinned): a GPU copies pinned memory by DMA, without the host waiting. Move-only;
+// a moved-from array is empty.
 template <class T>
 class HostArray {
   static_assert(std::is_trivially_copyable_v<T>);
@@ -92,7 +97,7 @@ class HostArray {
   HostArray(const HostArray&) = delete;
   HostArray& operator=(const HostArray&) = delete;
   ~HostArray() {
-    if (data_) detail::host_free(data_, pinned_);
+    if (data_) mixprec::detail::host_free(data_, pinned_);
   }
 
   // Keeps the first min(size, n) elements; new ones are uninitialised.
@@ -124,9 +129,9 @@ class HostArray {
   }
   void reallocate(size_t capacity) {
     bool got = false;
-    T* fresh = static_cast<T*>(detail::host_alloc(capacity * sizeof(T), want_pinned_, got));
+    T* fresh = static_cast<T*>(mixprec::detail::host_alloc(capacity * sizeof(T), want_pinned_, got));
     if (size_ > 0) std::memcpy(fresh, data_, size_ * sizeof(T));
-    if (data_) detail::host_free(data_, pinned_);
+    if (data_) mixprec::detail::host_free(data_, pinned_);
     data_ = fresh, capacity_ = capacity, pinned_ = got;
     pin_failed_ = want_pinned_ && !got;  // no GPU: do not retry at every resize
   }

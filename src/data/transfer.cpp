@@ -9,15 +9,13 @@
 #include "mixprec/data.h"
 #include "mixprec/error.h"
 
-namespace mixprec::data {
-
-namespace detail {
+namespace mixprec::detail {
 
 void* host_alloc(size_t bytes, bool pinned, bool& got_pinned) {
   got_pinned = false;
 #ifdef MIXPREC_WITH_CUDA
   if (pinned && mixprec::cuda::device_count() > 0) {
-    if (void* p = cuda::pinned_alloc(bytes)) {
+    if (void* p = data::cuda::pinned_alloc(bytes)) {
       got_pinned = true;
       return p;
     }
@@ -33,13 +31,15 @@ void* host_alloc(size_t bytes, bool pinned, bool& got_pinned) {
 
 void host_free(void* p, bool pinned) {
 #ifdef MIXPREC_WITH_CUDA
-  if (pinned) return cuda::pinned_free(p);
+  if (pinned) return data::cuda::pinned_free(p);
 #endif
   MIXPREC_ASSERT(!pinned, "a pinned block in a build without CUDA");
   std::free(p);
 }
 
-}  // namespace detail
+}  // namespace mixprec::detail
+
+namespace mixprec::data {
 
 CopyFence::~CopyFence() {
 #ifdef MIXPREC_WITH_CUDA
