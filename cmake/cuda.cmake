@@ -95,6 +95,12 @@ endif()
 set(CMAKE_CUDA_ARCHITECTURES ${MIXPREC_CUDA_ARCHS})
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+# CMake 3.25 does not know nvcc's C++20 flag ("requires the language dialect CUDA20", hit by the
+# first .cu in the tree); nvcc 12+ takes -std=c++20.
+if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()
 set(MIXPREC_CUDA_ENABLED ON)
 message(STATUS "mixprec: CUDA backend ON: CUDA ${CUDAToolkit_VERSION}, cuDNN ${_cudnn_major} "
                "(${MIXPREC_CUDNN_LIB}), architectures ${CMAKE_CUDA_ARCHITECTURES}")

@@ -113,7 +113,8 @@ TEST(GradScaler, ScriptedSequenceFollowsTheUpdateRule) {
     opt.zero_grad();
     const char c = script[i];
     rig.backward(s, c == 'x' ? kInf : c == 'n' ? std::nan("") : 0.0);
-    EXPECT_EQ(s.step(opt), c == '.') << "step " << i;
+    s.step(opt);
+    EXPECT_EQ(s.stepped(opt), c == '.') << "step " << i;
     skipped += c != '.';
     s.update();
     ref.update(c != '.');
@@ -164,7 +165,8 @@ TEST(GradScaler, InfStepLeavesEverythingBitIdenticalAndHalvesTheScale) {
     for (int i = 0; i < 3; ++i) {  // some real steps first, so every state tensor exists
       opt->zero_grad();
       rig.backward(s);
-      ASSERT_TRUE(s.step(*opt));
+      s.step(*opt);
+      ASSERT_TRUE(s.stepped(*opt));
       s.update();
     }
     const auto before = snapshot(*opt);
@@ -172,7 +174,8 @@ TEST(GradScaler, InfStepLeavesEverythingBitIdenticalAndHalvesTheScale) {
     const double scale_before = s.get_scale();
     opt->zero_grad();
     rig.backward(s, kInf);
-    EXPECT_FALSE(s.step(*opt));
+    s.step(*opt);
+    EXPECT_FALSE(s.stepped(*opt));
     EXPECT_TRUE(s.found_inf(*opt));
     s.update();
     EXPECT_EQ(snapshot(*opt), before);
@@ -182,7 +185,8 @@ TEST(GradScaler, InfStepLeavesEverythingBitIdenticalAndHalvesTheScale) {
     opt->zero_grad();
     rig.backward(s, -kInf);
     s.unscale_(*opt);
-    EXPECT_FALSE(s.step(*opt));
+    s.step(*opt);
+    EXPECT_FALSE(s.stepped(*opt));
     s.update();
     EXPECT_EQ(snapshot(*opt), before);
     EXPECT_EQ(s.get_scale(), scale_before / 4);
@@ -216,7 +220,8 @@ TEST(GradScaler, UnscaleOfF16GradientsGivesF32) {
   s.unscale_(opt);
   ASSERT_EQ(w.grad().dtype(), DType::f32);
   EXPECT_NEAR(w.grad().to_vector()[0], 1e-6, 1e-9);  // would be a subnormal with 1 bit left in f16
-  EXPECT_TRUE(s.step(opt));
+  s.step(opt);
+  EXPECT_TRUE(s.stepped(opt));
   s.update();
 }
 
@@ -251,7 +256,8 @@ TEST(GradScaler, DisabledPassesThrough) {
   s.unscale_(opt);
   s.unscale_(opt);  // no state checks when disabled
   const auto w_before = rig.w1.to_vector();
-  EXPECT_TRUE(s.step(opt));
+  s.step(opt);
+  EXPECT_TRUE(s.stepped(opt));
   s.update();
   EXPECT_NE(rig.w1.to_vector(), w_before);
   EXPECT_TRUE(s.state_dict().empty());
@@ -263,9 +269,11 @@ TEST(GradScaler, SeveralOptimizersShareOneScale) {
   amp::GradScaler s({.init_scale = 64});
   rig.backward(s, kInf);  // only w2 (o2) overflows
   const auto w1_before = rig.w1.to_vector(), w2_before = rig.w2.to_vector();
-  EXPECT_TRUE(s.step(o1));
-  EXPECT_FALSE(s.step(o2));
+  s.step(o1);
+  s.step(o2);
   s.update();
+  EXPECT_TRUE(s.stepped(o1));  // the answers outlive update()
+  EXPECT_FALSE(s.stepped(o2));
   EXPECT_NE(rig.w1.to_vector(), w1_before);
   EXPECT_EQ(rig.w2.to_vector(), w2_before);
   EXPECT_EQ(s.get_scale(), 32.0);  // one inf anywhere backs the shared scale off
@@ -274,8 +282,10 @@ TEST(GradScaler, SeveralOptimizersShareOneScale) {
   o2.zero_grad();
   s.scale(rig.loss()).backward();
   s.scale(ops::sum(rig.w1)).backward();
-  EXPECT_TRUE(s.step(o1));
-  EXPECT_TRUE(s.step(o2));
+  s.step(o1);
+  s.step(o2);
+  EXPECT_TRUE(s.stepped(o1));
+  EXPECT_TRUE(s.stepped(o2));
   s.update();
   EXPECT_EQ(s.growth_tracker(), 1);
 }
@@ -307,7 +317,8 @@ TEST(GradScaler, HysteresisWaitsForConsecutiveOverflows) {
   for (char c : script) {
     opt.zero_grad();
     rig.backward(s, c == 'x' ? kInf : 0.0);
-    EXPECT_EQ(s.step(opt), c == '.');  // every overflow is skipped, hysteresis or not
+    s.step(opt);
+    EXPECT_EQ(s.stepped(opt), c == '.');  // every overflow is skipped, hysteresis or not
     s.update();
     ref(c == 'x');
     ASSERT_EQ(float(s.get_scale()), scale);
@@ -351,7 +362,8 @@ TEST(GradScaler, StaticScaleSkipsButNeverChanges) {
   for (bool inf : {false, true, false, false}) {
     opt.zero_grad();
     rig.backward(s, inf ? kInf : 0.0);
-    EXPECT_EQ(s.step(opt), !inf);
+    s.step(opt);
+    EXPECT_EQ(s.stepped(opt), !inf);
     s.update();
     EXPECT_EQ(s.get_scale(), 128);
   }
@@ -412,19 +424,23 @@ TEST(GradScaler, UnscaleAndCheckFindsNaNAnywhere) {
     p.set_grad(Tensor::ones({10000}, t));
     params.push_back(p);
   }
-  EXPECT_FALSE(amp::detail::unscale_and_check(params, 1.0f, true).found_inf);
+  auto check = [&](double scale, bool check_only) {
+    Tensor found = Tensor::zeros({}, DType::f32);
+    const int64_t n = amp::detail::unscale_and_check(params, Tensor::scalar(scale), found, check_only);
+    EXPECT_EQ(n, 4);
+    return found.item() != 0;
+  };
+  EXPECT_FALSE(check(1.0, true));
   for (size_t k = 0; k < params.size(); ++k) {
     Tensor g = params[k].grad();
     std::vector<double> v(10000, 1.0);
     v[9999] = std::nan("");
     g.copy_(Tensor::from_vector(v, {10000}));
-    const amp::detail::InfCheck r = amp::detail::unscale_and_check(params, 0.5f, false);
-    EXPECT_TRUE(r.found_inf) << k;
-    EXPECT_EQ(r.num_grads, 4);
+    EXPECT_TRUE(check(2.0, false)) << k;
     params[k].set_grad(Tensor::ones({10000}, params[k].dtype()));
   }
   for (Tensor& p : params) p.set_grad(Tensor::ones({10000}, p.dtype()));
-  EXPECT_FALSE(amp::detail::unscale_and_check(params, 0.5f, false).found_inf);  // an f16 gradient becomes f32:
+  EXPECT_FALSE(check(2.0, false));  // an f16 gradient becomes f32:
   EXPECT_EQ(params[2].grad().dtype(), DType::f32);
   EXPECT_EQ(params[2].grad().to_vector()[5], 0.5f);
   EXPECT_EQ(params[1].grad().to_vector()[5], 0.5f);

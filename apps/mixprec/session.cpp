@@ -206,18 +206,19 @@ StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
   if (s.opt.clip_grad_norm > 0 || s.opt.clip_grad_value > 0) {
     s.scaler->unscale_(*s.optimizer);  // clip the real gradients
     if (s.opt.clip_grad_norm > 0) {
-      r.grad_norm = nn::clip_grad_norm_(params, s.opt.clip_grad_norm);
+      r.grad_norm = nn::clip_grad_norm_(params, s.opt.clip_grad_norm).item();
     } else {
-      if (s.measure_grad_norm) r.grad_norm = nn::grad_norm(params);
+      if (s.measure_grad_norm) r.grad_norm = nn::grad_norm(params).item();
       nn::clip_grad_value_(params, s.opt.clip_grad_value);
     }
   } else if (s.measure_grad_norm) {
     // The gradients still carry the scale; the norm divides it out in f64 (exact up to rounding,
     // and without unscaling 16-bit gradients in place).
-    r.grad_norm = nn::grad_norm(params) / r.scale;
+    r.grad_norm = nn::grad_norm(params).item() / r.scale;
   }
-  r.skipped = !s.scaler->step(*s.optimizer);
+  s.scaler->step(*s.optimizer);
   s.scaler->update();
+  r.skipped = !s.scaler->stepped(*s.optimizer);  // reads the device's answer (a GPU syncs here)
   return r;
 }
 

@@ -1,9 +1,13 @@
 // amp::GradScaler: dynamic loss scaling with PyTorch's exact semantics (torch.cuda.amp.GradScaler),
-// plus what PyTorch lacks: hysteresis, min/max scale, an error at the minimum, skip counters.
+// plus what PyTorch lacks: hysteresis, min/max scale, an error at the minimum, skip counters. Its
+// state lives in tensors on the device of the losses it scales, and no call of the training loop
+// (scale, unscale_, step, update) copies anything to the host: the skip and the scale update are
+// decided on the device. Only the accessors that return host values read it (a GPU syncs there).
 #pragma once
 #include <cstdint>
 #include <limits>
 #include <unordered_map>
+#include <vector>
 
 #include "mixprec/optim.h"
 #include "mixprec/state_dict.h"
@@ -28,8 +32,9 @@ struct GradScalerOptions {
 // The PyTorch loop, line for line:
 //   scaler.scale(loss).backward();
 //   scaler.unscale_(opt);             // optional, e.g. before clip_grad_norm
-//   scaler.step(opt);                 // skipped when opt's gradients hold inf/NaN
+//   scaler.step(opt);                 // skipped (on the device) when opt's gradients hold inf/NaN
 //   scaler.update();
+//   if (log_now) scaler.stepped(opt); // host answers only when asked
 // Each optimizer goes READY -> (unscale) UNSCALED -> (step) STEPPED between two update() calls;
 // one scale is shared by every optimizer and loss. Calls out of that order throw mixprec::Error
 // naming the call that was expected.
@@ -44,27 +49,38 @@ class GradScaler {
   // gradient becomes an f32 one (f16 cannot hold what the scale protected: PyTorch refuses
   // with "Attempting to unscale FP16 gradients").
   void unscale_(optim::Optimizer& opt);
-  // Steps opt unless its gradients held inf/NaN. Without a prior unscale_(), the gradients are
-  // checked (read-only) and the optimizer unscales them on the fly inside its fused update.
-  // Returns true when the optimizer stepped.
-  bool step(optim::Optimizer& opt);
+  // Steps opt unless its gradients held inf/NaN, decided on the device (the optimizer's kernel
+  // reads the flag). Without a prior unscale_(), the gradients are checked (read-only) and the
+  // optimizer unscales them on the fly inside its fused update. Returns nothing, so the loop
+  // never waits for the device: stepped(opt) says whether the step was taken.
+  void step(optim::Optimizer& opt);
+  // Whether the last step(opt) updated opt (false: skipped for inf/NaN); valid after update()
+  // too, until opt's next unscale_/step. Reads the flag from the device (a GPU syncs here).
+  bool stepped(const optim::Optimizer& opt) const;
   // Adjusts the scale from the steps since the last update() (PyTorch's rule; hysteresis and
   // bounds when set) and makes every optimizer READY again.
   void update();
   void update(double new_scale);  // sets the scale (PyTorch's update(new_scale))
 
+  // The accessors below read the device (a GPU syncs), and each first throws the error of an
+  // overflow at min_scale (error_at_min_scale) if one happened since the last read: update()
+  // throws it at once only where the state is host memory (the CPU); on a device it is recorded
+  // there and surfaces at the next of these calls, or at check().
   bool is_enabled() const { return o_.enabled; }
-  double get_scale() const { return o_.enabled ? double(scale_) : 1.0; }
-  int64_t growth_tracker() const { return growth_tracker_; }
-  int64_t hysteresis_left() const { return hysteresis_left_; }
+  double get_scale() const;
+  int64_t growth_tracker() const { return counter(0); }
+  int64_t hysteresis_left() const { return counter(1); }
   const GradScalerOptions& options() const { return o_; }
-  // True when the last step(opt) found inf/NaN in opt's gradients (since the last update()).
+  // True when the last unscale_/step(opt) found inf/NaN in opt's gradients.
   bool found_inf(const optim::Optimizer& opt) const;
+  void check() const;  // throws a pending error at min_scale
+  // The scale as a 0-d f32 tensor on the scaler's device (no copy: e.g. to log it lazily).
+  const Tensor& scale_tensor() const { return scale_; }
 
   // Counters over the scaler's life (kept in state_dict).
-  int64_t num_skipped_steps() const { return skipped_steps_; }  // optimizer steps skipped
-  int64_t num_overflows() const { return overflows_; }          // update() calls that saw inf/NaN
-  int64_t num_updates() const { return updates_; }
+  int64_t num_skipped_steps() const { return counter(2); }  // optimizer steps skipped
+  int64_t num_overflows() const { return counter(3); }      // update() calls that saw inf/NaN
+  int64_t num_updates() const { return counter(4); }
 
   // 0-d tensors: "scale" (f32, as PyTorch's _scale), "growth_factor", "backoff_factor",
   // "growth_interval", "_growth_tracker" (PyTorch's keys), then ours: "dynamic",
@@ -80,19 +96,21 @@ class GradScaler {
   enum class Stage { ready, unscaled, stepped };
   struct OptState {
     Stage stage = Stage::ready;
-    bool checked = false;  // an inf check ran for this optimizer since the last update()
-    bool found_inf = false;
+    bool checked = false;  // the last inf check saw at least one gradient
+    Tensor found_inf;      // 0-d f32 on the device: the last check's result (kept for stepped())
   };
   OptState& state_of(const optim::Optimizer& opt) { return per_opt_[&opt]; }
   void require_scale(const char* call) const;
+  void to_device(const Device& d);  // moves the state tensors (once: where the losses are)
+  void check_opt(optim::Optimizer& opt, OptState& st, bool check_only);  // the unscale/inf check
+  std::vector<int64_t> read_counters() const;  // throws a pending error at min_scale
+  int64_t counter(size_t k) const { return read_counters()[k]; }
 
   GradScalerOptions o_;
-  float scale_;  // f32, as PyTorch's _scale tensor
-  int64_t growth_tracker_ = 0;
-  int64_t hysteresis_left_;
+  Tensor scale_;             // f32 0-d, as PyTorch's _scale
+  mutable Tensor counters_;  // i64 [kernels::kScaleCounters]: growth tracker, hysteresis left, counts, error
   bool scaled_since_update_ = false;
   std::unordered_map<const optim::Optimizer*, OptState> per_opt_;
-  int64_t skipped_steps_ = 0, overflows_ = 0, updates_ = 0;
 };
 
 }  // namespace mixprec::amp

@@ -1,10 +1,12 @@
 // Optimizers: SGD (momentum, nesterov, weight decay) and AdamW, PyTorch's update rules, one
-// fused pass over each parameter; parameter groups with their own lr and weight decay (as
+// fused pass over all parameters; parameter groups with their own lr and weight decay (as
 // PyTorch's param_groups); state allocated as MemCategory::optimizer_state. 16-bit parameters
 // get an f32 master copy (or stochastic rounding without one), and the pass can unscale
-// gradients on the fly for GradScaler.
+// gradients on the fly for GradScaler. The step count and the learning rates live in tensors on
+// the parameters' device, so GradScaler can skip a step there without the host.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -12,6 +14,11 @@
 
 #include "mixprec/state_dict.h"
 #include "mixprec/tensor.h"
+
+namespace mixprec::kernels {
+struct OptimParam;
+struct OptimStep;
+}  // namespace mixprec::kernels
 
 namespace mixprec::optim {
 
@@ -57,11 +64,12 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // One update of every parameter that has a gradient.
-  void step() { step_unscale(1.0f); }
-  // The same update with each gradient multiplied by inv_grad_scale as it is read: unscaling,
-  // the update of the f32 master (if any) and the write-back of the 16-bit parameter happen in
-  // one pass over memory. GradScaler::step() calls it after its inf/NaN check.
-  void step_unscale(float inv_grad_scale);
+  void step() { step_scaled(Tensor(), Tensor()); }
+  // GradScaler's step, decided on the device: nothing changes (not even the step count) when
+  // found_inf (0-d f32 on the parameters' device; undefined: never) is nonzero; with `scale`
+  // (0-d f32 loss scale; undefined: gradients already unscaled) each gradient is multiplied by
+  // 1/scale as it is read, so unscaling, the master update and the 16-bit write-back are one pass.
+  void step_scaled(const Tensor& found_inf, const Tensor& scale);
 
   void zero_grad(bool set_to_none = true);
   const std::vector<Tensor>& params() const { return params_; }  // every group's, in group order
@@ -71,7 +79,8 @@ class Optimizer {
   void set_lr(size_t group, double lr);
   void set_lr(double lr);  // every group
   double weight_decay(size_t group = 0) const { return groups_[group].weight_decay; }
-  int64_t steps() const { return steps_; }
+  // Steps taken (skipped ones not counted): read from the device, so a GPU syncs here.
+  int64_t steps() const;
   const HalfParamOptions& half_options() const { return half_; }
   // The f32 master copy of parameter i (undefined when it has none).
   const Tensor& master(size_t i) const { return master_[i]; }
@@ -84,7 +93,7 @@ class Optimizer {
     int64_t unchanged_16bit = 0;  // ... whose stored 16-bit value stayed the same
   };
   void set_track_rounding(bool on) { track_ = on; }
-  RoundingStats take_rounding_stats();
+  RoundingStats take_rounding_stats();  // counted on the device, read here
 
   // "step" (i64 0-d: the optimizer's step count, which PyTorch keeps per parameter as
   // state.<i>.step), per group g "param_groups.<g>.lr", "param_groups.<g>.weight_decay" (f64 0-d)
@@ -100,9 +109,12 @@ class Optimizer {
   virtual double eps() const { return 0.0; }  // AdamW's eps (0 where there is none)
 
  protected:
-  // One update of every parameter that has a gradient (steps_ already counts it), reading each
-  // gradient multiplied by inv_grad_scale.
-  virtual void update(float inv_grad_scale) = 0;
+  // One update of every parameter that has a gradient: step_scaled's work.
+  virtual void update(const Tensor& found_inf, const Tensor& scale) = 0;
+  virtual void moved_to(const Device&) {}  // the subclass moves its device state to the parameters'
+  // The parameters that have a gradient as the kernels take them; state(i, op) sets op's state.
+  std::vector<kernels::OptimParam> with_grads(const std::function<void(size_t, kernels::OptimParam&)>& state);
+  kernels::OptimStep step_args(const Tensor& found_inf, const Tensor& scale) const;
   virtual StateDict named_state(size_t i) const = 0;  // the tensors the subclass holds
   // Checks (before anything is loaded) that the subclass accepts state `key` of parameter i.
   virtual void check_named_state(size_t i, const std::string& key) const = 0;
@@ -112,10 +124,14 @@ class Optimizer {
   std::vector<Tensor> master_;  // per parameter: f32 master of a 16-bit parameter, or undefined
   std::vector<ParamGroupState> groups_;
   std::vector<size_t> group_of_;  // per parameter: its group
-  int64_t steps_ = 0;
+  Tensor step_;                   // i64 0-d on the parameters' device: steps taken
+  std::vector<Tensor> lr_;        // per group: f64 0-d on the parameters' device (groups_[g].lr's copy)
   HalfParamOptions half_;
   bool track_ = false;
-  RoundingStats rounding_;
+  Tensor rounding_;  // i64 [2] on the parameters' device: RoundingStats since the last take
+
+ private:
+  void to_params_device();  // moves step_, lr_, rounding_ (and the subclass's) where params_[0] is
 };
 
 struct SGDOptions {
@@ -134,7 +150,8 @@ class SGD : public Optimizer {
   std::string name() const override { return "SGD"; }
 
  protected:
-  void update(float inv_grad_scale) override;
+  void update(const Tensor& found_inf, const Tensor& scale) override;
+  void moved_to(const Device& d) override;
   StateDict named_state(size_t i) const override;
   void check_named_state(size_t i, const std::string& key) const override;
   void set_named_state(size_t i, const std::string& key, const Tensor& t) override;
@@ -142,6 +159,7 @@ class SGD : public Optimizer {
  private:
   SGDOptions o_;
   std::vector<Tensor> momentum_;  // per parameter, allocated at the first step that needs it
+  Tensor momentum_ready_;         // u8 [parameters] on their device: 1 once momentum_[i] holds a step
 };
 
 struct AdamWOptions {
@@ -161,7 +179,7 @@ class AdamW : public Optimizer {
   double eps() const override { return o_.eps; }
 
  protected:
-  void update(float inv_grad_scale) override;
+  void update(const Tensor& found_inf, const Tensor& scale) override;
   StateDict named_state(size_t i) const override;
   void check_named_state(size_t i, const std::string& key) const override;
   void set_named_state(size_t i, const std::string& key, const Tensor& t) override;

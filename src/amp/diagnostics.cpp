@@ -7,13 +7,12 @@
 #include <cstdio>
 #include <sstream>
 
+#include "kernels/optim.h"
 #include "mixprec/convert.h"
 #include "mixprec/error.h"
 
 namespace mixprec::amp {
 namespace {
-
-constexpr int64_t kBlock = 4096;
 
 struct Counts {
   int64_t zero = 0, underflow = 0, underflow_unscaled = 0, subnormal = 0, overflow = 0, overflow_unscaled = 0;
@@ -27,37 +26,20 @@ struct Counts {
   }
 };
 
+// The counts of one gradient, reduced on its device and copied here (diagnostics are asked for).
 Counts count(const Tensor& g, double scale) {
   const Tensor c = g.is_contiguous() ? g : g.clone();
-  const int64_t n = c.numel(), nb = (n + kBlock - 1) / kBlock;
-  const size_t es = dtype_size(c.dtype());
-  const double zero_unscaled = kF16ZeroBound * scale, over_unscaled = kF16OverflowBound * scale, inv_scale = 1 / scale;
-  std::vector<Counts> parts(static_cast<size_t>(nb));
-#pragma omp parallel for schedule(static) if (nb >= 8)
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t begin = b * kBlock, len = std::min(kBlock, n - begin);
-    alignas(64) double v[kBlock];
-    convert(static_cast<const char*>(c.data_ptr()) + begin * int64_t(es), c.dtype(), v, DType::f64, size_t(len));
-    Counts k;
-    for (int64_t j = 0; j < len; ++j) {
-      const double a = std::fabs(v[j]);
-      k.zero += a == 0;
-      k.underflow += a <= kF16ZeroBound;
-      k.underflow_unscaled += a <= zero_unscaled;
-      k.subnormal += a > kF16ZeroBound && a < kF16MinNormal;
-      k.overflow += !(a < kF16OverflowBound);  // NaN counts
-      k.overflow_unscaled += !(a < over_unscaled);
-      if (std::isfinite(a)) {
-        k.max_abs = std::max(k.max_abs, a);
-        k.sum_sq += (a * inv_scale) * (a * inv_scale);
-        ++k.finite;
-      }
-    }
-    parts[size_t(b)] = k;
-  }
+  const std::vector<double> k = kernels::grad_range_counts(c, scale).to_vector_f64();
   Counts total;
-  for (const Counts& k : parts) total.add(k);
-  total.max_abs /= scale;  // sum_sq is accumulated unscaled already
+  total.zero = int64_t(k[kernels::kZero]);
+  total.underflow = int64_t(k[kernels::kUnderflow]);
+  total.underflow_unscaled = int64_t(k[kernels::kUnderflowUnscaled]);
+  total.subnormal = int64_t(k[kernels::kSubnormal]);
+  total.overflow = int64_t(k[kernels::kOverflow]);
+  total.overflow_unscaled = int64_t(k[kernels::kOverflowUnscaled]);
+  total.max_abs = k[kernels::kMaxAbs] / scale;  // sum_sq is accumulated unscaled already
+  total.sum_sq = k[kernels::kSumSq];
+  total.finite = int64_t(k[kernels::kFinite]);
   return total;
 }
 

@@ -1,29 +1,21 @@
-// GradScaler's internals, private to the library (tests include them from src/): the scale
-// update rule alone and the fused unscale-and-check pass over an optimizer's gradients.
+// GradScaler's internals, private to the library (tests include them from src/): the
+// unscale-and-check pass over an optimizer's gradients and the options as the update kernel takes them.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "kernels/optim_rules.h"
 #include "mixprec/grad_scaler.h"
 
 namespace mixprec::amp::detail {
 
-// The next (scale, growth tracker, hysteresis left) after one update() that saw `found_inf`.
-struct ScaleState {
-  float scale;
-  int64_t growth_tracker;
-  int64_t hysteresis_left;
-};
-ScaleState next_scale_state(const ScaleState& s, bool found_inf, const GradScalerOptions& o);
+// One multi-tensor pass over the gradients of all `params` (PyTorch's
+// _amp_foreach_non_finite_check_and_unscale_): sets found_inf (0-d f32 on their device) to 1 if
+// any value is inf or NaN and, unless check_only, multiplies every gradient by 1/scale (an f16
+// gradient is replaced by an f32 one). With check_only the gradients are only read. Returns how
+// many parameters had a gradient.
+int64_t unscale_and_check(const std::vector<Tensor>& params, const Tensor& scale, Tensor& found_inf, bool check_only);
 
-// One parallel pass over the gradients of all `params` (PyTorch's
-// _amp_foreach_non_finite_check_and_unscale_): records whether any value is inf or NaN and,
-// unless check_only, multiplies every gradient by inv_scale (an f16 gradient is replaced by an
-// f32 one). With check_only the gradients are only read.
-struct InfCheck {
-  bool found_inf = false;
-  int64_t num_grads = 0;  // parameters that had a gradient
-};
-InfCheck unscale_and_check(const std::vector<Tensor>& params, float inv_scale, bool check_only);
+kernels::rule::ScaleRule scale_rule(const GradScalerOptions& o);
 
 }  // namespace mixprec::amp::detail

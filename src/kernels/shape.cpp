@@ -1,6 +1,7 @@
 // Dispatch of the shape family (shape.h): fast CPU copy where it supports the case, else the reference.
 #include "kernels/shape.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "kernels/ref/access.h"
@@ -28,7 +29,14 @@ Tensor cast(const Tensor& src, DType dtype) {
   return dst;
 }
 
+namespace {
+std::atomic<int64_t> g_device_to_host{0};
+}  // namespace
+
+int64_t device_to_host_copies() { return g_device_to_host.load(); }
+
 Tensor to_device(const Tensor& src, const Device& device) {
+  if (device.is_cpu() && !src.device().is_cpu()) ++g_device_to_host;
   const Tensor c = contig(src);
   Tensor dst = Tensor::empty(c.shape(), c.dtype(), device);
   if (c.device().is_cuda() || device.is_cuda()) {

@@ -13,6 +13,10 @@ void fill(Tensor& dst, double value);
 Tensor cast(const Tensor& src, DType dtype);  // new contiguous tensor
 // A contiguous copy of src on `device` (any pair of devices; from a GPU it waits for the copy).
 Tensor to_device(const Tensor& src, const Device& device);
+// How many to_device copies from a device (GPU, fenced) to the CPU this process has made: each is
+// a host sync on a GPU (item(), to_vector() and .to(Device::cpu()) all come here). Tests count
+// them around a training step, which must make none.
+int64_t device_to_host_copies();
 
 namespace ref {
 void copy(const Tensor& src, Tensor& dst);

@@ -1,6 +1,7 @@
 // BatchNorm2d (running statistics as buffers, PyTorch's state_dict names) and LayerNorm.
 #include <sstream>
 
+#include "kernels/optim.h"
 #include "mixprec/error.h"
 #include "mixprec/nn.h"
 
@@ -30,8 +31,9 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
                 " channels, expected ", num_features);
   const bool track = options.track_running_stats;
   const bool count = is_training() && track;
-  const double batches = count ? num_batches_tracked.item() + 1 : 0;
-  // momentum nullopt: the cumulative moving average, 1/batches.
+  // momentum nullopt: the cumulative moving average, 1/batches, which reads the count on the host
+  // (as PyTorch does); a fixed momentum never does, so the forward never waits for a device.
+  const double batches = count && !options.momentum ? num_batches_tracked.item() + 1 : 0;
   const double momentum = options.momentum ? *options.momentum : (count ? 1.0 / batches : 0.0);
   // Eval without running statistics normalises with the batch's, as PyTorch does.
   const bool batch_stats = is_training() || !track;
@@ -44,7 +46,10 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   } catch (const Error& e) {
     throw Error(name() + ": " + e.what());
   }
-  if (count) num_batches_tracked.fill_(batches);
+  if (count) {
+    kernels::increment(num_batches_tracked);
+    num_batches_tracked.bump_version();
+  }
   return y;
 }
 

@@ -1,0 +1,288 @@
+// Fast CPU kernels of the optimizer family: the fused SGD and AdamW passes (blocks of the
+// gradient loaded to f32 and unscaled on the fly, the f32 weights -- the parameter, its master, or
+// a buffer for a 16-bit parameter without one -- updated with the f32 state by AVX-512 loops
+// bit-identical to the scalar rules, a 16-bit parameter written back rounded once; f64 in f64)
+// and the multi-tensor unscale-and-check, parallel over blocks of all tensors.
+#include <algorithm>
+#include <array>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "core/simd.h"
+#include "kernels/cpu/f32_blocks.h"
+#include "kernels/optim.h"
+#include "kernels/ref/optim_scalars.h"
+#include "mixprec/convert.h"
+#include "mixprec/cpu.h"
+#include "optim/rounding.h"
+
+namespace mixprec::kernels::cpu {
+namespace {
+
+using optim::f32_to_bf16_stochastic;
+using optim::f32_to_f16_stochastic;
+
+struct RoundingCounts {
+  int64_t changed = 0, unchanged_16bit = 0;
+};
+
+constexpr int64_t kUpdateBlock = 2048;  // elements per block: a few 8 KiB f32 buffers stay in L1/L2
+
+// Writes len f32 weights into a 16-bit parameter: round-to-nearest-even, or stochastically with
+// the words of `stream` (element e of the parameter takes word e; begin is a multiple of 4).
+void store_half(void* dst, DType t, int64_t begin, int64_t len, const float* src, const Generator* stream) {
+  uint16_t* p = static_cast<uint16_t*>(dst) + begin;
+  if (!stream) {
+    if (t == DType::bf16)
+      convert_f32_to_bf16(src, p, size_t(len));
+    else
+      convert_f32_to_f16(src, p, size_t(len));
+    return;
+  }
+  for (int64_t j = 0; j < len; j += 4) {
+    const std::array<uint32_t, 4> r = stream->block(uint64_t(begin + j) / 4);
+    for (int64_t k = j; k < std::min(len, j + 4); ++k)
+      p[k] = t == DType::bf16 ? f32_to_bf16_stochastic(src[k], r[size_t(k - j)])
+                              : f32_to_f16_stochastic(src[k], r[size_t(k - j)]);
+  }
+}
+
+// Runs rule(w, g, begin, len) over the blocks of one parameter: w are len weights to update in
+// place (f32, or f64 for an f64 parameter), g the len gradients already multiplied by inv_scale.
+// With `track`, counts for a 16-bit parameter the updates that changed the f32 weight but left
+// the 16-bit one as it was (rounded away without a master; deferred into the master with one).
+template <class Rule>
+void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, float inv_scale,
+                  const Generator* stochastic, RoundingCounts* track, Rule&& rule) {
+  const int64_t n = p.numel(), nb = (n + kUpdateBlock - 1) / kUpdateBlock;
+  const DType pt = p.dtype(), gt = grad.dtype();
+  if (pt == DType::f64) {
+    double* w = p.data<double>();
+    const double* g = grad.data<double>();
+#pragma omp parallel for schedule(static) if (nb >= 8)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t begin = b * kUpdateBlock, len = std::min(kUpdateBlock, n - begin);
+      double gb[kUpdateBlock];
+      for (int64_t j = 0; j < len; ++j) gb[j] = g[begin + j] * double(inv_scale);
+      rule(w + begin, gb, begin, len);
+    }
+    return;
+  }
+  void* pp = p.data_ptr();
+  const void* gp = grad.data_ptr();
+  float* mp = master.defined() ? master.data<float>() : nullptr;
+  const bool direct_g = gt == DType::f32 && inv_scale == 1.0f;
+  const bool counting = track && is_half(pt);
+  int64_t changed = 0, stuck = 0;
+#pragma omp parallel for schedule(static) reduction(+ : changed, stuck) if (nb >= 8)
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t begin = b * kUpdateBlock, len = std::min(kUpdateBlock, n - begin);
+    alignas(64) float gb[kUpdateBlock];
+    alignas(64) float wb[kUpdateBlock];
+    const float* g = gb;
+    if (direct_g) {
+      g = static_cast<const float*>(gp) + begin;
+    } else {
+      load_f32(gp, gt, begin, len, gb);
+      if (inv_scale != 1.0f)
+        for (int64_t j = 0; j < len; ++j) gb[j] *= inv_scale;
+    }
+    float* w = wb;
+    if (pt == DType::f32)
+      w = static_cast<float*>(pp) + begin;
+    else if (mp)
+      w = mp + begin;
+    else
+      load_f32(pp, pt, begin, len, wb);
+    alignas(64) float w_before[kUpdateBlock];
+    alignas(64) float h_before[kUpdateBlock];
+    if (counting) {
+      std::memcpy(w_before, w, size_t(len) * 4);
+      load_f32(pp, pt, begin, len, h_before);
+    }
+    rule(w, g, begin, len);
+    if (is_half(pt)) store_half(pp, pt, begin, len, w, mp ? nullptr : stochastic);
+    if (counting) {
+      load_f32(pp, pt, begin, len, gb);  // the stored 16-bit weights (g is no longer needed)
+      for (int64_t j = 0; j < len; ++j) {
+        const bool moved = w[j] != w_before[j];
+        changed += moved;
+        stuck += moved && gb[j] == h_before[j];
+      }
+    }
+  }
+  if (counting) {
+    track->changed += changed;
+    track->unchanged_16bit += stuck;
+  }
+}
+
+// The f32 AdamW rule (rule::adamw), 16 lanes at a time, over the whole 16-element groups of
+// [0, len); returns how many elements it did (the scalar rule does the rest). The same
+// operations in the same order as the scalar loop (ISO C++ mode: no contraction into FMA; IEEE
+// sqrt and division), so the result is bit-identical to it.
+__attribute__((target("avx512f"))) int64_t adamw_f32_avx512(float* w, const float* g, float* m, float* v, int64_t len,
+                                                            const rule::AdamW<float>& c) {
+  const __m512 b1 = _mm512_set1_ps(c.b1), b2 = _mm512_set1_ps(c.b2), one_b1 = _mm512_set1_ps(1.0f - c.b1),
+               one_b2 = _mm512_set1_ps(1.0f - c.b2), decay = _mm512_set1_ps(c.decay), step = _mm512_set1_ps(c.step_size),
+               bc2 = _mm512_set1_ps(c.inv_sqrt_bc2), eps = _mm512_set1_ps(c.eps);
+  int64_t j = 0;
+  for (; j + 16 <= len; j += 16) {
+    const __m512 gj = _mm512_loadu_ps(g + j);
+    const __m512 mj = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + j)), _mm512_mul_ps(one_b1, gj));
+    const __m512 vj =
+        _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + j)), _mm512_mul_ps(_mm512_mul_ps(one_b2, gj), gj));
+    _mm512_storeu_ps(m + j, mj);
+    _mm512_storeu_ps(v + j, vj);
+    const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vj), bc2), eps);
+    const __m512 wj =
+        _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(w + j), decay), _mm512_div_ps(_mm512_mul_ps(step, mj), denom));
+    _mm512_storeu_ps(w + j, wj);
+  }
+  return j;
+}
+
+// The f32 SGD rule (rule::sgd), 16 lanes at a time over the whole groups (returns how many
+// elements it did), bit-identical to the scalar loop (same operations in the same order, no
+// contraction). buf is null without momentum.
+__attribute__((target("avx512f"))) int64_t sgd_f32_avx512(float* w, const float* g, float* buf, int64_t len,
+                                                          const rule::Sgd<float>& c) {
+  const __m512 lr = _mm512_set1_ps(c.lr), wd = _mm512_set1_ps(c.wd), mom = _mm512_set1_ps(c.mom),
+               damp = _mm512_set1_ps(c.damp);
+  int64_t j = 0;
+  for (; j + 16 <= len; j += 16) {
+    const __m512 wj = _mm512_loadu_ps(w + j);
+    __m512 d = _mm512_add_ps(_mm512_loadu_ps(g + j), _mm512_mul_ps(wd, wj));
+    if (buf) {
+      const __m512 b =
+          c.first ? d : _mm512_add_ps(_mm512_mul_ps(mom, _mm512_loadu_ps(buf + j)), _mm512_mul_ps(damp, d));
+      _mm512_storeu_ps(buf + j, b);
+      d = c.nesterov ? _mm512_add_ps(d, _mm512_mul_ps(mom, b)) : b;
+    }
+    _mm512_storeu_ps(w + j, _mm512_sub_ps(wj, _mm512_mul_ps(lr, d)));
+  }
+  return j;
+}
+
+}  // namespace
+
+namespace {
+
+// What every fused step does around its rule: the skip, the step count, the rounding streams.
+template <class Update>
+void fused_step(const std::vector<OptimParam>& params, const OptimStep& s, Update&& update) {
+  if (skipped(s)) return;
+  const int64_t step = scalar<int64_t>(s.step) + 1;
+  const float inv = s.scale.defined() ? rule::inv_scale(scalar<float>(s.scale)) : 1.0f;
+  RoundingCounts counts;
+  for (const OptimParam& p : params) {
+    const Generator stream = optim::rounding_stream(s.seed, uint64_t(step), p.index);
+    update(p, step, inv, s.stochastic ? &stream : nullptr, s.rounding.defined() ? &counts : nullptr);
+  }
+  scalar<int64_t>(s.step) = step;
+  if (s.rounding.defined()) {
+    static_cast<int64_t*>(s.rounding.data_ptr())[0] += counts.changed;
+    static_cast<int64_t*>(s.rounding.data_ptr())[1] += counts.unchanged_16bit;
+  }
+}
+
+}  // namespace
+
+void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const OptimStep& s) {
+  uint8_t* ready = o.momentum != 0 ? static_cast<uint8_t*>(o.momentum_ready.data_ptr()) : nullptr;
+  const bool vectorised = mixprec::cpu::has_avx512f();
+  fused_step(params, s, [&](const OptimParam& p, int64_t, float inv, const Generator* stream, RoundingCounts* track) {
+    const bool first = ready && !ready[p.index];
+    void* buf_base = ready ? p.state1.data_ptr() : nullptr;
+    const double lr = scalar<double>(p.lr);
+    fused_update(p.param, p.grad, p.master, inv, stream, track, [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
+      using T = std::remove_pointer_t<decltype(w)>;
+      T* buf = buf_base ? static_cast<T*>(buf_base) + begin : nullptr;
+      const auto c = rule::sgd_consts<T>(lr, p.weight_decay, o.momentum, o.dampening, first, o.nesterov);
+      int64_t j = 0;
+      if constexpr (std::is_same_v<T, float>)
+        if (vectorised) j = sgd_f32_avx512(w, gr, buf, len, c);
+      for (; j < len; ++j) rule::sgd(w[j], gr[j], buf ? buf + j : nullptr, c);
+    });
+    if (ready) ready[p.index] = 1;
+  });
+}
+
+void adamw_step(const std::vector<OptimParam>& params, const AdamWOptions& o, const OptimStep& s) {
+  const bool vectorised = mixprec::cpu::has_avx512f();
+  fused_step(params, s, [&](const OptimParam& p, int64_t step, float inv, const Generator* stream,
+                            RoundingCounts* track) {
+    void* m_base = p.state1.data_ptr();
+    void* v_base = p.state2.data_ptr();
+    const double lr = scalar<double>(p.lr);
+    fused_update(p.param, p.grad, p.master, inv, stream, track, [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
+      using T = std::remove_pointer_t<decltype(w)>;
+      T* m = static_cast<T*>(m_base) + begin;
+      T* v = static_cast<T*>(v_base) + begin;
+      const auto c = rule::adamw_consts<T>(lr, p.weight_decay, o.beta1, o.beta2, o.eps, step);
+      int64_t j = 0;
+      if constexpr (std::is_same_v<T, float>)
+        if (vectorised) j = adamw_f32_avx512(w, gr, m, v, len, c);
+      for (; j < len; ++j) rule::adamw(w[j], gr[j], m[j], v[j], c);
+    });
+  });
+}
+
+// ------------------------------------------------------------------------ unscale and check
+
+namespace {
+
+constexpr int64_t kCheckBlock = 4096;
+
+struct Chunk {
+  const void* src;
+  void* dst;  // null: check only
+  DType src_t, dst_t;
+  int64_t len;
+};
+
+// Loads len values of src_t into f32 (f64 is checked and scaled as f64).
+bool check_and_scale(const Chunk& c, float inv_scale) {
+  alignas(64) float buf[kCheckBlock];
+  if (c.src_t == DType::f64) {
+    const double* s = static_cast<const double*>(c.src);
+    bool ok = true;
+    for (int64_t j = 0; j < c.len; ++j) ok &= std::fabs(s[j]) <= DBL_MAX;
+    if (c.dst)
+      for (int64_t j = 0; j < c.len; ++j) static_cast<double*>(c.dst)[j] = s[j] * double(inv_scale);
+    return ok;
+  }
+  load_f32(c.src, c.src_t, 0, c.len, buf);
+  bool ok = true;
+  for (int64_t j = 0; j < c.len; ++j) ok &= std::fabs(buf[j]) <= FLT_MAX;  // false for inf and NaN
+  if (!c.dst) return ok;
+  for (int64_t j = 0; j < c.len; ++j) buf[j] *= inv_scale;
+  store_f32(c.dst, c.dst_t, 0, c.len, buf);
+  return ok;
+}
+
+}  // namespace
+
+void unscale_and_check(const std::vector<Tensor>& src, const std::vector<Tensor>& dst, const Tensor& scale,
+                       Tensor& found_inf) {
+  const float inv = rule::inv_scale(scalar<float>(scale));
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < src.size(); ++i) {
+    const Tensor &g = src[i], &d = dst[i];
+    const int64_t es = int64_t(dtype_size(g.dtype())), ds = d.defined() ? int64_t(dtype_size(d.dtype())) : 0;
+    for (int64_t b = 0; b < g.numel(); b += kCheckBlock)
+      chunks.push_back({static_cast<const char*>(g.data_ptr()) + b * es,
+                        d.defined() ? static_cast<char*>(d.data_ptr()) + b * ds : nullptr, g.dtype(),
+                        d.defined() ? d.dtype() : g.dtype(), std::min(kCheckBlock, g.numel() - b)});
+  }
+  // One pass over every block of every gradient (PyTorch's multi-tensor apply).
+  bool ok = true;
+  const int64_t nc = int64_t(chunks.size());
+#pragma omp parallel for schedule(static) reduction(&& : ok) if (nc >= 8)
+  for (int64_t c = 0; c < nc; ++c) ok = check_and_scale(chunks[size_t(c)], inv) && ok;
+  if (!ok) scalar<float>(found_inf) = 1.0f;
+}
+
+}  // namespace mixprec::kernels::cpu
