@@ -28,12 +28,14 @@ class CliDevices : public mixprec::clitest::TempDirTest {
     std::vector<std::pair<int, std::string>> losses;
     nlohmann::json summary;
   };
+  // `train` on the data set of SetUp (400 images): small models, so a fenced run (one mapping per
+  // tensor) stays quick.
   Metrics train(const std::string& device, const std::string& model, const std::string& precision,
-                int log_every = 1) {
+                const std::string& more) {
     const fs::path m = dir_ / (device + "-" + model + "-" + precision + ".jsonl");
-    const RunResult r = run_cli("train --data " + dir_.string() + " --epochs 2 --batch-size 25 --threads 1 --model " +
-                                    model + " --precision " + precision + " --device " + device + " --metrics " +
-                                    m.string() + " --log-every " + std::to_string(log_every),
+    const RunResult r = run_cli("train --data " + dir_.string() + " --threads 1 --hidden 32 --model " + model +
+                                    " --precision " + precision + " --device " + device + " --metrics " + m.string() +
+                                    " " + more,
                                 dir_);
     EXPECT_EQ(r.exit_code, 0) << device << " " << model << " " << precision << ": " << r.err;
     Metrics out;
@@ -48,7 +50,7 @@ class CliDevices : public mixprec::clitest::TempDirTest {
   }
   void SetUp() override {
     TempDirTest::SetUp();
-    write_dataset(dir_, "train", 400, 1);  // 16 steps an epoch at batch 25
+    write_dataset(dir_, "train", 400, 1);
     write_dataset(dir_, "t10k", 100, 2);
   }
 };
@@ -56,8 +58,9 @@ class CliDevices : public mixprec::clitest::TempDirTest {
 TEST_F(CliDevices, FencedTrainingGivesTheCpuLossesBitForBit) {
   for (const char* model : {"mlp", "cnn-bn"})
     for (const char* precision : {"fp32", "amp-fp16"}) {
-      const Metrics cpu = train("cpu", model, precision), fenced = train("fenced", model, precision);
-      ASSERT_EQ(cpu.losses.size(), 32u) << model << " " << precision;
+      const std::string flags = "--epochs 1 --batch-size 50";  // 8 steps
+      const Metrics cpu = train("cpu", model, precision, flags), fenced = train("fenced", model, precision, flags);
+      ASSERT_EQ(cpu.losses.size(), 8u) << model << " " << precision;
       EXPECT_EQ(fenced.losses, cpu.losses) << model << " " << precision;
       ASSERT_FALSE(fenced.summary.is_null());
       EXPECT_EQ(fenced.summary.at("device"), "fenced");
@@ -69,7 +72,9 @@ TEST_F(CliDevices, FencedTrainingGivesTheCpuLossesBitForBit) {
 // Off the CPU the losses are read in runs (at metrics and progress lines, and at each epoch's end):
 // every logged step still gets its own loss, in order.
 TEST_F(CliDevices, DeferredLossReadsReportEveryLoggedStep) {
-  const Metrics cpu = train("cpu", "mlp", "fp32", 1), fenced = train("fenced", "mlp", "fp32", 5);
+  // 16 steps an epoch: progress lines every 3rd step and at the 16th, metrics every 5th.
+  const Metrics cpu = train("cpu", "mlp", "fp32", "--epochs 2 --batch-size 25 --log-every 1"),
+                fenced = train("fenced", "mlp", "fp32", "--epochs 2 --batch-size 25 --log-every 5");
   std::vector<std::pair<int, std::string>> want;
   for (const auto& s : cpu.losses)
     if (s.first % 5 == 0) want.push_back(s);

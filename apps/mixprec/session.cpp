@@ -184,7 +184,7 @@ Session make_session(const SessionOptions& opt) {
 StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
   StepResult r;
   s.optimizer->zero_grad();
-  r.scale = s.scaler->get_scale();
+  if (s.host_values || s.measure_grad_norm) r.scale = s.scaler->get_scale();
   const int64_t n = x.size(0), parts = std::min<int64_t>(s.opt.accumulate, n);
   for (int64_t k = 0; k < parts; ++k) {
     // Micro-batch k of the batch; each loss is weighted by its share so the gradients (and the
@@ -206,7 +206,8 @@ StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
   if (s.opt.clip_grad_norm > 0 || s.opt.clip_grad_value > 0) {
     s.scaler->unscale_(*s.optimizer);  // clip the real gradients
     if (s.opt.clip_grad_norm > 0) {
-      r.grad_norm = nn::clip_grad_norm_(params, s.opt.clip_grad_norm).item();
+      const Tensor norm = nn::clip_grad_norm_(params, s.opt.clip_grad_norm);
+      if (s.measure_grad_norm) r.grad_norm = norm.item();
     } else {
       if (s.measure_grad_norm) r.grad_norm = nn::grad_norm(params).item();
       nn::clip_grad_value_(params, s.opt.clip_grad_value);
@@ -218,7 +219,7 @@ StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
   }
   s.scaler->step(*s.optimizer);
   s.scaler->update();
-  r.skipped = !s.scaler->stepped(*s.optimizer);  // reads the device's answer (a GPU syncs here)
+  if (s.host_values) r.skipped = !s.scaler->stepped(*s.optimizer);  // reads the device's answer (a GPU syncs)
   return r;
 }
 

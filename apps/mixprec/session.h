@@ -59,7 +59,10 @@ struct Session {
   // Called after the backward pass of a step, before unscale/clip/step (the gradients still
   // carry the scale): the diagnostics hook.
   std::function<void()> after_backward;
-  bool measure_grad_norm = false;  // compute StepResult::grad_norm even without clipping
+  bool measure_grad_norm = false;  // fill StepResult::grad_norm (a read from the device)
+  // Fill StepResult::scale and skipped (reads from the device: a GPU syncs). The CLI turns it off
+  // on a device for the steps no line reports, so a step never waits for the host.
+  bool host_values = true;
 };
 // Seeds the generator, builds the model on the CPU (the same weights on every device), converts it
 // to the preset's parameter dtype, moves it to the device, then builds the optimizer (which takes
@@ -79,8 +82,8 @@ std::vector<double> read_losses(const std::vector<const StepLoss*>& steps);
 struct StepResult {
   StepLoss pending_loss;  // the loss, still on the device
   double loss = 0;        // mean over the batch (micro-batch losses weighted by their size), once read
-  double scale = 1;       // the factor this step's loss was multiplied by (before update())
-  bool skipped = false;   // the optimizer step was skipped for inf/NaN gradients
+  double scale = 1;       // the factor this step's loss was multiplied by (before update()); with host_values
+  bool skipped = false;   // the optimizer step was skipped for inf/NaN gradients; with host_values
   double grad_norm = -1;  // L2 norm of the unscaled gradients (before clipping); -1 if not measured
 };
 // zero_grad; per micro-batch forward under the precision's autocast, cross-entropy and

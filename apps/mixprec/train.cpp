@@ -152,11 +152,12 @@ class TrainingRun {
     int64_t i = 0, epoch_samples = 0;
     double loss_sum = 0;
     while (loader_.next(b)) {
-      StepResult r = run_step(b);
+      const bool report = report_due(step_ + 1, i + 1);
+      StepResult r = run_step(b, report);
       ++step_, ++i;
       samples_ += b.n, epoch_samples += b.n;
       unread_.push_back({step_, epoch, i, s_.optimizer->lr(), epoch_samples, seconds_since(t_epoch), std::move(r)});
-      if (loss_due(i)) report_steps(loss_sum);
+      if (report) report_steps(loss_sum);
     }
     report_steps(loss_sum);
     const double epoch_train_s = seconds_since(t_epoch);
@@ -170,11 +171,13 @@ class TrainingRun {
     metrics_.flush();
   }
 
-  // Whether step i of the epoch reads the losses of the steps not yet read: on the CPU at every
-  // step (reading costs nothing there); on a device (a sync on a GPU) only where a metrics line
-  // or a progress line reports one, and at the end of the epoch.
-  bool loss_due(int64_t i) const {
-    return s_.opt.device.is_cpu() || (metrics_.enabled() && step_ % o_.log_every == 0) || progress_.line_due(i);
+  // Whether `step` (the i-th of its epoch) reads from the device: the losses of the steps not yet
+  // read, its scale and skip. On the CPU at every step (reading costs nothing there); on a device
+  // (a sync on a GPU) only where a metrics line or a progress line reports it (the last step of
+  // an epoch has one), or diagnostics run.
+  bool report_due(int64_t step, int64_t i) const {
+    return s_.opt.device.is_cpu() || (metrics_.enabled() && step % o_.log_every == 0) || progress_.line_due(i) ||
+           diagnose_due();
   }
 
   // Reads the losses of the unread steps (one copy from the device), checks them for divergence,
@@ -197,12 +200,14 @@ class TrainingRun {
   }
 
   // Step `step_ + 1`: one optimizer step on batch b (its loss is read later, by report_steps).
-  StepResult run_step(data::HostBatch& b) {
+  // With `report`, the step's scale and skip are read too (and the scale trace records them).
+  StepResult run_step(data::HostBatch& b, bool report) {
     const data::DeviceBatch d = data::to_device(b, train_.rows, train_.cols, s_.opt.device);
     const Tensor &x = d.x, &y = d.y;
     const bool trace_autocast = o_.diagnose > 0 && step_ == 0;
     if (trace_autocast) amp::start_trace();
     s_.measure_grad_norm = metrics_.enabled() && (step_ + 1) % o_.log_every == 0;  // for the metrics line
+    s_.host_values = report;
     StepResult r;
     try {
       lr_schedule_.apply(step_);
@@ -214,7 +219,7 @@ class TrainingRun {
       throw Error(detail::concat(e.what(), " (at step ", step_ + 1, ")"));
     }
     if (trace_autocast) print_autocast_trace(amp::stop_trace());
-    scale_trace_.record(step_ + 1, r.scale, r.skipped);
+    if (report) scale_trace_.record(step_ + 1, r.scale, r.skipped);  // on a device: the reported steps
     if (diagnose_due()) report_rounding();
     return r;
   }
