@@ -145,7 +145,8 @@ class HostArray {
 class CopyFence {
  public:
   CopyFence() = default;
-  CopyFence(CopyFence&& o) noexcept : event_(std::exchange(o.event_, nullptr)), pending_(std::exchange(o.pending_, false)) {}
+  CopyFence(CopyFence&& o) noexcept
+      : event_(std::exchange(o.event_, nullptr)), pending_(std::exchange(o.pending_, false)) {}
   CopyFence& operator=(CopyFence&& o) noexcept {
     std::swap(event_, o.event_), std::swap(pending_, o.pending_);
     return *this;
