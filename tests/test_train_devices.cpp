@@ -81,7 +81,8 @@ Outcome run(const Loop& c, const Device& device, int64_t* count_copies = nullptr
     opt->zero_grad();
     Tensor loss;
     {
-      amp::Autocast ac(fp16 ? DType::f16 : DType::bf16, c.precision == "amp-fp16" || c.precision == "amp-bf16");
+      amp::Autocast ac(device.type, fp16 ? DType::f16 : DType::bf16,
+                       c.precision == "amp-fp16" || c.precision == "amp-bf16");
       loss = ops::cross_entropy((*model)(x), y);
     }
     scaler.scale(loss).backward();

@@ -20,11 +20,13 @@ int cmd_devices(Args& a) {
   const auto gpus = cuda::devices();
   if (gpus.empty()) {
     std::printf("cuda: none (%s)\n", cuda::unavailable_reason().c_str());
+    std::printf("--device auto: cpu\n");
     return 0;
   }
   for (const auto& g : gpus)
     std::printf("cuda:%d: %s, %.1f GiB, compute capability %d.%d, %d SMs\n", g.index, g.name.c_str(),
                 double(g.total_bytes) / double(1ull << 30), g.major, g.minor, g.multiprocessors);
+  std::printf("--device auto: cuda:0\n");
   return 0;
 }
 

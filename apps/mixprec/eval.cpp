@@ -69,8 +69,11 @@ int cmd_eval(Args& given) {
   Args a = given.with_defaults(stored);
   (void)a.str("checkpoint", "");
   ModelSpec spec = read_model(a, given, stored, path);
+  // The device is this command's choice (CPU by default), whatever the training ran on.
+  const Device device = parse_device(a);
   // The precision it trained in by default; another one evaluates the same weights that way.
-  const Precision precision = parse_precision(a, f.metadata.count("precision") ? f.metadata.at("precision") : "fp32");
+  const Precision precision =
+      parse_precision(a, f.metadata.count("precision") ? f.metadata.at("precision") : "fp32", device);
   const std::string data_dir =
       a.str("data", f.metadata.count("data") ? f.metadata.at("data") : std::string(data::kDefaultDataDir));
   const bool json = a.flag("json");
@@ -91,9 +94,10 @@ int cmd_eval(Args& given) {
   std::shared_ptr<nn::Sequential> model = build_model(spec);
   amp::apply_precision(*model, precision);
   Checkpoint::load_model(*model, Checkpoint::model_tensors(f.tensors), path);
-  const EvalResult r = evaluate(*model, precision, test, norm);
+  model->to(device);
+  const EvalResult r = evaluate(*model, precision, test, norm, device);
   if (json) {
-    const Json j = {{"checkpoint", path}, {"model", spec.name},        {"precision", precision.name},
+    const Json j = {{"checkpoint", path}, {"model", spec.name},        {"precision", precision.name}, {"device", device.str()},
                     {"data", data_dir},   {"test_samples", test.size}, {"test_accuracy", r.accuracy},
                     {"test_loss", r.loss}};
     std::printf("%s\n", j.dump().c_str());

@@ -1,33 +1,22 @@
-// Test-set accuracy and loss of a model, and host batches as tensors.
+// Test-set accuracy and loss of a model on a device.
 #include "evaluate.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "mixprec/allocator.h"
 #include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
 #include "mixprec/ops.h"
 
 namespace mixprec::cli {
 
-Tensor batch_images(const data::HostBatch& b, int64_t rows, int64_t cols) {
-  MemoryScope scope(MemCategory::data);
-  Tensor x = Tensor::empty({b.n, 1, rows, cols});
-  std::copy(b.x.begin(), b.x.end(), x.data<float>());
-  return x;
-}
-Tensor batch_labels(const data::HostBatch& b) {
-  MemoryScope scope(MemCategory::data);
-  return Tensor::from_vector(b.y, {b.n});
-}
-
 EvalResult evaluate(nn::Module& model, const amp::Precision& precision, const data::Dataset& test,
-                    data::Normalize norm) {
+                    data::Normalize norm, const Device& device) {
   data::LoaderOptions lo;
   lo.batch_size = 1000;
   lo.shuffle = false;
   lo.norm = norm;
+  lo.pin_memory = device.is_cuda();
   data::BatchLoader loader(test, lo);
   loader.begin_epoch(0);
   model.eval();
@@ -36,10 +25,11 @@ EvalResult evaluate(nn::Module& model, const amp::Precision& precision, const da
   double loss_sum = 0;
   data::HostBatch b;
   while (loader.next(b)) {
-    Tensor x = batch_images(b, test.rows, test.cols), y = batch_labels(b);
+    const data::DeviceBatch d = data::to_device(b, test.rows, test.cols, device);
+    const Tensor &x = d.x, &y = d.y;
     Tensor logits, loss;
     {
-      amp::Autocast ac(precision.autocast_dtype, precision.autocast);
+      amp::Autocast ac(device.type, precision.autocast_dtype, precision.autocast);
       logits = model(x);
       loss = ops::cross_entropy(logits, y, ops::Reduction::sum);
     }

@@ -20,12 +20,15 @@ commands:
   devices list this machine's CPU features and GPUs (`mixprec --version`: is CUDA built in)
 
 shared flags (train, bench):
+  --device cpu|cuda|cuda:N|auto   where to train (cpu); auto: GPU 0 where there is one, else the CPU.
+                               The model is built on the CPU (the same weights everywhere), then moved
   --model mlp|cnn|cnn-bn       model to build (mlp: 784-hidden...-10; cnn: the PyTorch tutorial's
                                two conv/ReLU/max-pool stages; cnn-bn: conv-BN-ReLU stages, dropout)
   --hidden 1024,1024           mlp hidden widths
   --channels 8,16              cnn conv widths (420,1000: the wide one)
   --precision auto|fp32|amp-bf16|amp-fp16|half-bf16|half-fp16|pure-bf16|pure-fp16
-                               auto = amp-bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32;
+                               auto: on a GPU amp-bf16 from compute capability 8.0 on, else amp-fp16;
+                               on the CPU amp-bf16 where it has AMX-BF16 or AVX512-BF16, else fp32;
                                amp-*: autocast, f32 parameters; half-*: 16-bit parameters, f32 master
                                weights and optimizer state, norms f32; pure-bf16: no master copy,
                                stochastic rounding (--stochastic-rounding false: round to nearest);
@@ -41,6 +44,7 @@ shared flags (train, bench):
   --batch-size N (mlp 512, cnn 64, cnn-bn 128)  --seed N (0)  --threads N (available cores)
 
 train:   --epochs N (5)  --data DIR  --metrics FILE (JSON lines)  --log-every K (1)  --detect-anomaly
+         (on a GPU the loss is read, a sync, only for a metrics line or a progress line)
          --diagnose K   every K steps: per-parameter share of gradient values fp16 flushes to zero or
                         overflows, at the loss scale and without; autocast trace; scale trace
          --lr-schedule cosine|constant (cosine: anneal to 0 over the run)  --lr-warmup STEPS (0)

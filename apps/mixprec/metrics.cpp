@@ -10,8 +10,8 @@
 
 namespace mixprec::cli {
 
-Json peak_memory_json() {
-  const MemoryStats st = allocator::stats();
+Json peak_memory_json(const Device& device) {
+  const MemoryStats st = allocator::stats(device);
   Json j;
   j["total"] = st.peak_total;
   for (size_t i = 0; i < kNumMemCategories; ++i)
@@ -19,8 +19,8 @@ Json peak_memory_json() {
   return j;
 }
 
-Json category_peak_json() {
-  const MemoryStats st = allocator::stats();
+Json category_peak_json(const Device& device) {
+  const MemoryStats st = allocator::stats(device);
   Json j;
   for (size_t i = 0; i < kNumMemCategories; ++i) j[std::string(mem_category_name(MemCategory(i)))] = st.peak_bytes[i];
   return j;
@@ -65,13 +65,14 @@ Json summary_event(const Session& s, int64_t steps, double wall_seconds, double 
   Json j = {{"event", "summary"},
             {"precision", s.opt.precision.name},
             {"model", s.opt.model.name},
+            {"device", s.opt.device.str()},
             {"steps", steps},
             {"wall_seconds", wall_seconds},
             {"samples_per_s", samples_per_s},
             {"test_accuracy", test_accuracy}};
   j["skipped_steps"] = s.scaler->num_skipped_steps();
   j["final_scale"] = s.scaler->get_scale();
-  j["peak_bytes"] = peak_memory_json();
+  j["peak_bytes"] = peak_memory_json(s.opt.device);
   return j;
 }
 

@@ -16,10 +16,10 @@ namespace mixprec::cli {
 
 using Json = nlohmann::ordered_json;  // keys in the order written: a line reads event first
 
-// Peak bytes by category ("total" first), at the moment of the total peak.
-Json peak_memory_json();
-// Each category's own peak (not simultaneous: they need not add up to the total).
-Json category_peak_json();
+// Peak bytes on `device` by category ("total" first), at the moment of the total peak.
+Json peak_memory_json(const Device& device);
+// Each category's own peak on `device` (not simultaneous: they need not add up to the total).
+Json category_peak_json(const Device& device);
 
 // One line per logged step: loss, lr, the scale the loss was multiplied by, whether the
 // optimizer step was skipped, and the gradient norm (null when inf/NaN: JSON has no inf).

@@ -16,10 +16,12 @@ void print_header(const Session& s, const std::string& data_dir, const data::Dat
                   bool detect_anomaly) {
   const SessionOptions& opt = s.opt;
   std::printf(
-      "mixprec train: model %s (%lld parameters), precision %s%s%s, optimizer %s lr %g, batch %lld, %d threads\n",
+      "mixprec train: model %s (%lld parameters), precision %s%s%s, optimizer %s lr %g, batch %lld, %d threads, "
+      "device %s%s%s\n",
       opt.model.name.c_str(), (long long)s.model->num_parameters(), opt.precision.name.c_str(),
       opt.precision.why.empty() ? "" : " (auto: ", opt.precision.why.empty() ? "" : (opt.precision.why + ")").c_str(),
-      opt.optimizer.c_str(), opt.lr, (long long)opt.batch_size, opt.threads);
+      opt.optimizer.c_str(), opt.lr, (long long)opt.batch_size, opt.threads, opt.device.str().c_str(),
+      opt.device_why.empty() ? "" : " (auto: ", opt.device_why.empty() ? "" : (opt.device_why + ")").c_str());
   std::printf("precision: %s; loss scale %s%s\n", opt.precision.summary.c_str(), describe_loss_scale(opt).c_str(),
               opt.accumulate > 1 ? (", " + std::to_string(opt.accumulate) + " micro-batches per step").c_str() : "");
   for (const std::string& w : amp::optimizer_warnings(*s.optimizer)) std::fprintf(stderr, "warning: %s\n", w.c_str());
@@ -45,7 +47,7 @@ void ProgressPrinter::step(int64_t epoch, int64_t i, double loss, int64_t sample
                  (long long)epochs_, std::string(size_t(filled), '#').c_str(),
                  std::string(size_t(width - filled), '.').c_str(), (long long)i, (long long)steps_per_epoch_, loss,
                  double(samples) / seconds);
-  } else if (i % report_every_ == 0 || i == steps_per_epoch_) {
+  } else if (line_due(i)) {
     std::fprintf(stderr, "epoch %lld/%lld step %lld/%lld loss %.4f %.0f samples/s\n", (long long)epoch,
                  (long long)epochs_, (long long)i, (long long)steps_per_epoch_, loss, double(samples) / seconds);
   }
@@ -84,12 +86,12 @@ void print_done(const Session& s, int64_t steps, double wall_seconds, double tra
                 double test_accuracy, const amp::ScaleTrace& scale_trace, bool diagnose) {
   std::printf("done: %lld steps in %.1f s wall (%.1f s training), %.0f samples/s, final test accuracy %.2f%%\n",
               (long long)steps, wall_seconds, train_seconds, samples_per_s, 100 * test_accuracy);
-  std::printf("%s\n", peak_memory_table().c_str());
+  std::printf("%s\n", peak_memory_table(s.opt.device).c_str());
   if (s.scaler->is_enabled() || diagnose) std::printf("loss %s\n", scale_trace.summary().c_str());
 }
 
-std::string peak_memory_table() {
-  const MemoryStats st = allocator::stats();
+std::string peak_memory_table(const Device& device) {
+  const MemoryStats st = allocator::stats(device);
   std::ostringstream os;
   auto mib = [](int64_t b) { return double(b) / (1024.0 * 1024.0); };
   char line[160];

@@ -25,6 +25,9 @@ class ProgressPrinter {
   // After step i (from 1) of `epoch`: `samples` trained in `seconds` this epoch.
   void step(int64_t epoch, int64_t i, double loss, int64_t samples, double seconds) const;
   void end_epoch() const;  // ends the terminal's bar line
+  // Whether a line (not the terminal's bar) reports step i: every fifth of an epoch and its end.
+  // On a GPU the loss is read at these steps (a sync), not at every one.
+  bool line_due(int64_t i) const { return i % report_every_ == 0 || i == steps_per_epoch_; }
 
  private:
   int64_t epochs_, steps_per_epoch_, report_every_;
@@ -41,7 +44,8 @@ void print_rounding(int64_t step, const optim::Optimizer::RoundingStats& r, cons
 void print_done(const Session& s, int64_t steps, double wall_seconds, double train_seconds, double samples_per_s,
                 double test_accuracy, const amp::ScaleTrace& scale_trace, bool diagnose);
 
-// "peak memory 41.4 MiB: parameters 7.1 ..." (the split at the moment of the total peak).
-std::string peak_memory_table();
+// "peak memory 41.4 MiB: parameters 7.1 ..." (the split at the moment of the total peak), on the
+// device the run trained on.
+std::string peak_memory_table(const Device& device);
 
 }  // namespace mixprec::cli

@@ -10,6 +10,7 @@
 
 #include "mixprec/allocator.h"
 #include "mixprec/autocast.h"
+#include "mixprec/autograd.h"
 #include "mixprec/clip.h"
 #include "mixprec/cpu.h"
 #include "mixprec/error.h"
@@ -22,7 +23,18 @@ int available_cores() {
   return 1;
 }
 
-Precision resolve_precision(const std::string& name) {
+Precision resolve_precision(const std::string& name, const Device& device) {
+  if (name == "auto" && device.is_cuda()) {
+    const auto gpus = cuda::devices();
+    MIXPREC_CHECK(device.index < int(gpus.size()), "--precision auto: no GPU ", device.str());
+    const cuda::DeviceProperties& g = gpus[size_t(device.index)];
+    // bf16 tensor cores from Ampere (sm_80) on; before, fp16 is the fast 16-bit type.
+    const bool bf16 = g.major >= 8;
+    Precision p = resolve_precision(bf16 ? "amp-bf16" : "amp-fp16");
+    p.why = detail::concat(g.name, ", compute capability ", g.major, ".", g.minor,
+                           bf16 ? ": bf16 tensor cores" : ": fp16 tensor cores, no bf16 ones");
+    return p;
+  }
   if (name == "auto") {
     const bool amx = cpu::has_amx_bf16(), avx = cpu::has_avx512_bf16();
     // Without AMX or AVX512-BF16, bf16 math is emulated and slower than f32: stay in f32.
@@ -99,14 +111,32 @@ ModelSpec parse_model(Args& a) {
   return m;
 }
 
-Precision parse_precision(Args& a, const std::string& def) {
-  return resolve_precision(a.choice("precision", def, precision_choices()));
+Precision parse_precision(Args& a, const std::string& def, const Device& device) {
+  return resolve_precision(a.choice("precision", def, precision_choices()), device);
+}
+
+Device parse_device(Args& a, std::string* why) {
+  const std::string v = a.str("device", "cpu");
+  if (v == "auto") {
+    const bool gpu = cuda::device_count() > 0;
+    if (why) *why = gpu ? "a GPU is present" : "no GPU: " + cuda::unavailable_reason();
+    return gpu ? Device::cuda(0) : Device::cpu();
+  }
+  Device d;
+  try {
+    d = Device::parse(v);
+  } catch (const Error&) {
+    throw Error(detail::concat("--device must be cpu, cuda, cuda:N or auto, got '", v, "'"));
+  }
+  cuda::require(d);
+  return d;
 }
 
 SessionOptions parse_session(Args& a) {
   SessionOptions o;
+  o.device = parse_device(a, &o.device_why);
   o.model = parse_model(a);
-  o.precision = parse_precision(a, "auto");
+  o.precision = parse_precision(a, "auto", o.device);
   const bool half_params = o.precision.param_dtype != DType::f32;
   if (a.has("stochastic-rounding")) {
     const bool sr = a.flag("stochastic-rounding");
@@ -139,8 +169,9 @@ Session make_session(const SessionOptions& opt) {
   default_generator().manual_seed(opt.seed);
   Session s;
   s.opt = opt;
-  s.model = build_model(opt.model);
+  s.model = build_model(opt.model);  // on the CPU: default_device() is the CPU here
   amp::apply_precision(*s.model, opt.precision);
+  s.model->to(opt.device);
   const optim::HalfParamOptions half = amp::half_param_options(opt.precision, opt.seed);
   if (opt.optimizer == "sgd") {
     optim::SGDOptions so;
@@ -163,7 +194,7 @@ Session make_session(const SessionOptions& opt) {
 StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
   StepResult r;
   s.optimizer->zero_grad();
-  r.scale = s.scaler->get_scale();
+  if (s.host_values || s.measure_grad_norm) r.scale = s.scaler->get_scale();
   const int64_t n = x.size(0), parts = std::min<int64_t>(s.opt.accumulate, n);
   for (int64_t k = 0; k < parts; ++k) {
     // Micro-batch k of the batch; each loss is weighted by its share so the gradients (and the
@@ -172,11 +203,11 @@ StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
     const Tensor xk = parts == 1 ? x : x.slice(0, lo, hi), yk = parts == 1 ? y : y.slice(0, lo, hi);
     Tensor loss;
     {
-      amp::Autocast ac(s.opt.precision.autocast_dtype, s.opt.precision.autocast);
+      amp::Autocast ac(s.opt.device.type, s.opt.precision.autocast_dtype, s.opt.precision.autocast);
       loss = ops::cross_entropy((*s.model)(xk), yk);
     }
     const double share = double(hi - lo) / double(n), weight = share * s.opt.loss_weight;
-    r.loss += loss.item() * share;
+    r.pending_loss.parts.emplace_back(loss.detach(), share);
     if (weight != 1.0) loss = ops::affine(loss, weight);
     s.scaler->scale(loss).backward();
   }
@@ -185,7 +216,8 @@ StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
   if (s.opt.clip_grad_norm > 0 || s.opt.clip_grad_value > 0) {
     s.scaler->unscale_(*s.optimizer);  // clip the real gradients
     if (s.opt.clip_grad_norm > 0) {
-      r.grad_norm = nn::clip_grad_norm_(params, s.opt.clip_grad_norm).item();
+      const Tensor norm = nn::clip_grad_norm_(params, s.opt.clip_grad_norm);
+      if (s.measure_grad_norm) r.grad_norm = norm.item();
     } else {
       if (s.measure_grad_norm) r.grad_norm = nn::grad_norm(params).item();
       nn::clip_grad_value_(params, s.opt.clip_grad_value);
@@ -197,8 +229,29 @@ StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
   }
   s.scaler->step(*s.optimizer);
   s.scaler->update();
-  r.skipped = !s.scaler->stepped(*s.optimizer);  // reads the device's answer (a GPU syncs here)
+  if (s.host_values) r.skipped = !s.scaler->stepped(*s.optimizer);  // reads the device's answer (a GPU syncs)
   return r;
+}
+
+std::vector<double> read_losses(const std::vector<const StepLoss*>& steps) {
+  std::vector<Tensor> all;
+  for (const StepLoss* st : steps)
+    for (const auto& [t, share] : st->parts) all.push_back(t.reshape({1}));
+  if (all.empty()) return std::vector<double>(steps.size(), 0.0);
+  std::vector<float> values;
+  {
+    autograd::NoGradGuard no_grad;
+    // One copy to the host (one sync on a GPU) for the whole run of steps.
+    values = (all.size() == 1 ? all[0] : ops::cat(all, 0)).to_vector();
+  }
+  std::vector<double> out;
+  size_t k = 0;
+  for (const StepLoss* st : steps) {
+    double loss = 0;  // summed in f64 in micro-batch order, as the step always did
+    for (const auto& part : st->parts) loss += double(values[k++]) * part.second;
+    out.push_back(loss);
+  }
+  return out;
 }
 
 }  // namespace mixprec::cli

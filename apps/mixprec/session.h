@@ -6,6 +6,7 @@
 #include <string>
 
 #include "args.h"
+#include "mixprec/device.h"
 #include "mixprec/grad_scaler.h"
 #include "mixprec/nn.h"
 #include "mixprec/optim.h"
@@ -19,6 +20,8 @@ struct Precision : amp::Precision {
 };
 
 struct SessionOptions {
+  Device device;           // where the model trains (built on the CPU, then moved)
+  std::string device_why;  // for --device auto: what was found
   ModelSpec model;
   Precision precision;
   std::string optimizer = "adamw";
@@ -35,12 +38,19 @@ struct SessionOptions {
   double loss_weight = 1;           // the loss is multiplied by this before backward (gradients shrink with it)
 };
 
-// Reads the flags train and bench share (model, precision, loss scale, optimizer, batch size,
-// accumulation, clipping, seed, threads).
+// Reads the flags train and bench share (device, model, precision, loss scale, optimizer, batch
+// size, accumulation, clipping, seed, threads).
 SessionOptions parse_session(Args& args);
 ModelSpec parse_model(Args& args);                              // --model, --hidden, --channels
-Precision parse_precision(Args& args, const std::string& def);  // --precision
-Precision resolve_precision(const std::string& name);
+Precision parse_precision(Args& args, const std::string& def,
+                          const Device& device = Device::cpu());  // --precision
+// --device cpu|cuda|cuda:N|auto (and the test-only fenced): auto takes GPU 0 where there is one.
+// Throws one line when the device asked for is not there (cuda::require).
+Device parse_device(Args& args, std::string* why = nullptr);
+// A preset by name; auto picks what `device` runs fastest (on a GPU: amp-bf16 from compute
+// capability 8.0 on, amp-fp16 before; on the CPU and the fenced device, whose kernels are the
+// CPU's: amp-bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32).
+Precision resolve_precision(const std::string& name, const Device& device = Device::cpu());
 int available_cores();
 std::string describe_loss_scale(const SessionOptions& opt);  // "dynamic (init 65536, growth every 2000)", "none"
 
@@ -52,16 +62,31 @@ struct Session {
   // Called after the backward pass of a step, before unscale/clip/step (the gradients still
   // carry the scale): the diagnostics hook.
   std::function<void()> after_backward;
-  bool measure_grad_norm = false;  // compute StepResult::grad_norm even without clipping
+  bool measure_grad_norm = false;  // fill StepResult::grad_norm (a read from the device)
+  // Fill StepResult::scale and skipped (reads from the device: a GPU syncs). The CLI turns it off
+  // on a device for the steps no line reports, so a step never waits for the host.
+  bool host_values = true;
 };
-// Seeds the generator, builds the model, converts it to the preset's parameter dtype, then
-// builds the optimizer (which takes its f32 master copies) and the GradScaler.
+// Seeds the generator, builds the model on the CPU (the same weights on every device), converts it
+// to the preset's parameter dtype, moves it to the device, then builds the optimizer (which takes
+// its f32 master copies there) and the GradScaler.
 Session make_session(const SessionOptions& opt);
 
+// A step's loss as the device left it: each micro-batch's loss (a detached f32 scalar) with its
+// weight. Reading it is a sync on a GPU, so the training loop reads a run of steps at once, at its
+// logging interval (read_losses).
+struct StepLoss {
+  std::vector<std::pair<Tensor, double>> parts;
+};
+// The losses of `steps`, each the f64 sum of its parts' values times their weights (what the step
+// always reported), read from the device in one copy.
+std::vector<double> read_losses(const std::vector<const StepLoss*>& steps);
+
 struct StepResult {
-  double loss = 0;        // mean over the batch (micro-batch losses weighted by their size)
-  double scale = 1;       // the factor this step's loss was multiplied by (before update())
-  bool skipped = false;   // the optimizer step was skipped for inf/NaN gradients
+  StepLoss pending_loss;  // the loss, still on the device
+  double loss = 0;        // mean over the batch (micro-batch losses weighted by their size), once read
+  double scale = 1;       // the factor this step's loss was multiplied by (before update()); with host_values
+  bool skipped = false;   // the optimizer step was skipped for inf/NaN gradients; with host_values
   double grad_norm = -1;  // L2 norm of the unscaled gradients (before clipping); -1 if not measured
 };
 // zero_grad; per micro-batch forward under the precision's autocast, cross-entropy and

@@ -58,6 +58,8 @@ data::LoaderOptions train_loader_options(const SessionOptions& opt, data::Normal
   lo.shuffle = true;
   lo.seed = opt.seed;
   lo.norm = norm;
+  // Page-locked batches for a GPU: their copies run asynchronously, overlapping the step before.
+  lo.pin_memory = opt.device.is_cuda();
   return lo;
 }
 
@@ -128,26 +130,29 @@ class TrainingRun {
     t_epoch_ = Clock::now();
     data::HostBatch b;
     while (loader_.next(b)) {
-      const StepResult r = run_step(b);
+      const bool report = report_due(step_ + 1, i + 1);
+      StepResult r = run_step(b, report);
       ++step_, ++i;
       samples_ += b.n, epoch_samples += b.n;
-      loss_sum += r.loss;
-      if (metrics_.enabled() && step_ % o_.log_every == 0)
-        metrics_.write(step_event(step_, epoch, s_.optimizer->lr(), r));
-      progress_.step(epoch, i, r.loss, epoch_samples, seconds_since(t_epoch_));
+      unread_.push_back({step_, epoch, i, s_.optimizer->lr(), epoch_samples, seconds_since(t_epoch_), std::move(r)});
+      if (report) report_steps(loss_sum);
       if (i == loader_.num_batches()) break;  // the epoch's end saves and stops below
       const bool stop = step_ == o_.stop_after_steps;
-      if (stop || (o_.save_every > 0 && step_ % o_.save_every == 0)) save(epoch - 1, i, loss_sum);
+      if (stop || (o_.save_every > 0 && step_ % o_.save_every == 0)) {
+        report_steps(loss_sum);  // the checkpoint holds the epoch's loss so far
+        save(epoch - 1, i, loss_sum);
+      }
       if (stop) {
         loader_.stop();
         progress_.end_epoch();
         return false;
       }
     }
+    report_steps(loss_sum);
     const double epoch_train_s = seconds_since(t_epoch_);
     train_seconds_ += epoch_train_s;
     progress_.end_epoch();
-    last_ = evaluate(*s_.model, s_.opt.precision, test_, norm_);
+    last_ = evaluate(*s_.model, s_.opt.precision, test_, norm_, s_.opt.device);
     const double epoch_s = seconds_since(t_epoch_);
     const double train_loss = loss_sum / double(std::max<int64_t>(i, 1));
     print_epoch(epoch, train_loss, last_.accuracy, last_.loss, epoch_s, double(epoch_samples) / epoch_train_s);
@@ -176,12 +181,43 @@ class TrainingRun {
         .save(o_.save_path, metadata_, run_state_dict(r));
   }
 
-  // Step `step_ + 1`: one optimizer step on batch b, checked for divergence.
-  StepResult run_step(const data::HostBatch& b) {
-    Tensor x = batch_images(b, train_.rows, train_.cols), y = batch_labels(b);
+  // Whether `step` (the i-th of its epoch) reads from the device: the losses of the steps not yet
+  // read, its scale and skip. On the CPU at every step (reading costs nothing there); on a device
+  // (a sync on a GPU) only where a metrics line or a progress line reports it (the last step of
+  // an epoch has one), or diagnostics run.
+  bool report_due(int64_t step, int64_t i) const {
+    return s_.opt.device.is_cpu() || (metrics_.enabled() && step % o_.log_every == 0) || progress_.line_due(i) ||
+           diagnose_due();
+  }
+
+  // Reads the losses of the unread steps (one copy from the device), checks them for divergence,
+  // and writes their metrics lines and progress in step order.
+  void report_steps(double& loss_sum) {
+    if (unread_.empty()) return;
+    std::vector<const StepLoss*> pending;
+    for (const UnreadStep& u : unread_) pending.push_back(&u.r.pending_loss);
+    const std::vector<double> losses = read_losses(pending);
+    for (size_t k = 0; k < unread_.size(); ++k) {
+      UnreadStep& u = unread_[k];
+      u.r.loss = losses[k];
+      MIXPREC_CHECK(std::isfinite(u.r.loss), "training diverged: loss is ", u.r.loss, " at step ", u.step,
+                    " (try a lower --lr, or --detect-anomaly to find the op)");
+      loss_sum += u.r.loss;
+      if (metrics_.enabled() && u.step % o_.log_every == 0) metrics_.write(step_event(u.step, u.epoch, u.lr, u.r));
+      progress_.step(u.epoch, u.i, u.r.loss, u.epoch_samples, u.seconds);
+    }
+    unread_.clear();
+  }
+
+  // Step `step_ + 1`: one optimizer step on batch b (its loss is read later, by report_steps).
+  // With `report`, the step's scale and skip are read too (and the scale trace records them).
+  StepResult run_step(data::HostBatch& b, bool report) {
+    const data::DeviceBatch d = data::to_device(b, train_.rows, train_.cols, s_.opt.device);
+    const Tensor &x = d.x, &y = d.y;
     const bool trace_autocast = o_.diagnose > 0 && step_ == 0;
     if (trace_autocast) amp::start_trace();
     s_.measure_grad_norm = metrics_.enabled() && (step_ + 1) % o_.log_every == 0;  // for the metrics line
+    s_.host_values = report;
     StepResult r;
     try {
       lr_schedule_.apply(step_);
@@ -193,9 +229,7 @@ class TrainingRun {
       throw Error(detail::concat(e.what(), " (at step ", step_ + 1, ")"));
     }
     if (trace_autocast) print_autocast_trace(amp::stop_trace());
-    MIXPREC_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step_ + 1,
-                  " (try a lower --lr, or --detect-anomaly to find the op)");
-    scale_trace_.record(step_ + 1, r.scale, r.skipped);
+    if (report) scale_trace_.record(step_ + 1, r.scale, r.skipped);  // on a device: the reported steps
     if (diagnose_due()) report_rounding();
     return r;
   }
@@ -231,6 +265,15 @@ class TrainingRun {
   double train_seconds_;         // without the evaluations
   EvalResult last_;              // the latest evaluation
   Clock::time_point t_epoch_;    // the current epoch's start in this process
+  // The steps whose loss is still on the device, with what their report needs.
+  struct UnreadStep {
+    int64_t step, epoch, i;  // i: the step's index in its epoch, from 1
+    double lr;
+    int64_t epoch_samples;
+    double seconds;  // since the epoch began
+    StepResult r;
+  };
+  std::vector<UnreadStep> unread_;
 };
 
 }  // namespace

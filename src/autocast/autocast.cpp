@@ -55,29 +55,35 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
 
 AutocastState& autocast_state() { return ts().s; }
 
-Autocast::Autocast(DType dtype, bool enabled, bool cache_enabled)
-    : prev_enabled_(ts().s.enabled), prev_dtype_(ts().s.dtype), prev_cache_enabled_(ts().s.cache_enabled) {
-  MIXPREC_CHECK(is_half(dtype) || !enabled, "autocast dtype must be bf16 or f16, got ", dtype_name(dtype));
-  ts().s.enabled = enabled;
-  if (enabled) ts().s.dtype = dtype;
+Autocast::Autocast(DeviceType device_type, std::optional<DType> dtype, bool enabled, bool cache_enabled)
+    : type_(device_type),
+      prev_enabled_(ts().s.of(device_type).enabled),
+      prev_dtype_(ts().s.of(device_type).dtype),
+      prev_cache_enabled_(ts().s.cache_enabled) {
+  DeviceAutocast& on = ts().s.of(device_type);
+  const DType d = dtype.value_or(on.dtype);
+  MIXPREC_CHECK(is_half(d) || !enabled, "autocast dtype must be bf16 or f16, got ", dtype_name(d));
+  on.enabled = enabled;
+  if (enabled) on.dtype = d;
   ts().s.cache_enabled = cache_enabled;
   ++ts().s.depth;
 }
 
 Autocast::~Autocast() {
   ThreadState& t = ts();
-  t.s.enabled = prev_enabled_;
-  t.s.dtype = prev_dtype_;
+  DeviceAutocast& on = t.s.of(type_);
+  on.enabled = prev_enabled_;
+  on.dtype = prev_dtype_;
   t.s.cache_enabled = prev_cache_enabled_;
   if (--t.s.depth == 0) t.cache.clear();
 }
 
-bool is_autocast_enabled() { return ts().s.enabled; }
-DType autocast_dtype() { return ts().s.dtype; }
+bool is_autocast_enabled(DeviceType type) { return ts().s.of(type).enabled; }
+DType autocast_dtype(DeviceType type) { return ts().s.of(type).dtype; }
 bool is_autocast_cache_enabled() { return ts().s.cache_enabled; }
 size_t autocast_cache_size() { return ts().cache.size(); }
 
-void apply_autocast(OpId op, std::initializer_list<Tensor*> inputs) {
+void apply_autocast(OpId op, DType dtype, std::initializer_list<Tensor*> inputs) {
   ThreadState& t = ts();
   std::string in_dtypes;
   if (t.tracing) {
@@ -87,7 +93,7 @@ void apply_autocast(OpId op, std::initializer_list<Tensor*> inputs) {
   DType run = DType::f32;
   switch (op_class(op)) {
     case AutocastClass::lower:
-      run = t.s.dtype;
+      run = dtype;
       for (Tensor* x : inputs)
         // f64 stays f64, as in PyTorch: only f32 and the other 16-bit type are eligible.
         if (x->defined() && is_floating(x->dtype()) && x->dtype() != DType::f64 && x->dtype() != run)

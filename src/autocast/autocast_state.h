@@ -1,6 +1,7 @@
 // Autocast's side facing the ops (internal): the thread's autocast state and the per-op input
 // casting that every op calls at entry.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <initializer_list>
 
@@ -11,22 +12,35 @@
 
 namespace mixprec::amp {
 
-struct AutocastState {
-  bool enabled = false;  // a guard with enabled=true is innermost
-  int depth = 0;         // live guards, enabled or not
+// One device type's autocast: whether its innermost guard is enabled, and the lower-class dtype.
+struct DeviceAutocast {
+  bool enabled = false;
   DType dtype = kDefaultCpuAutocastDType;
+};
+constexpr size_t kNumDeviceTypes = 3;  // cpu, cuda, fenced
+static_assert(size_t(DeviceType::fenced) + 1 == kNumDeviceTypes, "a DeviceType without an autocast state");
+
+struct AutocastState {
+  std::array<DeviceAutocast, kNumDeviceTypes> per_type = {
+      DeviceAutocast{false, default_autocast_dtype(DeviceType::cpu)},
+      DeviceAutocast{false, default_autocast_dtype(DeviceType::cuda)},
+      DeviceAutocast{false, default_autocast_dtype(DeviceType::fenced)}};
+  int depth = 0;              // live guards of every device type, enabled or not
   bool cache_enabled = true;  // the innermost guard's cache_enabled
+  DeviceAutocast& of(DeviceType t) { return per_type[size_t(t)]; }
 };
 AutocastState& autocast_state();
 
-// Casts `inputs` in place according to op's autocast class and, while a trace runs
-// (start_trace), records the op with its input and run dtypes. Call it through autocast().
-void apply_autocast(OpId op, std::initializer_list<Tensor*> inputs);
+// Casts `inputs` in place according to op's autocast class (lower-class ops to `dtype`) and, while
+// a trace runs (start_trace), records the op with its input and run dtypes. Call it through
+// autocast().
+void apply_autocast(OpId op, DType dtype, std::initializer_list<Tensor*> inputs);
 
 // Throws mixprec::Error naming the op and the devices when its defined inputs are not all on
 // one device (PyTorch refuses the same; a silent copy would hide a slow transfer).
+// Returns the first defined input (nullptr when none is).
 [[noreturn]] void throw_mixed_devices(OpId op, std::initializer_list<Tensor*> inputs);
-inline void check_devices(OpId op, std::initializer_list<Tensor*> inputs) {
+inline const Tensor* check_devices(OpId op, std::initializer_list<Tensor*> inputs) {
   const Tensor* first = nullptr;
   for (Tensor* x : inputs) {
     if (!x->defined()) continue;
@@ -35,14 +49,18 @@ inline void check_devices(OpId op, std::initializer_list<Tensor*> inputs) {
     else if (!(x->device() == first->device()))
       throw_mixed_devices(op, inputs);
   }
+  return first;
 }
 
-// At every op's entry: the inputs' devices must agree. Inside an autocast region, and outside the backward pass (which
-// computes in the dtypes the forward chose), applies the op's class and feeds the trace;
-// elsewhere it does nothing, so the trace lists only the ops that ran under autocast.
+// At every op's entry: the inputs' devices must agree. Where the autocast of their device type is
+// on, and outside the backward pass (which computes in the dtypes the forward chose), applies the
+// op's class and feeds the trace; elsewhere it does nothing, so the trace lists only the ops that
+// ran under autocast.
 inline void autocast(OpId op, std::initializer_list<Tensor*> inputs) {
-  check_devices(op, inputs);
-  if (autocast_state().enabled && !autograd::in_backward()) apply_autocast(op, inputs);
+  const Tensor* first = check_devices(op, inputs);
+  if (first == nullptr) return;
+  const DeviceAutocast& on = autocast_state().of(first->device().type);
+  if (on.enabled && !autograd::in_backward()) apply_autocast(op, on.dtype, inputs);
 }
 
 // The cached 16-bit copies of leaf parameters on this thread (tests check the cache's life).

@@ -78,6 +78,8 @@ void BatchLoader::begin_epoch(int epoch, int64_t first_batch) {
 void BatchLoader::fill_batch(HostBatch& batch, const int64_t* indices, int64_t n) const {
   const int64_t pixels = dataset_.rows * dataset_.cols;
   batch.n = n;
+  batch.x.set_pinned(options_.pin_memory);
+  batch.y.set_pinned(options_.pin_memory);
   batch.x.resize(static_cast<size_t>(n * pixels));
   batch.y.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -101,6 +103,7 @@ void BatchLoader::produce(std::vector<int64_t> order, int64_t first_batch) {
           spare_.pop_back();
         }
       }
+      batch.fence.wait();  // a copy from a recycled batch may still be running
       const int64_t first = b * options_.batch_size;
       fill_batch(batch, order.data() + first, std::min(options_.batch_size, dataset_.size - first));
       if (options_.transform) options_.transform(batch, b);
