@@ -93,6 +93,12 @@ if(NOT _probe_ok)
 endif()
 
 set(CMAKE_CUDA_ARCHITECTURES ${MIXPREC_CUDA_ARCHS})
+# CMake 3.25 (Debian 12's) knows no C++20 flag for nvcc ("requires the language dialect CUDA20",
+# seen once the first .cu file joined the library); nvcc 12 and newer take -std=c++20.
+if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(MIXPREC_CUDA_ENABLED ON)
