@@ -131,13 +131,17 @@ struct Strided {
   int64_t sizes[kMaxDims] = {};
   int64_t strides[kOps][kMaxDims] = {};
 
+  // i < the product of sizes. The outermost index is what remains of i: no division for it (so
+  // none at all for one dimension).
   __device__ __forceinline__ void offsets(int64_t i, int64_t (&off)[kOps]) const {
     for (int k = 0; k < kOps; ++k) off[k] = 0;
-    for (int d = nd - 1; d >= 0; --d) {
+    if (nd == 0) return;
+    for (int d = nd - 1; d > 0; --d) {
       const int64_t size = sizes[d], q = i / size, idx = i - q * size;
       for (int k = 0; k < kOps; ++k) off[k] += idx * strides[k][d];
       i = q;
     }
+    for (int k = 0; k < kOps; ++k) off[k] += i * strides[k][0];
   }
 };
 
