@@ -97,9 +97,9 @@ int cmd_eval(Args& given) {
   model->to(device);
   const EvalResult r = evaluate(*model, precision, test, norm, device);
   if (json) {
-    const Json j = {{"checkpoint", path}, {"model", spec.name},        {"precision", precision.name}, {"device", device.str()},
-                    {"data", data_dir},   {"test_samples", test.size}, {"test_accuracy", r.accuracy},
-                    {"test_loss", r.loss}};
+    const Json j = {{"checkpoint", path},          {"model", spec.name}, {"precision", precision.name},
+                    {"device", device.str()},      {"data", data_dir},   {"test_samples", test.size},
+                    {"test_accuracy", r.accuracy}, {"test_loss", r.loss}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%s: test accuracy %.2f %% (%lld images), loss %.4f; model %s, precision %s, data %s\n", path.c_str(),

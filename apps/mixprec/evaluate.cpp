@@ -10,8 +10,8 @@
 
 namespace mixprec::cli {
 
-EvalResult evaluate(nn::Module& model, const amp::Precision& precision, const data::Dataset& test,
-                    data::Normalize norm, const Device& device) {
+EvalResult evaluate(nn::Module& model, const amp::Precision& precision, const data::Dataset& test, data::Normalize norm,
+                    const Device& device) {
   data::LoaderOptions lo;
   lo.batch_size = 1000;
   lo.shuffle = false;

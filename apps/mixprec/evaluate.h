@@ -14,7 +14,7 @@ struct EvalResult {
 };
 // The model (on `device`) in eval mode, then back in train mode, under the precision's autocast
 // for that device, batches of 1000.
-EvalResult evaluate(nn::Module& model, const amp::Precision& precision, const data::Dataset& test,
-                    data::Normalize norm, const Device& device);
+EvalResult evaluate(nn::Module& model, const amp::Precision& precision, const data::Dataset& test, data::Normalize norm,
+                    const Device& device);
 
 }  // namespace mixprec::cli

@@ -41,7 +41,7 @@ struct SessionOptions {
 // Reads the flags train and bench share (device, model, precision, loss scale, optimizer, batch
 // size, accumulation, clipping, seed, threads).
 SessionOptions parse_session(Args& args);
-ModelSpec parse_model(Args& args);                              // --model, --hidden, --channels
+ModelSpec parse_model(Args& args);  // --model, --hidden, --channels
 Precision parse_precision(Args& args, const std::string& def,
                           const Device& device = Device::cpu());  // --precision
 // --device cpu|cuda|cuda:N|auto (and the test-only fenced): auto takes GPU 0 where there is one.

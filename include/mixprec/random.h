@@ -66,7 +66,7 @@ void fill_uniform(void* dst, DType dtype, int64_t n, double lo, double hi, Gener
 void fill_normal(void* dst, DType dtype, int64_t n, double mean, double std, Generator& gen);
 
 // The unit-interval values of the words (exposed for kernels that draw from blocks themselves).
-inline double unit_from_u32(uint32_t w) { return double(w >> 8) * 0x1p-24; }   // [0, 1), 24 bits
-inline double unit_from_u64(uint64_t w) { return double(w >> 11) * 0x1p-53; }  // [0, 1), 53 bits
+double unit_from_u32(uint32_t w);  // [0, 1), the top 24 bits
+double unit_from_u64(uint64_t w);  // [0, 1), the top 53 bits
 
 }  // namespace mixprec

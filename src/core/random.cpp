@@ -1,10 +1,11 @@
-// Philox 4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11; the
-// constants of Random123's philox.h), the Generator over it, and the uniform and normal fills.
+// The Generator over Philox 4x32-10 (the rounds themselves: core/philox.h, shared with the GPU),
+// and the uniform and normal fills.
 #include "mixprec/random.h"
 
 #include <cmath>
 #include <numbers>
 
+#include "core/philox.h"
 #include "core/random_fill.h"
 #include "mixprec/error.h"
 
@@ -12,8 +13,6 @@ namespace mixprec {
 
 namespace {
 
-constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;    // the round multipliers
-constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;  // key schedule: golden ratio, sqrt(3) - 1
 // XORed into the seed for split(): the derivation of a stream id never reuses the key (and so
 // never reproduces a word) of the streams themselves. The first words of pi's fraction.
 constexpr uint32_t kSplit0 = 0x243F6A88u, kSplit1 = 0x85A308D3u;
@@ -24,16 +23,12 @@ inline uint32_t hi32(uint64_t x) { return uint32_t(x >> 32); }
 }  // namespace
 
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k[0] += kWeyl0;
-      k[1] += kWeyl1;
-    }
-    const uint64_t p0 = uint64_t(kMul0) * c[0], p1 = uint64_t(kMul1) * c[2];
-    c = {hi32(p1) ^ c[1] ^ k[0], lo32(p1), hi32(p0) ^ c[3] ^ k[1], lo32(p0)};
-  }
-  return c;
+  const detail::PhiloxWords w = detail::philox4x32_10({{c[0], c[1], c[2], c[3]}}, k[0], k[1]);
+  return {w.w[0], w.w[1], w.w[2], w.w[3]};
 }
+
+double unit_from_u32(uint32_t w) { return detail::unit24(w); }
+double unit_from_u64(uint64_t w) { return detail::unit53(w); }
 
 void Generator::manual_seed(uint64_t seed) {
   seed_ = seed;
@@ -50,7 +45,8 @@ Generator Generator::split(uint64_t key) const {
 }
 
 std::array<uint32_t, 4> Generator::block(uint64_t index) const {
-  return philox4x32_10({lo32(index), hi32(index), lo32(stream_), hi32(stream_)}, {lo32(seed_), hi32(seed_)});
+  const detail::PhiloxWords w = detail::philox_block(seed_, stream_, index);
+  return {w.w[0], w.w[1], w.w[2], w.w[3]};
 }
 
 uint64_t Generator::reserve(uint64_t n) {
@@ -69,12 +65,12 @@ uint64_t Generator::next_u64() {
   return lo | uint64_t(next_u32()) << 32;
 }
 
-double Generator::uniform() { return unit_from_u64(next_u64()); }
+double Generator::uniform() { return detail::unit53(next_u64()); }
 
 double Generator::normal() {
   const auto w = block(reserve(4));
-  const double u1 = 1.0 - unit_from_u64(uint64_t(w[0]) | uint64_t(w[1]) << 32);  // (0, 1]: log is finite
-  const double u2 = unit_from_u64(uint64_t(w[2]) | uint64_t(w[3]) << 32);
+  const double u1 = 1.0 - detail::unit53(uint64_t(w[0]) | uint64_t(w[1]) << 32);  // (0, 1]: log is finite
+  const double u2 = detail::unit53(uint64_t(w[2]) | uint64_t(w[3]) << 32);
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2);
 }
 
@@ -118,14 +114,14 @@ void fill_uniform(void* dst, DType dtype, int64_t n, double lo, double hi, Gener
   if (dtype == DType::f64) {
     detail::fill_from_blocks<2>(dst, dtype, n, gen.reserve(4 * uint64_t((n + 1) / 2)), gen,
                                 [&](const std::array<uint32_t, 4>& w, double* out) {
-                                  out[0] = lo + span * unit_from_u64(uint64_t(w[0]) | uint64_t(w[1]) << 32);
-                                  out[1] = lo + span * unit_from_u64(uint64_t(w[2]) | uint64_t(w[3]) << 32);
+                                  out[0] = lo + span * detail::unit53(uint64_t(w[0]) | uint64_t(w[1]) << 32);
+                                  out[1] = lo + span * detail::unit53(uint64_t(w[2]) | uint64_t(w[3]) << 32);
                                 });
     return;
   }
   detail::fill_from_blocks<4>(dst, dtype, n, gen.reserve(uint64_t(n)), gen,
                               [&](const std::array<uint32_t, 4>& w, double* out) {
-                                for (int j = 0; j < 4; ++j) out[j] = lo + span * unit_from_u32(w[j]);
+                                for (int j = 0; j < 4; ++j) out[j] = lo + span * detail::unit24(w[j]);
                               });
 }
 
@@ -134,8 +130,8 @@ void fill_normal(void* dst, DType dtype, int64_t n, double mean, double std, Gen
   // One block per pair of elements: two 53-bit uniforms, the pair (r cos t, r sin t).
   detail::fill_from_blocks<2>(dst, dtype, n, gen.reserve(4 * uint64_t((n + 1) / 2)), gen,
                               [&](const std::array<uint32_t, 4>& w, double* out) {
-                                const double u1 = 1.0 - unit_from_u64(uint64_t(w[0]) | uint64_t(w[1]) << 32);
-                                const double u2 = unit_from_u64(uint64_t(w[2]) | uint64_t(w[3]) << 32);
+                                const double u1 = 1.0 - detail::unit53(uint64_t(w[0]) | uint64_t(w[1]) << 32);
+                                const double u2 = detail::unit53(uint64_t(w[2]) | uint64_t(w[3]) << 32);
                                 const double r = std::sqrt(-2.0 * std::log(u1)), t = 2 * std::numbers::pi * u2;
                                 out[0] = mean + std * r * std::cos(t);
                                 out[1] = mean + std * r * std::sin(t);

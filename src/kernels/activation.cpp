@@ -8,6 +8,9 @@ namespace mixprec::kernels {
 
 Tensor activation(Activation op, const Tensor& x) {
   const DeviceScope on(x);
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::activation(op, x);
+#endif
   if (use_fast() && x.is_contiguous()) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::activation(op, x, dst)) return dst;
@@ -17,6 +20,9 @@ Tensor activation(Activation op, const Tensor& x) {
 
 Tensor activation_grad(Activation op, const Tensor& grad, const Tensor& saved) {
   const DeviceScope on({&grad, &saved});
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::activation_grad(op, grad, saved);
+#endif
   if (use_fast() && grad.is_contiguous() && saved.is_contiguous()) {
     Tensor dst = Tensor::empty(saved.shape(), saved.dtype());
     if (cpu::activation_grad(op, grad, saved, dst)) return dst;
@@ -28,6 +34,9 @@ void relu_mask_inplace(Tensor& grad, const Tensor& y) {
   const DeviceScope on({&grad, &y});
   MIXPREC_ASSERT(grad.is_contiguous() && grad.shape() == y.shape(), "relu_mask_inplace ", shape_str(grad.shape()),
                  " vs ", shape_str(y.shape()));
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::relu_mask_inplace(grad, y);
+#endif
   const Tensor yc = contig(y);
   if (use_fast() && cpu::relu_mask_inplace(grad, yc)) return;
   ref::relu_mask_inplace(grad, yc);

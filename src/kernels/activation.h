@@ -34,4 +34,10 @@ bool activation_grad(Activation op, const Tensor& grad, const Tensor& saved, Ten
 bool relu_mask_inplace(Tensor& grad, const Tensor& y);
 }  // namespace cpu
 
+namespace cuda {  // src/kernels/cuda/activation.cu
+Tensor activation(Activation op, const Tensor& x);
+Tensor activation_grad(Activation op, const Tensor& grad, const Tensor& saved);
+void relu_mask_inplace(Tensor& grad, const Tensor& y);
+}  // namespace cuda
+
 }  // namespace mixprec::kernels

@@ -14,6 +14,9 @@ void add_inplace(Tensor& acc, const Tensor& g) {
   const DeviceScope on({&acc, &g});
   MIXPREC_ASSERT(acc.shape() == g.shape() && acc.is_contiguous(), "add_inplace ", shape_str(acc.shape()),
                  " += ", shape_str(g.shape()));
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::add_inplace(acc, g);
+#endif
   Tensor gg = g.dtype() == acc.dtype() ? g : cast(g, acc.dtype());
   if (use_fast() && cpu::binary(BinaryOp::add, acc, gg, acc)) return;
   Tensor s = ref::binary(BinaryOp::add, acc, gg);
@@ -23,6 +26,9 @@ void add_inplace(Tensor& acc, const Tensor& g) {
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const DeviceScope on({&a, &b});
   MIXPREC_ASSERT(a.dtype() == b.dtype(), "binary op on ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::binary(op, a, b);
+#endif
   if (use_fast()) {
     Tensor dst = Tensor::empty(broadcast_shapes(a.shape(), b.shape(), "binary op"), a.dtype());
     if (cpu::binary(op, a, b, dst)) return dst;

@@ -27,4 +27,9 @@ namespace cpu {
 bool binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& dst);
 }  // namespace cpu
 
+namespace cuda {  // src/kernels/cuda/binary.cu
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+void add_inplace(Tensor& acc, const Tensor& g);
+}  // namespace cuda
+
 }  // namespace mixprec::kernels

@@ -1,9 +1,11 @@
 // The scalar math of the binary, unary and activation families and their derivatives, shared by
-// the reference kernels (f32 or f64) and the fast ones (f32), so both compute the same formula.
+// the reference kernels (f32 or f64), the fast ones (f32) and the CUDA ones (kernels/cuda/, the
+// same templates compiled for the GPU), so all compute the same formula.
 #pragma once
 #include <cmath>
 #include <numbers>
 
+#include "core/host_device.h"
 #include "kernels/activation.h"
 #include "kernels/binary.h"
 #include "kernels/unary.h"
@@ -11,7 +13,7 @@
 namespace mixprec::kernels {
 
 template <class A>
-inline A binary_value(BinaryOp op, A x, A y) {
+MIXPREC_HOST_DEVICE inline A binary_value(BinaryOp op, A x, A y) {
   switch (op) {
     case BinaryOp::add:
       return x + y;
@@ -25,8 +27,18 @@ inline A binary_value(BinaryOp op, A x, A y) {
   return 0;
 }
 
+// x^y. On the GPU an f32 power goes through f64: CUDA's powf may be off by 4 ulp where the
+// host's is correctly rounded; f64 then one rounding agrees with the host almost always.
 template <class A>
-inline A unary_value(UnaryOp op, A x, UnaryParams p) {
+MIXPREC_HOST_DEVICE inline A pow_acc(A x, A y) {
+#ifdef __CUDA_ARCH__
+  if constexpr (sizeof(A) == 4) return A(::pow(double(x), double(y)));
+#endif
+  return std::pow(x, y);
+}
+
+template <class A>
+MIXPREC_HOST_DEVICE inline A unary_value(UnaryOp op, A x, UnaryParams p) {
   switch (op) {
     case UnaryOp::neg:
       return -x;
@@ -37,7 +49,7 @@ inline A unary_value(UnaryOp op, A x, UnaryParams p) {
     case UnaryOp::log:
       return std::log(x);
     case UnaryOp::pow:
-      return std::pow(x, A(p.a));
+      return pow_acc(x, A(p.a));
     case UnaryOp::sqrt:
       return std::sqrt(x);
   }
@@ -45,14 +57,14 @@ inline A unary_value(UnaryOp op, A x, UnaryParams p) {
 }
 
 template <class A>
-inline A unary_derivative(UnaryGradOp op, A x, UnaryParams p) {
+MIXPREC_HOST_DEVICE inline A unary_derivative(UnaryGradOp op, A x, UnaryParams p) {
   switch (op) {
     case UnaryGradOp::exp:
       return std::exp(x);
     case UnaryGradOp::log:
       return A(1) / x;
     case UnaryGradOp::pow:
-      return A(p.a) * std::pow(x, A(p.a - 1));
+      return A(p.a) * pow_acc(x, A(p.a - 1));
     case UnaryGradOp::sqrt:
       return A(0.5) / std::sqrt(x);
   }
@@ -60,22 +72,22 @@ inline A unary_derivative(UnaryGradOp op, A x, UnaryParams p) {
 }
 
 template <class A>
-inline A gelu_exact(A x) {
+MIXPREC_HOST_DEVICE inline A gelu_exact(A x) {
   return A(0.5) * x * (A(1) + std::erf(x * A(std::numbers::sqrt2 / 2)));
 }
 template <class A>
-inline A gelu_tanh(A x) {
+MIXPREC_HOST_DEVICE inline A gelu_tanh(A x) {
   const A c = A(0.7978845608028654);  // sqrt(2/pi)
   return A(0.5) * x * (A(1) + std::tanh(c * (x + A(0.044715) * x * x * x)));
 }
 // 1 / (1 + e^-x): e^-x overflows to inf for x < -88 (f32) and the quotient is then 0, as it should.
 template <class A>
-inline A sigmoid(A x) {
+MIXPREC_HOST_DEVICE inline A sigmoid(A x) {
   return A(1) / (A(1) + std::exp(-x));
 }
 
 template <class A>
-inline A activation_value(Activation op, A x) {
+MIXPREC_HOST_DEVICE inline A activation_value(Activation op, A x) {
   switch (op) {
     case Activation::relu:
       return x > A(0) ? x : (x != x ? x : A(0));  // NaN stays NaN
@@ -95,7 +107,7 @@ inline A activation_value(Activation op, A x) {
 
 // f'(.) from `s`, the output or the input as grad_from_output(op) says.
 template <class A>
-inline A activation_derivative(Activation op, A s) {
+MIXPREC_HOST_DEVICE inline A activation_derivative(Activation op, A s) {
   switch (op) {
     case Activation::relu:
       return s > A(0) ? A(1) : A(0);

@@ -15,4 +15,8 @@ namespace ref {
 Tensor dropout_mask(const Shape& shape, DType dtype, double p, Generator& gen);
 }  // namespace ref
 
+namespace cuda {  // src/kernels/cuda/random.cu: the same words and values as ref:: on the CPU
+Tensor dropout_mask(const Shape& shape, DType dtype, double p, Generator& gen);
+}  // namespace cuda
+
 }  // namespace mixprec::kernels

@@ -9,6 +9,9 @@ namespace mixprec::kernels {
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype) {
   const DeviceScope on(x);
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::sum(x, dims, keepdim, out_dtype);
+#endif
   if (use_fast()) {
     Shape out_shape;
     for (int64_t d = 0; d < x.dim(); ++d) {
@@ -27,6 +30,9 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DTyp
 bool all_finite(const Tensor& x) {
   const DeviceScope on(x);
   if (!is_floating(x.dtype())) return true;
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::all_finite(x);
+#endif
   bool finite = true;
   if (use_fast() && cpu::all_finite(x, finite)) return finite;
   return ref::all_finite(x);

@@ -28,4 +28,11 @@ bool sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, Tensor
 bool all_finite(const Tensor& x, bool& finite);
 }  // namespace cpu
 
+namespace cuda {  // src/kernels/cuda/reduce.cu
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype);
+// Waits for the GPU (the answer is a host bool): for anomaly mode, which checks every op's
+// output and is a debugging mode; the loss scaler's check stays on the device (issue 17, item 5).
+bool all_finite(const Tensor& x);
+}  // namespace cuda
+
 }  // namespace mixprec::kernels

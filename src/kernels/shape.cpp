@@ -14,12 +14,18 @@ void copy(const Tensor& src, Tensor& dst) {
   MIXPREC_CHECK(src.device() == dst.device(), "copy_: source on ", src.device().str(), ", destination on ",
                 dst.device().str(), "; move the source with .to(device) first");
   const DeviceScope on({&src, &dst});
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::copy(src, dst);
+#endif
   if (use_fast() && cpu::copy(src, dst)) return;
   ref::copy(src, dst);
 }
 
 void fill(Tensor& dst, double value) {  // memset/memcpy already: no fast variant
   const DeviceScope on(dst);
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::fill(dst, value);
+#endif
   ref::fill(dst, value);
 }
 

@@ -30,6 +30,8 @@ bool copy(const Tensor& src, Tensor& dst);  // contiguous src and dst
 }  // namespace cpu
 
 namespace cuda {
+void copy(const Tensor& src, Tensor& dst);  // src/kernels/cuda/shape.cu
+void fill(Tensor& dst, double value);
 // Contiguous src and dst of one dtype and size, at least one of them on a GPU (src/kernels/cuda/).
 void copy_between_devices(const Tensor& src, Tensor& dst);
 }  // namespace cuda

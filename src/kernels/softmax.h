@@ -21,4 +21,9 @@ bool softmax_lastdim(const Tensor& x, bool log, Tensor& dst);
 bool softmax_lastdim_backward(const Tensor& y, const Tensor& grad_y, bool log, Tensor& dst);
 }  // namespace cpu
 
+namespace cuda {  // src/kernels/cuda/softmax.cu
+Tensor softmax_lastdim(const Tensor& x, bool log);
+Tensor softmax_lastdim_backward(const Tensor& y, const Tensor& grad_y, bool log);
+}  // namespace cuda
+
 }  // namespace mixprec::kernels

@@ -29,4 +29,9 @@ bool unary(UnaryOp op, const Tensor& x, UnaryParams p, Tensor& dst);
 bool unary_grad(UnaryGradOp op, const Tensor& grad, const Tensor& x, UnaryParams p, Tensor& dst);
 }  // namespace cpu
 
+namespace cuda {  // src/kernels/cuda/unary.cu
+Tensor unary(UnaryOp op, const Tensor& x, UnaryParams p);
+Tensor unary_grad(UnaryGradOp op, const Tensor& grad, const Tensor& x, UnaryParams p);
+}  // namespace cuda
+
 }  // namespace mixprec::kernels

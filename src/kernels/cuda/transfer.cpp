@@ -1,6 +1,8 @@
 // Copies between a GPU and the host or another GPU (kernels::to_device), on the device's stream;
-// a copy to the host waits for it, so the host sees the bytes when this returns.
+// a copy to the host waits for it, so the host sees the bytes when this returns (and reports a bad
+// nll_loss target recorded on the device since the last wait: loss.h).
 #include "core/cuda/cuda_util.h"
+#include "kernels/loss.h"
 #include "kernels/shape.h"
 
 namespace mixprec::kernels::cuda {
@@ -19,7 +21,10 @@ void copy_between_devices(const Tensor& src, Tensor& dst) {
   } else {
     MIXPREC_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyDefault, s));
   }
-  if (!dst.device().is_cuda()) MIXPREC_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (!dst.device().is_cuda()) {
+    MIXPREC_CUDA_CHECK(cudaStreamSynchronize(s));
+    report_bad_targets(on.index);  // the host waited anyway: surface a bad nll_loss target now
+  }
 }
 
 }  // namespace mixprec::kernels::cuda
