@@ -65,7 +65,7 @@ class CachingAllocator final : public DeviceAllocator {
   explicit CachingAllocator(std::unique_ptr<DeviceMemoryProvider> provider);
   // Frees every segment, live blocks included: destroy only when nothing is live (the per-GPU
   // instances are never destroyed).
-  ~CachingAllocator();
+  ~CachingAllocator() override;
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 

@@ -38,7 +38,7 @@ Tensor grad_norm(const std::vector<Tensor>& params, double norm_type) {
 
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, ClipNormOptions o) {
   MIXPREC_CHECK(max_norm >= 0 && !std::isnan(max_norm), "clip_grad_norm_: max_norm must be >= 0, got ", max_norm);
-  const Tensor total = grad_norm(params, o.norm_type);
+  Tensor total = grad_norm(params, o.norm_type);
   // Asked for: reads the norm on the host (PyTorch syncs here too).
   MIXPREC_CHECK(!o.error_if_nonfinite || std::isfinite(total.item()), "clip_grad_norm_: the total norm of order ",
                 o.norm_type,
