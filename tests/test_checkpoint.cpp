@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "error_text.h"
 #include "mixprec/checkpoint.h"
 #include "mixprec/error.h"
 #include "mixprec/ops.h"
@@ -23,17 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
-    return what;
-  }
-  ADD_FAILURE() << "expected mixprec::Error";
-  return "";
-}
+using testutil::error_of;
 
 // A small model with every kind of state: a 16-bit Linear (master copies), a BatchNorm (running
 // statistics, an i64 counter) and dropout (the generator).

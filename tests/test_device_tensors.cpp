@@ -7,6 +7,7 @@
 
 #include <functional>
 
+#include "error_text.h"
 #include "mixprec/allocator.h"
 #include "mixprec/error.h"
 #include "mixprec/nn.h"
@@ -17,14 +18,7 @@
 namespace mixprec {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testutil::error_of;
 
 TEST(DeviceTensors, FactoriesLandOnTheDeviceAndValuesComeBack) {
   const Device f = Device::fenced();

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "error_text.h"
 #include "mixprec/error.h"
 #include "mixprec/grad_scaler.h"
 #include "mixprec/nn.h"
@@ -22,18 +23,7 @@ using testutil::bytes_of;
 
 namespace {
 
-// The error's message, which must be one line; fails the test when f does not throw.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
-    return what;
-  }
-  ADD_FAILURE() << "expected mixprec::Error";
-  return "";
-}
+using testutil::error_of;
 
 void expect_error(const std::function<void()>& f, const std::string& needle) {
   const std::string what = error_of(f);

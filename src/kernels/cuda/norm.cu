@@ -4,14 +4,12 @@
 // weight/bias widened to the statistics dtype first. One block per channel (batch norm) or per
 // row (layer norm) for the reductions; element-wise passes grid-stride, 16-byte loads where the
 // planes allow.
-#include "kernels/cuda/lib_common.cuh"
+#include "kernels/cuda/common.cuh"
 #include "kernels/norm.h"
 #include "kernels/shape.h"
 
 namespace mixprec::kernels::cuda {
 namespace {
-
-using namespace lib;
 
 constexpr int kReduceThreads = 512;
 
@@ -42,13 +40,13 @@ __global__ void bn_stats_kernel(const T* x, Nci d, acc_t<T>* mean, acc_t<T>* var
   A s = 0;
   for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
     s += to_acc(x[(j / d.inner * d.channels + c) * d.inner + j % d.inner]);
-  const A mu = A(block_sum<double>(double(s), scratch) / double(count));
+  const A mu = A(block_reduce<double>(double(s), SumOp{}, 0.0, scratch) / double(count));
   A ss = 0;
   for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
     const A e = to_acc(x[(j / d.inner * d.channels + c) * d.inner + j % d.inner]) - mu;
     ss += e * e;
   }
-  const double v = block_sum<double>(double(ss), scratch) / double(count);
+  const double v = block_reduce<double>(double(ss), SumOp{}, 0.0, scratch) / double(count);
   if (threadIdx.x == 0) mean[c] = mu, var[c] = A(v);
 }
 
@@ -86,8 +84,8 @@ __global__ void bn_backward_sums_kernel(const T* gy, const T* x, Nci d, const ac
     s += g;
     sx += g * (to_acc(x[at]) - m) * is;
   }
-  const double total = block_sum<double>(double(s), scratch);
-  const double total_x = block_sum<double>(double(sx), scratch);
+  const double total = block_reduce<double>(double(s), SumOp{}, 0.0, scratch);
+  const double total_x = block_reduce<double>(double(sx), SumOp{}, 0.0, scratch);
   if (threadIdx.x == 0) sum_dy[c] = A(total), sum_dy_xhat[c] = A(total_x);
 }
 
@@ -137,13 +135,13 @@ __global__ void ln_forward_kernel(const T* x, int64_t cols, double eps, const ac
   const T* row = x + int64_t(blockIdx.x) * cols;
   A s = 0;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) s += to_acc(row[j]);
-  const A mu = A(block_sum<double>(double(s), scratch) / double(cols));
+  const A mu = A(block_reduce<double>(double(s), SumOp{}, 0.0, scratch) / double(cols));
   A ss = 0;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const A e = to_acc(row[j]) - mu;
     ss += e * e;
   }
-  const A inv = A(1.0 / sqrt(block_sum<double>(double(ss), scratch) / double(cols) + eps));
+  const A inv = A(1.0 / sqrt(block_reduce<double>(double(ss), SumOp{}, 0.0, scratch) / double(cols) + eps));
   T* out = y + int64_t(blockIdx.x) * cols;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
     out[j] = from_acc<T>((to_acc(row[j]) - mu) * inv * (weight ? weight[j] : A(1)) + (bias ? bias[j] : A(0)));
@@ -165,8 +163,8 @@ __global__ void ln_backward_x_kernel(const T* gy, const T* x, int64_t cols, cons
     s += g;
     sx += g * (to_acc(xrow[j]) - m) * rs;
   }
-  const A mean_g = A(block_sum<double>(double(s), scratch) / double(cols));
-  const A mean_g_xhat = A(block_sum<double>(double(sx), scratch) / double(cols));
+  const A mean_g = A(block_reduce<double>(double(s), SumOp{}, 0.0, scratch) / double(cols));
+  const A mean_g_xhat = A(block_reduce<double>(double(sx), SumOp{}, 0.0, scratch) / double(cols));
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const A xhat = (to_acc(xrow[j]) - m) * rs;
     gx[r * cols + j] = from_acc<T>(rs * (to_acc(grow[j]) * (weight ? weight[j] : A(1)) - mean_g - xhat * mean_g_xhat));

@@ -3,15 +3,13 @@
 // a gather over the windows that hold it, so no atomics and the same bits on every run); f32
 // accumulation (f64 for f64). The window rules are pool_window.h's, restated for the device
 // (avg_window_dev, the max scan) until that header is made host-device.
-#include "kernels/cuda/lib_common.cuh"
+#include "kernels/cuda/common.cuh"
 #include "kernels/pool.h"
 #include "kernels/pool_window.h"
 #include "kernels/shape.h"
 
 namespace mixprec::kernels::cuda {
 namespace {
-
-using namespace lib;
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
