@@ -54,20 +54,21 @@ inline RunResult run_cli(const std::string& args, const fs::path& dir) {
 }
 
 // A small learnable data set in idx.gz files: the class is which of 10 image bands is bright.
-inline void write_dataset(const fs::path& dir, const std::string& split, int n, uint32_t seed) {
+inline void write_dataset(const fs::path& dir, const std::string& split, int n, uint32_t seed, int side = 28) {
   std::mt19937 rng(seed);
   data::IdxArray images, labels;
-  images.dims = {n, 28, 28};
+  images.dims = {n, side, side};
   labels.dims = {n};
-  images.data.resize(size_t(n) * 28 * 28);
+  images.data.resize(size_t(n) * size_t(side) * size_t(side));
   labels.data.resize(size_t(n));
   for (int i = 0; i < n; ++i) {
     const int c = int(rng() % 10);
     labels.data[size_t(i)] = uint8_t(c);
-    for (int r = 0; r < 28; ++r)
-      for (int col = 0; col < 28; ++col) {
-        const bool band = r / 3 == c;
-        images.data[size_t(i) * 784 + size_t(r) * 28 + size_t(col)] = uint8_t(band ? 150 + rng() % 100 : rng() % 100);
+    for (int r = 0; r < side; ++r)
+      for (int col = 0; col < side; ++col) {
+        const bool band = r * 28 / side / 3 == c;  // the class's band of rows, at any image size
+        images.data[(size_t(i) * size_t(side) + size_t(r)) * size_t(side) + size_t(col)] =
+            uint8_t(band ? 150 + rng() % 100 : rng() % 100);
       }
   }
   data::write_idx((dir / (split + "-images-idx3-ubyte.gz")).string(), images, true);

@@ -50,8 +50,8 @@ class CliDevices : public mixprec::clitest::TempDirTest {
   }
   void SetUp() override {
     TempDirTest::SetUp();
-    write_dataset(dir_, "train", 400, 1);
-    write_dataset(dir_, "t10k", 100, 2);
+    write_dataset(dir_, "train", 400, 1, 12);  // 12x12 images: small models, quick fenced runs
+    write_dataset(dir_, "t10k", 100, 2, 12);
   }
 };
 
