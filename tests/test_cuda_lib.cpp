@@ -91,9 +91,14 @@ TEST_P(CudaMatmul, MatchesTheReference) {
   }
 }
 
-TEST_P(CudaMatmul, Accumulates) {
-  const auto [t, ta, tb, epi, view, batched] = GetParam();
-  if (view != View::contiguous || batched || epi == Epi::gelu_aux) return;  // one sweep of the flags is enough
+// dst += op(a) op(b) (+ bias, relu): one sweep of the flags (contiguous operands, unbatched, no
+// gelu aux) is enough for the accumulating path.
+using AccumulateParam = std::tuple<DType, bool, bool, Epi>;  // dtype, trans a/b, epilogue
+class CudaMatmulAccumulate : public ::testing::TestWithParam<AccumulateParam> {};
+
+TEST_P(CudaMatmulAccumulate, AddsToTheDestination) {
+  const auto [t, ta, tb, epi] = GetParam();
+  const View view = View::contiguous;
   const int64_t m = 19, k = 33, n = 21;
   Generator g(0xacc + int(t) + ta * 2 + tb * 4 + int(epi) * 8);
   const auto [a_cpu, a_gpu] = operand(ta ? Shape{k, m} : Shape{m, k}, t, view, g);
@@ -128,6 +133,16 @@ INSTANTIATE_TEST_SUITE_P(Gpu, CudaMatmul, ::testing::ValuesIn(if_gpu([] {
                            return p;
                          }())));
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaMatmul);
+INSTANTIATE_TEST_SUITE_P(Gpu, CudaMatmulAccumulate, ::testing::ValuesIn(if_gpu([] {
+                           std::vector<AccumulateParam> p;
+                           for (DType dt : {DType::f32, DType::bf16, DType::f16})
+                             for (bool ta : {false, true})
+                               for (bool tb : {false, true})
+                                 for (Epi e : {Epi::none, Epi::bias, Epi::bias_relu, Epi::relu})
+                                   p.emplace_back(dt, ta, tb, e);
+                           return p;
+                         }())));
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaMatmulAccumulate);
 
 // --------------------------------------------------------------------------------------- conv
 
