@@ -164,8 +164,12 @@ void* Tensor::host_data_ptr() const {
 // ---------------------------------------------------------------- values
 
 namespace {
-// A contiguous host copy (or view) of t's values, detached.
-Tensor on_host(const Tensor& t) { return t.detach().to(Device::cpu()).contiguous(); }
+// t's values in host memory, in logical order: t itself when it is already that (no new handle on
+// item()'s path), else a detached contiguous host copy.
+Tensor on_host(const Tensor& t) {
+  if (t.device().is_cpu() && t.is_contiguous()) return t;
+  return t.detach().to(Device::cpu()).contiguous();
+}
 }  // namespace
 
 std::vector<float> Tensor::to_vector() const {

@@ -6,6 +6,7 @@
 #include <limits>
 #include <utility>
 
+#include "core/host_device.h"
 #include "kernels/conv.h"
 #include "kernels/pool.h"
 
@@ -48,7 +49,8 @@ struct AvgWindow {
   int64_t y0, y1, x0, x1, divisor;
 };
 
-inline AvgWindow avg_window(const PoolGeometry& g, int64_t oy, int64_t ox) {
+// Host and device (the CUDA pooling kernels use it too): plain comparisons, no std::min/max.
+MIXPREC_HOST_DEVICE inline AvgWindow avg_window(const PoolGeometry& g, int64_t oy, int64_t ox) {
   AvgWindow win{};
   if (g.adaptive) {
     // floor(i*h/oh) .. ceil((i+1)*h/oh)
@@ -61,13 +63,14 @@ inline AvgWindow avg_window(const PoolGeometry& g, int64_t oy, int64_t ox) {
   }
   // The window may hang over the padding (counted when count_include_pad) and, in ceil mode, past
   // it (never counted): PyTorch clips the end to h + pad before taking the size.
-  int64_t y0 = oy * g.stride_h - g.pad_h, x0 = ox * g.stride_w - g.pad_w;
-  int64_t y1 = std::min(y0 + g.kh, g.h + g.pad_h), x1 = std::min(x0 + g.kw, g.w + g.pad_w);
+  const int64_t y0 = oy * g.stride_h - g.pad_h, x0 = ox * g.stride_w - g.pad_w;
+  const int64_t y1 = y0 + g.kh < g.h + g.pad_h ? y0 + g.kh : g.h + g.pad_h;
+  const int64_t x1 = x0 + g.kw < g.w + g.pad_w ? x0 + g.kw : g.w + g.pad_w;
   const int64_t padded = (y1 - y0) * (x1 - x0);
-  win.y0 = std::max<int64_t>(y0, 0);
-  win.x0 = std::max<int64_t>(x0, 0);
-  win.y1 = std::min(y1, g.h);
-  win.x1 = std::min(x1, g.w);
+  win.y0 = y0 > 0 ? y0 : 0;
+  win.x0 = x0 > 0 ? x0 : 0;
+  win.y1 = y1 < g.h ? y1 : g.h;
+  win.x1 = x1 < g.w ? x1 : g.w;
   win.divisor = g.count_include_pad ? padded : (win.y1 - win.y0) * (win.x1 - win.x0);
   return win;
 }

@@ -7,21 +7,24 @@
 
 namespace mixprec::kernels {
 
+Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, bool keepdim) {
+  Shape out;
+  for (int64_t d = 0; d < int64_t(shape.size()); ++d) {
+    if (std::find(dims.begin(), dims.end(), d) == dims.end())
+      out.push_back(shape[size_t(d)]);
+    else if (keepdim)
+      out.push_back(1);
+  }
+  return out;
+}
+
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype) {
   const DeviceScope on(x);
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::sum(x, dims, keepdim, out_dtype);
 #endif
   if (use_fast()) {
-    Shape out_shape;
-    for (int64_t d = 0; d < x.dim(); ++d) {
-      const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
-      if (!reduced)
-        out_shape.push_back(x.size(d));
-      else if (keepdim)
-        out_shape.push_back(1);
-    }
-    Tensor dst = Tensor::empty(out_shape, out_dtype);
+    Tensor dst = Tensor::empty(reduced_shape(x.shape(), dims, keepdim), out_dtype);
     if (cpu::sum(x, dims, keepdim, dst)) return dst;
   }
   return ref::sum(x, dims, keepdim, out_dtype);

@@ -10,6 +10,8 @@
 
 namespace mixprec::kernels {
 
+// x's shape without `dims` (with 1 in their place when keepdim): the shape of sum's result.
+Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, bool keepdim);
 // Sum over `dims` (sorted, unique), result in out_dtype.
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype);
 bool all_finite(const Tensor& x);

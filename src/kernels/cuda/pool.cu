@@ -1,8 +1,8 @@
 // GPU 2-d pooling (pool.h) over contiguous NCHW planes: max with argmax, average and adaptive
 // average, forward and backward. One thread per output (forward) or per input element (backward:
 // a gather over the windows that hold it, so no atomics and the same bits on every run); f32
-// accumulation (f64 for f64). The window rules are pool_window.h's, restated for the device
-// (avg_window_dev, the max scan) until that header is made host-device.
+// accumulation (f64 for f64). The window rules are pool_window.h's: avg_window itself (host and
+// device); the max scan restated inline, as window_max takes a host lambda.
 #include "kernels/cuda/common.cuh"
 #include "kernels/pool.h"
 #include "kernels/pool_window.h"
@@ -13,28 +13,6 @@ namespace {
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-// pool_window.h's avg_window: rows [y0, y1), columns [x0, x1) of output (oy, ox) and its divisor.
-__device__ AvgWindow avg_window_dev(const PoolGeometry& g, int64_t oy, int64_t ox) {
-  AvgWindow win{};
-  if (g.adaptive) {
-    win.y0 = oy * g.h / g.oh;
-    win.y1 = ((oy + 1) * g.h + g.oh - 1) / g.oh;
-    win.x0 = ox * g.w / g.ow;
-    win.x1 = ((ox + 1) * g.w + g.ow - 1) / g.ow;
-    win.divisor = (win.y1 - win.y0) * (win.x1 - win.x0);
-    return win;
-  }
-  const int64_t y0 = oy * g.stride_h - g.pad_h, x0 = ox * g.stride_w - g.pad_w;
-  const int64_t y1 = min64(y0 + g.kh, g.h + g.pad_h), x1 = min64(x0 + g.kw, g.w + g.pad_w);
-  const int64_t padded = (y1 - y0) * (x1 - x0);
-  win.y0 = max64(y0, 0);
-  win.x0 = max64(x0, 0);
-  win.y1 = min64(y1, g.h);
-  win.x1 = min64(x1, g.w);
-  win.divisor = g.count_include_pad ? padded : (win.y1 - win.y0) * (win.x1 - win.x0);
-  return win;
-}
 
 // Output (p, oy, ox) of each plane p: the window's max as window_max scans it (a NaN propagates,
 // the last NaN wins; ties keep the first tap) and its tap ky * kw + kx.
@@ -97,7 +75,7 @@ __global__ void avg_forward_kernel(const T* x, PoolGeometry g, int64_t total, T*
   for (int64_t i = global_thread(); i < total; i += grid_threads()) {
     const int64_t ox = i % g.ow, oy = i / g.ow % g.oh, p = i / (g.ow * g.oh);
     const T* plane = x + p * g.h * g.w;
-    const AvgWindow win = avg_window_dev(g, oy, ox);
+    const AvgWindow win = avg_window(g, oy, ox);
     A s = 0;
     for (int64_t iy = win.y0; iy < win.y1; ++iy)
       for (int64_t ix = win.x0; ix < win.x1; ++ix) s += to_acc(plane[iy * g.w + ix]);
@@ -127,7 +105,7 @@ __global__ void avg_backward_kernel(const T* gy, PoolGeometry g, int64_t total, 
     A s = 0;
     for (int64_t oy = oy0; oy < oy1; ++oy)
       for (int64_t ox = ox0; ox < ox1; ++ox) {
-        const AvgWindow win = avg_window_dev(g, oy, ox);
+        const AvgWindow win = avg_window(g, oy, ox);
         if (iy >= win.y0 && iy < win.y1 && ix >= win.x0 && ix < win.x1)
           s += to_acc(plane[oy * g.ow + ox]) / A(win.divisor);
       }

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/loss.h"
+#include "kernels/reduce.h"
 #include "kernels/shape.h"
 
 namespace mixprec::kernels::cuda {
@@ -144,15 +145,7 @@ __global__ void non_finite_kernel(const T* src, int64_t n, int* flag) {
 }  // namespace
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype) {
-  Shape out_shape;
-  for (int64_t d = 0; d < x.dim(); ++d) {
-    const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
-    if (!reduced)
-      out_shape.push_back(x.size(d));
-    else if (keepdim)
-      out_shape.push_back(1);
-  }
-  Tensor dst = Tensor::empty(out_shape, out_dtype);
+  Tensor dst = Tensor::empty(reduced_shape(x.shape(), dims, keepdim), out_dtype);
   if (dst.numel() == 0) return dst;
   const Launch on(x);
   dispatch_floating(x.dtype(), [&](auto xtag) {

@@ -1,5 +1,4 @@
 // Reference reductions: sums accumulated in f32 (f64 for f64 inputs), and the finiteness check.
-#include <algorithm>
 #include <cmath>
 
 #include "kernels/reduce.h"
@@ -25,10 +24,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DTyp
     for_each_offset(x.shape(), x.strides(), x.offset(),
                     [&](int64_t i, int64_t off) { pa[acc_off[size_t(i)]] += double(load(px + off)); });
   });
-  Shape out_shape;
-  for (size_t d = 0; d < kept.size(); ++d)
-    if (keepdim || std::find(dims.begin(), dims.end(), int64_t(d)) == dims.end()) out_shape.push_back(kept[d]);
-  Tensor dst = Tensor::empty(out_shape, out_dtype);
+  Tensor dst = Tensor::empty(reduced_shape(x.shape(), dims, keepdim), out_dtype);
   convert(pa, DType::f64, dst.data_ptr(), out_dtype, size_t(acc.numel()));
   return dst;
 }
