@@ -6,6 +6,7 @@
 #include "kernels/cuda/bad_index.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/embedding.h"
+#include "kernels/loss.h"
 #include "kernels/shape.h"
 
 namespace mixprec::kernels::cuda {
