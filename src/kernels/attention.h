@@ -31,11 +31,20 @@ MIXPREC_HOST_DEVICE inline int64_t attention_last_key(const AttentionParams& p, 
 
 // Whether dropout keeps element (bh, i, j) (bh = b * H + h): the same bit on every backend and
 // device, recomputed by the backward instead of stored.
+MIXPREC_HOST_DEVICE inline uint64_t attention_dropout_word(int64_t bh, int64_t i, int64_t j, int64_t tq, int64_t tk) {
+  return uint64_t(bh * tq + i) * uint64_t(tk) + uint64_t(j);
+}
+MIXPREC_HOST_DEVICE inline bool attention_keeps_word(const AttentionParams& p, const detail::PhiloxWords& block,
+                                                     uint64_t w) {
+  return !detail::dropout_drops(block.w[w % 4], p.dropout);
+}
+MIXPREC_HOST_DEVICE inline detail::PhiloxWords attention_dropout_block(const AttentionParams& p, uint64_t w) {
+  return detail::philox_block(p.seed, p.stream, p.first_block + w / 4);
+}
 MIXPREC_HOST_DEVICE inline bool attention_keeps(const AttentionParams& p, int64_t bh, int64_t i, int64_t j, int64_t tq,
                                                 int64_t tk) {
-  const uint64_t w = (uint64_t(bh * tq + i)) * uint64_t(tk) + uint64_t(j);
-  const detail::PhiloxWords words = detail::philox_block(p.seed, p.stream, p.first_block + w / 4);
-  return !detail::dropout_drops(words.w[w % 4], p.dropout);
+  const uint64_t w = attention_dropout_word(bh, i, j, tq, tk);
+  return attention_keeps_word(p, attention_dropout_block(p, w), w);
 }
 
 // What the forward keeps for the backward: the output [B, H, Tq, Ev] (contiguous, q's dtype), the
