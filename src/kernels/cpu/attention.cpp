@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -156,10 +157,25 @@ MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t li
   }
 }
 
-// f32 row * factor -> n elements of dtype t at dst.
-void store_row(const float* src, float factor, int64_t n, void* dst, DType t, float* tmp) {
-  for (int64_t c = 0; c < n; ++c) tmp[c] = src[c] * factor;
-  convert(tmp, DType::f32, dst, t, size_t(n));
+// rows x n f32 values (row r at src + r * ld, times factor[r] or f) -> dtype t at dst, contiguous;
+// one conversion for the block. tmp holds rows x n f32 and may be src itself (n <= ld).
+void store_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const float* factor, float f, float* tmp,
+                void* dst, DType t) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float fr = factor ? factor[r] : f;
+    for (int64_t c = 0; c < n; ++c) tmp[r * n + c] = src[r * ld + c] * fr;
+  }
+  convert(tmp, DType::f32, dst, t, size_t(rows * n));
+}
+
+// n elements of a row of dtype t as f32 (bf16 widened inline: rows are short).
+void load_f32(const char* src, DType t, int64_t se, int64_t n, float* dst) {
+  if (t != DType::bf16) return attn::load_row(src, t, se, n, dst, n);
+  for (int64_t e = 0; e < n; ++e) {
+    uint16_t h;
+    std::memcpy(&h, src + size_t(e * se) * 2, 2);
+    dst[e] = bf16_to_f32(h);
+  }
 }
 
 template <class E>
@@ -172,7 +188,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   const int64_t tmp_bytes = bytes_of<E>(d.bc_pad * std::max(d.e_pad, d.ev_pad));
   const int64_t per_thread = bytes_of<E>(kBr * d.e_pad) + bytes_of<float>(kBr * d.bc_pad) +
                              bytes_of<E>(kBr * d.bc_pad) + bytes_of<float>(kBr * d.ev_pad) + 2 * bytes_of<float>(kBr) +
-                             bytes_of<float>(d.ev_pad) + tmp_bytes;
+                             bytes_of<float>(kBr * d.ev) + tmp_bytes;
   const Tensor ws = workspace(bytes_of<E>(d.bh * d.nkb * kv_elems) + threads * per_thread);
   E* packs = reinterpret_cast<E*>(aligned(ws));
   char* scratch = aligned(ws) + bytes_of<E>(d.bh * d.nkb * kv_elems);
@@ -207,7 +223,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
     float* o = c.take<float>(kBr * d.ev_pad);
     float* m = c.take<float>(kBr);
     float* l = c.take<float>(kBr);
-    float* row = c.take<float>(d.ev_pad);
+    float* block = c.take<float>(kBr * d.ev);
     const int64_t bh = task / d.nqb, i0 = (task % d.nqb) * kBr, nr = std::min(kBr, d.tq - i0);
     for (int64_t r = 0; r < nr; ++r) attn::load_row(rq.row(bh, i0 + r), rq.t, rq.se, d.e, qt + r * d.e_pad, d.e_pad);
     std::fill(m, m + nr, -INFINITY);
@@ -232,11 +248,10 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
       gemm<E>(nr, d.ev_pad, round_up(d.bc_pad, P), pt, d.bc_pad, kt + d.e_pad * d.bc_pad, o, d.ev_pad, true);
     }
     for (int64_t r = 0; r < nr; ++r) {
-      const int64_t i = i0 + r;
-      lse[bh * d.tq + i] = m[r] + std::log(l[r]);
-      store_row(o + r * d.ev_pad, keep_scale / l[r], d.ev, out + size_t((bh * d.tq + i) * d.ev) * out_es, q.dtype(),
-                row);
+      lse[bh * d.tq + i0 + r] = m[r] + std::log(l[r]);
+      l[r] = keep_scale / l[r];
     }
+    store_rows(o, d.ev_pad, nr, d.ev, l, 0.f, block, out + size_t((bh * d.tq + i0) * d.ev) * out_es, q.dtype());
   }
 }
 
@@ -267,30 +282,20 @@ MIXPREC_ATTN_TARGET void backward_rows(float* s, float* dp, int64_t nr, int64_t 
   }
 }
 
-// dst[c][r] = E(src[r][c]) for r < rows (rows .. rows_pad zero), c < cols; src f32 rows of ld_src.
-template <class E>
-void transpose_to(const float* src, int64_t ld_src, int64_t rows, int64_t rows_pad, int64_t cols, E* tmp, E* dst,
-                  int64_t ld_dst) {
-  for (int64_t r = 0; r < rows; ++r) {
-    attn::to_tile(src + r * ld_src, tmp, cols);
-    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = tmp[c];
-  }
-  for (int64_t r = rows; r < rows_pad; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = E{};
-}
-
 template <class E>
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& fwd, const Tensor& grad_out,
               const AttentionParams& p, AttentionGrads& dst) {
   const Dims d(q, v);
   const Rows rq(q), rk(k), rv(v), rgo(grad_out), ro(fwd.out);
+  constexpr bool kBf16 = std::is_same_v<E, uint16_t>;
   constexpr int64_t P = kPair<E>;
   const int64_t tq_pad = d.nqb * kBr, tk_pad = d.nkb * d.bc_pad, wmax = std::max(d.e_pad, d.ev_pad);
   const int64_t per_thread =
       2 * bytes_of<E>(tq_pad * d.e_pad) + 2 * bytes_of<E>(tq_pad * d.ev_pad) + 2 * bytes_of<E>(tk_pad * d.e_pad) +
       bytes_of<E>(tk_pad * d.ev_pad) + bytes_of<float>(d.tq) + bytes_of<float>(tq_pad * d.e_pad) +
       bytes_of<float>(d.bc_pad * d.e_pad) + bytes_of<float>(d.bc_pad * d.ev_pad) + 2 * bytes_of<float>(kBr * d.bc_pad) +
-      3 * bytes_of<E>(kBr * d.bc_pad) + bytes_of<E>(std::max(kBr, d.bc_pad) * wmax) + 2 * bytes_of<float>(wmax);
+      3 * bytes_of<E>(kBr * d.bc_pad) + bytes_of<E>(std::max(kBr, d.bc_pad) * wmax) + 2 * bytes_of<float>(wmax) +
+      bytes_of<float>(d.bc_pad * wmax);
   const Tensor ws = workspace(omp_get_max_threads() * per_thread);
   const float scale = float(p.scale);
   const float* lse = static_cast<const float*>(fwd.lse.data_ptr());
@@ -304,48 +309,45 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
   for (int64_t bh = 0; bh < d.bh; ++bh) {
     Carver c(aligned(ws) + omp_get_thread_num() * per_thread);
     E* q_rows = c.take<E>(tq_pad * d.e_pad);    // A of S = Q K^T
-    E* q_pack = c.take<E>(tq_pad * d.e_pad);    // B of dK = dS^T Q, per query block
+    E* q_t = c.take<E>(tq_pad * d.e_pad);       // A of dK^T = Q^T dS: [e_pad][tq_pad]
     E* do_rows = c.take<E>(tq_pad * d.ev_pad);  // A of dP = dO V^T
-    E* do_pack = c.take<E>(tq_pad * d.ev_pad);  // B of dV = P^T dO, per query block
+    E* do_t = c.take<E>(tq_pad * d.ev_pad);     // A of dV^T = dO^T P: [ev_pad][tq_pad]
     E* kt_pack = c.take<E>(tk_pad * d.e_pad);   // B of S, per key block
     E* k_pack = c.take<E>(tk_pad * d.e_pad);    // B of dQ = dS K, per key block
     E* vt_pack = c.take<E>(tk_pad * d.ev_pad);  // B of dP, per key block
     float* dsum = c.take<float>(d.tq);          // D = rowsum(dO * O)
     float* dq = c.take<float>(tq_pad * d.e_pad);
-    float* dk = c.take<float>(d.bc_pad * d.e_pad);
-    float* dv = c.take<float>(d.bc_pad * d.ev_pad);
+    float* dk_t = c.take<float>(d.bc_pad * d.e_pad);   // [e_pad][bc_pad]
+    float* dv_t = c.take<float>(d.bc_pad * d.ev_pad);  // [ev_pad][bc_pad]
     float* s = c.take<float>(kBr * d.bc_pad);
     float* dp = c.take<float>(kBr * d.bc_pad);
-    E* pd_t = c.take<E>(kBr * d.bc_pad);  // [bc_pad][kBr]: dropped P^T
-    E* ds = c.take<E>(kBr * d.bc_pad);    // [kBr][bc_pad]
-    E* ds_t = c.take<E>(kBr * d.bc_pad);  // [bc_pad][kBr]
+    E* p_pairs = c.take<E>(kBr * d.bc_pad);   // dropped P, pairs of rows (bf16 only)
+    E* ds_pairs = c.take<E>(kBr * d.bc_pad);  // dS, pairs of rows (bf16 only)
+    E* ds_rows = c.take<E>(kBr * d.bc_pad);   // dS rows (bf16 only)
     E* tmp = c.take<E>(std::max(kBr, d.bc_pad) * wmax);
     float* f1 = c.take<float>(wmax);
     float* f2 = c.take<float>(wmax);
+    float* block = c.take<float>(d.bc_pad * wmax);  // key rows on their way out
 
-    for (int64_t qb = 0; qb < d.nqb; ++qb) {
-      const int64_t i0 = qb * kBr, nr = std::min(kBr, d.tq - i0);
-      for (int64_t r = 0; r < kBr; ++r) {
-        E* qr = q_rows + (i0 + r) * d.e_pad;
-        E* gr = do_rows + (i0 + r) * d.ev_pad;
-        if (r < nr) {
-          attn::load_row(rq.row(bh, i0 + r), rq.t, rq.se, d.e, qr, d.e_pad);
-          attn::load_row(rgo.row(bh, i0 + r), rgo.t, rgo.se, d.ev, gr, d.ev_pad);
-        } else {
-          std::fill(qr, qr + d.e_pad, E{});
-          std::fill(gr, gr + d.ev_pad, E{});
-        }
-      }
-      attn::pack_b(q_rows + i0 * d.e_pad, d.e_pad, nr, kBr, d.e_pad, d.e_pad, q_pack + i0 * d.e_pad);
-      attn::pack_b(do_rows + i0 * d.ev_pad, d.ev_pad, nr, kBr, d.ev_pad, d.ev_pad, do_pack + i0 * d.ev_pad);
-      for (int64_t r = 0; r < nr; ++r) {  // from the stored (rounded) output, as FlashAttention-2
-        attn::load_row(ro.row(bh, i0 + r), ro.t, ro.se, d.ev, f1, d.ev);
-        attn::load_row(rgo.row(bh, i0 + r), rgo.t, rgo.se, d.ev, f2, d.ev);
+    for (int64_t i = 0; i < tq_pad; ++i) {
+      E* qr = q_rows + i * d.e_pad;
+      E* gr = do_rows + i * d.ev_pad;
+      if (i < d.tq) {
+        attn::load_row(rq.row(bh, i), rq.t, rq.se, d.e, qr, d.e_pad);
+        attn::load_row(rgo.row(bh, i), rgo.t, rgo.se, d.ev, gr, d.ev_pad);
+        // D from the stored (rounded) output, as FlashAttention-2.
+        load_f32(ro.row(bh, i), ro.t, ro.se, d.ev, f1);
+        load_f32(rgo.row(bh, i), rgo.t, rgo.se, d.ev, f2);
         float acc = 0.f;
         for (int64_t e = 0; e < d.ev; ++e) acc += f1[e] * f2[e];
-        dsum[i0 + r] = acc;
+        dsum[i] = acc;
+      } else {
+        std::fill(qr, qr + d.e_pad, E{});
+        std::fill(gr, gr + d.ev_pad, E{});
       }
     }
+    attn::transpose(q_rows, d.e_pad, tq_pad, d.e_pad, q_t, tq_pad);
+    attn::transpose(do_rows, d.ev_pad, tq_pad, d.ev_pad, do_t, tq_pad);
     for (int64_t kb = 0; kb < d.nkb; ++kb) {
       const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
       pack_keys<E>(rk, bh, j0, nc, d.e, d.e_pad, d.bc_pad, tmp, kt_pack + kb * d.bc_pad * d.e_pad,
@@ -359,8 +361,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
       const E* kt = kt_pack + kb * d.bc_pad * d.e_pad;
       const E* kp = k_pack + kb * d.bc_pad * d.e_pad;
       const E* vt = vt_pack + kb * d.bc_pad * d.ev_pad;
-      std::fill(dk, dk + d.bc_pad * d.e_pad, 0.f);
-      std::fill(dv, dv + d.bc_pad * d.ev_pad, 0.f);
+      std::fill(dk_t, dk_t + d.bc_pad * d.e_pad, 0.f);
+      std::fill(dv_t, dv_t + d.bc_pad * d.ev_pad, 0.f);
       // Query blocks before the first row that sees key j0 are masked: skipped.
       const int64_t first_row = p.causal ? std::max<int64_t>(0, j0 - std::max<int64_t>(d.tk - d.tq, 0)) : 0;
       for (int64_t qb = first_row / kBr; qb < d.nqb; ++qb) {
@@ -368,21 +370,28 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
         gemm<E>(nr, d.bc_pad, d.e_pad, q_rows + i0 * d.e_pad, d.e_pad, kt, s, d.bc_pad, false);
         gemm<E>(nr, d.bc_pad, d.ev_pad, do_rows + i0 * d.ev_pad, d.ev_pad, vt, dp, d.bc_pad, false);
         backward_rows(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
-        transpose_to(s, d.bc_pad, nr, nr_pad, nc, tmp, pd_t, kBr);
-        transpose_to(dp, d.bc_pad, nr, nr_pad, nc, tmp, ds_t, kBr);
-        for (int64_t r = 0; r < nr; ++r) attn::to_tile(dp + r * d.bc_pad, ds + r * d.bc_pad, d.bc_pad);
-        gemm<E>(nc, d.ev_pad, nr_pad, pd_t, kBr, do_pack + i0 * d.ev_pad, dv, d.ev_pad, true);
-        gemm<E>(nr, d.e_pad, d.bc_pad, ds, d.bc_pad, kp, dq + i0 * d.e_pad, d.e_pad, true);
-        gemm<E>(nc, d.e_pad, nr_pad, ds_t, kBr, q_pack + i0 * d.e_pad, dk, d.e_pad, true);
+        // f32 tiles are their own B operands (rows = the contraction); bf16 ones are rounded and
+        // their row pairs interleaved.
+        const E* pb = reinterpret_cast<const E*>(s);
+        const E* dsb = reinterpret_cast<const E*>(dp);
+        const E* dsa = reinterpret_cast<const E*>(dp);
+        if constexpr (kBf16) {
+          attn::pack_row_pairs(s, d.bc_pad, nr, d.bc_pad, p_pairs);
+          attn::pack_row_pairs(dp, d.bc_pad, nr, d.bc_pad, ds_pairs);
+          for (int64_t r = 0; r < nr; ++r) attn::to_tile(dp + r * d.bc_pad, ds_rows + r * d.bc_pad, d.bc_pad);
+          pb = p_pairs, dsb = ds_pairs, dsa = ds_rows;
+        }
+        gemm<E>(d.ev, d.bc_pad, nr_pad, do_t + i0, tq_pad, pb, dv_t, d.bc_pad, true);
+        gemm<E>(d.e, d.bc_pad, nr_pad, q_t + i0, tq_pad, dsb, dk_t, d.bc_pad, true);
+        gemm<E>(nr, d.e_pad, d.bc_pad, dsa, d.bc_pad, kp, dq + i0 * d.e_pad, d.e_pad, true);
       }
-      for (int64_t r = 0; r < nc; ++r) {
-        const size_t row = size_t(bh * d.tk + j0 + r);
-        store_row(dk + r * d.e_pad, scale, d.e, dk_out + row * size_t(d.e) * es, t, f1);
-        store_row(dv + r * d.ev_pad, 1.f, d.ev, dv_out + row * size_t(d.ev) * es, t, f1);
-      }
+      const size_t row = size_t(bh * d.tk + j0);
+      attn::transpose(dk_t, d.bc_pad, d.e, nc, block, d.e);
+      store_rows(block, d.e, nc, d.e, nullptr, scale, block, dk_out + row * size_t(d.e) * es, t);
+      attn::transpose(dv_t, d.bc_pad, d.ev, nc, block, d.ev);
+      store_rows(block, d.ev, nc, d.ev, nullptr, 1.f, block, dv_out + row * size_t(d.ev) * es, t);
     }
-    for (int64_t i = 0; i < d.tq; ++i)
-      store_row(dq + i * d.e_pad, scale, d.e, dq_out + size_t(bh * d.tq + i) * size_t(d.e) * es, t, f1);
+    store_rows(dq, d.e_pad, d.tq, d.e, nullptr, scale, dq, dq_out + size_t(bh * d.tq) * size_t(d.e) * es, t);
   }
 }
 

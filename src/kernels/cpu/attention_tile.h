@@ -57,6 +57,32 @@ MIXPREC_ATTN_TARGET inline void to_tile(const float* src, E* dst, int64_t n) {
   }
 }
 
+// An f32 tile (rows of ld) as the B operand of a product that contracts over its rows: bf16 pairs
+// of rows interleaved ([rows_pad / 2][cols][2], an odd last row paired with zeros); cols a
+// multiple of 16.
+MIXPREC_ATTN_TARGET inline void pack_row_pairs(const float* src, int64_t ld, int64_t rows, int64_t cols,
+                                               uint16_t* dst) {
+  for (int64_t r = 0; r < rows; r += 2) {
+    const float* a = src + r * ld;
+    const float* b = r + 1 < rows ? a + ld : nullptr;
+    uint16_t* d = dst + r * cols;
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __m256i x = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a + c));
+      const __m256i y = b ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(b + c)) : _mm256_setzero_si256();
+      const __m256i lo = _mm256_unpacklo_epi16(x, y), hi = _mm256_unpackhi_epi16(x, y);  // per 128-bit lane
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c), _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+  }
+}
+
+// dst[c * ld_dst + r] = src[r * ld_src + c]: rows x cols, 16-bit or f32 elements.
+template <class E>
+void transpose(const E* src, int64_t ld_src, int64_t rows, int64_t cols, E* dst, int64_t ld_dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+}
+
 // B operand of the product, packed as [k_pad / kPair][n_pad][kPair]: from src = B itself (k rows
 // of n elements, row stride ld; rows k .. k_pad are zeros) ...
 template <class E>
