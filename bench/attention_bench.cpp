@@ -88,8 +88,10 @@ int main(int argc, char** argv) {
         }
       }
       std::printf(
-          "{\"bench\":\"attention\",\"host\":\"%s\",\"threads\":%d,\"T\":%ld,\"B\":1,\"H\":%ld,\"E\":32,\"causal\":true,"
-          "\"dtype\":\"%s\",\"fused_ms_best\":%.3f,\"fused_ms_median\":%.3f,\"ref_ms_best\":%.3f,\"ref_ms_median\":%.3f,"
+          "{\"bench\":\"attention\",\"host\":\"%s\",\"threads\":%d,\"T\":%ld,\"B\":1,\"H\":%ld,\"E\":32,\"causal\":"
+          "true,"
+          "\"dtype\":\"%s\",\"fused_ms_best\":%.3f,\"fused_ms_median\":%.3f,\"ref_ms_best\":%.3f,\"ref_ms_median\":%."
+          "3f,"
           "\"speedup_best\":%.2f,\"fused_saved_bytes\":%ld,\"ref_saved_bytes\":%ld}\n",
           host.c_str(), omp_get_max_threads(), long(t), long(bh), std::string(dtype_name(dt)).c_str(), fused.best(),
           fused.median(), ref.best(), ref.median(), ref.best() / fused.best(), long(fused.saved), long(ref.saved));

@@ -32,8 +32,8 @@ void PrintTo(const Shape4& s, std::ostream* os) {
 }
 
 const std::vector<Shape4> kShapes = {
-    {1, 2, 1, 1, 16, 16, false, 0.0},     {2, 1, 65, 65, 32, 32, true, 0.0},  {1, 2, 130, 70, 64, 64, true, 0.0},
-    {1, 1, 70, 130, 80, 80, true, 0.0},   {2, 2, 128, 128, 32, 32, true, 0.0}, {1, 1, 33, 200, 16, 24, false, 0.2},
+    {1, 2, 1, 1, 16, 16, false, 0.0},    {2, 1, 65, 65, 32, 32, true, 0.0},   {1, 2, 130, 70, 64, 64, true, 0.0},
+    {1, 1, 70, 130, 80, 80, true, 0.0},  {2, 2, 128, 128, 32, 32, true, 0.0}, {1, 1, 33, 200, 16, 24, false, 0.2},
     {1, 2, 150, 150, 32, 32, true, 0.1},
 };
 
@@ -47,7 +47,8 @@ Result run(const std::vector<Tensor>& in, DType t, const Shape4& s, kernels::Bac
   std::vector<Tensor> x;
   for (int i = 0; i < 3; ++i) x.push_back(in[size_t(i)].to(t).to(device).detach().set_requires_grad());
   Generator gen(3);
-  Tensor o = ops::scaled_dot_product_attention(x[0], x[1], x[2], {.causal = s.causal, .dropout = s.dropout, .gen = &gen});
+  Tensor o =
+      ops::scaled_dot_product_attention(x[0], x[1], x[2], {.causal = s.causal, .dropout = s.dropout, .gen = &gen});
   o.backward(in[3].to(t).to(device));
   return {{o.detach().to(Device::cpu()), x[0].grad().to(Device::cpu()), x[1].grad().to(Device::cpu()),
            x[2].grad().to(Device::cpu())}};
@@ -176,33 +177,48 @@ int64_t saved_bytes(int64_t t, DType dt, kernels::Backend b) {
 
 TEST(Attention, FusedSavedBytesGrowLinearlyReferenceQuadratically) {
   for (DType dt : {DType::f32, DType::bf16}) {
-    const int64_t f128 = saved_bytes(128, dt, kernels::Backend::cpu), f512 = saved_bytes(512, dt, kernels::Backend::cpu),
+    const int64_t f128 = saved_bytes(128, dt, kernels::Backend::cpu),
+                  f512 = saved_bytes(512, dt, kernels::Backend::cpu),
                   f2048 = saved_bytes(2048, dt, kernels::Backend::cpu);
     // Output [1, 2, T, 32] and log-sum-exp [1, 2, T] f32: nothing of size T^2.
     EXPECT_EQ(f512, 2 * 512 * (32 * int64_t(dtype_size(dt)) + 4)) << dtype_name(dt);
     EXPECT_EQ(f512, 4 * f128) << dtype_name(dt);
     EXPECT_EQ(f2048, 4 * f512) << dtype_name(dt);
-    const int64_t r512 = saved_bytes(512, dt, kernels::Backend::ref), r2048 = saved_bytes(2048, dt, kernels::Backend::ref);
+    const int64_t r512 = saved_bytes(512, dt, kernels::Backend::ref),
+                  r2048 = saved_bytes(2048, dt, kernels::Backend::ref);
     EXPECT_GT(r2048, 15 * r512) << dtype_name(dt);  // the [T, T] probabilities dominate
     EXPECT_GT(r2048, 50 * f2048) << dtype_name(dt);
   }
 }
 
 TEST(Attention, ErrorsNameTheOpAndTheShapes) {
-  const Tensor q = values({2, 3, 5, 8}, -1, 1, 1), k = values({2, 3, 6, 8}, -1, 1, 2), v = values({2, 3, 6, 4}, -1, 1, 3);
+  const Tensor q = values({2, 3, 5, 8}, -1, 1, 1), k = values({2, 3, 6, 8}, -1, 1, 2),
+               v = values({2, 3, 6, 4}, -1, 1, 3);
   auto err = [](const std::function<void()>& f) { return testutil::error_of(f); };
-  EXPECT_EQ(err([&] { ops::scaled_dot_product_attention(q.reshape({6, 5, 8}), k, v); }),
-            "scaled_dot_product_attention: q, k, v must be [B, H, T, E], got q [6, 5, 8], k [2, 3, 6, 8], v [2, 3, 6, 4]");
-  EXPECT_EQ(err([&] { ops::scaled_dot_product_attention(q, values({2, 2, 6, 8}, -1, 1, 4), v); }),
-            "scaled_dot_product_attention: q, k, v must share batch and heads [B, H, ...], got q [2, 3, 5, 8], k [2, 2, "
-            "6, 8], v [2, 3, 6, 4]");
-  EXPECT_EQ(err([&] { ops::scaled_dot_product_attention(q, values({2, 3, 6, 7}, -1, 1, 4), v); }),
+  EXPECT_EQ(
+      err([&] {
+        ops::scaled_dot_product_attention(q.reshape({6, 5, 8}), k, v);
+      }),
+      "scaled_dot_product_attention: q, k, v must be [B, H, T, E], got q [6, 5, 8], k [2, 3, 6, 8], v [2, 3, 6, 4]");
+  EXPECT_EQ(
+      err([&] {
+        ops::scaled_dot_product_attention(q, values({2, 2, 6, 8}, -1, 1, 4), v);
+      }),
+      "scaled_dot_product_attention: q, k, v must share batch and heads [B, H, ...], got q [2, 3, 5, 8], k [2, 2, "
+      "6, 8], v [2, 3, 6, 4]");
+  EXPECT_EQ(err([&] {
+              ops::scaled_dot_product_attention(q, values({2, 3, 6, 7}, -1, 1, 4), v);
+            }),
             "scaled_dot_product_attention: k's head dim must be q's, got q [2, 3, 5, 8], k [2, 3, 6, 7]");
-  EXPECT_EQ(err([&] { ops::scaled_dot_product_attention(q, k, values({2, 3, 5, 4}, -1, 1, 4)); }),
+  EXPECT_EQ(err([&] {
+              ops::scaled_dot_product_attention(q, k, values({2, 3, 5, 4}, -1, 1, 4));
+            }),
             "scaled_dot_product_attention: v must have k's sequence length, got k [2, 3, 6, 8], v [2, 3, 5, 4]");
   EXPECT_EQ(err([&] { ops::scaled_dot_product_attention(q, k.to(DType::bf16), v); }),
             "scaled_dot_product_attention: q, k, v must share a dtype, got f32, bf16, f32");
-  EXPECT_EQ(err([&] { ops::scaled_dot_product_attention(q, k, Tensor::from_vector(std::vector<int64_t>(144, 1), {2, 3, 6, 4})); }),
+  EXPECT_EQ(err([&] {
+              ops::scaled_dot_product_attention(q, k, Tensor::from_vector(std::vector<int64_t>(144, 1), {2, 3, 6, 4}));
+            }),
             "scaled_dot_product_attention: v must be floating, got i64");
   EXPECT_EQ(err([&] { ops::scaled_dot_product_attention(q, k, v, {.dropout = 1.0}); }),
             "scaled_dot_product_attention: dropout must be in [0, 1), got 1");

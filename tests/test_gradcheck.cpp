@@ -583,13 +583,12 @@ std::vector<Case> all_cases() {
                [](Generator& g) {
                  return In{U(g, {2, 2, 3, 4}), U(g, {2, 2, 5, 4}), U(g, {2, 2, 5, 3})};
                }});
-  c.push_back({"scaled_dot_product_attention", "causal_more_keys_scale",
-               [](const In& x) {
-                 return ops::scaled_dot_product_attention(x[0], x[1], x[2], {.causal = true, .scale = 0.7});
-               },
-               [](Generator& g) {
-                 return In{U(g, {1, 2, 4, 3}), U(g, {1, 2, 6, 3}), U(g, {1, 2, 6, 2})};
-               }});
+  c.push_back(
+      {"scaled_dot_product_attention", "causal_more_keys_scale",
+       [](const In& x) { return ops::scaled_dot_product_attention(x[0], x[1], x[2], {.causal = true, .scale = 0.7}); },
+       [](Generator& g) {
+         return In{U(g, {1, 2, 4, 3}), U(g, {1, 2, 6, 3}), U(g, {1, 2, 6, 2})};
+       }});
   c.push_back({"scaled_dot_product_attention", "causal_more_queries",
                [](const In& x) { return ops::scaled_dot_product_attention(x[0], x[1], x[2], {.causal = true}); },
                [](Generator& g) {

@@ -124,10 +124,10 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
 
 // ---- attention (autocast: lower; family attention: src/ops/attention.cpp) ----
 struct AttentionOptions {
-  bool causal = false;          // query i attends to keys j <= i (+ Tk - Tq when Tk > Tq, as PyTorch's)
-  double dropout = 0.0;         // on the attention probabilities (training only: pass 0 in eval)
+  bool causal = false;                         // query i attends to keys j <= i (+ Tk - Tq when Tk > Tq, as PyTorch's)
+  double dropout = 0.0;                        // on the attention probabilities (training only: pass 0 in eval)
   std::optional<double> scale = std::nullopt;  // default 1/sqrt(E)
-  Generator* gen = nullptr;     // of the dropout mask (default_generator() when null)
+  Generator* gen = nullptr;                    // of the dropout mask (default_generator() when null)
 };
 // q [B, H, Tq, E], k [B, H, Tk, E], v [B, H, Tk, Ev] -> [B, H, Tq, Ev] (PyTorch 2's
 // scaled_dot_product_attention). Inputs may be non-contiguous views (the GPT passes
@@ -135,7 +135,6 @@ struct AttentionOptions {
 // The fast CPU kernel is fused (FlashAttention's blocks and online softmax) and keeps only the
 // output and the log-sum-exp of each row for the backward, so its saved memory grows linearly with
 // the sequence; dropout's mask is recomputed from the generator's counter-based words, not stored.
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const AttentionOptions& o = {});
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o = {});
 
 }  // namespace mixprec::ops

@@ -22,8 +22,8 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
                 shape_str(k.shape()), ", v ", shape_str(v.shape()));
   MIXPREC_CHECK(k.size(3) == q.size(3), kOp, ": k's head dim must be q's, got q ", shape_str(q.shape()), ", k ",
                 shape_str(k.shape()));
-  MIXPREC_CHECK(v.size(2) == k.size(2), kOp, ": v must have k's sequence length, got k ", shape_str(k.shape()),
-                ", v ", shape_str(v.shape()));
+  MIXPREC_CHECK(v.size(2) == k.size(2), kOp, ": v must have k's sequence length, got k ", shape_str(k.shape()), ", v ",
+                shape_str(v.shape()));
   MIXPREC_CHECK(k.size(2) > 0 && q.size(3) > 0, kOp, ": needs at least one key and a head dim > 0, got k ",
                 shape_str(k.shape()));
   MIXPREC_CHECK(o.dropout >= 0.0 && o.dropout < 1.0, kOp, ": dropout must be in [0, 1), got ", o.dropout);

@@ -269,7 +269,8 @@ MIXPREC_ATTN_TARGET void backward_rows(float* s, float* dp, int64_t nr, int64_t 
     float* dr = dp + r * bc_pad;
     for (int64_t c = 0; c < bc_pad; c += 16) {
       const __mmask16 in = up_to(c, lim);
-      const __m512 pr = _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + c), vscale), vl)));
+      const __m512 pr =
+          _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + c), vscale), vl)));
       __m512 pd = pr, dpv = _mm512_loadu_ps(dr + c);
       if (p.dropout > 0.0) {
         const __mmask16 keep = in ? __mmask16(keep_bits(p, bh, i, j0 + c, d.tq, d.tk)) : __mmask16(0);

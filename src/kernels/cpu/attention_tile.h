@@ -89,7 +89,8 @@ template <class E>
 void pack_b(const E* src, int64_t ld, int64_t k, int64_t k_pad, int64_t n, int64_t n_pad, E* dst) {
   constexpr int64_t P = kPair<E>;
   for (int64_t r = 0; r < k_pad; ++r)
-    for (int64_t c = 0; c < n_pad; ++c) dst[(r / P) * n_pad * P + c * P + r % P] = r < k && c < n ? src[r * ld + c] : E{};
+    for (int64_t c = 0; c < n_pad; ++c)
+      dst[(r / P) * n_pad * P + c * P + r % P] = r < k && c < n ? src[r * ld + c] : E{};
 }
 // ... or from src = B^T (n rows of k elements, row stride ld; k a multiple of kPair).
 template <class E>
