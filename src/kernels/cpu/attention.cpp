@@ -1,0 +1,432 @@
+// Fused CPU attention, FlashAttention's way: blocks of 64 queries against blocks of 64 keys, an
+// online softmax in f32, key blocks past the causal diagonal skipped, and only the output and the
+// log-sum-exp [B, H, Tq] kept; the backward (FlashAttention-2's) recomputes each block's
+// probabilities from the log-sum-exp, so no [Tq, Tk] matrix is ever stored. bf16 inputs multiply
+// on bf16 pairs with f32 accumulation (AVX512-BF16; the probabilities and dS are rounded to bf16
+// before their products, as FlashAttention does); f32 and f16 inputs compute in f32 with FMA (f16
+// converted on load: no f16 arithmetic here). Dropout's keep bits come from the same Philox words
+// as the reference's (attention.h), recomputed by the backward. OpenMP over (batch x head, query
+// block) forward and over batch x head backward (each task owns its dK, dV and dQ).
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/vec_exp.h"
+#include "mixprec/allocator.h"
+#include "mixprec/cpu.h"
+
+namespace mixprec::kernels::cpu {
+namespace {
+
+using attn::gemm;
+using attn::kPair;
+using attn::round_up;
+
+constexpr int64_t kBr = 64, kBc = 64;  // queries and keys per block: a 64 x 64 f32 tile is 16 KiB (L1)
+
+// Rows of a [B, H, T, E] view of any strides.
+struct Rows {
+  const char* base;
+  DType t;
+  int64_t h_count, sb, sh, st, se;
+  explicit Rows(const Tensor& x)
+      : base(static_cast<const char*>(x.data_ptr())),
+        t(x.dtype()),
+        h_count(x.size(1)),
+        sb(x.strides()[0]),
+        sh(x.strides()[1]),
+        st(x.strides()[2]),
+        se(x.strides()[3]) {}
+  const char* row(int64_t bh, int64_t i) const {
+    return base + size_t((bh / h_count) * sb + (bh % h_count) * sh + i * st) * dtype_size(t);
+  }
+};
+
+struct Dims {
+  int64_t bh, tq, tk, e, ev, e_pad, ev_pad, bc_pad, nqb, nkb;
+  Dims(const Tensor& q, const Tensor& v)
+      : bh(q.size(0) * q.size(1)),
+        tq(q.size(2)),
+        tk(v.size(2)),
+        e(q.size(3)),
+        ev(v.size(3)),
+        e_pad(round_up(e, 16)),
+        ev_pad(round_up(ev, 16)),
+        bc_pad(round_up(std::min(kBc, tk), 16)),
+        nqb((tq + kBr - 1) / kBr),
+        nkb((tk + kBc - 1) / kBc) {}
+};
+
+// Carves one workspace tensor into 64-byte aligned arrays.
+class Carver {
+ public:
+  explicit Carver(char* base) : at_(base) {}
+  template <class T>
+  T* take(int64_t n) {
+    T* p = reinterpret_cast<T*>(at_);
+    at_ += round_up(n * int64_t(sizeof(T)), 64);
+    return p;
+  }
+  char* at() const { return at_; }
+
+ private:
+  char* at_;
+};
+template <class T>
+int64_t bytes_of(int64_t n) {
+  return round_up(n * int64_t(sizeof(T)), 64);
+}
+
+Tensor workspace(int64_t bytes) {
+  const MemoryScope scope(MemCategory::workspace);
+  return Tensor::empty({bytes + 64}, DType::u8);
+}
+char* aligned(const Tensor& w) {
+  const auto p = reinterpret_cast<uintptr_t>(w.data_ptr());
+  return reinterpret_cast<char*>(round_up(int64_t(p), 64));
+}
+
+// The lanes of the 16 keys from j0 (relative) that are at most lim.
+MIXPREC_ATTN_TARGET inline __mmask16 up_to(int64_t j0, int64_t lim) {
+  const int64_t n = lim - j0 + 1;
+  return n <= 0 ? __mmask16(0) : n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+}
+
+// Dropout's keep bits of keys [j0, j0 + 16) of row (bh, i): the words of attention_keeps, one
+// Philox block per four.
+uint32_t keep_bits(const AttentionParams& p, int64_t bh, int64_t i, int64_t j0, int64_t tq, int64_t tk) {
+  uint32_t bits = 0;
+  const int64_t n = std::min<int64_t>(16, tk - j0);
+  uint64_t w = attention_dropout_word(bh, i, j0, tq, tk);
+  detail::PhiloxWords block = attention_dropout_block(p, w);
+  for (int64_t l = 0; l < n; ++l, ++w) {
+    if (l > 0 && w % 4 == 0) block = attention_dropout_block(p, w);
+    if (attention_keeps_word(p, block, w)) bits |= 1u << l;
+  }
+  return bits;
+}
+
+// Keys j0 .. j0 + nc of head bh as the B operands: K^T ([e_pad / P][bc_pad][P], for S = Q K^T)
+// and, where wanted, K ([bc_pad / P][e_pad][P], for dQ = dS K) and V or V^T.
+template <class E>
+void pack_keys(const Rows& src, int64_t bh, int64_t j0, int64_t nc, int64_t width, int64_t width_pad, int64_t bc_pad,
+               E* tmp, E* transposed, E* plain) {
+  for (int64_t r = 0; r < bc_pad; ++r) {
+    if (r < nc)
+      attn::load_row(src.row(bh, j0 + r), src.t, src.se, width, tmp + r * width_pad, width_pad);
+    else
+      std::fill(tmp + r * width_pad, tmp + (r + 1) * width_pad, E{});
+  }
+  if (transposed) attn::pack_bt(tmp, width_pad, width_pad, nc, bc_pad, transposed);
+  if (plain) attn::pack_b(tmp, width_pad, nc, bc_pad, width_pad, width_pad, plain);
+}
+
+// Row i's softmax step over one key block (FlashAttention's online softmax): s holds the raw
+// scores; on return it holds the probabilities relative to the new running max (dropped ones
+// zero), and m, l, the output row o are rescaled.
+MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t lim, float scale, float& m, float& l,
+                                            float* o, int64_t ev_pad, const AttentionParams& p, int64_t bh, int64_t i,
+                                            int64_t j0, int64_t tq, int64_t tk) {
+  const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+  __m512 vmax = ninf;
+  for (int64_t c = 0; c < bc_pad; c += 16) {
+    const __m512 x = _mm512_mask_mov_ps(ninf, up_to(c, lim), _mm512_mul_ps(_mm512_loadu_ps(s + c), vscale));
+    _mm512_storeu_ps(s + c, x);
+    vmax = _mm512_max_ps(vmax, x);
+  }
+  const float m_new = std::max(m, _mm512_reduce_max_ps(vmax));
+  const float alpha = std::exp(m - m_new);  // 0 for the first block (m = -inf)
+  const __m512 vm = _mm512_set1_ps(m_new);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t c = 0; c < bc_pad; c += 16) {
+    const __mmask16 in = up_to(c, lim);
+    __m512 e = _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + c), vm)));
+    vsum = _mm512_add_ps(vsum, e);
+    if (p.dropout > 0.0 && in) e = _mm512_maskz_mov_ps(__mmask16(keep_bits(p, bh, i, j0 + c, tq, tk)), e);
+    _mm512_storeu_ps(s + c, e);
+  }
+  l = l * alpha + _mm512_reduce_add_ps(vsum);
+  m = m_new;
+  if (alpha != 1.f) {
+    const __m512 va = _mm512_set1_ps(alpha);
+    for (int64_t c = 0; c < ev_pad; c += 16) _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), va));
+  }
+}
+
+// rows x n f32 values (row r at src + r * ld, times factor[r] or f) -> dtype t at dst, contiguous;
+// one conversion for the block. tmp holds rows x n f32 and may be src itself (n <= ld).
+void store_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const float* factor, float f, float* tmp,
+                void* dst, DType t) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float fr = factor ? factor[r] : f;
+    for (int64_t c = 0; c < n; ++c) tmp[r * n + c] = src[r * ld + c] * fr;
+  }
+  convert(tmp, DType::f32, dst, t, size_t(rows * n));
+}
+
+// n elements of a row of dtype t as f32 (bf16 widened inline: rows are short).
+void load_f32(const char* src, DType t, int64_t se, int64_t n, float* dst) {
+  if (t != DType::bf16) return attn::load_row(src, t, se, n, dst, n);
+  for (int64_t e = 0; e < n; ++e) {
+    uint16_t h;
+    std::memcpy(&h, src + size_t(e * se) * 2, 2);
+    dst[e] = bf16_to_f32(h);
+  }
+}
+
+template <class E>
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, AttentionForward& dst) {
+  const Dims d(q, v);
+  const Rows rq(q), rk(k), rv(v);
+  constexpr int64_t P = kPair<E>;
+  const int64_t kv_elems = d.e_pad * d.bc_pad + d.bc_pad * d.ev_pad;  // one packed key block
+  const int64_t threads = omp_get_max_threads();
+  const int64_t tmp_bytes = bytes_of<E>(d.bc_pad * std::max(d.e_pad, d.ev_pad));
+  const int64_t per_thread = bytes_of<E>(kBr * d.e_pad) + bytes_of<float>(kBr * d.bc_pad) +
+                             bytes_of<E>(kBr * d.bc_pad) + bytes_of<float>(kBr * d.ev_pad) + 2 * bytes_of<float>(kBr) +
+                             bytes_of<float>(kBr * d.ev) + tmp_bytes;
+  const Tensor ws = workspace(bytes_of<E>(d.bh * d.nkb * kv_elems) + threads * per_thread);
+  E* packs = reinterpret_cast<E*>(aligned(ws));
+  char* scratch = aligned(ws) + bytes_of<E>(d.bh * d.nkb * kv_elems);
+  const float scale = float(p.scale), keep_scale = float(1.0 / (1.0 - p.dropout));
+  char* out = static_cast<char*>(dst.out.data_ptr());
+  float* lse = static_cast<float*>(dst.lse.data_ptr());
+  const size_t out_es = dtype_size(q.dtype());
+
+  // K^T and V of every key block, packed once for all the query blocks that read them.
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < d.bh * d.nkb; ++task) {
+    // The thread's last array (see the main loop's carving): the rows being packed.
+    E* tmp = reinterpret_cast<E*>(scratch + (omp_get_thread_num() + 1) * per_thread - tmp_bytes);
+    const int64_t bh = task / d.nkb, j0 = (task % d.nkb) * kBc, nc = std::min(kBc, d.tk - j0);
+    E* kt = packs + task * kv_elems;
+    pack_keys<E>(rk, bh, j0, nc, d.e, d.e_pad, d.bc_pad, tmp, kt, nullptr);
+    for (int64_t r = 0; r < d.bc_pad; ++r) {
+      if (r < nc)
+        attn::load_row(rv.row(bh, j0 + r), rv.t, rv.se, d.ev, tmp + r * d.ev_pad, d.ev_pad);
+      else
+        std::fill(tmp + r * d.ev_pad, tmp + (r + 1) * d.ev_pad, E{});
+    }
+    attn::pack_b(tmp, d.ev_pad, nc, d.bc_pad, d.ev_pad, d.ev_pad, kt + d.e_pad * d.bc_pad);
+  }
+
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t task = 0; task < d.bh * d.nqb; ++task) {
+    Carver c(scratch + omp_get_thread_num() * per_thread);
+    E* qt = c.take<E>(kBr * d.e_pad);
+    float* s = c.take<float>(kBr * d.bc_pad);
+    E* pt = c.take<E>(kBr * d.bc_pad);
+    float* o = c.take<float>(kBr * d.ev_pad);
+    float* m = c.take<float>(kBr);
+    float* l = c.take<float>(kBr);
+    float* block = c.take<float>(kBr * d.ev);
+    const int64_t bh = task / d.nqb, i0 = (task % d.nqb) * kBr, nr = std::min(kBr, d.tq - i0);
+    for (int64_t r = 0; r < nr; ++r) attn::load_row(rq.row(bh, i0 + r), rq.t, rq.se, d.e, qt + r * d.e_pad, d.e_pad);
+    std::fill(m, m + nr, -INFINITY);
+    std::fill(l, l + nr, 0.f);
+    std::fill(o, o + nr * d.ev_pad, 0.f);
+    // Key blocks past the last row's last key are masked for every row: skipped.
+    const int64_t nkb = attention_last_key(p, i0 + nr - 1, d.tq, d.tk) / kBc + 1;
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
+      const E* kt = packs + (bh * d.nkb + kb) * kv_elems;
+      gemm<E>(nr, d.bc_pad, d.e_pad, qt, d.e_pad, kt, s, d.bc_pad, false);
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t lim = std::min(attention_last_key(p, i0 + r, d.tq, d.tk), j0 + nc - 1) - j0;
+        float* sr = s + r * d.bc_pad;
+        if (lim < 0)
+          std::fill(sr, sr + d.bc_pad, 0.f);
+        else
+          online_softmax_row(sr, d.bc_pad, lim, scale, m[r], l[r], o + r * d.ev_pad, d.ev_pad, p, bh, i0 + r, j0, d.tq,
+                             d.tk);
+        attn::to_tile(sr, pt + r * d.bc_pad, d.bc_pad);
+      }
+      gemm<E>(nr, d.ev_pad, round_up(d.bc_pad, P), pt, d.bc_pad, kt + d.e_pad * d.bc_pad, o, d.ev_pad, true);
+    }
+    for (int64_t r = 0; r < nr; ++r) {
+      lse[bh * d.tq + i0 + r] = m[r] + std::log(l[r]);
+      l[r] = keep_scale / l[r];
+    }
+    store_rows(o, d.ev_pad, nr, d.ev, l, 0.f, block, out + size_t((bh * d.tq + i0) * d.ev) * out_es, q.dtype());
+  }
+}
+
+// One query block's probabilities and dS against one key block, in place: s (raw scores) becomes
+// P after dropout (the dV product's operand), dp (dO V^T) becomes dS = P (dP - D).
+MIXPREC_ATTN_TARGET void backward_rows(float* s, float* dp, int64_t nr, int64_t bc_pad, const Dims& d, int64_t bh,
+                                       int64_t i0, int64_t j0, int64_t nc, const float* lse, const float* dsum,
+                                       const AttentionParams& p) {
+  const __m512 vscale = _mm512_set1_ps(float(p.scale)), vkeep = _mm512_set1_ps(float(1.0 / (1.0 - p.dropout)));
+  for (int64_t r = 0; r < nr; ++r) {
+    const int64_t i = i0 + r;
+    const int64_t lim = std::min(attention_last_key(p, i, d.tq, d.tk), j0 + nc - 1) - j0;
+    const __m512 vl = _mm512_set1_ps(lse[bh * d.tq + i]), vd = _mm512_set1_ps(dsum[i]);
+    float* sr = s + r * bc_pad;
+    float* dr = dp + r * bc_pad;
+    for (int64_t c = 0; c < bc_pad; c += 16) {
+      const __mmask16 in = up_to(c, lim);
+      const __m512 pr =
+          _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + c), vscale), vl)));
+      __m512 pd = pr, dpv = _mm512_loadu_ps(dr + c);
+      if (p.dropout > 0.0) {
+        const __mmask16 keep = in ? __mmask16(keep_bits(p, bh, i, j0 + c, d.tq, d.tk)) : __mmask16(0);
+        pd = _mm512_maskz_mul_ps(keep, pr, vkeep);
+        dpv = _mm512_maskz_mul_ps(keep, dpv, vkeep);
+      }
+      _mm512_storeu_ps(sr + c, pd);
+      _mm512_storeu_ps(dr + c, _mm512_mul_ps(pr, _mm512_sub_ps(dpv, vd)));
+    }
+  }
+}
+
+template <class E>
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& fwd, const Tensor& grad_out,
+              const AttentionParams& p, AttentionGrads& dst) {
+  const Dims d(q, v);
+  const Rows rq(q), rk(k), rv(v), rgo(grad_out), ro(fwd.out);
+  constexpr bool kBf16 = std::is_same_v<E, uint16_t>;
+  constexpr int64_t P = kPair<E>;
+  const int64_t tq_pad = d.nqb * kBr, tk_pad = d.nkb * d.bc_pad, wmax = std::max(d.e_pad, d.ev_pad);
+  const int64_t per_thread =
+      2 * bytes_of<E>(tq_pad * d.e_pad) + 2 * bytes_of<E>(tq_pad * d.ev_pad) + 2 * bytes_of<E>(tk_pad * d.e_pad) +
+      bytes_of<E>(tk_pad * d.ev_pad) + bytes_of<float>(d.tq) + bytes_of<float>(tq_pad * d.e_pad) +
+      bytes_of<float>(d.bc_pad * d.e_pad) + bytes_of<float>(d.bc_pad * d.ev_pad) + 2 * bytes_of<float>(kBr * d.bc_pad) +
+      3 * bytes_of<E>(kBr * d.bc_pad) + bytes_of<E>(std::max(kBr, d.bc_pad) * wmax) + 2 * bytes_of<float>(wmax) +
+      bytes_of<float>(d.bc_pad * wmax);
+  const Tensor ws = workspace(omp_get_max_threads() * per_thread);
+  const float scale = float(p.scale);
+  const float* lse = static_cast<const float*>(fwd.lse.data_ptr());
+  char* dq_out = static_cast<char*>(dst.dq.data_ptr());
+  char* dk_out = static_cast<char*>(dst.dk.data_ptr());
+  char* dv_out = static_cast<char*>(dst.dv.data_ptr());
+  const DType t = q.dtype();
+  const size_t es = dtype_size(t);
+
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t bh = 0; bh < d.bh; ++bh) {
+    Carver c(aligned(ws) + omp_get_thread_num() * per_thread);
+    E* q_rows = c.take<E>(tq_pad * d.e_pad);    // A of S = Q K^T
+    E* q_t = c.take<E>(tq_pad * d.e_pad);       // A of dK^T = Q^T dS: [e_pad][tq_pad]
+    E* do_rows = c.take<E>(tq_pad * d.ev_pad);  // A of dP = dO V^T
+    E* do_t = c.take<E>(tq_pad * d.ev_pad);     // A of dV^T = dO^T P: [ev_pad][tq_pad]
+    E* kt_pack = c.take<E>(tk_pad * d.e_pad);   // B of S, per key block
+    E* k_pack = c.take<E>(tk_pad * d.e_pad);    // B of dQ = dS K, per key block
+    E* vt_pack = c.take<E>(tk_pad * d.ev_pad);  // B of dP, per key block
+    float* dsum = c.take<float>(d.tq);          // D = rowsum(dO * O)
+    float* dq = c.take<float>(tq_pad * d.e_pad);
+    float* dk_t = c.take<float>(d.bc_pad * d.e_pad);   // [e_pad][bc_pad]
+    float* dv_t = c.take<float>(d.bc_pad * d.ev_pad);  // [ev_pad][bc_pad]
+    float* s = c.take<float>(kBr * d.bc_pad);
+    float* dp = c.take<float>(kBr * d.bc_pad);
+    E* p_pairs = c.take<E>(kBr * d.bc_pad);   // dropped P, pairs of rows (bf16 only)
+    E* ds_pairs = c.take<E>(kBr * d.bc_pad);  // dS, pairs of rows (bf16 only)
+    E* ds_rows = c.take<E>(kBr * d.bc_pad);   // dS rows (bf16 only)
+    E* tmp = c.take<E>(std::max(kBr, d.bc_pad) * wmax);
+    float* f1 = c.take<float>(wmax);
+    float* f2 = c.take<float>(wmax);
+    float* block = c.take<float>(d.bc_pad * wmax);  // key rows on their way out
+
+    for (int64_t i = 0; i < tq_pad; ++i) {
+      E* qr = q_rows + i * d.e_pad;
+      E* gr = do_rows + i * d.ev_pad;
+      if (i < d.tq) {
+        attn::load_row(rq.row(bh, i), rq.t, rq.se, d.e, qr, d.e_pad);
+        attn::load_row(rgo.row(bh, i), rgo.t, rgo.se, d.ev, gr, d.ev_pad);
+        // D from the stored (rounded) output, as FlashAttention-2.
+        load_f32(ro.row(bh, i), ro.t, ro.se, d.ev, f1);
+        load_f32(rgo.row(bh, i), rgo.t, rgo.se, d.ev, f2);
+        float acc = 0.f;
+        for (int64_t e = 0; e < d.ev; ++e) acc += f1[e] * f2[e];
+        dsum[i] = acc;
+      } else {
+        std::fill(qr, qr + d.e_pad, E{});
+        std::fill(gr, gr + d.ev_pad, E{});
+      }
+    }
+    attn::transpose(q_rows, d.e_pad, tq_pad, d.e_pad, q_t, tq_pad);
+    attn::transpose(do_rows, d.ev_pad, tq_pad, d.ev_pad, do_t, tq_pad);
+    for (int64_t kb = 0; kb < d.nkb; ++kb) {
+      const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
+      pack_keys<E>(rk, bh, j0, nc, d.e, d.e_pad, d.bc_pad, tmp, kt_pack + kb * d.bc_pad * d.e_pad,
+                   k_pack + kb * d.bc_pad * d.e_pad);
+      pack_keys<E>(rv, bh, j0, nc, d.ev, d.ev_pad, d.bc_pad, tmp, vt_pack + kb * d.bc_pad * d.ev_pad, nullptr);
+    }
+    std::fill(dq, dq + tq_pad * d.e_pad, 0.f);
+
+    for (int64_t kb = 0; kb < d.nkb; ++kb) {
+      const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
+      const E* kt = kt_pack + kb * d.bc_pad * d.e_pad;
+      const E* kp = k_pack + kb * d.bc_pad * d.e_pad;
+      const E* vt = vt_pack + kb * d.bc_pad * d.ev_pad;
+      std::fill(dk_t, dk_t + d.bc_pad * d.e_pad, 0.f);
+      std::fill(dv_t, dv_t + d.bc_pad * d.ev_pad, 0.f);
+      // Query blocks before the first row that sees key j0 are masked: skipped.
+      const int64_t first_row = p.causal ? std::max<int64_t>(0, j0 - std::max<int64_t>(d.tk - d.tq, 0)) : 0;
+      for (int64_t qb = first_row / kBr; qb < d.nqb; ++qb) {
+        const int64_t i0 = qb * kBr, nr = std::min(kBr, d.tq - i0), nr_pad = round_up(nr, P);
+        gemm<E>(nr, d.bc_pad, d.e_pad, q_rows + i0 * d.e_pad, d.e_pad, kt, s, d.bc_pad, false);
+        gemm<E>(nr, d.bc_pad, d.ev_pad, do_rows + i0 * d.ev_pad, d.ev_pad, vt, dp, d.bc_pad, false);
+        backward_rows(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
+        // f32 tiles are their own B operands (rows = the contraction); bf16 ones are rounded and
+        // their row pairs interleaved.
+        const E* pb = reinterpret_cast<const E*>(s);
+        const E* dsb = reinterpret_cast<const E*>(dp);
+        const E* dsa = reinterpret_cast<const E*>(dp);
+        if constexpr (kBf16) {
+          attn::pack_row_pairs(s, d.bc_pad, nr, d.bc_pad, p_pairs);
+          attn::pack_row_pairs(dp, d.bc_pad, nr, d.bc_pad, ds_pairs);
+          for (int64_t r = 0; r < nr; ++r) attn::to_tile(dp + r * d.bc_pad, ds_rows + r * d.bc_pad, d.bc_pad);
+          pb = p_pairs, dsb = ds_pairs, dsa = ds_rows;
+        }
+        gemm<E>(d.ev, d.bc_pad, nr_pad, do_t + i0, tq_pad, pb, dv_t, d.bc_pad, true);
+        gemm<E>(d.e, d.bc_pad, nr_pad, q_t + i0, tq_pad, dsb, dk_t, d.bc_pad, true);
+        gemm<E>(nr, d.e_pad, d.bc_pad, dsa, d.bc_pad, kp, dq + i0 * d.e_pad, d.e_pad, true);
+      }
+      const size_t row = size_t(bh * d.tk + j0);
+      attn::transpose(dk_t, d.bc_pad, d.e, nc, block, d.e);
+      store_rows(block, d.e, nc, d.e, nullptr, scale, block, dk_out + row * size_t(d.e) * es, t);
+      attn::transpose(dv_t, d.bc_pad, d.ev, nc, block, d.ev);
+      store_rows(block, d.ev, nc, d.ev, nullptr, 1.f, block, dv_out + row * size_t(d.ev) * es, t);
+    }
+    store_rows(dq, d.e_pad, d.tq, d.e, nullptr, scale, dq, dq_out + size_t(bh * d.tq) * size_t(d.e) * es, t);
+  }
+}
+
+bool supported(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const DType t = q.dtype();
+  return (t == DType::f32 || t == DType::bf16 || t == DType::f16) && k.dtype() == t && v.dtype() == t &&
+         mixprec::cpu::has_avx512f();
+}
+bool bf16_tiles(DType t) { return t == DType::bf16 && mixprec::cpu::has_avx512_bf16(); }
+
+}  // namespace
+
+bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
+                       AttentionForward& dst) {
+  if (!supported(q, k, v)) return false;
+  dst.out = Tensor::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype());
+  dst.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, DType::f32);
+  if (q.numel() == 0) return true;
+  if (bf16_tiles(q.dtype()))
+    forward<uint16_t>(q, k, v, p, dst);
+  else
+    forward<float>(q, k, v, p, dst);
+  return true;
+}
+
+bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& fwd,
+                        const Tensor& grad_out, const AttentionParams& p, AttentionGrads& dst) {
+  if (!supported(q, k, v) || grad_out.dtype() != q.dtype() || fwd.lse.dtype() != DType::f32) return false;
+  dst = {Tensor::empty(q.shape(), q.dtype()), Tensor::empty(k.shape(), k.dtype()), Tensor::empty(v.shape(), v.dtype())};
+  if (bf16_tiles(q.dtype()))
+    backward<uint16_t>(q, k, v, fwd, grad_out, p, dst);
+  else
+    backward<float>(q, k, v, fwd, grad_out, p, dst);
+  return true;
+}
+
+}  // namespace mixprec::kernels::cpu

@@ -1,0 +1,166 @@
+// The tiles of the fused CPU attention (cpu/attention.cpp): rows loaded from strided views,
+// operands packed for the register-blocked product C (f32) += A B, on bf16 pairs with
+// AVX512-BF16 (_mm512_dpbf16_ps: two products per lane, f32 accumulation) or on f32 with FMA.
+// Internal to the attention kernels.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "core/simd.h"
+#include "mixprec/convert.h"
+
+// Every SIMD function of the attention kernels: the f32 instantiations use no AVX512-BF16
+// instruction, so they run on AVX-512 CPUs without it (the dispatch checks).
+#define MIXPREC_ATTN_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+namespace mixprec::kernels::cpu::attn {
+
+// A tile element: bf16 bits (products on pairs along the contraction) or f32.
+template <class E>
+constexpr int64_t kPair = std::is_same_v<E, uint16_t> ? 2 : 1;
+
+constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// n elements of a row of dtype t (element stride se) into E: bf16 stays bits for a bf16 tile, every
+// other dtype becomes f32; dst[n .. padded) is zeroed.
+template <class E>
+void load_row(const char* src, DType t, int64_t se, int64_t n, E* dst, int64_t padded) {
+  const size_t es = dtype_size(t);
+  if constexpr (std::is_same_v<E, uint16_t>) {
+    if (se == 1) {
+      std::memcpy(dst, src, size_t(n) * 2);
+    } else {
+      for (int64_t e = 0; e < n; ++e) std::memcpy(dst + e, src + size_t(e * se) * es, 2);
+    }
+  } else if (se == 1) {
+    convert(src, t, dst, DType::f32, size_t(n));
+  } else {
+    for (int64_t e = 0; e < n; ++e) convert(src + size_t(e * se) * es, t, dst + e, DType::f32, 1);
+  }
+  std::fill(dst + n, dst + padded, E{});
+}
+
+// f32 -> E (bf16 rounded to nearest even, as every bf16 store of mixprec).
+template <class E>
+MIXPREC_ATTN_TARGET inline void to_tile(const float* src, E* dst, int64_t n) {
+  if constexpr (std::is_same_v<E, uint16_t>) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+    for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  } else {
+    std::memcpy(dst, src, size_t(n) * sizeof(float));
+  }
+}
+
+// An f32 tile (rows of ld) as the B operand of a product that contracts over its rows: bf16 pairs
+// of rows interleaved ([rows_pad / 2][cols][2], an odd last row paired with zeros); cols a
+// multiple of 16.
+MIXPREC_ATTN_TARGET inline void pack_row_pairs(const float* src, int64_t ld, int64_t rows, int64_t cols,
+                                               uint16_t* dst) {
+  for (int64_t r = 0; r < rows; r += 2) {
+    const float* a = src + r * ld;
+    const float* b = r + 1 < rows ? a + ld : nullptr;
+    uint16_t* d = dst + r * cols;
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __m256i x = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a + c));
+      const __m256i y = b ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(b + c)) : _mm256_setzero_si256();
+      const __m256i lo = _mm256_unpacklo_epi16(x, y), hi = _mm256_unpackhi_epi16(x, y);  // per 128-bit lane
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c), _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+  }
+}
+
+// dst[c * ld_dst + r] = src[r * ld_src + c]: rows x cols, 16-bit or f32 elements.
+template <class E>
+void transpose(const E* src, int64_t ld_src, int64_t rows, int64_t cols, E* dst, int64_t ld_dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+}
+
+// B operand of the product, packed as [k_pad / kPair][n_pad][kPair]: from src = B itself (k rows
+// of n elements, row stride ld; rows k .. k_pad are zeros) ...
+template <class E>
+void pack_b(const E* src, int64_t ld, int64_t k, int64_t k_pad, int64_t n, int64_t n_pad, E* dst) {
+  constexpr int64_t P = kPair<E>;
+  for (int64_t r = 0; r < k_pad; ++r)
+    for (int64_t c = 0; c < n_pad; ++c)
+      dst[(r / P) * n_pad * P + c * P + r % P] = r < k && c < n ? src[r * ld + c] : E{};
+}
+// ... or from src = B^T (n rows of k elements, row stride ld; k a multiple of kPair).
+template <class E>
+void pack_bt(const E* src, int64_t ld, int64_t k, int64_t n, int64_t n_pad, E* dst) {
+  constexpr int64_t P = kPair<E>;
+  for (int64_t r = 0; r < k; r += P)
+    for (int64_t c = 0; c < n_pad; ++c)
+      for (int64_t h = 0; h < P; ++h) dst[(r / P) * n_pad * P + c * P + h] = c < n ? src[c * ld + r + h] : E{};
+}
+
+// C[MR x 16 NV] (+)= A[MR x k] B: the accumulators stay in registers across the contraction.
+template <class E, int MR, int NV>
+MIXPREC_ATTN_TARGET void micro(const E* a, int64_t lda, const E* b, int64_t n_pad, int64_t k, float* c, int64_t ldc,
+                               bool accumulate) {
+  constexpr int64_t P = kPair<E>;
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+  for (int64_t p = 0; p < k / P; ++p) {
+    const E* bp = b + p * n_pad * P;
+    if constexpr (std::is_same_v<E, uint16_t>) {
+      __m512bh bv[NV];
+      for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(bp + 32 * v);
+      for (int r = 0; r < MR; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, a + r * lda + 2 * p, 4);
+        const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+      }
+    } else {
+      __m512 bv[NV];
+      for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(bp + 16 * v);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 av = _mm512_set1_ps(a[r * lda + p]);
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+}
+
+template <class E>
+using MicroFn = void (*)(const E*, int64_t, const E*, int64_t, int64_t, float*, int64_t, bool);
+
+template <class E, int NV, int... MR>
+constexpr std::array<MicroFn<E>, sizeof...(MR)> micro_table(std::integer_sequence<int, MR...>) {
+  return {&micro<E, MR + 1, NV>...};
+}
+
+// C[m x n_pad] (+)= A[m x k] B with B from pack_b/pack_bt (n_pad a multiple of 16, k of kPair):
+// column chunks of up to 64, rows in register blocks of 4 to 8 (fewer rows for wider chunks, so
+// the accumulators fit the 32 vector registers).
+template <class E>
+void gemm(int64_t m, int64_t n_pad, int64_t k, const E* a, int64_t lda, const E* b, float* c, int64_t ldc,
+          bool accumulate) {
+  static const std::array<std::array<MicroFn<E>, 8>, 4> table = {
+      micro_table<E, 1>(std::make_integer_sequence<int, 8>()), micro_table<E, 2>(std::make_integer_sequence<int, 8>()),
+      micro_table<E, 3>(std::make_integer_sequence<int, 8>()), micro_table<E, 4>(std::make_integer_sequence<int, 8>())};
+  constexpr int64_t P = kPair<E>;
+  for (int64_t n0 = 0; n0 < n_pad; n0 += 64) {
+    const int64_t nv = std::min<int64_t>(4, (n_pad - n0) / 16);
+    const int64_t mr = nv == 4 ? 4 : nv == 3 ? 6 : 8;
+    const E* bn = b + n0 * P;
+    // The packed rows are n_pad wide: the micro-kernel steps through them with that stride.
+    for (int64_t r0 = 0; r0 < m; r0 += mr) {
+      const int64_t rows = std::min(mr, m - r0);
+      table[size_t(nv - 1)][size_t(rows - 1)](a + r0 * lda, lda, bn, n_pad, k, c + r0 * ldc + n0, ldc, accumulate);
+    }
+  }
+}
+
+}  // namespace mixprec::kernels::cpu::attn

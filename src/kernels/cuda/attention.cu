@@ -1,0 +1,265 @@
+// CUDA kernels of the attention family (attention.h), flash-style and deliberately simple: one
+// thread per query row (forward, dQ) or key row (dK, dV), tiles of the other side staged in shared
+// memory, an online softmax, only the output and the log-sum-exp kept; the math of the CPU
+// reference (kernels/ref/attention.cpp) in f32 (f64 for f64), loads of any strides, the same
+// Philox dropout words (attention_keeps). Head dims up to kMaxDim.
+#include <cmath>
+
+#include "kernels/attention.h"
+#include "kernels/cuda/common.cuh"
+
+namespace mixprec::kernels::cuda {
+namespace {
+
+constexpr int kRows = 64;     // threads per block: rows of the side a thread owns
+constexpr int kTile = 32;     // rows of the other side per shared-memory tile
+constexpr int kMaxDim = 256;  // head dim limit of the per-thread arrays
+
+// A [B, H, T, E] view of any strides.
+template <class T>
+struct View {
+  const T* p;
+  int64_t heads, sb, sh, st, se;
+  __device__ acc_t<T> at(int64_t bh, int64_t t, int64_t e) const {
+    return to_acc(p[(bh / heads) * sb + (bh % heads) * sh + t * st + e * se]);
+  }
+};
+template <class T>
+View<T> view_of(const Tensor& x) {
+  return {static_cast<const T*>(x.data_ptr()), x.size(1), x.strides()[0], x.strides()[1], x.strides()[2],
+          x.strides()[3]};
+}
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Dynamic shared memory above the default 48 KiB must be asked for, kernel by kernel.
+template <class Kernel>
+void allow_shared(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    MIXPREC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+struct Sizes {
+  int64_t bh, tq, tk, e, ev;
+};
+
+template <class A>
+__device__ A drop_factor(const AttentionParams& p, int64_t bh, int64_t i, int64_t j, const Sizes& z) {
+  if (p.dropout == 0.0) return A(1);
+  return attention_keeps(p, bh, i, j, z.tq, z.tk) ? A(1.0 / (1.0 - p.dropout)) : A(0);
+}
+
+// Rows [t0, t0 + n) of x (width w) into shared memory.
+template <class T, class A = acc_t<T>>
+__device__ void stage(const View<T>& x, int64_t bh, int64_t t0, int64_t n, int64_t w, A* dst) {
+  for (int64_t idx = threadIdx.x; idx < n * w; idx += blockDim.x) dst[idx] = x.at(bh, t0 + idx / w, idx % w);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kRows)
+    forward_kernel(View<T> q, View<T> k, View<T> v, T* out, acc_t<T>* lse, Sizes z, AttentionParams p) {
+  using A = acc_t<T>;
+  extern __shared__ unsigned char smem[];
+  A* ks = reinterpret_cast<A*>(smem);
+  A* vs = ks + kTile * z.e;
+  const int64_t bh = blockIdx.y, i = int64_t(blockIdx.x) * kRows + threadIdx.x;
+  const bool active = i < z.tq;
+  A qr[kMaxDim], o[kMaxDim];
+  for (int64_t e = 0; e < z.e; ++e) qr[e] = active ? q.at(bh, i, e) : A(0);
+  for (int64_t e = 0; e < z.ev; ++e) o[e] = 0;
+  A m = -INFINITY, l = 0;
+  const int64_t last = active ? attention_last_key(p, i, z.tq, z.tk) : -1;
+  const int64_t block_last =
+      attention_last_key(p, min64(z.tq - 1, int64_t(blockIdx.x) * kRows + kRows - 1), z.tq, z.tk);
+  for (int64_t j0 = 0; j0 <= block_last; j0 += kTile) {
+    const int64_t nk = min64(kTile, z.tk - j0);
+    __syncthreads();
+    stage(k, bh, j0, nk, z.e, ks);
+    stage(v, bh, j0, nk, z.ev, vs);
+    __syncthreads();
+    if (j0 > last) continue;
+    const int64_t n = min64(nk, last - j0 + 1);
+    A s[kTile];
+    A mt = m;
+    for (int64_t jj = 0; jj < n; ++jj) {
+      A dot = 0;
+      for (int64_t e = 0; e < z.e; ++e) dot += qr[e] * ks[jj * z.e + e];
+      s[jj] = dot * A(p.scale);
+      mt = s[jj] > mt ? s[jj] : mt;
+    }
+    const A alpha = exp(m - mt);
+    l *= alpha;
+    for (int64_t e = 0; e < z.ev; ++e) o[e] *= alpha;
+    for (int64_t jj = 0; jj < n; ++jj) {
+      const A pj = exp(s[jj] - mt);
+      l += pj;
+      const A pd = pj * drop_factor<A>(p, bh, i, j0 + jj, z);
+      for (int64_t e = 0; e < z.ev; ++e) o[e] += pd * vs[jj * z.ev + e];
+    }
+    m = mt;
+  }
+  if (!active) return;
+  lse[bh * z.tq + i] = m + log(l);
+  for (int64_t e = 0; e < z.ev; ++e) out[(bh * z.tq + i) * z.ev + e] = from_acc<T>(o[e] / l);
+}
+
+// dQ, one thread per query row: D = dO . O, then over the keys dS = P (dP - D), dq += dS k.
+template <class T>
+__global__ void __launch_bounds__(kRows)
+    backward_dq_kernel(View<T> q, View<T> k, View<T> v, View<T> o, View<T> go, const acc_t<T>* lse, acc_t<T>* dsum,
+                       T* dq, Sizes z, AttentionParams p) {
+  using A = acc_t<T>;
+  extern __shared__ unsigned char smem[];
+  A* ks = reinterpret_cast<A*>(smem);
+  A* vs = ks + kTile * z.e;
+  const int64_t bh = blockIdx.y, i = int64_t(blockIdx.x) * kRows + threadIdx.x;
+  const bool active = i < z.tq;
+  A qr[kMaxDim], gr[kMaxDim], acc[kMaxDim];
+  A d = 0;
+  for (int64_t e = 0; e < z.e; ++e) {
+    qr[e] = active ? q.at(bh, i, e) : A(0);
+    acc[e] = 0;
+  }
+  for (int64_t e = 0; e < z.ev; ++e) {
+    gr[e] = active ? go.at(bh, i, e) : A(0);
+    d += active ? gr[e] * o.at(bh, i, e) : A(0);
+  }
+  if (active) dsum[bh * z.tq + i] = d;
+  const A row_lse = active ? lse[bh * z.tq + i] : A(0);
+  const int64_t last = active ? attention_last_key(p, i, z.tq, z.tk) : -1;
+  const int64_t block_last =
+      attention_last_key(p, min64(z.tq - 1, int64_t(blockIdx.x) * kRows + kRows - 1), z.tq, z.tk);
+  for (int64_t j0 = 0; j0 <= block_last; j0 += kTile) {
+    const int64_t nk = min64(kTile, z.tk - j0);
+    __syncthreads();
+    stage(k, bh, j0, nk, z.e, ks);
+    stage(v, bh, j0, nk, z.ev, vs);
+    __syncthreads();
+    for (int64_t jj = 0; jj < nk && j0 + jj <= last; ++jj) {
+      A dot = 0, dp = 0;
+      for (int64_t e = 0; e < z.e; ++e) dot += qr[e] * ks[jj * z.e + e];
+      for (int64_t e = 0; e < z.ev; ++e) dp += gr[e] * vs[jj * z.ev + e];
+      const A pj = exp(dot * A(p.scale) - row_lse);
+      const A ds = pj * (dp * drop_factor<A>(p, bh, i, j0 + jj, z) - d);
+      for (int64_t e = 0; e < z.e; ++e) acc[e] += ds * ks[jj * z.e + e];
+    }
+  }
+  if (!active) return;
+  for (int64_t e = 0; e < z.e; ++e) dq[(bh * z.tq + i) * z.e + e] = from_acc<T>(acc[e] * A(p.scale));
+}
+
+// dK and dV, one thread per key row: over the queries that see it, dv += P f dO, dk += dS q.
+template <class T>
+__global__ void __launch_bounds__(kRows)
+    backward_dkv_kernel(View<T> q, View<T> k, View<T> v, View<T> go, const acc_t<T>* lse, const acc_t<T>* dsum,
+                        T* dk, T* dv, Sizes z, AttentionParams p) {
+  using A = acc_t<T>;
+  extern __shared__ unsigned char smem[];
+  A* qs = reinterpret_cast<A*>(smem);
+  A* gs = qs + kTile * z.e;
+  A* ls = gs + kTile * z.ev;
+  A* ds_ = ls + kTile;
+  const int64_t bh = blockIdx.y, j = int64_t(blockIdx.x) * kRows + threadIdx.x;
+  const bool active = j < z.tk;
+  A kr[kMaxDim], vr[kMaxDim], gk[kMaxDim], gv[kMaxDim];
+  for (int64_t e = 0; e < z.e; ++e) {
+    kr[e] = active ? k.at(bh, j, e) : A(0);
+    gk[e] = 0;
+  }
+  for (int64_t e = 0; e < z.ev; ++e) {
+    vr[e] = active ? v.at(bh, j, e) : A(0);
+    gv[e] = 0;
+  }
+  for (int64_t i0 = 0; i0 < z.tq; i0 += kTile) {
+    const int64_t nq = min64(kTile, z.tq - i0);
+    __syncthreads();
+    stage(q, bh, i0, nq, z.e, qs);
+    stage(go, bh, i0, nq, z.ev, gs);
+    for (int64_t idx = threadIdx.x; idx < nq; idx += blockDim.x) {
+      ls[idx] = lse[bh * z.tq + i0 + idx];
+      ds_[idx] = dsum[bh * z.tq + i0 + idx];
+    }
+    __syncthreads();
+    if (!active) continue;
+    for (int64_t ii = 0; ii < nq; ++ii) {
+      const int64_t i = i0 + ii;
+      if (attention_last_key(p, i, z.tq, z.tk) < j) continue;
+      A dot = 0, dp = 0;
+      for (int64_t e = 0; e < z.e; ++e) dot += qs[ii * z.e + e] * kr[e];
+      for (int64_t e = 0; e < z.ev; ++e) dp += gs[ii * z.ev + e] * vr[e];
+      const A pj = exp(dot * A(p.scale) - ls[ii]), f = drop_factor<A>(p, bh, i, j, z);
+      for (int64_t e = 0; e < z.ev; ++e) gv[e] += pj * f * gs[ii * z.ev + e];
+      const A ds = pj * (dp * f - ds_[ii]);
+      for (int64_t e = 0; e < z.e; ++e) gk[e] += ds * qs[ii * z.e + e];
+    }
+  }
+  if (!active) return;
+  for (int64_t e = 0; e < z.e; ++e) dk[(bh * z.tk + j) * z.e + e] = from_acc<T>(gk[e] * A(p.scale));
+  for (int64_t e = 0; e < z.ev; ++e) dv[(bh * z.tk + j) * z.ev + e] = from_acc<T>(gv[e]);
+}
+
+Sizes sizes_of(const Tensor& q, const Tensor& v) {
+  const Sizes z{q.size(0) * q.size(1), q.size(2), v.size(2), q.size(3), v.size(3)};
+  MIXPREC_CHECK(z.e <= kMaxDim && z.ev <= kMaxDim, "scaled_dot_product_attention: head dims up to ", kMaxDim,
+                " on a GPU, got ", z.e, " and ", z.ev);
+  MIXPREC_CHECK(z.bh <= 65535, "scaled_dot_product_attention: at most 65535 batch x heads on a GPU, got ", z.bh);
+  return z;
+}
+DType acc_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+}  // namespace
+
+AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+  const Sizes z = sizes_of(q, v);
+  AttentionForward f{Tensor::empty({q.size(0), q.size(1), z.tq, z.ev}, q.dtype()),
+                     Tensor::empty({q.size(0), q.size(1), z.tq}, acc_dtype(q.dtype())), Tensor()};
+  if (f.out.numel() == 0) return f;
+  const Launch on(q);
+  dispatch_floating(q.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const dim3 grid(unsigned((z.tq + kRows - 1) / kRows), unsigned(z.bh));
+    const size_t shared = sizeof(A) * size_t(kTile * (z.e + z.ev));
+    allow_shared(forward_kernel<T>, shared);
+    forward_kernel<T><<<grid, kRows, shared, on.stream()>>>(view_of<T>(q), view_of<T>(k), view_of<T>(v),
+                                                            static_cast<T*>(f.out.data_ptr()),
+                                                            static_cast<A*>(f.lse.data_ptr()), z, p);
+    MIXPREC_CUDA_CHECK_LAUNCH();
+  });
+  return f;
+}
+
+AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& fwd,
+                                  const Tensor& grad_out, const AttentionParams& p) {
+  const Sizes z = sizes_of(q, v);
+  AttentionGrads g{Tensor::empty(q.shape(), q.dtype()), Tensor::empty(k.shape(), k.dtype()),
+                   Tensor::empty(v.shape(), v.dtype())};
+  if (q.numel() == 0) {
+    g.dk.zero_();
+    g.dv.zero_();
+    return g;
+  }
+  const Tensor dsum = Tensor::empty({z.bh * z.tq}, fwd.lse.dtype());
+  const Launch on(q);
+  dispatch_floating(q.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const A* lse = static_cast<const A*>(fwd.lse.data_ptr());
+    A* ds = static_cast<A*>(dsum.data_ptr());
+    const size_t shared_q = sizeof(A) * size_t(kTile * (z.e + z.ev));
+    allow_shared(backward_dq_kernel<T>, shared_q);
+    backward_dq_kernel<T><<<dim3(unsigned((z.tq + kRows - 1) / kRows), unsigned(z.bh)), kRows, shared_q, on.stream()>>>(
+        view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(fwd.out), view_of<T>(grad_out), lse, ds,
+        static_cast<T*>(g.dq.data_ptr()), z, p);
+    MIXPREC_CUDA_CHECK_LAUNCH();
+    const size_t shared_k = sizeof(A) * size_t(kTile * (z.e + z.ev + 2));
+    allow_shared(backward_dkv_kernel<T>, shared_k);
+    backward_dkv_kernel<T><<<dim3(unsigned((z.tk + kRows - 1) / kRows), unsigned(z.bh)), kRows, shared_k, on.stream()>>>(
+        view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(grad_out), lse, ds, static_cast<T*>(g.dk.data_ptr()),
+        static_cast<T*>(g.dv.data_ptr()), z, p);
+    MIXPREC_CUDA_CHECK_LAUNCH();
+  });
+  return g;
+}
+
+}  // namespace mixprec::kernels::cuda

@@ -1,0 +1,228 @@
+// scaled_dot_product_attention's kernels, deeper than the op cases: the fused CPU kernel (and the
+// CUDA one where a GPU exists) against the f64 reference on shapes that cut the 64-row blocks
+// (T = 1, T not a multiple of 64, head dims 16/32/64/80, causal with Tq != Tk, dropout), large
+// logits, the saved bytes (linear in T for the fused kernel, quadratic for the reference), and the
+// op's error lines.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "error_text.h"
+#include "kernels/kernels.h"
+#include "mixprec/allocator.h"
+#include "mixprec/ops.h"
+#include "op_cases.h"
+
+namespace mixprec::testing {
+namespace {
+
+struct Shape4 {
+  int64_t b, h, tq, tk, e, ev;
+  bool causal;
+  double dropout;
+};
+void PrintTo(const Shape4& s, std::ostream* os) {
+  *os << s.b << "x" << s.h << " Tq " << s.tq << " Tk " << s.tk << " E " << s.e << "/" << s.ev
+      << (s.causal ? " causal" : "") << " dropout " << s.dropout;
+}
+
+const std::vector<Shape4> kShapes = {
+    {1, 2, 1, 1, 16, 16, false, 0.0},    {2, 1, 65, 65, 32, 32, true, 0.0},   {1, 2, 130, 70, 64, 64, true, 0.0},
+    {1, 1, 70, 130, 80, 80, true, 0.0},  {2, 2, 128, 128, 32, 32, true, 0.0}, {1, 1, 33, 200, 16, 24, false, 0.2},
+    {1, 2, 150, 150, 32, 32, true, 0.1},
+};
+
+struct Result {
+  std::vector<Tensor> t;  // output, dq, dk, dv
+};
+
+// inputs: q, k, v, grad_out (f64 values, the dtype's exactly). Runs on `device` with backend b.
+Result run(const std::vector<Tensor>& in, DType t, const Shape4& s, kernels::Backend b, const Device& device) {
+  const kernels::BackendGuard guard(b);
+  std::vector<Tensor> x;
+  for (int i = 0; i < 3; ++i) x.push_back(in[size_t(i)].to(t).to(device).detach().set_requires_grad());
+  Generator gen(3);
+  Tensor o =
+      ops::scaled_dot_product_attention(x[0], x[1], x[2], {.causal = s.causal, .dropout = s.dropout, .gen = &gen});
+  o.backward(in[3].to(t).to(device));
+  return {{o.detach().to(Device::cpu()), x[0].grad().to(Device::cpu()), x[1].grad().to(Device::cpu()),
+           x[2].grad().to(Device::cpu())}};
+}
+
+struct Err {
+  double max = 0, rms = 0;
+};
+Err error_of(const Tensor& got, const Tensor& truth) {
+  const std::vector<double> g = got.to_vector_f64(), w = truth.to_vector_f64();
+  Err e;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double d = std::fabs(g[i] - w[i]);
+    e.max = std::max(e.max, std::isnan(d) ? INFINITY : d);
+    e.rms += d * d;
+  }
+  e.rms = std::sqrt(e.rms / double(std::max<size_t>(g.size(), 1)));
+  return e;
+}
+
+double unit_roundoff(DType t) { return t == DType::bf16 ? 0x1p-8 : t == DType::f16 ? 0x1p-11 : 0x1p-24; }
+
+using Param = std::tuple<Shape4, DType, Device>;
+class AttentionKernels : public ::testing::TestWithParam<Param> {};
+
+// Each result against the f64 reference on the same (dtype-exact) inputs, next to the error of the
+// reference kernel in the dtype itself: the fast kernel may lose up to twice as much (it rounds P
+// and dS to bf16 before their products, and its backward reads the rounded output), plus two units
+// of roundoff of the largest true value (S) in the max norm (a bug shows as an O(S) error).
+TEST_P(AttentionKernels, FastMatchesTheReference) {
+  const auto [s, t, device] = GetParam();
+  Generator g(0xa77e + uint64_t(s.tq * 131 + s.tk) + uint64_t(t));
+  std::vector<Tensor> in;
+  for (const Shape& sh : {Shape{s.b, s.h, s.tq, s.e}, Shape{s.b, s.h, s.tk, s.e}, Shape{s.b, s.h, s.tk, s.ev},
+                          Shape{s.b, s.h, s.tq, s.ev}})
+    in.push_back(Tensor::uniform(sh, g, -2, 2, DType::f64).to(t).to(DType::f64));
+  const Result truth = run(in, DType::f64, s, kernels::Backend::ref, Device::cpu());
+  const Result ref = run(in, t, s, kernels::Backend::ref, Device::cpu());
+  const Result fast = run(in, t, s, kernels::Backend::cpu, device);
+  double scale = 0;
+  for (const Tensor& x : truth.t)
+    for (double v : x.to_vector_f64()) scale = std::max(scale, std::fabs(v));
+  const char* names[] = {"output", "dq", "dk", "dv"};
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_EQ(fast.t[i].dtype(), t);
+    ASSERT_EQ(fast.t[i].shape(), truth.t[i].shape());
+    const Err ef = error_of(fast.t[i], truth.t[i]), er = error_of(ref.t[i], truth.t[i]);
+    EXPECT_LE(ef.max, 2 * er.max + 2 * unit_roundoff(t) * scale) << names[i];
+    EXPECT_LE(ef.rms, 2 * er.rms + 4 * 0x1p-24 * scale) << names[i] << " (rms)";
+  }
+}
+
+std::string name_of(const Param& p) {
+  const Shape4& s = std::get<0>(p);
+  std::ostringstream name;
+  name << "T" << s.tq << "x" << s.tk << "_E" << s.e << (s.causal ? "_causal" : "") << (s.dropout > 0 ? "_dropout" : "")
+       << "_" << dtype_name(std::get<1>(p)) << "_" << (std::get<2>(p).is_cuda() ? "cuda" : "cpu");
+  return name.str();
+}
+
+std::vector<Device> devices() {
+  std::vector<Device> d{Device::cpu()};
+  if (cuda::device_count() > 0) d.push_back(Device::cuda(0));
+  return d;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernels,
+                         ::testing::Combine(::testing::ValuesIn(kShapes),
+                                            ::testing::Values(DType::f32, DType::bf16, DType::f16),
+                                            ::testing::ValuesIn(devices())),
+                         [](const ::testing::TestParamInfo<Param>& p) { return name_of(p.param); });
+
+Tensor values(const Shape& s, double lo, double hi, uint64_t seed, DType t = DType::f32) {
+  Generator g(seed);
+  return Tensor::uniform(s, g, lo, hi, t);
+}
+
+// Scores in the thousands: the online softmax subtracts the running max, so nothing overflows,
+// and the result is the reference's.
+TEST(Attention, LargeLogitsStayFinite) {
+  const Tensor q = ops::affine(values({1, 2, 100, 32}, -1, 1, 1), 40.0), k = values({1, 2, 100, 32}, -1, 1, 2);
+  const Tensor v = values({1, 2, 100, 16}, -1, 1, 3);
+  const Tensor fast = ops::scaled_dot_product_attention(q, k, v, {.causal = true});
+  Tensor ref;
+  {
+    const kernels::BackendGuard guard(kernels::Backend::ref);
+    ref = ops::scaled_dot_product_attention(q, k, v, {.causal = true});
+  }
+  const std::vector<double> f = fast.to_vector_f64(), r = ref.to_vector_f64();
+  for (size_t i = 0; i < f.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(f[i])) << i;
+    EXPECT_NEAR(f[i], r[i], 1e-5) << i;
+  }
+}
+
+// Causal rows always see key 0 (Tq > Tk: query i sees keys <= i; Tk > Tq: <= i + Tk - Tq): the
+// first query of a Tq > Tk attention sees key 0 alone, so its output is v's first row exactly.
+TEST(Attention, CausalRowsAreNeverFullyMasked) {
+  for (auto [tq, tk] : {std::pair<int64_t, int64_t>{90, 70}, {70, 90}, {5, 1}}) {
+    const Tensor q = values({1, 1, tq, 16}, -1, 1, 4), k = values({1, 1, tk, 16}, -1, 1, 5);
+    const Tensor v = values({1, 1, tk, 16}, -1, 1, 6);
+    const std::vector<double> o = ops::scaled_dot_product_attention(q, k, v, {.causal = true}).to_vector_f64();
+    for (double x : o) ASSERT_TRUE(std::isfinite(x));
+    if (tq > tk) {
+      const std::vector<double> v0 = v.to_vector_f64();
+      for (int64_t e = 0; e < 16; ++e) EXPECT_EQ(o[size_t(e)], v0[size_t(e)]) << "tq " << tq << " e " << e;
+    }
+  }
+}
+
+// Bytes the forward leaves alive (the output and what the backward keeps), for inputs made before.
+int64_t saved_bytes(int64_t t, DType dt, kernels::Backend b) {
+  const kernels::BackendGuard guard(b);
+  Tensor q, k, v;
+  {
+    const MemoryScope data(MemCategory::data);
+    q = values({1, 2, t, 32}, -1, 1, 7, dt).set_requires_grad();
+    k = values({1, 2, t, 32}, -1, 1, 8, dt).set_requires_grad();
+    v = values({1, 2, t, 32}, -1, 1, 9, dt).set_requires_grad();
+  }
+  const MemoryScope act(MemCategory::activations);
+  const int64_t before = allocator::stats().live_bytes[size_t(MemCategory::activations)];
+  const Tensor o = ops::scaled_dot_product_attention(q, k, v, {.causal = true});
+  return allocator::stats().live_bytes[size_t(MemCategory::activations)] - before;
+}
+
+TEST(Attention, FusedSavedBytesGrowLinearlyReferenceQuadratically) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const int64_t f128 = saved_bytes(128, dt, kernels::Backend::cpu),
+                  f512 = saved_bytes(512, dt, kernels::Backend::cpu),
+                  f2048 = saved_bytes(2048, dt, kernels::Backend::cpu);
+    // Output [1, 2, T, 32] and log-sum-exp [1, 2, T] f32: nothing of size T^2.
+    EXPECT_EQ(f512, 2 * 512 * (32 * int64_t(dtype_size(dt)) + 4)) << dtype_name(dt);
+    EXPECT_EQ(f512, 4 * f128) << dtype_name(dt);
+    EXPECT_EQ(f2048, 4 * f512) << dtype_name(dt);
+    const int64_t r512 = saved_bytes(512, dt, kernels::Backend::ref),
+                  r2048 = saved_bytes(2048, dt, kernels::Backend::ref);
+    EXPECT_GT(r2048, 15 * r512) << dtype_name(dt);  // the [T, T] probabilities dominate
+    EXPECT_GT(r2048, 50 * f2048) << dtype_name(dt);
+  }
+}
+
+TEST(Attention, ErrorsNameTheOpAndTheShapes) {
+  const Tensor q = values({2, 3, 5, 8}, -1, 1, 1), k = values({2, 3, 6, 8}, -1, 1, 2),
+               v = values({2, 3, 6, 4}, -1, 1, 3);
+  auto err = [](const std::function<void()>& f) { return testutil::error_of(f); };
+  EXPECT_EQ(
+      err([&] {
+        ops::scaled_dot_product_attention(q.reshape({6, 5, 8}), k, v);
+      }),
+      "scaled_dot_product_attention: q, k, v must be [B, H, T, E], got q [6, 5, 8], k [2, 3, 6, 8], v [2, 3, 6, 4]");
+  EXPECT_EQ(
+      err([&] {
+        ops::scaled_dot_product_attention(q, values({2, 2, 6, 8}, -1, 1, 4), v);
+      }),
+      "scaled_dot_product_attention: q, k, v must share batch and heads [B, H, ...], got q [2, 3, 5, 8], k [2, 2, "
+      "6, 8], v [2, 3, 6, 4]");
+  EXPECT_EQ(err([&] {
+              ops::scaled_dot_product_attention(q, values({2, 3, 6, 7}, -1, 1, 4), v);
+            }),
+            "scaled_dot_product_attention: k's head dim must be q's, got q [2, 3, 5, 8], k [2, 3, 6, 7]");
+  EXPECT_EQ(err([&] {
+              ops::scaled_dot_product_attention(q, k, values({2, 3, 5, 4}, -1, 1, 4));
+            }),
+            "scaled_dot_product_attention: v must have k's sequence length, got k [2, 3, 6, 8], v [2, 3, 5, 4]");
+  EXPECT_EQ(err([&] { ops::scaled_dot_product_attention(q, k.to(DType::bf16), v); }),
+            "scaled_dot_product_attention: q, k, v must share a dtype, got f32, bf16, f32");
+  EXPECT_EQ(err([&] {
+              ops::scaled_dot_product_attention(q, k, Tensor::from_vector(std::vector<int64_t>(144, 1), {2, 3, 6, 4}));
+            }),
+            "scaled_dot_product_attention: v must be floating, got i64");
+  EXPECT_EQ(err([&] { ops::scaled_dot_product_attention(q, k, v, {.dropout = 1.0}); }),
+            "scaled_dot_product_attention: dropout must be in [0, 1), got 1");
+}
+
+}  // namespace
+}  // namespace mixprec::testing
