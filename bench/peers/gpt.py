@@ -51,16 +51,18 @@ def preprocess(raw, path="text"):
         raise ValueError(f"{path}: invalid UTF-8 at byte {e.start}") from e
     if text.startswith("\ufeff"):
         text = text[1:]
-    text = text.replace("\r\n", "\n")
-    lines = text.split("\n")
-    start = next((i for i, ln in enumerate(lines) if "*** START OF" in ln), None)
-    if start is not None:
-        end = next((i for i in range(start + 1, len(lines)) if "*** END OF" in lines[i]), None)
-        if end is not None:
-            # Strictly between the two marker lines: the newline ending the START line is not kept,
-            # the one ending the line before END is.
-            text = "".join(ln + "\n" for ln in lines[start + 1:end])
-    return text
+    text = text.replace("\r\n", "\n")  # a lone CR stays
+    start = text.find("*** START OF")
+    if start < 0:
+        return text
+    eol = text.find("\n", start)  # the text begins after the START line's LF
+    begin = len(text) if eol < 0 else eol + 1
+    end = len(text)  # no END line: to the end of the text
+    end_marker = text.find("*** END OF", begin)
+    if end_marker >= 0:  # the END line starts after the last LF before its marker
+        lf = text.rfind("\n", 0, end_marker)
+        end = begin if lf < begin else lf + 1
+    return text[begin:end]
 
 
 def load_corpus(path=DEFAULT_TEXT, min_split=None):

@@ -36,6 +36,10 @@ def mix_int(z):
 def test_mix_and_offsets():
     # splitmix64 seeded with 0 gives 0xE220A8397B1DCDAF first (its published sequence).
     assert int(gpt.mix(0)) == 0xE220A8397B1DCDAF == mix_int(0)
+    assert int(gpt.mix(1)) == 0x910A2DEC89025CC1 and int(gpt.mix(2674)) == 0x4B8ED06B0A8DBE83
+    # The same numbers as tests/test_text.cpp's BatchOffsetsForSeed1337 (mixprec's side).
+    assert gpt.offsets(1337, 0, 0, 6, 1_000_000, 128).tolist() == [643435, 148437, 285579, 390830, 101243, 3566]
+    assert gpt.offsets(0, 1, 0, 6, 100_000, 128).tolist() == [8190, 97507, 65771, 34519, 64131, 73746]
     n, block = 1_000_003, 128
     for seed in (0, 1, 1337, 2**63 + 5):
         for split in (0, 1):
@@ -48,7 +52,11 @@ def test_preprocess():
     raw = (b"\xef\xbb\xbfTitle\r\n*** START OF THE BOOK ***\r\nCall me\r\nIshmael.\r\n"
            b"*** END OF THE BOOK ***\r\nlicence\r\n")
     assert gpt.preprocess(raw) == "Call me\nIshmael.\n"
-    assert gpt.preprocess("no markers\r\nat all".encode()) == "no markers\nat all"
+    assert gpt.preprocess("no markers\r\nat all\r".encode()) == "no markers\nat all\r"
+    assert gpt.preprocess(b"x\n*** START OF it\nno end\nline") == "no end\nline"
+    assert gpt.preprocess(b"*** START OF it") == ""
+    assert gpt.preprocess(b"*** START OF\n*** END OF\n") == ""
+    assert gpt.preprocess(b"a\n*** END OF\nb") == "a\n*** END OF\nb"  # END without START: all
     assert gpt.preprocess("\u00e9t\u00e9 \u2014 \U0001F40B".encode()) == "\u00e9t\u00e9 \u2014 \U0001F40B"
     try:
         gpt.preprocess(b"ok \xff bad", "x.txt")
