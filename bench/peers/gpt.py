@@ -230,8 +230,9 @@ def get_lr(it, lr, min_lr, warmup, steps):
     """nanoGPT's schedule: linear warm-up, then cosine from lr to min_lr at the last step."""
     if it < warmup:
         return lr * (it + 1) / (warmup + 1)
-    ratio = (it - warmup) / max(1, steps - warmup)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+    # Rounded in the order of mixprec's LrSchedule::lr_at, so the metrics' lr values agree exactly.
+    span = float(max(1, steps - warmup))
+    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * min(float(it - warmup), span) / span))
 
 
 @torch.no_grad()
