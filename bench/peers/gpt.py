@@ -76,9 +76,10 @@ def load_corpus(path=DEFAULT_TEXT, min_split=None):
     tokens = np.fromiter((index[c] for c in text), dtype=np.int64, count=len(text))
     n_train = len(tokens) * 9 // 10
     corpus = Corpus(vocab, tokens[:n_train], tokens[n_train:])
-    if min_split is not None and min(len(corpus.train), len(corpus.val)) <= min_split:
-        raise ValueError(f"{path}: {len(tokens)} characters: a split of {min(len(corpus.train), len(corpus.val))} "
-                         f"is not longer than the block size {min_split}")
+    for name, split in (("training", corpus.train), ("validation", corpus.val)):
+        if min_split is not None and len(split) <= min_split:
+            raise ValueError(f"{path}: its {name} split holds {len(split)} characters, fewer than "
+                             f"--block-size {min_split} + 1 (the text has {len(tokens)} characters)")
     return corpus
 
 
