@@ -111,7 +111,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) {
   const int reps = std::max(1, argc > 1 ? std::atoi(argv[1]) : 20);
   const int64_t batch = argc > 2 ? std::atoll(argv[2]) : 512;
-  std::vector<std::array<int64_t, 2>> layers;  // (in, out) of each layer
+  std::vector<std::array<int64_t, 2>> layers;                                     // (in, out) of each layer
   for (const char* p = argc > 3 ? argv[3] : "784x1024,1024x1024,1024x10"; *p;) {  // the MLP's by default
     char* end = nullptr;
     const long long in = std::strtoll(p, &end, 10);
