@@ -111,13 +111,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) {
   const int reps = std::max(1, argc > 1 ? std::atoi(argv[1]) : 20);
   const int64_t batch = argc > 2 ? std::atoll(argv[2]) : 512;
-  std::vector<std::array<int64_t, 2>> layers;                                     // (in, out) of each layer
-  for (const char* p = argc > 3 ? argv[3] : "784x1024,1024x1024,1024x10"; *p;) {  // the MLP's by default
+  // (in, out) of each layer, the MLP's by default.
+  const char* spec = argc > 3 ? argv[3] : "784x1024,1024x1024,1024x10";
+  std::vector<std::array<int64_t, 2>> layers;
+  for (const char* p = spec; *p;) {
     char* end = nullptr;
     const long long in = std::strtoll(p, &end, 10);
     const long long out = *end == 'x' ? std::strtoll(end + 1, &end, 10) : 0;
     if (in <= 0 || out <= 0 || (*end != ',' && *end != 0)) {
-      std::fprintf(stderr, "matmul_probe: bad layer list '%s' at '%s': expected INxOUT[,INxOUT...]\n", argv[3], p);
+      std::fprintf(stderr, "matmul_probe: bad layer list '%s' at '%s': expected INxOUT[,INxOUT...]\n", spec, p);
       return 2;
     }
     layers.push_back({in, out});
