@@ -11,15 +11,22 @@ computed pair-wise within each repeat (same repeat index) and summarised as
 min/median/max, because this shared machine's throughput (AMX especially) drifts up to
 2x from minute to minute: runs close in time are comparable, runs minutes apart are not.
 
+For the mlp and gpt it also runs bench/matmul_probe.cpp once per repeat on the model's Linear
+shapes (gpt: C x 3C, C x 4C, 4C x C at batch x block tokens): oneDNN's own bf16 over f32 matmul
+speed-up, and mixprec's amp-bf16 speed-up as a share of it, pair-wise per repeat. The probe is
+built next to the mixprec CLI (`cmake --build build --target matmul_probe`) when it is missing.
+
 Usage (from anywhere; standard library only, torch is only needed by the peer):
     /usr/bin/python3 bench/compare.py --model mlp --batch-size 512 --steps 30 --warmup 5
     /usr/bin/python3 bench/compare.py --model cnn --channels 420,1000 --batch-size 64 \\
         --steps 10 --warmup 3 --repeats 3 --json-out /tmp/cnn.json
+    /usr/bin/python3 bench/compare.py --model gpt --steps 20 --warmup 3 --repeats 5
 """
 
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -29,6 +36,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(REPO, "bench", "peers", "torch_bench.py")
 TORCH_PRECISIONS = ("fp32", "amp-bf16")
+PROBE = "onednn"  # the probe's impl name in the runs
 
 
 def parse_args(argv=None):
@@ -40,20 +48,29 @@ def parse_args(argv=None):
                    help="interpreter with torch for the peer (default /usr/bin/python3)")
     p.add_argument("--impls", default="mixprec,pytorch",
                    help="which implementations to run (default mixprec,pytorch)")
-    p.add_argument("--model", choices=("mlp", "cnn", "cnn-bn"), default="mlp")
+    p.add_argument("--model", choices=("mlp", "cnn", "cnn-bn", "gpt"), default="mlp")
     p.add_argument("--hidden", default="1024,1024")
     p.add_argument("--channels", default="8,16")
-    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--layers", type=int, default=4, help="gpt")
+    p.add_argument("--heads", type=int, default=4, help="gpt")
+    p.add_argument("--d-model", type=int, default=128, help="gpt")
+    p.add_argument("--block-size", type=int, default=128, help="gpt")
+    p.add_argument("--batch-size", type=int, default=None, help="default 512 (gpt: 32)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--precisions", default="fp32,amp-bf16")
-    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default=None,
+                   help="default sgd; gpt: not passed (both run the recipe's adamw)")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--torch-linear", choices=("native", "onednn"), default="native",
                    help="peer's nn.Linear path: native (Debian torch: netlib BLAS in fp32) "
                         "or onednn (fp32 Linear as a oneDNN 1x1 conv); see bench/peers/models.py")
+    p.add_argument("--probe", default=None,
+                   help="oneDNN matmul probe (default: matmul_probe next to --mixprec, built if missing)")
+    p.add_argument("--probe-reps", type=int, default=10, help="timed reps per probe run (default 10)")
+    p.add_argument("--no-probe", action="store_true", help="skip oneDNN's matmul probe")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--json-out", metavar="FILE", help="write raw results + summary here")
     a = p.parse_args(argv)
@@ -68,7 +85,27 @@ def parse_args(argv=None):
         p.error("--repeats must be >= 1")
     if not os.path.isabs(a.mixprec):
         a.mixprec = os.path.join(REPO, a.mixprec)
+    if a.batch_size is None:
+        a.batch_size = 32 if a.model == "gpt" else 512
+    if a.optimizer is None and a.model != "gpt":
+        a.optimizer = "sgd"
+    if a.probe is None:
+        a.probe = os.path.join(os.path.dirname(a.mixprec), "matmul_probe")
+    elif not os.path.isabs(a.probe):
+        a.probe = os.path.join(REPO, a.probe)
+    a.probe_layers = None if a.no_probe else probe_layers(a)
     return a
+
+
+def probe_layers(a):
+    """The model's Linear layers as the probe's (batch, "INxOUT,...") or None (cnn: convolutions)."""
+    if a.model == "gpt":
+        c = a.d_model
+        return a.batch_size * a.block_size, f"{c}x{3 * c},{c}x{4 * c},{4 * c}x{c}"
+    if a.model == "mlp":
+        widths = [784] + [int(w) for w in a.hidden.split(",") if w] + [10]
+        return a.batch_size, ",".join(f"{i}x{o}" for i, o in zip(widths, widths[1:]))
+    return None
 
 
 def common_flags(a, precision):
@@ -77,9 +114,13 @@ def common_flags(a, precision):
         f += ["--hidden", a.hidden]
     if a.model == "cnn":
         f += ["--channels", a.channels]
+    if a.model == "gpt":
+        f += ["--layers", str(a.layers), "--heads", str(a.heads), "--d-model", str(a.d_model),
+              "--block-size", str(a.block_size)]
     f += ["--precision", precision, "--batch-size", str(a.batch_size),
-          "--steps", str(a.steps), "--warmup", str(a.warmup),
-          "--optimizer", a.optimizer, "--threads", str(a.threads)]
+          "--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads)]
+    if a.optimizer is not None:
+        f += ["--optimizer", a.optimizer]
     if a.lr is not None:
         f += ["--lr", repr(a.lr)]
     return f
@@ -138,7 +179,74 @@ def run_command(cmd, label, timeout):
 
 
 def run_once(a, impl, precision):
+    if impl == PROBE:
+        return run_probe(a)
     return run_command(command(a, impl, precision), f"{impl} {precision}", a.timeout)
+
+
+def ensure_probe(a):
+    """Builds the probe in the mixprec CLI's build directory when it is not there."""
+    if os.path.isfile(a.probe) and os.access(a.probe, os.X_OK):
+        return
+    build = os.path.dirname(a.probe)
+    cmd = ["cmake", "--build", build, "--target", "matmul_probe"]
+    print(f"compare.py: building the probe: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=a.timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RunError(f"cannot build the probe: {shlex.join(cmd)}: {e}") from e
+    if proc.returncode != 0 or not os.path.isfile(a.probe):
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise RunError(f"building the probe failed: {shlex.join(cmd)} (or pass --probe PATH, "
+                       f"--no-probe)\n{tail}")
+
+
+PROBE_LINE = re.compile(r"^(?P<label>.*?)\s+(?P<dtype>f32|bf16|bf16->f32)\s+[\d.]+\s+[\d.]+\s+"
+                        r"(?P<ms>[\d.]+)\s+\S+\s*$")
+
+
+def parse_probe(stdout):
+    """The probe's table -> {"isa", "products": [{label, f32, bf16, bf16->f32 ms}], and the sums
+    f32_ms, bf16_ms (every product in bf16) and train_ms (forward and grad_x in bf16, the weight
+    gradient bf16 -> f32: the dtypes of an amp-bf16 Linear's three products)}."""
+    lines = stdout.splitlines()
+    products, cur = [], None
+    for line in lines:
+        m = PROBE_LINE.match(line)
+        if not m:
+            continue
+        if m["dtype"] == "f32":
+            cur = {"label": m["label"].strip()}
+            products.append(cur)
+        if cur is not None:
+            cur[m["dtype"]] = float(m["ms"])
+    if not products or any(len(p) != 4 for p in products):
+        return None
+    f32 = sum(p["f32"] for p in products)
+    bf16 = sum(p["bf16"] for p in products)
+    train = sum(p["bf16->f32" if "gW" in p["label"] else "bf16"] for p in products)
+    return {"isa": lines[0] if lines else "", "products": products, "f32_ms": f32, "bf16_ms": bf16,
+            "train_ms": train, "speedup_train": f32 / train, "speedup_bf16": f32 / bf16}
+
+
+def run_probe(a):
+    batch, layers = a.probe_layers
+    cmd = [a.probe, str(a.probe_reps), str(batch), layers]
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=a.timeout, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RunError(f"probe failed: {shlex.join(cmd)}: {e}") from e
+    res = parse_probe(proc.stdout) if proc.returncode == 0 else None
+    if res is None:
+        tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-15:])
+        raise RunError(f"probe failed (exit status {proc.returncode}, or no table): "
+                       f"{shlex.join(cmd)}\n{tail}")
+    # In the shape of a bench result so the table and the ratios treat it alike: the "step" is
+    # the sum of the products' median times.
+    res["step_ms"] = {"median": res["train_ms"], "best": res["train_ms"]}
+    return {"cmd": cmd, "wall_s": time.perf_counter() - t0, "result": res}
 
 
 def stats(xs):
@@ -152,6 +260,10 @@ def summarise(a, runs):
     """runs: list of {"repeat", "impl", "precision", "result", ...}."""
     ms = {}  # (impl, precision) -> {repeat: median step ms}
     for r in runs:
+        if r["impl"] == PROBE:  # one run gives both: f32 and amp-bf16's dtypes
+            ms.setdefault((PROBE, "fp32"), {})[r["repeat"]] = r["result"]["f32_ms"]
+            ms.setdefault((PROBE, "amp-bf16"), {})[r["repeat"]] = r["result"]["train_ms"]
+            continue
         ms.setdefault((r["impl"], r["precision"]), {})[r["repeat"]] = \
             float(r["result"]["step_ms"]["median"])
 
@@ -177,17 +289,33 @@ def summarise(a, runs):
                 "per_repeat": vals, **s}
 
     ratios = []
-    for impl in a.impls:
+    for impl in a.impls + ([PROBE] if (PROBE, "fp32") in ms else []):
         for p in a.precisions:
             if p != "fp32" and "fp32" in a.precisions:
                 ratios.append(ratio(f"{impl} {p} speedup over {impl} fp32",
                                     (impl, "fp32"), (impl, p)))
+    share = share_of_probe(ms)
+    if share is not None:
+        ratios.append(share)
     # mixprec against each peer (torch_gpu.py has two: pytorch-eager, pytorch-compile).
     for peer in [i for i in a.impls if i != "mixprec"] if "mixprec" in a.impls else []:
         for p in a.precisions:
             ratios.append(ratio(f"mixprec {p} vs {peer} {p} (x faster)",
                                 (peer, p), ("mixprec", p)))
     return {"per_impl": per, "ratios": [r for r in ratios if r is not None]}
+
+
+def share_of_probe(ms):
+    """mixprec's amp-bf16 speed-up over fp32 as a share of oneDNN's matmul speed-up, per repeat."""
+    keys = [("mixprec", "fp32"), ("mixprec", "amp-bf16"), (PROBE, "fp32"), (PROBE, "amp-bf16")]
+    if any(k not in ms for k in keys):
+        return None
+    m32, m16, o32, o16 = (ms[k] for k in keys)
+    vals = [(m32[r] / m16[r]) / (o32[r] / o16[r]) for r in sorted(m32)
+            if r in m16 and r in o32 and r in o16]
+    s = stats(vals)
+    return None if s is None else {
+        "name": "mixprec amp-bf16 speedup / onednn matmul speedup", "per_repeat": vals, **s}
 
 
 def load_average():
@@ -204,8 +332,10 @@ def print_table(a, summary):
           f"after {a.load_after:.2f}  (the machine has {os.cpu_count()} cores)")
     print(f"model={a.model}" + (f" hidden={a.hidden}" if a.model == "mlp" else "")
           + (f" channels={a.channels}" if a.model == "cnn" else "")
+          + (f" layers={a.layers} heads={a.heads} d-model={a.d_model} block={a.block_size}"
+             if a.model == "gpt" else "")
           + f" batch={a.batch_size} threads={a.threads} steps={a.steps} warmup={a.warmup}"
-          f" optimizer={a.optimizer} repeats={a.repeats}"
+          f" optimizer={a.optimizer or 'recipe'} repeats={a.repeats}"
           + (f" torch-linear={a.torch_linear}" if a.torch_linear != "native" else ""))
     print("step time = each run's median step; min / median over repeats")
     hdr = f"{'impl':<8} {'precision':<10} {'ms min':>9} {'ms median':>10} " \
@@ -213,9 +343,20 @@ def print_table(a, summary):
     print(hdr)
     print("-" * len(hdr))
     for row in summary["per_impl"]:
+        if row["impl"] == PROBE:
+            continue
         print(f"{row['impl']:<8} {row['precision']:<10} {row['step_ms_min']:9.2f} "
               f"{row['step_ms_median']:10.2f} {row['step_ms_max']:9.2f} "
               f"{row['samples_per_s_median']:16.0f}")
+    probe_rows = [r for r in summary["per_impl"] if r["impl"] == PROBE]
+    if probe_rows:
+        batch, layers = a.probe_layers
+        print(f"\n{PROBE} matmuls (bench/matmul_probe.cpp, batch {batch}, layers {layers}: the sum of "
+              f"each product's median;\n  amp-bf16 = forward and input gradient in bf16, weight "
+              f"gradient bf16 -> f32)")
+        for row in probe_rows:
+            print(f"{PROBE:<8} {row['precision']:<10} {row['step_ms_min']:9.2f} "
+                  f"{row['step_ms_median']:10.2f} {row['step_ms_max']:9.2f}")
     if summary["ratios"]:
         print()
         print("ratios, pair-wise per repeat (> 1: the first named is faster)")
@@ -247,6 +388,16 @@ def main(argv=None):
                 continue
             jobs.append((impl, p))
 
+    if a.probe_layers is not None and "amp-bf16" in a.precisions and "fp32" in a.precisions:
+        try:
+            ensure_probe(a)
+        except RunError as e:
+            print(f"compare.py: {e}", file=sys.stderr)
+            return 2
+        jobs.append((PROBE, "fp32,amp-bf16"))
+    else:
+        a.probe_layers = None
+
     runs = []
     failed = None
     a.load_before = load_average()
@@ -259,6 +410,12 @@ def main(argv=None):
                 break
             runs.append({"repeat": rep, "impl": impl, "precision": p, **out})
             res = out["result"]
+            if impl == PROBE:
+                print(f"[{rep + 1}/{a.repeats}] {impl:<8} matmuls f32 {res['f32_ms']:.2f} ms, "
+                      f"amp-bf16 dtypes {res['train_ms']:.2f} ms ({res['speedup_train']:.2f}x), "
+                      f"all bf16 {res['bf16_ms']:.2f} ms ({res['speedup_bf16']:.2f}x)  "
+                      f"({out['wall_s']:.0f} s)", flush=True)
+                continue
             print(f"[{rep + 1}/{a.repeats}] {impl:<8} {p:<9} "
                   f"step_ms median {float(res['step_ms']['median']):8.2f}  "
                   f"best {float(res['step_ms']['best']):8.2f}  ({out['wall_s']:.0f} s)",

@@ -1,12 +1,15 @@
-// Timing probe (not a test) for the MLP's three training matmuls at batch 512, f32 vs bf16,
-// interleaved so that machine-wide speed swings hit every variant alike.
+// Timing probe (not a test) for a linear layer's three training matmuls, f32 vs bf16, interleaved
+// so that machine-wide speed swings hit every variant alike. Default: the MLP's layers at batch 512;
+// the third argument names other layers as IN x OUT pairs (the GPT's: 128x384,128x512,512x128 at
+// batch 4096 = 32 x 128 tokens; bench/compare.py --model gpt builds and runs it so).
 //
 //   g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc bench/matmul_probe.cpp src/kernels/cpu/dnnl_common.cpp
 //       src/kernels/cpu/dnnl_matmul.cpp src/core/allocator.cpp -ldnnl -o /tmp/matmul_probe
-//   OMP_NUM_THREADS=2 /tmp/matmul_probe [reps=20] [batch=512]
+//   OMP_NUM_THREADS=2 /tmp/matmul_probe [reps=20] [batch=512] [layers=784x1024,1024x1024,1024x10]
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -108,7 +111,20 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) {
   const int reps = std::max(1, argc > 1 ? std::atoi(argv[1]) : 20);
   const int64_t batch = argc > 2 ? std::atoll(argv[2]) : 512;
-  const int64_t layers[][2] = {{784, 1024}, {1024, 1024}, {1024, 10}};  // the MLP's (in, out)
+  // (in, out) of each layer, the MLP's by default.
+  const char* spec = argc > 3 ? argv[3] : "784x1024,1024x1024,1024x10";
+  std::vector<std::array<int64_t, 2>> layers;
+  for (const char* p = spec; *p;) {
+    char* end = nullptr;
+    const long long in = std::strtoll(p, &end, 10);
+    const long long out = *end == 'x' ? std::strtoll(end + 1, &end, 10) : 0;
+    if (in <= 0 || out <= 0 || (*end != ',' && *end != 0)) {
+      std::fprintf(stderr, "matmul_probe: bad layer list '%s' at '%s': expected INxOUT[,INxOUT...]\n", spec, p);
+      return 2;
+    }
+    layers.push_back({in, out});
+    p = *end ? end + 1 : end;
+  }
   const Product products[] = {Product::forward, Product::grad_x, Product::grad_w};
   std::printf("oneDNN ISA %s, avx512_bf16 %d, amx_bf16 %d, OpenMP threads %d, batch %lld, %d reps\n",
               dnnl_isa_name().c_str(), has_avx512_bf16(), has_amx_bf16(), omp_get_max_threads(),
@@ -179,8 +195,8 @@ int main(int argc, char** argv) {
     }
     std::printf("%-27s speedup over f32: bf16 %.2fx, bf16->f32 %.2fx\n\n", "", ratio_bf16, ratio_bf16_f32);
   }
-  std::printf("sum of medians (all 9 products): f32 %.2f ms, bf16 %.2f ms (%.2fx), bf16->f32 %.2f ms (%.2fx)\n",
-              step_ms[0], step_ms[1], step_ms[0] / step_ms[1], step_ms[2], step_ms[0] / step_ms[2]);
+  std::printf("sum of medians (all %zu products): f32 %.2f ms, bf16 %.2f ms (%.2fx), bf16->f32 %.2f ms (%.2fx)\n",
+              rows.size(), step_ms[0], step_ms[1], step_ms[0] / step_ms[1], step_ms[2], step_ms[0] / step_ms[2]);
   const CacheStats cs = matmul_cache_stats();
   std::printf("primitive cache: %lld created, %lld hits\n", static_cast<long long>(cs.misses),
               static_cast<long long>(cs.hits));

@@ -15,7 +15,10 @@ packages=(g++ cmake ninja-build libdnnl-dev ocl-icd-opencl-dev zlib1g-dev nlohma
   clang-format-14 clang-tidy-14 libomp-14-dev # libomp-14-dev: omp.h where clang-tidy looks for it
   clang-14 libclang-rt-14-dev) # the fuzz targets: clang's libFuzzer and sanitizer runtimes
 # bench compares with PyTorch; test checks checkpoints both ways with it (ctest interop.pytorch).
-[ "${1:-}" = bench ] || [ "${1:-}" = test ] && packages+=(python3-torch python3-numpy)
+# libopenblas0-openmp: Debian's torch is built with BLAS_INFO=generic, so its fp32 matmuls run on
+# whatever libblas.so.3 is; OpenBLAS (on libgomp, torch's own thread pool) instead of netlib's
+# single-threaded reference BLAS, 10-100x slower (bench/README.md).
+[ "${1:-}" = bench ] || [ "${1:-}" = test ] && packages+=(python3-torch python3-numpy libopenblas0-openmp)
 
 setup() {
   local missing=()

@@ -123,8 +123,9 @@ def _build(name, hidden, channels):
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
 
 
-def add_model_args(parser):
-    parser.add_argument("--model", choices=MODELS, default="mlp")
+def add_model_args(parser, extra_models=()):
+    """The model flags; extra_models: more --model names the script handles itself (gpt)."""
+    parser.add_argument("--model", choices=MODELS + tuple(extra_models), default="mlp")
     parser.add_argument("--hidden", default="1024,1024",
                         help="mlp hidden sizes, comma-separated (default 1024,1024)")
     parser.add_argument("--channels", default="8,16",
