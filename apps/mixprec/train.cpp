@@ -205,8 +205,11 @@ int cmd_train(Args& given) {
                 " but test images are ", test.rows, "x", test.cols, " in ", o.data_dir);
   opt.model.image_rows = train.rows;
   opt.model.image_cols = train.cols;
-  DataFacts facts{train.size, train.rows, train.cols,
-                  o.data_dir == data::kDefaultDataDir ? data::kFashionMnistNorm : data::compute_normalize(train)};
+  DataFacts facts;
+  facts.train_samples = train.size;
+  facts.rows = train.rows;
+  facts.cols = train.cols;
+  facts.norm = o.data_dir == data::kDefaultDataDir ? data::kFashionMnistNorm : data::compute_normalize(train);
   if (ckpt) {
     const DataFacts was = stored_data_facts(ckpt->metadata, resume);
     MIXPREC_CHECK(was.train_samples == facts.train_samples && was.rows == facts.rows && was.cols == facts.cols,

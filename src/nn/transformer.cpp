@@ -44,11 +44,11 @@ void check_config(const GPTConfig& c) {
 }
 
 // Overwrites t (in place: every handle stays valid) with N(0, std^2) drawn in f32, or a constant.
-void init_normal(const Tensor& t, double std) {
+void init_normal(Tensor t, double std) {
   const autograd::NoGradGuard no_grad;
   t.copy_(Tensor::randn(t.shape(), default_generator(), DType::f32, std));
 }
-void init_constant(const Tensor& t, double value) {
+void init_constant(Tensor t, double value) {
   const autograd::NoGradGuard no_grad;
   t.fill_(value);
 }
@@ -137,8 +137,7 @@ GPT::GPT(const GPTConfig& c) : config_(c) {
   const double proj_std = 0.02 / std::sqrt(2.0 * double(c.n_layer));
   for (const auto& [name, t] : named_parameters()) {
     const bool is_norm = name.find(".ln_") != std::string::npos;
-    const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    const bool is_proj = name.size() >= 14 && name.compare(name.size() - 14, 14, "c_proj.weight") == 0;
+    const bool is_bias = name.ends_with(".bias"), is_proj = name.ends_with(".c_proj.weight");
     if (is_norm) {
       init_constant(t, is_bias ? 0.0 : 1.0);
     } else if (is_bias) {
