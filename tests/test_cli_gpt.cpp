@@ -105,8 +105,8 @@ TEST_F(CliGpt, TrainsWithEvalLines) {
 TEST_F(CliGpt, StoppedAndResumedRunIsBitIdentical) {
   for (const char* precision : {"amp-bf16", "amp-fp16"}) {
     // Dropout draws and the fp16 scale (growing every 3 steps) must continue across the stops.
-    const std::string flags = "train " + tiny() + " --steps 12 --eval-every 4 --dropout 0.1 --precision " +
-                              precision + (std::string(precision) == "amp-fp16" ? " --growth-interval 3" : "");
+    const std::string flags = "train " + tiny() + " --steps 12 --eval-every 4 --dropout 0.1 --precision " + precision +
+                              (std::string(precision) == "amp-fp16" ? " --growth-interval 3" : "");
     const fs::path full_m = dir_ / "full.jsonl", part_m = dir_ / "part.jsonl";
     const fs::path full_st = dir_ / "full.st", part_st = dir_ / "part.st";
     RunResult r = run_cli(flags + " --metrics " + full_m.string() + " --save " + full_st.string(), dir_);
@@ -116,9 +116,9 @@ TEST_F(CliGpt, StoppedAndResumedRunIsBitIdentical) {
                 dir_);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     for (const char* more : {" --stop-after-steps 8", ""}) {
-      r = run_cli("train --resume " + part_st.string() + " --metrics " + part_m.string() + " --save " +
-                      part_st.string() + more,
-                  dir_);
+      r = run_cli(
+          "train --resume " + part_st.string() + " --metrics " + part_m.string() + " --save " + part_st.string() + more,
+          dir_);
       ASSERT_EQ(r.exit_code, 0) << r.err;
     }
     EXPECT_NE(r.out.find("resumed from " + part_st.string() + ": step 8"), std::string::npos) << r.out;

@@ -52,11 +52,15 @@ TEST(Text, InvalidUtf8NamesTheFileAndTheByte) {
 
 TEST(Text, PreprocessingKeepsTheBookBetweenTheMarkers) {
   const std::string book =
-      "\xEF\xBB\xBFTitle\r\n*** START OF THE BOOK ***\r\nCall me\r\nIshmael.\r\n\r\n*** END OF THE BOOK ***\r\nlicence\r\n";
+      "\xEF\xBB\xBFTitle\r\n*** START OF THE BOOK ***\r\nCall me\r\nIshmael.\r\n\r\n*** END OF THE BOOK "
+      "***\r\nlicence\r\n";
   EXPECT_EQ(encode_utf8(preprocess_text(decode_utf8(book, "b"))), "Call me\nIshmael.\n\n");
   // No END line: to the end. No START line: everything (BOM dropped, CRLF -> LF, lone CR kept).
   EXPECT_EQ(encode_utf8(preprocess_text(decode_utf8("x\n*** START OF y\nab\r\ncd", "b"))), "ab\ncd");
-  EXPECT_EQ(encode_utf8(preprocess_text(decode_utf8("\xEF\xBB\xBF" "a\r\nb\rc", "b"))), "a\nb\rc");
+  EXPECT_EQ(encode_utf8(preprocess_text(decode_utf8("\xEF\xBB\xBF"
+                                                    "a\r\nb\rc",
+                                                    "b"))),
+            "a\nb\rc");
   // An END marker before START's line does not count; a START line that is the last leaves nothing.
   EXPECT_EQ(encode_utf8(preprocess_text(decode_utf8("*** END OF\n*** START OF\nz\n", "b"))), "z\n");
   EXPECT_EQ(preprocess_text(decode_utf8("a\n*** START OF", "b")), U"");
@@ -67,8 +71,8 @@ TEST(Text, VocabularyIsTheSortedCharacters) {
   EXPECT_EQ(c.vocab.chars(), U"\n ,dehlorw\u00F6");
   EXPECT_EQ(c.vocab.to_utf8(), "\n ,dehlorw\xC3\xB6");
   ASSERT_EQ(c.tokens.size(), 18u);
-  EXPECT_EQ(c.tokens[0], 5);   // 'h'
-  EXPECT_EQ(c.tokens[8], 10);  // U+00F6
+  EXPECT_EQ(c.tokens[0], 5);    // 'h'
+  EXPECT_EQ(c.tokens[8], 10);   // U+00F6
   EXPECT_EQ(c.train_size, 16);  // 18 * 9 / 10 = int(0.9 * 18)
   EXPECT_EQ(c.split_size(TextSplit::val), 2);
   EXPECT_EQ(c.vocab.decode(c.vocab.encode(decode_utf8("w\xC3\xB6rld", "p"), "p")), "w\xC3\xB6rld");
@@ -133,7 +137,8 @@ TEST_F(TextFiles, FileErrorsNameTheFile) {
   EXPECT_EQ(error_of([&] { load_text(missing); }),
             missing + ": cannot open the text file (missing? the default comes from scripts/dev.sh)");
   write_file(dir_ / "empty.txt", "");
-  EXPECT_EQ(error_of([&] { load_text((dir_ / "empty.txt").string()); }), (dir_ / "empty.txt").string() + ": the file is empty");
+  EXPECT_EQ(error_of([&] { load_text((dir_ / "empty.txt").string()); }),
+            (dir_ / "empty.txt").string() + ": the file is empty");
   write_file(dir_ / "bad.txt", "fine text\n\xC3(");
   EXPECT_EQ(error_of([&] { load_text((dir_ / "bad.txt").string()); }),
             (dir_ / "bad.txt").string() + ": invalid UTF-8 at byte 10: a 2-byte character lacks continuation byte 1");

@@ -45,17 +45,17 @@ TEST(Transformer, StateDictHasNanoGptsNamesAndShapes) {
   for (int i = 0; i < 2; ++i) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
     for (const auto& [n, s] : std::vector<std::pair<std::string, Shape>>{{"ln_1.weight", {16}},
-                                                                           {"ln_1.bias", {16}},
-                                                                           {"attn.c_attn.weight", {48, 16}},
-                                                                           {"attn.c_attn.bias", {48}},
-                                                                           {"attn.c_proj.weight", {16, 16}},
-                                                                           {"attn.c_proj.bias", {16}},
-                                                                           {"ln_2.weight", {16}},
-                                                                           {"ln_2.bias", {16}},
-                                                                           {"mlp.c_fc.weight", {64, 16}},
-                                                                           {"mlp.c_fc.bias", {64}},
-                                                                           {"mlp.c_proj.weight", {16, 64}},
-                                                                           {"mlp.c_proj.bias", {16}}}) {
+                                                                         {"ln_1.bias", {16}},
+                                                                         {"attn.c_attn.weight", {48, 16}},
+                                                                         {"attn.c_attn.bias", {48}},
+                                                                         {"attn.c_proj.weight", {16, 16}},
+                                                                         {"attn.c_proj.bias", {16}},
+                                                                         {"ln_2.weight", {16}},
+                                                                         {"ln_2.bias", {16}},
+                                                                         {"mlp.c_fc.weight", {64, 16}},
+                                                                         {"mlp.c_fc.bias", {64}},
+                                                                         {"mlp.c_proj.weight", {16, 64}},
+                                                                         {"mlp.c_proj.bias", {16}}}) {
       expected.push_back(h + n);
       shapes.push_back(s);
     }
@@ -129,7 +129,7 @@ TEST(Transformer, RejectsBadInputs) {
   default_generator().manual_seed(3);
   nn::GPT gpt(small_config());
   EXPECT_THROW(gpt(Tensor::zeros({1, 17}, DType::i64)), Error);  // longer than block_size
-  EXPECT_THROW(gpt(Tensor::zeros({1, 4})), Error);                // f32, not token indices
+  EXPECT_THROW(gpt(Tensor::zeros({1, 4})), Error);               // f32, not token indices
   EXPECT_THROW(nn::GPT({.vocab_size = 11, .n_head = 3, .n_embd = 16}), Error);
 }
 

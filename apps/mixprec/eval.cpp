@@ -22,9 +22,9 @@ namespace {
 
 // What a file's metadata says about its model: the flags that build it, and the data it expects.
 const char* const kModelKeys[] = {"model", "hidden", "channels", "layers", "heads", "d-model", "block-size", "dropout"};
-const char* const kExportKeys[] = {"model",     "hidden",     "channels",    "image-rows", "image-cols", "num-classes",
-                                   "norm-mean", "norm-std",   "precision",   "data",       "layers",     "heads",
-                                   "d-model",   "block-size", "dropout",     "vocab",      "text"};
+const char* const kExportKeys[] = {"model",     "hidden",     "channels",  "image-rows", "image-cols", "num-classes",
+                                   "norm-mean", "norm-std",   "precision", "data",       "layers",     "heads",
+                                   "d-model",   "block-size", "dropout",   "vocab",      "text"};
 
 Flags model_flags(const Flags& metadata) {
   Flags f;

@@ -53,8 +53,9 @@ double validation_loss(nn::Module& model, const amp::Precision& precision, const
   autograd::NoGradGuard no_grad;
   std::vector<Tensor> losses;
   for (int64_t j = 0; j < batches; ++j) {
-    const data::TextBatch b = data::text_batch(corpus, data::TextSplit::val, /*seed=*/0,
-                                               uint64_t(j * data::kValBatchSize), data::kValBatchSize, block_size, device);
+    const data::TextBatch b =
+        data::text_batch(corpus, data::TextSplit::val, /*seed=*/0, uint64_t(j * data::kValBatchSize),
+                         data::kValBatchSize, block_size, device);
     amp::Autocast ac(device.type, precision.autocast_dtype, precision.autocast);
     losses.push_back(ops::cross_entropy(model(b.x), b.y).reshape({1}));
   }

@@ -52,9 +52,8 @@ void ProgressPrinter::step(int64_t epoch, int64_t i, double loss, int64_t sample
   if (tty_) {
     const int width = 30, filled = int(width * i / steps_per_epoch_);
     std::fprintf(stderr, "\r%s[%s%s] step %lld/%lld loss %.4f %.0f samples/s ", ep.c_str(),
-                 std::string(size_t(filled), '#').c_str(),
-                 std::string(size_t(width - filled), '.').c_str(), (long long)i, (long long)steps_per_epoch_, loss,
-                 double(samples) / seconds);
+                 std::string(size_t(filled), '#').c_str(), std::string(size_t(width - filled), '.').c_str(),
+                 (long long)i, (long long)steps_per_epoch_, loss, double(samples) / seconds);
   } else if (line_due(i)) {
     std::fprintf(stderr, "%sstep %lld/%lld loss %.4f %.0f samples/s\n", ep.c_str(), (long long)i,
                  (long long)steps_per_epoch_, loss, double(samples) / seconds);
@@ -92,8 +91,8 @@ void print_rounding(int64_t step, const optim::Optimizer::RoundingStats& r, cons
 
 void print_done(const Session& s, int64_t steps, double wall_seconds, double train_seconds, double samples_per_s,
                 const std::string& result, const amp::ScaleTrace& scale_trace, bool diagnose) {
-  std::printf("done: %lld steps in %.1f s wall (%.1f s training), %.0f samples/s, %s\n", (long long)steps,
-              wall_seconds, train_seconds, samples_per_s, result.c_str());
+  std::printf("done: %lld steps in %.1f s wall (%.1f s training), %.0f samples/s, %s\n", (long long)steps, wall_seconds,
+              train_seconds, samples_per_s, result.c_str());
   std::printf("%s\n", peak_memory_table(s.opt.device).c_str());
   if (s.scaler->is_enabled() || diagnose) std::printf("loss %s\n", scale_trace.summary().c_str());
 }

@@ -138,8 +138,9 @@ int eval_gpt(Args& given, const io::SafetensorsFile& f, const std::string& path)
       parse_precision(a, f.metadata.count("precision") ? f.metadata.at("precision") : "fp32", device);
   const std::string text_path =
       a.str("text", f.metadata.count("text") ? f.metadata.at("text") : std::string(data::kDefaultTextPath));
-  const int64_t batches = a.integer(
-      "eval-batches", f.metadata.count("eval-batches") ? metadata_int(f.metadata, "eval-batches", path) : 50, 1, 1 << 20);
+  const int64_t batches =
+      a.integer("eval-batches", f.metadata.count("eval-batches") ? metadata_int(f.metadata, "eval-batches", path) : 50,
+                1, 1 << 20);
   const bool json = a.flag("json");
   const int threads = int(a.integer("threads", available_cores(), 1, 1024));
   a.finish();
@@ -152,9 +153,9 @@ int eval_gpt(Args& given, const io::SafetensorsFile& f, const std::string& path)
   text.check_block_size(g.spec.block_size);
   const double loss = validation_loss(*g.model, precision, text, g.spec.block_size, batches, device);
   if (json) {
-    const Json j = {{"checkpoint", path},       {"model", "gpt"},        {"precision", precision.name},
-                    {"device", device.str()},   {"text", text_path},     {"eval_batches", batches},
-                    {"block_size", g.spec.block_size}, {"val_loss", loss}};
+    const Json j = {
+        {"checkpoint", path}, {"model", "gpt"},          {"precision", precision.name},     {"device", device.str()},
+        {"text", text_path},  {"eval_batches", batches}, {"block_size", g.spec.block_size}, {"val_loss", loss}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%s: validation loss %.4f (%lld batches of %lld x %lld); model gpt, precision %s, text %s\n",

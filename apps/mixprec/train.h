@@ -6,8 +6,8 @@
 #include <string>
 
 #include "args.h"
-#include "mixprec/io.h"
 #include "mixprec/data.h"
+#include "mixprec/io.h"
 #include "mixprec/state_dict.h"
 #include "session.h"
 
@@ -21,7 +21,7 @@ struct TrainOptions {
   int64_t eval_every = 250;
   int64_t eval_batches = 50;  // validation batches of data::kValBatchSize rows
   std::string text_path;
-  double min_lr = 0;  // where the cosine schedule ends
+  double min_lr = 0;      // where the cosine schedule ends
   int64_t log_every = 1;  // a metrics line every K steps
   bool detect_anomaly = false;
   int64_t diagnose = 0;  // gradient statistics every K steps; 0: off
@@ -61,8 +61,8 @@ RunState load_run_state(const StateDict& checkpoint, const std::string& path);
 struct DataFacts {
   int64_t train_samples = 0, rows = 28, cols = 28;
   data::Normalize norm;
-  std::string vocab;        // gpt
-  int64_t text_chars = 0;   // gpt
+  std::string vocab;       // gpt
+  int64_t text_chars = 0;  // gpt
 };
 Flags checkpoint_metadata(const SessionOptions& s, const TrainOptions& o, const DataFacts& d);
 

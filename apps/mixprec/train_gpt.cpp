@@ -22,8 +22,8 @@ namespace {
 
 class GptRun : StepLoop {
  public:
-  GptRun(Session& s, const TrainOptions& o, const data::TextCorpus& text, MetricsWriter& metrics,
-         const RunState& start, Flags checkpoint_metadata)
+  GptRun(Session& s, const TrainOptions& o, const data::TextCorpus& text, MetricsWriter& metrics, const RunState& start,
+         Flags checkpoint_metadata)
       : StepLoop(s, o, metrics, o.steps, start.step, ProgressPrinter(0, o.steps), std::move(checkpoint_metadata)),
         text_(text),
         samples_(start.samples),
@@ -78,8 +78,8 @@ class GptRun : StepLoop {
  private:
   void evaluate_now() {
     const auto t0 = Clock::now();
-    val_loss_ = validation_loss(*s_.model, s_.opt.precision, text_, s_.opt.model.block_size, o_.eval_batches,
-                                s_.opt.device);
+    val_loss_ =
+        validation_loss(*s_.model, s_.opt.precision, text_, s_.opt.model.block_size, o_.eval_batches, s_.opt.device);
     std::printf("step %lld: validation loss %.4f (%lld batches, %.1f s)\n", (long long)step_, val_loss_,
                 (long long)o_.eval_batches, seconds_since(t0));
     std::fflush(stdout);
@@ -117,9 +117,9 @@ int train_gpt(SessionOptions opt, const TrainOptions& o, const std::string& resu
     MIXPREC_CHECK(vocab != ckpt->metadata.end(), resume, ": the metadata has no 'vocab'");
     const int64_t chars = metadata_int(ckpt->metadata, "text-chars", resume);
     MIXPREC_CHECK(vocab->second == facts.vocab && chars == facts.text_chars, "--resume ", resume,
-                  ": its run trained on a text of ", chars, " characters over ", data::decode_utf8(vocab->second, resume).size(),
-                  " distinct ones, ", o.text_path, " has ", facts.text_chars, " over ", text.vocab.size(),
-                  ": a resumed run needs the same text");
+                  ": its run trained on a text of ", chars, " characters over ",
+                  data::decode_utf8(vocab->second, resume).size(), " distinct ones, ", o.text_path, " has ",
+                  facts.text_chars, " over ", text.vocab.size(), ": a resumed run needs the same text");
   }
   MIXPREC_CHECK(o.lr_warmup < o.steps, "--lr-warmup ", o.lr_warmup, " must be shorter than the run of --steps ",
                 o.steps);
@@ -138,8 +138,7 @@ int train_gpt(SessionOptions opt, const TrainOptions& o, const std::string& resu
                   ": ", resume, " is at step ", start.step, " already");
   }
   // Last, as it rewrites the metrics file: a resumed run keeps the lines up to its checkpoint.
-  MetricsWriter metrics(o.metrics_path,
-                        ckpt ? std::optional<MetricsWriter::KeepUpTo>({start.step, 0}) : std::nullopt);
+  MetricsWriter metrics(o.metrics_path, ckpt ? std::optional<MetricsWriter::KeepUpTo>({start.step, 0}) : std::nullopt);
   char data_line[512];
   std::snprintf(data_line, sizeof data_line,
                 "data: %s, %zu characters (vocabulary %lld), %lld train / %lld validation; %lld steps of %lld x %lld",

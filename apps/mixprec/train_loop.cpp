@@ -9,8 +9,8 @@
 
 namespace mixprec::cli {
 
-StepLoop::StepLoop(Session& s, const TrainOptions& o, MetricsWriter& metrics, int64_t total_steps,
-                   int64_t start_step, ProgressPrinter progress, Flags checkpoint_metadata)
+StepLoop::StepLoop(Session& s, const TrainOptions& o, MetricsWriter& metrics, int64_t total_steps, int64_t start_step,
+                   ProgressPrinter progress, Flags checkpoint_metadata)
     : s_(s),
       o_(o),
       metrics_(metrics),

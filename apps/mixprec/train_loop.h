@@ -19,9 +19,7 @@
 namespace mixprec::cli {
 
 using Clock = std::chrono::steady_clock;
-inline double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 class StepLoop {
  public:

@@ -98,7 +98,7 @@ int64_t batch_offset(uint64_t seed, TextSplit split, uint64_t i, int64_t split_s
 struct TextBatch {
   Tensor x, y;
 };
-TextBatch text_batch(const TextCorpus& corpus, TextSplit split, uint64_t seed, uint64_t first_index,
-                     int64_t batch_size, int64_t block_size, const Device& device = default_device());
+TextBatch text_batch(const TextCorpus& corpus, TextSplit split, uint64_t seed, uint64_t first_index, int64_t batch_size,
+                     int64_t block_size, const Device& device = default_device());
 
 }  // namespace mixprec::data

@@ -57,8 +57,8 @@ std::u32string decode_utf8(std::string_view bytes, const std::string& source) {
       c = (c << 6) | (s[i + k] & 0x3F);
     }
     MIXPREC_CHECK(c >= min, source, ": invalid UTF-8 at byte ", i, ": overlong encoding of ", hex("U+", c, 4));
-    MIXPREC_CHECK(c <= 0x10FFFF && (c < 0xD800 || c > 0xDFFF), source, ": invalid UTF-8 at byte ", i,
-                  ": ", hex("U+", c, 4), " is no Unicode scalar value");
+    MIXPREC_CHECK(c <= 0x10FFFF && (c < 0xD800 || c > 0xDFFF), source, ": invalid UTF-8 at byte ", i, ": ",
+                  hex("U+", c, 4), " is no Unicode scalar value");
     out.push_back(c);
     i += len;
   }
@@ -123,8 +123,8 @@ Vocabulary Vocabulary::from_utf8(std::string_view chars, const std::string& sour
   v.chars_ = decode_utf8(chars, source);
   MIXPREC_CHECK(!v.chars_.empty(), source, ": the vocabulary is empty");
   for (size_t i = 1; i < v.chars_.size(); ++i)
-    MIXPREC_CHECK(v.chars_[i - 1] < v.chars_[i], source, ": the vocabulary is not sorted and distinct at character ",
-                  i, " (", describe_char(v.chars_[i]), ")");
+    MIXPREC_CHECK(v.chars_[i - 1] < v.chars_[i], source, ": the vocabulary is not sorted and distinct at character ", i,
+                  " (", describe_char(v.chars_[i]), ")");
   return v;
 }
 
@@ -203,8 +203,8 @@ int64_t batch_offset(uint64_t seed, TextSplit split, uint64_t i, int64_t split_s
   return int64_t(mix64(mix64(seed * 2 + uint64_t(split)) + i) % uint64_t(split_size - block_size));
 }
 
-TextBatch text_batch(const TextCorpus& corpus, TextSplit split, uint64_t seed, uint64_t first_index,
-                     int64_t batch_size, int64_t block_size, const Device& device) {
+TextBatch text_batch(const TextCorpus& corpus, TextSplit split, uint64_t seed, uint64_t first_index, int64_t batch_size,
+                     int64_t block_size, const Device& device) {
   const int32_t* tokens = corpus.split_begin(split);
   const int64_t n = corpus.split_size(split), T = block_size;
   std::vector<int64_t> x(size_t(batch_size * T)), y(size_t(batch_size * T));

@@ -66,12 +66,14 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& c)
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
-  MIXPREC_CHECK(x.dim() == 3 && x.size(2) == n_embd_, "CausalSelfAttention: input must be [B, T, ", n_embd_,
-                "], got ", shape_str(x.shape()));
+  MIXPREC_CHECK(x.dim() == 3 && x.size(2) == n_embd_, "CausalSelfAttention: input must be [B, T, ", n_embd_, "], got ",
+                shape_str(x.shape()));
   const int64_t B = x.size(0), T = x.size(1), C = n_embd_, H = n_head_, E = C / H;
   // q, k, v: the thirds of c_attn's output, each seen as [B, H, T, E] without a copy (views).
   const Tensor qkv = (*c_attn)(x);
-  auto head_view = [&](int64_t part) { return qkv.slice(2, part * C, (part + 1) * C).reshape({B, T, H, E}).transpose(1, 2); };
+  auto head_view = [&](int64_t part) {
+    return qkv.slice(2, part * C, (part + 1) * C).reshape({B, T, H, E}).transpose(1, 2);
+  };
   ops::AttentionOptions o;
   o.causal = true;
   o.dropout = is_training() ? dropout_ : 0.0;
@@ -89,9 +91,7 @@ MLP::MLP(const GPTConfig& c) {
   register_module("dropout", dropout_);
 }
 
-Tensor MLP::forward(const Tensor& x) {
-  return (*dropout_)((*c_proj)(ops::gelu((*c_fc)(x), /*tanh_approx=*/true)));
-}
+Tensor MLP::forward(const Tensor& x) { return (*dropout_)((*c_proj)(ops::gelu((*c_fc)(x), /*tanh_approx=*/true))); }
 
 Block::Block(const GPTConfig& c) {
   // nanoGPT's LayerNorm(ndim, bias): bias=False drops the bias parameter.
