@@ -16,6 +16,10 @@ InputSpec any(Shape s) { return {std::move(s)}; }
 InputSpec pos(Shape s) { return {std::move(s), K::positive}; }
 InputSpec targets(int64_t n, int64_t classes) { return {{n}, K::targets, classes}; }
 InputSpec constant(Shape s) { return {std::move(s), K::constant}; }
+// i64 indices of any shape in [0, classes) (embedding's rows, nll_loss's classes over [B, T]).
+InputSpec indices(Shape s, int64_t classes, int64_t ignore_every = 0) {
+  return {std::move(s), K::targets, classes, ignore_every};
+}
 
 std::vector<OpCase> build() {
   std::vector<OpCase> c;
@@ -39,6 +43,10 @@ std::vector<OpCase> build() {
   c.push_back({"nll_loss", "sum", {any({6, 7}), targets(6, 7)},
                [](const In& x) { return ops::nll_loss(x[0], x[1], Reduction::sum); }, 6});
   c.push_back({"nll_loss", "none", {any({6, 7}), targets(6, 7)},
+               [](const In& x) { return ops::nll_loss(x[0], x[1], Reduction::none); }});
+  c.push_back({"cross_entropy", "btc_ignore_mean", {any({2, 5, 7}), indices({2, 5}, 7, 3)},
+               [](const In& x) { return ops::cross_entropy(x[0], x[1]); }, 7, 1});
+  c.push_back({"nll_loss", "btc_ignore_none", {any({2, 5, 7}), indices({2, 5}, 7, 3)},
                [](const In& x) { return ops::nll_loss(x[0], x[1], Reduction::none); }});
   c.push_back({"mse_loss", "mean", {any({4, 5}), any({4, 5})},
                [](const In& x) { return ops::mse_loss(x[0], x[1]); }, 20, 2});
@@ -100,6 +108,9 @@ std::vector<OpCase> build() {
                }, 16});
   c.push_back({"layer_norm", "last_dim_affine", {any({3, 8}), any({8}), any({8})},
                [](const In& x) { return ops::layer_norm(x[0], {8}, x[1], x[2]); }, 8});
+  // ---- embedding (k: the most rows one weight row's gradient sums; 12 indices over 5 rows) ----
+  c.push_back({"embedding", "indices_3x4", {any({5, 6}), indices({3, 4}, 5)},
+               [](const In& x) { return ops::embedding(x[0], x[1]); }, 12});
   // clang-format on
   return c;
 }
@@ -127,6 +138,7 @@ In make_inputs(const OpCase& c, Generator& g, const std::function<DType(size_t)>
     if (s.kind == K::targets) {
       std::vector<int64_t> t(static_cast<size_t>(shape_numel(s.shape)));
       for (int64_t& v : t) v = int64_t(g.next_u64() % uint64_t(s.classes));
+      for (size_t j = 1; s.ignore_every > 0 && j < t.size(); j += size_t(s.ignore_every)) t[j] = -100;
       in.push_back(Tensor::from_vector(t, s.shape));
       continue;
     }

@@ -32,7 +32,8 @@ struct InputSpec {
   enum class Kind { any_sign, positive, targets, constant };
   Shape shape;
   Kind kind = Kind::any_sign;
-  int64_t classes = 0;  // targets: i64 class indices in [0, classes)
+  int64_t classes = 0;       // targets: i64 class indices in [0, classes)
+  int64_t ignore_every = 0;  // targets: when > 0, every such one (from the second) is -100 (ignore_index)
 };
 
 struct OpCase {

@@ -1,4 +1,4 @@
-// The CUDA kernels of the element-wise, reduce, softmax, loss, shape and random families
+// The CUDA kernels of the element-wise, reduce, softmax, loss, embedding, shape and random families
 // (src/kernels/cuda/) against the CPU reference kernels, deeper than the op cases of
 // test_op_devices.cpp: contiguous, tail-length, transposed, row-sliced and misaligned (offset by
 // one element) views; long reductions; random non-zero inputs; destinations poisoned before each
@@ -8,6 +8,7 @@
 // must be the CPU's bit for bit. Skipped, with the reason, where no GPU is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -266,36 +267,63 @@ TEST(CudaKernels, SoftmaxRowsOfEveryLength) {
 
 TEST(CudaKernels, NllLossForwardAndBackward) {
   REQUIRE_GPU();
+  using kernels::LossReduce;
   Generator g(20);
   const int64_t n = 300, c = 10;
   std::vector<int64_t> labels(n);
   for (int64_t& l : labels) l = int64_t(g.uniform_below(c));
+  for (int64_t i = 0; i < n; i += 7) labels[size_t(i)] = -100;  // ignored
   const Tensor th = Tensor::from_vector(labels, {n});
   const Tensor td = th.to(Device::cuda(0));
   for (DType t : kFloat)
     for (const View& lp : views({n, c}, t, false, g))
-      for (bool reduce : {false, true}) {
-        const double scale = reduce ? 1.0 / double(n) : 1.0;
-        const std::string what = std::string("nll_loss ") + (reduce ? "mean " : "none ") + label(lp, t);
-        EXPECT_TRUE(agree_within_bound(kernels::nll_loss_forward(lp.gpu, td, reduce, scale), on_cpu_ref([&] {
-                                         return kernels::nll_loss_forward(lp.host, th, reduce, scale);
-                                       }),
+      for (LossReduce r : {LossReduce::none, LossReduce::sum, LossReduce::mean}) {
+        const bool reduce = r != LossReduce::none;
+        const std::string what = std::string("nll_loss ") +
+                                 (r == LossReduce::mean ? "mean "
+                                  : reduce              ? "sum "
+                                                        : "none ") +
+                                 label(lp, t);
+        EXPECT_TRUE(agree_within_bound(kernels::nll_loss_forward(lp.gpu, td, r, -100),
+                                       on_cpu_ref([&] { return kernels::nll_loss_forward(lp.host, th, r, -100); }),
                                        reduce ? n : 1, 0, what));
         const Tensor gh = nonzero_values(reduce ? Shape{} : Shape{n}, t, false, g);
-        EXPECT_TRUE(same_values(kernels::nll_loss_backward(gh.to(Device::cuda(0)), td, c, reduce, scale, t),
-                                on_cpu_ref([&] { return kernels::nll_loss_backward(gh, th, c, reduce, scale, t); }),
+        EXPECT_TRUE(same_values(kernels::nll_loss_backward(gh.to(Device::cuda(0)), td, {n, c}, r, -100, t),
+                                on_cpu_ref([&] {
+                                  return kernels::nll_loss_backward(gh, th, {n, c}, r, -100, t);
+                                }),
                                 what + " backward"));
       }
+}
+
+// [B, T, C] log-probabilities with [B, T] targets, every one ignored: the mean is NaN (0/0, as
+// PyTorch), the sum 0, the gradient 0, on the GPU as on the CPU.
+TEST(CudaKernels, NllLossLeadingShapeAndAllIgnored) {
+  REQUIRE_GPU();
+  using kernels::LossReduce;
+  Generator g(22);
+  const Tensor lp = nonzero_values({3, 4, 5}, DType::f32, false, g);
+  const Tensor all_ignored = Tensor::full({3, 4}, -1.0, DType::i64);
+  const Device gpu = Device::cuda(0);
+  EXPECT_TRUE(std::isnan(kernels::nll_loss_forward(lp.to(gpu), all_ignored.to(gpu), LossReduce::mean, -1).item()));
+  EXPECT_EQ(kernels::nll_loss_forward(lp.to(gpu), all_ignored.to(gpu), LossReduce::sum, -1).item(), 0.0);
+  const Tensor grad = kernels::nll_loss_backward(Tensor::scalar(1.0).to(gpu), all_ignored.to(gpu), {3, 4, 5},
+                                                 LossReduce::mean, -1, DType::f32);
+  EXPECT_EQ(grad.shape(), (Shape{3, 4, 5}));
+  for (double v : grad.to_vector_f64()) EXPECT_EQ(v, 0.0);
+  const Tensor none = kernels::nll_loss_forward(lp.to(gpu), all_ignored.to(gpu), LossReduce::none, -1);
+  EXPECT_EQ(none.shape(), (Shape{3, 4}));
 }
 
 // A bad target is reported at the host's next wait for the GPU, once, naming the sample; the
 // launch itself does not wait.
 TEST(CudaKernels, NllLossBadTargetReportedAtTheNextWait) {
   REQUIRE_GPU();
+  using kernels::LossReduce;
   Generator g(21);
   const Tensor lp = nonzero_values({6, 4}, DType::f32, false, g).to(Device::cuda(0));
   const Tensor bad = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 7, 0}, {6}).to(Device::cuda(0));
-  const Tensor loss = kernels::nll_loss_forward(lp, bad, true, 1.0);  // no throw here
+  const Tensor loss = kernels::nll_loss_forward(lp, bad, LossReduce::sum, -100);  // no throw here
   try {
     (void)loss.item();
     ADD_FAILURE() << "a target of 7 with 4 classes was not reported";
@@ -304,7 +332,53 @@ TEST(CudaKernels, NllLossBadTargetReportedAtTheNextWait) {
         << e.what();
   }
   const Tensor good = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 3, 0}, {6}).to(Device::cuda(0));
-  EXPECT_NO_THROW((void)kernels::nll_loss_forward(lp, good, true, 1.0).item()) << "the flag was not cleared";
+  EXPECT_NO_THROW((void)kernels::nll_loss_forward(lp, good, LossReduce::sum, -100).item())
+      << "the flag was not cleared";
+}
+
+// ------------------------------------------------------------------------------- embedding
+
+// The gather bit for bit; the scatter-add (f32 atomics, so its order varies) within the bound of
+// a sum of as many terms as the most repeated index; on every weight view and dtype.
+TEST(CudaKernels, EmbeddingGatherAndScatterAdd) {
+  REQUIRE_GPU();
+  Generator g(23);
+  const int64_t rows = 37, dim = 19;
+  std::vector<int64_t> idx(5 * 41);
+  for (int64_t& v : idx) v = int64_t(g.uniform_below(uint64_t(rows / 3)));  // many repeats
+  const Tensor ih = Tensor::from_vector(idx, {5, 41});
+  const Tensor id = ih.to(Device::cuda(0));
+  int64_t most = 0;
+  for (int64_t r = 0; r < rows; ++r) most = std::max<int64_t>(most, std::count(idx.begin(), idx.end(), r));
+  for (DType t : kFloat) {
+    for (const View& w : views({rows, dim}, t, false, g))
+      EXPECT_TRUE(same_values(kernels::embedding_forward(w.gpu, id),
+                              on_cpu_ref([&] { return kernels::embedding_forward(w.host, ih); }),
+                              "embedding " + label(w, t)));
+    const Tensor gh = nonzero_values({5, 41, dim}, t, false, g);
+    EXPECT_TRUE(agree_within_bound(kernels::embedding_backward(gh.to(Device::cuda(0)), id, rows, t),
+                                   on_cpu_ref([&] { return kernels::embedding_backward(gh, ih, rows, t); }), most, 0,
+                                   "embedding backward " + std::string(dtype_name(t))));
+  }
+}
+
+// An index out of range is reported at the next wait, naming embedding and its position, through
+// the flag nll_loss's bad targets use; then cleared.
+TEST(CudaKernels, EmbeddingBadIndexReportedAtTheNextWait) {
+  REQUIRE_GPU();
+  Generator g(24);
+  const Tensor w = nonzero_values({5, 3}, DType::f32, false, g).to(Device::cuda(0));
+  const Tensor bad = Tensor::from_vector(std::vector<int64_t>{0, 4, 1, 9}, {2, 2}).to(Device::cuda(0));
+  const Tensor out = kernels::embedding_forward(w, bad);  // no throw here
+  try {
+    (void)out.to_vector_f64();
+    ADD_FAILURE() << "index 9 of 5 rows was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("embedding: indices[3] = 9 is not a row index in [0, 5)"), std::string::npos)
+        << e.what();
+  }
+  const Tensor good = Tensor::from_vector(std::vector<int64_t>{0, 4, 1, 2}, {2, 2}).to(Device::cuda(0));
+  EXPECT_NO_THROW((void)kernels::embedding_forward(w, good).to_vector_f64()) << "the flag was not cleared";
 }
 
 // ------------------------------------------------------------------------------------ shape

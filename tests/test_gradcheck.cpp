@@ -164,6 +164,25 @@ std::vector<Case> all_cases() {
                    return In{U(g, {3, 4}), U(g, {3, 4})};
                  }});
   }
+  // [B, T, C] with the class dim last and some targets ignored (-100, and a class index as
+  // ignore_index): mean divides by the targets left.
+  auto some_ignored = [](Generator& g, const Shape& s, int64_t classes, int64_t ignore) {
+    std::vector<int64_t> t(size_t(shape_numel(s)));
+    for (size_t i = 0; i < t.size(); ++i) t[i] = i % 3 == 1 ? ignore : int64_t(g.next_u64() % uint64_t(classes));
+    return Tensor::from_vector(t, s);
+  };
+  for (Reduction r : {Reduction::mean, Reduction::sum, Reduction::none}) {
+    c.push_back({"cross_entropy", std::string("btc_ignore_") + reduction_name(r),
+                 [r](const In& x) { return ops::cross_entropy(x[0], x[1], r); },
+                 [some_ignored](Generator& g) {
+                   return In{U(g, {2, 3, 5}, -2, 2), some_ignored(g, {2, 3}, 5, -100)};
+                 }});
+  }
+  c.push_back({"nll_loss", "btc_ignore_class_2",
+               [](const In& x) { return ops::nll_loss(x[0], x[1], Reduction::mean, 2); },
+               [some_ignored](Generator& g) {
+                 return In{U(g, {3, 2, 4}, -3, 0), some_ignored(g, {3, 2}, 4, 2)};
+               }});
   c.push_back({"nll_loss", "of_log_softmax", [](const In& x) { return ops::nll_loss(ops::log_softmax(x[0], 1), x[1]); },
                [](Generator& g) {
                  return In{U(g, {4, 5}, -2, 2), targets(g, 4, 5)};
@@ -577,6 +596,22 @@ std::vector<Case> all_cases() {
                [](Generator& g) {
                  return In{U(g, {2, 2, 3}), U(g, {2, 2, 2}).detach()};
                }});
+  // ---- embedding: repeated indices, so the scatter-add sums several rows into one ----
+  c.push_back({"embedding", "repeated_1d", [](const In& x) { return ops::embedding(x[0], x[1]); },
+               [](Generator& g) {
+                 return In{U(g, {5, 3}), Tensor::from_vector(std::vector<int64_t>{1, 3, 1, 4, 1, 0}, {6})};
+               }});
+  c.push_back({"embedding", "indices_2d", [](const In& x) { return ops::embedding(x[0], x[1]); },
+               [](Generator& g) {
+                 return In{U(g, {6, 4}), Tensor::from_vector(std::vector<int64_t>{5, 0, 5, 2, 2, 5}, {2, 3})};
+               }});
+  // The GPT's shape of use: token rows, then a non-linear function of them.
+  c.push_back({"embedding", "then_gelu_sum",
+               [](const In& x) { return ops::sum(ops::gelu(ops::embedding(x[0], x[1]))); },
+               [](Generator& g) {
+                 return In{U(g, {4, 3}), Tensor::from_vector(std::vector<int64_t>{3, 3, 0, 3}, {2, 2})};
+               }});
+
   return c;
 }
 

@@ -1,4 +1,4 @@
-// Modules with PyTorch's parameter names and default initialisation: Linear, activations,
+// Modules with PyTorch's parameter names and default initialisation: Linear, Embedding, activations,
 // Dropout, Flatten, Sequential. Parameters are allocated as MemCategory::parameters.
 #pragma once
 #include <functional>
@@ -49,11 +49,22 @@ class Module {
   // above (PyTorch's module.to(device)): build the model, initialise it on the CPU, then move it.
   // Gradients are dropped. Throws one line when the device is not there.
   void to(const Device& device);
+  // Weight tying, PyTorch's `model.lm_head.weight = model.transformer.wte.weight`: makes the
+  // parameter registered as `name` (dotted for a descendant's: "lm_head.weight") the tensor t, in
+  // the same place of the order; shapes must agree. The same tensor may then sit under two names:
+  // named_parameters()/parameters()/num_parameters() count it once, under its first name
+  // (PyTorch's remove_duplicate), state_dict() lists both names (as PyTorch's), load_state_dict
+  // wants both and loads each, and to() converts it once. Calls bind_parameter on the module that
+  // owns the name, so a layer's member handle (Linear::weight) follows.
+  void set_parameter(const std::string& name, const Tensor& t);
   // True for normalization layers (BatchNorm*, LayerNorm, GroupNorm, ...), which 16-bit presets
   // keep in f32; by default decided from name().
   virtual bool is_normalization() const;
 
  protected:
+  // set_parameter's hook: a layer that keeps a member handle of its own parameter `name` points
+  // it at t (the layers below that hold parameters override it).
+  virtual void bind_parameter(const std::string& name, const Tensor& t) { (void)name, (void)t; }
   Tensor register_parameter(const std::string& name, Tensor t);
   Tensor register_buffer(const std::string& name, Tensor t);
   void register_module(const std::string& name, std::shared_ptr<Module> m);
@@ -75,6 +86,23 @@ class Linear : public Module {
   std::string name() const override;
   Tensor weight, bias;  // weight [out, in] as PyTorch stores it
   int64_t in_features, out_features;
+
+ protected:
+  void bind_parameter(const std::string& name, const Tensor& t) override;
+};
+
+// weight [num_embeddings, embedding_dim], PyTorch's init N(0, 1); forward(indices i64 of any shape)
+// = ops::embedding(weight, indices), shape [..., embedding_dim].
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  Tensor forward(const Tensor& indices) override { return ops::embedding(weight, indices); }
+  std::string name() const override;  // "Embedding(65, 128)", PyTorch's repr
+  Tensor weight;
+  int64_t num_embeddings, embedding_dim;
+
+ protected:
+  void bind_parameter(const std::string& name, const Tensor& t) override;
 };
 
 class ReLU : public Module {
@@ -173,6 +201,9 @@ class Conv2d : public Module {
   int64_t in_channels, out_channels;
   ops::IntPair kernel_size;
   Conv2dOptions options;
+
+ protected:
+  void bind_parameter(const std::string& name, const Tensor& t) override;
 };
 
 class MaxPool2d : public Module {
@@ -224,6 +255,9 @@ class BatchNorm2d : public Module {
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   int64_t num_features;
   BatchNormOptions options;
+
+ protected:
+  void bind_parameter(const std::string& name, const Tensor& t) override;
 };
 
 struct LayerNormOptions {
@@ -238,6 +272,9 @@ class LayerNorm : public Module {
   Tensor weight, bias;
   Shape normalized_shape;
   LayerNormOptions options;
+
+ protected:
+  void bind_parameter(const std::string& name, const Tensor& t) override;
 };
 
 }  // namespace mixprec::nn

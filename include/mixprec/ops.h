@@ -54,8 +54,16 @@ Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 
 // ---- losses (autocast: fp32), mean reduction ----
 enum class Reduction { mean, sum, none };
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction r = Reduction::mean);  // [N,C], i64 [N]
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::mean);
+// log_probs [N, C] and target i64 [N], or log_probs [..., C] and target of the leading shape [...]
+// (the class dim LAST, as a GPT's [B, T, V] logits; PyTorch would want [B, V, T]: a documented
+// difference). Targets equal to ignore_index contribute nothing (loss and gradient 0); mean
+// divides by the number of targets not ignored (PyTorch's rule; 0/0 = NaN when all are ignored,
+// as PyTorch). Reduction::none returns the target's shape.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction r = Reduction::mean,
+                int64_t ignore_index = -100);
+// nll_loss(log_softmax(logits, -1), target, r, ignore_index).
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction r = Reduction::mean,
+                     int64_t ignore_index = -100);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction r = Reduction::mean);
 
 // ---- shape and dtype (autocast: keep) ----
@@ -121,5 +129,12 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 
 // Concatenation along dim (autocast: promote; mixed floating dtypes promote as in PyTorch).
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
+
+// ---- embedding (autocast: keep; family embedding) ----
+// weight [V, D], indices i64 of any shape S -> S + [D], in weight's dtype (a gather of rows).
+// Backward (to weight only): the rows of the gradient scatter-added into a [V, D] gradient,
+// accumulated in f32, returned in weight's dtype. An index outside [0, V) throws one line naming
+// embedding (on a GPU: flagged and reported at the next sync, as nll_loss's bad targets are).
+Tensor embedding(const Tensor& weight, const Tensor& indices);
 
 }  // namespace mixprec::ops

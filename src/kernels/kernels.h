@@ -7,6 +7,7 @@
 #include "kernels/backend.h"
 #include "kernels/binary.h"
 #include "kernels/conv.h"
+#include "kernels/embedding.h"
 #include "kernels/loss.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"

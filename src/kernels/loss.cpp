@@ -3,21 +3,21 @@
 
 namespace mixprec::kernels {
 
-Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, bool reduce, double scale) {
+Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, LossReduce r, int64_t ignore_index) {
   const DeviceScope on({&log_probs, &target});
 #ifdef MIXPREC_WITH_CUDA
-  if (on.cuda()) return cuda::nll_loss_forward(log_probs, target, reduce, scale);
+  if (on.cuda()) return cuda::nll_loss_forward(log_probs, target, r, ignore_index);
 #endif
-  return ref::nll_loss_forward(log_probs, target, reduce, scale);
+  return ref::nll_loss_forward(log_probs, target, r, ignore_index);
 }
 
-Tensor nll_loss_backward(const Tensor& grad, const Tensor& target, int64_t classes, bool reduce, double scale,
-                         DType dtype) {
+Tensor nll_loss_backward(const Tensor& grad, const Tensor& target, const Shape& lp_shape, LossReduce r,
+                         int64_t ignore_index, DType dtype) {
   const DeviceScope on({&grad, &target});
 #ifdef MIXPREC_WITH_CUDA
-  if (on.cuda()) return cuda::nll_loss_backward(grad, target, classes, reduce, scale, dtype);
+  if (on.cuda()) return cuda::nll_loss_backward(grad, target, lp_shape, r, ignore_index, dtype);
 #endif
-  return ref::nll_loss_backward(grad, target, classes, reduce, scale, dtype);
+  return ref::nll_loss_backward(grad, target, lp_shape, r, ignore_index, dtype);
 }
 
 }  // namespace mixprec::kernels

@@ -57,6 +57,7 @@ Tensor Conv2d::forward_relu(const Tensor& x) {
   });
 }
 
+void Conv2d::bind_parameter(const std::string& name, const Tensor& t) { (name == "weight" ? weight : bias) = t; }
 std::string Conv2d::name() const {
   std::ostringstream os;
   os << "Conv2d(" << in_channels << ", " << out_channels << ", kernel_size=" << pair_str(kernel_size)

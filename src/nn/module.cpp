@@ -20,15 +20,25 @@ static void collect(const Module& m, const std::string& prefix, bool buffers, Na
   }
 }
 
+// A tensor registered under several names (tied weights) is listed once, under its first name:
+// PyTorch's remove_duplicate, so an optimizer steps it once and counts see it once.
+static NamedTensors first_names(NamedTensors all) {
+  std::set<const detail::TensorImpl*> seen;
+  NamedTensors out;
+  for (auto& [n, t] : all)
+    if (seen.insert(t.impl()).second) out.emplace_back(std::move(n), t);
+  return out;
+}
+
 NamedTensors Module::named_parameters() const {
   NamedTensors out;
   collect(*this, "", false, out, params_);
-  return out;
+  return first_names(std::move(out));
 }
 NamedTensors Module::named_buffers() const {
   NamedTensors out;
   collect(*this, "", true, out, buffers_);
-  return out;
+  return first_names(std::move(out));
 }
 std::vector<Tensor> Module::parameters() const {
   std::vector<Tensor> out;
@@ -64,6 +74,26 @@ void Module::load_state_dict(const StateDict& sd) {
   for (const auto& [name, t] : sd) mine.at(name).copy_(t);
 }
 
+void Module::set_parameter(const std::string& name, const Tensor& t) {
+  MIXPREC_CHECK(t.defined(), "Module.set_parameter: the tensor for '", name, "' is undefined");
+  const size_t dot = name.find('.');
+  if (dot != std::string::npos) {
+    const std::string child = name.substr(0, dot);
+    for (auto& [cn, c] : children_)
+      if (cn == child) return c->set_parameter(name.substr(dot + 1), t);
+    throw Error(detail::concat("Module.set_parameter: no submodule '", child, "' in ", this->name()));
+  }
+  for (auto& [n, p] : params_) {
+    if (n != name) continue;
+    MIXPREC_CHECK(p.shape() == t.shape(), "Module.set_parameter: '", name, "' is ", shape_str(p.shape()),
+                  ", the new tensor ", shape_str(t.shape()));
+    p = t;
+    bind_parameter(name, t);
+    return;
+  }
+  throw Error(detail::concat("Module.set_parameter: ", this->name(), " has no parameter '", name, "'"));
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [n, c] : children_) c->train(on);
@@ -71,7 +101,8 @@ void Module::train(bool on) {
 
 // The in-place conversion of Module::to: the impl keeps its identity (so Linear::weight, the
 // optimizer and any other handle see the new dtype or device) and gets a fresh contiguous storage
-// of the same memory category.
+// of the same memory category. A tied tensor is met once per name: the second meeting finds it
+// converted already and returns.
 static void replace_in_place(const Tensor& t, DType dtype, const Device& device) {
   detail::TensorImpl* impl = t.impl();
   if (impl->dtype == dtype && t.device() == device) return;
@@ -137,6 +168,7 @@ Linear::Linear(int64_t in, int64_t out, LinearOptions o) : in_features(in), out_
   weight = register_parameter("weight", Tensor::uniform({out, in}, default_generator(), -bound, bound));
   if (o.bias) bias = register_parameter("bias", Tensor::uniform({out}, default_generator(), -bound, bound));
 }
+void Linear::bind_parameter(const std::string& name, const Tensor& t) { (name == "weight" ? weight : bias) = t; }
 Tensor Linear::forward(const Tensor& x) { return ops::linear(x, weight, bias); }
 Tensor Linear::forward_relu(const Tensor& x) { return ops::linear_relu(x, weight, bias); }
 std::string Linear::name() const {

@@ -53,6 +53,7 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   return y;
 }
 
+void BatchNorm2d::bind_parameter(const std::string& name, const Tensor& t) { (name == "weight" ? weight : bias) = t; }
 std::string BatchNorm2d::name() const {
   std::ostringstream os;
   os << "BatchNorm2d(" << num_features << ", eps=" << options.eps << ", momentum=";
@@ -85,6 +86,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
   }
 }
 
+void LayerNorm::bind_parameter(const std::string& name, const Tensor& t) { (name == "weight" ? weight : bias) = t; }
 std::string LayerNorm::name() const {
   std::ostringstream os;
   os << "LayerNorm((";

@@ -1,41 +1,46 @@
-// Losses: nll_loss, cross_entropy (integer class targets) and mse_loss (autocast class fp32).
+// Losses: nll_loss, cross_entropy (integer class targets, class dim last, ignore_index) and
+// mse_loss (autocast class fp32).
 #include "ops/common.h"
 
 namespace mixprec::ops {
 namespace {
 
-double reduction_scale(Reduction r, int64_t n) {
-  return r == Reduction::mean ? 1.0 / double(std::max<int64_t>(n, 1)) : 1.0;
+kernels::LossReduce loss_reduce(Reduction r) {
+  return r == Reduction::mean  ? kernels::LossReduce::mean
+         : r == Reduction::sum ? kernels::LossReduce::sum
+                               : kernels::LossReduce::none;
 }
 
 }  // namespace
 
-// log_probs [N, C], target i64 [N]: loss_i = -log_probs[i, target_i].
-Tensor nll_loss(const Tensor& lp_in, const Tensor& target, Reduction r) {
+// log_probs [..., C], target i64 of the leading shape: loss_i = -log_probs[i, target_i], 0 where
+// target_i == ignore_index.
+Tensor nll_loss(const Tensor& lp_in, const Tensor& target, Reduction r, int64_t ignore_index) {
   Tensor lp = lp_in;
   amp::autocast(OpId::nll_loss, {&lp});
   check_floating(lp, "nll_loss", "log_probs");
-  MIXPREC_CHECK(lp.dim() == 2, "nll_loss: log_probs must be [N, C], got ", shape_str(lp.shape()));
-  MIXPREC_CHECK(target.dtype() == DType::i64 && target.dim() == 1 && target.size(0) == lp.size(0),
-                "nll_loss: target must be i64 [", lp.size(0), "], got ", dtype_name(target.dtype()), " ",
-                shape_str(target.shape()));
-  const int64_t n = lp.size(0), c = lp.size(1);
-  const bool reduce = r != Reduction::none;
-  const double scale = reduction_scale(r, n);
-  Tensor out = kernels::nll_loss_forward(lp, target, reduce, scale);
+  MIXPREC_CHECK(lp.dim() >= 1, "nll_loss: log_probs must be [..., C], got ", shape_str(lp.shape()));
+  const Shape lead(lp.shape().begin(), lp.shape().end() - 1);
+  MIXPREC_CHECK(target.defined() && target.dtype() == DType::i64 && target.shape() == lead,
+                "nll_loss: target must be i64 ", shape_str(lead), " (log_probs ", shape_str(lp.shape()),
+                " with the class dim last), got ", target.defined() ? dtype_name(target.dtype()) : "undefined", " ",
+                target.defined() ? shape_str(target.shape()) : "");
+  const kernels::LossReduce red = loss_reduce(r);
+  Tensor out = kernels::nll_loss_forward(lp, target, red, ignore_index);
   const DType dt = lp.dtype();
+  const Shape shape = lp.shape();
   const Tensor t = target.detach();
   return autograd::record(out, "nll_loss", {lp}, [=](const Tensor& g, const autograd::Node&) {
-    return std::vector<Tensor>{kernels::nll_loss_backward(g, t, c, reduce, scale, dt)};
+    return std::vector<Tensor>{kernels::nll_loss_backward(g, t, shape, red, ignore_index, dt)};
   });
 }
 
-Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, Reduction r) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, Reduction r, int64_t ignore_index) {
   Tensor logits = logits_in;
   amp::autocast(OpId::cross_entropy, {&logits});
   check_floating(logits, "cross_entropy", "logits");
-  MIXPREC_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got ", shape_str(logits.shape()));
-  return nll_loss(log_softmax(logits, 1), target, r);
+  MIXPREC_CHECK(logits.dim() >= 1, "cross_entropy: logits must be [..., C], got ", shape_str(logits.shape()));
+  return nll_loss(log_softmax(logits, -1), target, r, ignore_index);
 }
 
 Tensor mse_loss(const Tensor& in, const Tensor& tg, Reduction r) {

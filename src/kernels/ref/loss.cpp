@@ -1,36 +1,51 @@
 // Reference negative log-likelihood: the gather of -log_probs[i, target_i] (summed in f64) and the
-// scatter of the gradient back to [N, C].
+// scatter of the gradient back to log_probs' shape; ignored targets contribute nothing.
 #include "kernels/loss.h"
 
 #include "mixprec/error.h"
 
 namespace mixprec::kernels::ref {
+namespace {
 
-Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, bool reduce, double scale) {
-  const int64_t n = log_probs.size(0), c = log_probs.size(1);
+// 1/count for mean (inf when every target is ignored: the sum 0 times it is NaN, PyTorch's 0/0),
+// 1 otherwise. Written as the multiplication the [N, C] losses always did, so their bits stay.
+double mean_scale(LossReduce r, const std::vector<int64_t>& t, int64_t ignore_index) {
+  if (r != LossReduce::mean) return 1.0;
+  int64_t count = 0;
+  for (int64_t v : t) count += v != ignore_index;
+  return 1.0 / double(count);
+}
+
+}  // namespace
+
+Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, LossReduce r, int64_t ignore_index) {
+  const int64_t c = log_probs.size(-1), n = c ? log_probs.numel() / c : target.numel();
   const std::vector<int64_t> t = target.to_vector_i64();
   for (int64_t i = 0; i < n; ++i)
-    MIXPREC_CHECK(t[size_t(i)] >= 0 && t[size_t(i)] < c, "nll_loss: target[", i, "] = ", t[size_t(i)],
-                  " is not a class index in [0, ", c, ")");
+    MIXPREC_CHECK(t[size_t(i)] == ignore_index || (t[size_t(i)] >= 0 && t[size_t(i)] < c), "nll_loss: target[", i,
+                  "] = ", t[size_t(i)], " is not a class index in [0, ", c, ")");
   const std::vector<double> v = log_probs.to_vector_f64();
   std::vector<double> losses(static_cast<size_t>(n));
   double total = 0;
   for (int64_t i = 0; i < n; ++i) {
-    losses[size_t(i)] = -v[size_t(i * c + t[size_t(i)])];
+    losses[size_t(i)] = t[size_t(i)] == ignore_index ? 0.0 : -v[size_t(i * c + t[size_t(i)])];
     total += losses[size_t(i)];
   }
-  return reduce ? Tensor::scalar(total * scale, log_probs.dtype())
-                : Tensor::from_vector(losses, {n}, log_probs.dtype());
+  return r != LossReduce::none ? Tensor::scalar(total * mean_scale(r, t, ignore_index), log_probs.dtype())
+                               : Tensor::from_vector(losses, target.shape(), log_probs.dtype());
 }
 
-Tensor nll_loss_backward(const Tensor& grad, const Tensor& target, int64_t classes, bool reduce, double scale,
-                         DType dtype) {
+Tensor nll_loss_backward(const Tensor& grad, const Tensor& target, const Shape& lp_shape, LossReduce r,
+                         int64_t ignore_index, DType dtype) {
   const std::vector<int64_t> t = target.to_vector_i64();
-  const int64_t n = int64_t(t.size());
+  const int64_t n = int64_t(t.size()), classes = lp_shape.empty() ? 1 : lp_shape.back();
   const std::vector<double> gv = grad.to_vector_f64();
+  const double scale = mean_scale(r, t, ignore_index);
   std::vector<double> dx(size_t(n * classes), 0.0);
-  for (int64_t i = 0; i < n; ++i) dx[size_t(i * classes + t[size_t(i)])] = -(reduce ? gv[0] * scale : gv[size_t(i)]);
-  return Tensor::from_vector(dx, {n, classes}, dtype);
+  for (int64_t i = 0; i < n; ++i)
+    if (t[size_t(i)] != ignore_index)
+      dx[size_t(i * classes + t[size_t(i)])] = -(r != LossReduce::none ? gv[0] * scale : gv[size_t(i)]);
+  return Tensor::from_vector(dx, lp_shape, dtype);
 }
 
 }  // namespace mixprec::kernels::ref
