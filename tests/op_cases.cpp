@@ -111,6 +111,22 @@ std::vector<OpCase> build() {
   // ---- embedding (k: the most rows one weight row's gradient sums; 12 indices over 5 rows) ----
   c.push_back({"embedding", "indices_3x4", {any({5, 6}), indices({3, 4}, 5)},
                [](const In& x) { return ops::embedding(x[0], x[1]); }, 12});
+  // ---- attention (k: the longest sums, over keys and the head dim; rounds: the fused kernel's
+  // bf16 P and dS before its matmuls, and the rounded output its backward reads) ----
+  c.push_back({"scaled_dot_product_attention", "plain_tq_ne_tk", {any({2, 2, 5, 8}), any({2, 2, 7, 8}), any({2, 2, 7, 6})},
+               [](const In& x) { return ops::scaled_dot_product_attention(x[0], x[1], x[2]); }, 16, 4});
+  c.push_back({"scaled_dot_product_attention", "causal_views_of_qkv", {any({2, 6, 3, 2, 8})},
+               [](const In& x) {
+                 const Tensor t = ops::transpose(x[0], 1, 3);  // [B, H, 3, T, E], the GPT's layout
+                 auto part = [&](int64_t i) { return ops::reshape(ops::slice(t, 2, i, i + 1), {2, 2, 6, 8}); };
+                 return ops::scaled_dot_product_attention(part(0), part(1), part(2), {.causal = true});
+               }, 16, 4});
+  // A fresh generator per call: the same mask on every backend.
+  c.push_back({"scaled_dot_product_attention", "causal_dropout", {any({1, 2, 6, 4}), any({1, 2, 9, 4}), any({1, 2, 9, 4})},
+               [](const In& x) {
+                 Generator g(11);
+                 return ops::scaled_dot_product_attention(x[0], x[1], x[2], {.causal = true, .dropout = 0.25, .gen = &g});
+               }, 16, 4});
   // clang-format on
   return c;
 }

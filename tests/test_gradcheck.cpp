@@ -612,6 +612,44 @@ std::vector<Case> all_cases() {
                  return In{U(g, {4, 3}), Tensor::from_vector(std::vector<int64_t>{3, 3, 0, 3}, {2, 2})};
                }});
 
+  // ---- attention: q [B, H, Tq, E], k [B, H, Tk, E], v [B, H, Tk, Ev] ----
+  c.push_back({"scaled_dot_product_attention", "plain_tq_ne_tk",
+               [](const In& x) { return ops::scaled_dot_product_attention(x[0], x[1], x[2]); },
+               [](Generator& g) {
+                 return In{U(g, {2, 2, 3, 4}), U(g, {2, 2, 5, 4}), U(g, {2, 2, 5, 3})};
+               }});
+  c.push_back({"scaled_dot_product_attention", "causal_more_keys_scale",
+               [](const In& x) {
+                 return ops::scaled_dot_product_attention(x[0], x[1], x[2], {.causal = true, .scale = 0.7});
+               },
+               [](Generator& g) {
+                 return In{U(g, {1, 2, 4, 3}), U(g, {1, 2, 6, 3}), U(g, {1, 2, 6, 2})};
+               }});
+  c.push_back({"scaled_dot_product_attention", "causal_more_queries",
+               [](const In& x) { return ops::scaled_dot_product_attention(x[0], x[1], x[2], {.causal = true}); },
+               [](Generator& g) {
+                 return In{U(g, {1, 2, 5, 3}), U(g, {1, 2, 3, 3}), U(g, {1, 2, 3, 4})};
+               }});
+  // The GPT's layout: q, k, v are strided views of one [B, T, 3, H, E] tensor.
+  c.push_back({"scaled_dot_product_attention", "causal_views_of_qkv",
+               [](const In& x) {
+                 const Tensor t = ops::transpose(x[0], 1, 3);  // [B, H, 3, T, E]
+                 auto part = [&](int64_t i) { return ops::reshape(ops::slice(t, 2, i, i + 1), {2, 2, 4, 3}); };
+                 return ops::scaled_dot_product_attention(part(0), part(1), part(2), {.causal = true});
+               },
+               [](Generator& g) {
+                 return In{U(g, {2, 4, 3, 2, 3})};
+               }});
+  // A fresh generator per evaluation: the same mask every time.
+  c.push_back({"scaled_dot_product_attention", "causal_dropout_fixed_generator",
+               [](const In& x) {
+                 Generator gen(7);
+                 return ops::scaled_dot_product_attention(x[0], x[1], x[2],
+                                                          {.causal = true, .dropout = 0.3, .gen = &gen});
+               },
+               [](Generator& g) {
+                 return In{U(g, {2, 1, 5, 3}), U(g, {2, 1, 5, 3}), U(g, {2, 1, 5, 2})};
+               }});
   return c;
 }
 

@@ -136,5 +136,20 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
 // accumulated in f32, returned in weight's dtype. An index outside [0, V) throws one line naming
 // embedding (on a GPU: flagged and reported at the next sync, as nll_loss's bad targets are).
 Tensor embedding(const Tensor& weight, const Tensor& indices);
+// ---- attention (autocast: lower; family attention: src/ops/attention.cpp) ----
+struct AttentionOptions {
+  bool causal = false;          // query i attends to keys j <= i (+ Tk - Tq when Tk > Tq, as PyTorch's)
+  double dropout = 0.0;         // on the attention probabilities (training only: pass 0 in eval)
+  std::optional<double> scale = std::nullopt;  // default 1/sqrt(E)
+  Generator* gen = nullptr;     // of the dropout mask (default_generator() when null)
+};
+// q [B, H, Tq, E], k [B, H, Tk, E], v [B, H, Tk, Ev] -> [B, H, Tq, Ev] (PyTorch 2's
+// scaled_dot_product_attention). Inputs may be non-contiguous views (the GPT passes
+// qkv.view(B,T,3,H,E) sliced and transposed). q, k, v share a dtype (autocast makes them so).
+// The fast CPU kernel is fused (FlashAttention's blocks and online softmax) and keeps only the
+// output and the log-sum-exp of each row for the backward, so its saved memory grows linearly with
+// the sequence; dropout's mask is recomputed from the generator's counter-based words, not stored.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& o = {});
 
 }  // namespace mixprec::ops

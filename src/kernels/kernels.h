@@ -4,6 +4,7 @@
 // Kernels do not record autograd; ops (src/ops) do.
 #pragma once
 #include "kernels/activation.h"
+#include "kernels/attention.h"
 #include "kernels/backend.h"
 #include "kernels/binary.h"
 #include "kernels/conv.h"
