@@ -78,7 +78,7 @@ class GPT : public Module {
   std::shared_ptr<Dropout> drop_;
   std::shared_ptr<Sequential> h_;
   std::shared_ptr<LayerNorm> ln_f_;
-  std::shared_ptr<Module> lm_head_;
+  std::shared_ptr<Linear> lm_head_;
 };
 
 }  // namespace mixprec::nn

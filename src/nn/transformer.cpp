@@ -2,7 +2,6 @@
 #include "mixprec/transformer.h"
 
 #include <cmath>
-#include <sstream>
 #include <utility>
 
 #include "mixprec/autograd.h"
@@ -18,21 +17,6 @@ class ModuleDict : public Module {
   void add(const std::string& name, std::shared_ptr<Module> m) { register_module(name, std::move(m)); }
   Tensor forward(const Tensor&) override { throw Error("ModuleDict: a container, not a layer"); }
   std::string name() const override { return "ModuleDict"; }
-};
-
-// The output head, nanoGPT's Linear(n_embd, vocab_size, bias=False) whose weight is the token
-// embedding's (weight tying): it registers that very tensor as its "weight", so state_dict() holds
-// lm_head.weight beside transformer.wte.weight while parameters() lists the tensor once.
-class TiedHead : public Module {
- public:
-  explicit TiedHead(const Tensor& tied) : weight(register_parameter("weight", tied)) {}
-  Tensor forward(const Tensor& x) override { return ops::linear(x, weight); }
-  std::string name() const override {
-    std::ostringstream os;
-    os << "Linear(in_features=" << weight.size(1) << ", out_features=" << weight.size(0) << ", bias=False)";
-    return os.str();
-  }
-  Tensor weight;
 };
 
 void check_config(const GPTConfig& c) {
@@ -129,8 +113,12 @@ GPT::GPT(const GPTConfig& c) : config_(c) {
   transformer->add("h", h_);
   transformer->add("ln_f", ln_f_);
   register_module("transformer", transformer);
-  lm_head_ = std::make_shared<TiedHead>(wte->weight);
+  // nanoGPT's head, Linear(n_embd, vocab_size, bias=False), whose weight is the token embedding's
+  // (weight tying): state_dict() holds lm_head.weight beside transformer.wte.weight, parameters()
+  // lists the tensor once.
+  lm_head_ = std::make_shared<Linear>(c.n_embd, c.vocab_size, LinearOptions{.bias = false});
   register_module("lm_head", lm_head_);
+  set_parameter("lm_head.weight", wte->weight);
 
   // GPT-2's initialisation (nanoGPT's _init_weights, then the scaled residual projections), in
   // parameter order: the draws depend on nothing but the seed and the config.
