@@ -196,6 +196,19 @@ TEST_F(CliGpt, SampleIsDeterministicAndEvalGivesTheRunsLoss) {
             0u)
       << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  // nanoGPT's two AdamW groups: weight decay 0.1 on the 6 matrices (wte, wpe and the block's four
+  // Linear weights), none on the 10 biases and LayerNorm tensors.
+  const auto ck = mixprec::io::load_safetensors(st.string());
+  auto entry = [&](const std::string& name) {
+    for (const auto& [n, t] : ck.tensors)
+      if (n == name) return t;
+    ADD_FAILURE() << "no " << name;
+    return mixprec::Tensor();
+  };
+  EXPECT_EQ(entry("optimizer.param_groups.0.weight_decay").item(), 0.1);
+  EXPECT_EQ(entry("optimizer.param_groups.1.weight_decay").item(), 0.0);
+  EXPECT_EQ(entry("optimizer.param_groups.0.params").numel(), 6);
+  EXPECT_EQ(entry("optimizer.param_groups.1.params").numel(), 10);
   // eval of the checkpoint: the validation loss of the run's last evaluation, bit for bit.
   r = run_cli("eval --checkpoint " + st.string() + " --json", dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;

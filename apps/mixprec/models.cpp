@@ -93,7 +93,6 @@ std::shared_ptr<nn::Sequential> cnn_bn(const ModelSpec& s) {
 std::shared_ptr<nn::Module> build_model(const ModelSpec& s) {
   if (s.is_gpt()) {
     MIXPREC_CHECK(s.vocab_size > 0, "gpt: the vocabulary size is unknown (no text, checkpoint or --vocab-size)");
-    MIXPREC_CHECK(s.d_model % s.heads == 0, "--d-model ", s.d_model, " must be a multiple of --heads ", s.heads);
     return std::make_shared<nn::GPT>(nn::GPTConfig{.vocab_size = s.vocab_size,
                                                    .block_size = s.block_size,
                                                    .n_layer = s.layers,
