@@ -34,6 +34,29 @@ setup() {
   fi
 }
 
+# The text corpus of `train --model gpt` (--text's default): Moby Dick, which Debian ships only as test
+# data inside a Go package. The package is downloaded (not installed: no dependencies), unpacked into
+# a temporary directory, and only the text is kept. Skipped when the file is there.
+text_file=/usr/local/share/mixprec/mobydick.txt
+text_package=golang-github-colinmarc-hdfs-dev
+text_in_package=usr/share/gocode/src/github.com/colinmarc/hdfs/testdata/mobydick.txt
+fetch_text() {
+  [ -s "$text_file" ] && return 0
+  local sudo="" tmp
+  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  tmp=$(mktemp -d)
+  # apt-get download writes to the current directory; the package lists may be missing or stale on
+  # a machine where every package was already installed: update them once and retry.
+  if ! (cd "$tmp" && apt-get download -qq "$text_package" >/dev/null 2>&1); then
+    $sudo apt-get update -qq
+    (cd "$tmp" && apt-get download -qq "$text_package" >/dev/null)
+  fi
+  dpkg-deb -x "$tmp"/"$text_package"_*.deb "$tmp/root"
+  $sudo install -D -m 644 "$tmp/root/$text_in_package" "$text_file"
+  rm -rf "$tmp"
+  echo "dev.sh: $text_file from Debian's $text_package"
+}
+
 # build DIR CMAKE_ARGS... : configure once, then build incrementally (every target, or only $target).
 build() {
   local dir=$1
@@ -115,6 +138,7 @@ part() {
 cmd=${1:-}
 shift || true
 setup
+fetch_text
 case "$cmd" in
   build) release ;;
   train)

@@ -12,6 +12,8 @@ namespace mixprec::cli {
 
 int cmd_bench(Args& a) {
   SessionOptions opt = parse_session(a);
+  // Moby Dick's vocabulary after preprocessing (mixprec/text.h) has 81 characters.
+  if (opt.model.is_gpt()) opt.model.vocab_size = a.integer("vocab-size", 81, 1, 1 << 24);
   const int64_t steps = a.integer("steps", 30, 1, 1000000);
   const int64_t warmup = a.integer("warmup", 5, 0, 1000000);
   a.finish();
@@ -23,10 +25,23 @@ int cmd_bench(Args& a) {
     MemoryScope scope(MemCategory::data);
     // Made on the CPU (the same data on every device), then moved: the data sits on the device
     // before the timing starts, as the PyTorch peer's does.
-    x = Tensor::randn({opt.batch_size, 1, opt.model.image_rows, opt.model.image_cols}, gen).to(opt.device);
-    std::vector<int64_t> labels(size_t(opt.batch_size));
-    for (auto& l : labels) l = int64_t(gen.next_u64() % uint64_t(opt.model.num_classes));
-    y = Tensor::from_vector(labels, {opt.batch_size}).to(opt.device);
+    if (opt.model.is_gpt()) {
+      // Random tokens: the step's cost does not depend on which ones.
+      const int64_t n = opt.batch_size * opt.model.block_size;
+      std::vector<int64_t> tokens(size_t(2 * n));
+      for (auto& t : tokens) t = int64_t(gen.uniform_below(uint64_t(opt.model.vocab_size)));
+      x = Tensor::from_vector(std::vector<int64_t>(tokens.begin(), tokens.begin() + n),
+                              {opt.batch_size, opt.model.block_size})
+              .to(opt.device);
+      y = Tensor::from_vector(std::vector<int64_t>(tokens.begin() + n, tokens.end()),
+                              {opt.batch_size, opt.model.block_size})
+              .to(opt.device);
+    } else {
+      x = Tensor::randn({opt.batch_size, 1, opt.model.image_rows, opt.model.image_cols}, gen).to(opt.device);
+      std::vector<int64_t> labels(size_t(opt.batch_size));
+      for (auto& l : labels) l = int64_t(gen.next_u64() % uint64_t(opt.model.num_classes));
+      y = Tensor::from_vector(labels, {opt.batch_size}).to(opt.device);
+    }
   }
   // Reading the step's loss waits for the step (on a GPU, for everything queued on its stream):
   // the time is the step's, not the time to queue it.
@@ -49,6 +64,7 @@ int cmd_bench(Args& a) {
             {"precision", opt.precision.name},
             {"device", opt.device.str()},
             {"batch_size", opt.batch_size},
+            {"parameters", s.model->num_parameters()},
             {"threads", opt.threads},
             {"steps", steps},
             {"warmup", warmup}};
@@ -58,6 +74,12 @@ int cmd_bench(Args& a) {
   j["step_ms"] = {{"best", best}, {"median", median}};
   j["peak_bytes"] = peak_memory_json(opt.device);
   j["category_peak_bytes"] = category_peak_json(opt.device);
+  if (opt.model.is_gpt()) {
+    j["block_size"] = opt.model.block_size;
+    j["vocab_size"] = opt.model.vocab_size;
+    j["tokens_per_s"] = {{"best", 1000.0 * double(opt.batch_size * opt.model.block_size) / best},
+                         {"median", 1000.0 * double(opt.batch_size * opt.model.block_size) / median}};
+  }
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }

@@ -12,6 +12,7 @@
 #include "mixprec/checkpoint.h"
 #include "mixprec/error.h"
 #include "mixprec/io.h"
+#include "mixprec/text.h"
 #include "models.h"
 #include "session.h"
 #include "train.h"
@@ -20,9 +21,10 @@ namespace mixprec::cli {
 namespace {
 
 // What a file's metadata says about its model: the flags that build it, and the data it expects.
-const char* const kModelKeys[] = {"model", "hidden", "channels"};
-const char* const kExportKeys[] = {"model",       "hidden",    "channels", "image-rows", "image-cols",
-                                   "num-classes", "norm-mean", "norm-std", "precision",  "data"};
+const char* const kModelKeys[] = {"model", "hidden", "channels", "layers", "heads", "d-model", "block-size", "dropout"};
+const char* const kExportKeys[] = {"model",     "hidden",     "channels",  "image-rows", "image-cols", "num-classes",
+                                   "norm-mean", "norm-std",   "precision", "data",       "layers",     "heads",
+                                   "d-model",   "block-size", "dropout",   "vocab",      "text"};
 
 Flags model_flags(const Flags& metadata) {
   Flags f;
@@ -51,6 +53,8 @@ ModelSpec stored_model(const Flags& metadata, const std::string& path) {
   ModelSpec spec = parse_model(flags);
   if (metadata.count("image-rows")) spec.image_rows = metadata_int(metadata, "image-rows", path);
   if (metadata.count("image-cols")) spec.image_cols = metadata_int(metadata, "image-cols", path);
+  if (spec.is_gpt() && metadata.count("vocab"))
+    spec.vocab_size = data::Vocabulary::from_utf8(metadata.at("vocab"), path).size();
   return spec;
 }
 
@@ -65,6 +69,7 @@ std::string required(Args& a, const std::string& flag) {
 int cmd_eval(Args& given) {
   const std::string path = required(given, "checkpoint");
   const io::SafetensorsFile f = io::load_safetensors(path);
+  if (f.metadata.count("model") && f.metadata.at("model") == "gpt") return eval_gpt(given, f, path);
   const Flags stored = model_flags(f.metadata);
   Args a = given.with_defaults(stored);
   (void)a.str("checkpoint", "");
@@ -91,7 +96,7 @@ int cmd_eval(Args& given) {
     norm = data::compute_normalize(data::load_idx_dataset(data_dir, "train"));
 
   omp_set_num_threads(threads);
-  std::shared_ptr<nn::Sequential> model = build_model(spec);
+  std::shared_ptr<nn::Module> model = build_model(spec);
   amp::apply_precision(*model, precision);
   Checkpoint::load_model(*model, Checkpoint::model_tensors(f.tensors), path);
   model->to(device);

@@ -1,4 +1,4 @@
-// Test-set accuracy and loss of a model on a device.
+// Test-set accuracy and loss of a model on a device; a language model's validation loss.
 #include "evaluate.h"
 
 #include <algorithm>
@@ -45,6 +45,26 @@ EvalResult evaluate(nn::Module& model, const amp::Precision& precision, const da
   }
   model.train();
   return {double(correct) / double(std::max<int64_t>(seen, 1)), loss_sum / double(std::max<int64_t>(seen, 1))};
+}
+
+double validation_loss(nn::Module& model, const amp::Precision& precision, const data::TextCorpus& corpus,
+                       int64_t block_size, int64_t batches, const Device& device) {
+  model.eval();
+  autograd::NoGradGuard no_grad;
+  std::vector<Tensor> losses;
+  for (int64_t j = 0; j < batches; ++j) {
+    const data::TextBatch b =
+        data::text_batch(corpus, data::TextSplit::val, /*seed=*/0, uint64_t(j * data::kValBatchSize),
+                         data::kValBatchSize, block_size, device);
+    amp::Autocast ac(device.type, precision.autocast_dtype, precision.autocast);
+    losses.push_back(ops::cross_entropy(model(b.x), b.y).reshape({1}));
+  }
+  model.train();
+  // One copy from the device for all the batches.
+  const std::vector<double> v = ops::cat(losses, 0).to_vector_f64();
+  double sum = 0;
+  for (const double l : v) sum += l;
+  return sum / double(batches);
 }
 
 }  // namespace mixprec::cli

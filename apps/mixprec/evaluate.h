@@ -1,4 +1,5 @@
-// Test-set evaluation, shared by train (after each epoch) and eval (a checkpoint).
+// Test-set evaluation, shared by train (after each epoch) and eval (a checkpoint); the gpt's
+// validation loss likewise.
 #pragma once
 #include <cstdint>
 
@@ -6,6 +7,7 @@
 #include "mixprec/nn.h"
 #include "mixprec/precision.h"
 #include "mixprec/tensor.h"
+#include "mixprec/text.h"
 
 namespace mixprec::cli {
 
@@ -16,5 +18,11 @@ struct EvalResult {
 // for that device, batches of 1000.
 EvalResult evaluate(nn::Module& model, const amp::Precision& precision, const data::Dataset& test, data::Normalize norm,
                     const Device& device);
+
+// The mean over `batches` fixed validation batches (data::kValBatchSize rows of block_size, seed 0:
+// the same batches in every run) of the mean cross-entropy, nats per character: the model in eval
+// mode (then back in train mode), under the precision's autocast for `device`.
+double validation_loss(nn::Module& model, const amp::Precision& precision, const data::TextCorpus& corpus,
+                       int64_t block_size, int64_t batches, const Device& device);
 
 }  // namespace mixprec::cli

@@ -27,11 +27,17 @@ Json category_peak_json(const Device& device) {
 }
 
 Json step_event(int64_t step, int64_t epoch, double lr, const StepResult& r) {
-  Json j = {{"event", "step"}, {"step", step},     {"epoch", epoch},      {"loss", r.loss},
-            {"lr", lr},        {"scale", r.scale}, {"skipped", r.skipped}};
+  Json j = {{"event", "step"}, {"step", step}};
+  if (epoch > 0) j["epoch"] = epoch;  // a run of steps (gpt) has no epochs
+  j["loss"] = r.loss;
+  j["lr"] = lr;
+  j["scale"] = r.scale;
+  j["skipped"] = r.skipped;
   j["grad_norm"] = std::isfinite(r.grad_norm) ? Json(r.grad_norm) : Json();
   return j;
 }
+
+Json eval_event(int64_t step, double val_loss) { return {{"event", "eval"}, {"step", step}, {"val_loss", val_loss}}; }
 
 Json epoch_event(int64_t epoch, double test_accuracy, double test_loss, double train_loss, double seconds) {
   return {{"event", "epoch"},       {"epoch", epoch},           {"test_accuracy", test_accuracy},

@@ -22,8 +22,11 @@ Json peak_memory_json(const Device& device);
 Json category_peak_json(const Device& device);
 
 // One line per logged step: loss, lr, the scale the loss was multiplied by, whether the
-// optimizer step was skipped, and the gradient norm (null when inf/NaN: JSON has no inf).
+// optimizer step was skipped, and the gradient norm (null when inf/NaN: JSON has no inf). epoch 0:
+// a run of steps (gpt), whose lines have no epoch.
 Json step_event(int64_t step, int64_t epoch, double lr, const StepResult& r);
+// The gpt's validation loss (nats per character) after `step`.
+Json eval_event(int64_t step, double val_loss);
 Json epoch_event(int64_t epoch, double test_accuracy, double test_loss, double train_loss, double seconds);
 // The gradient statistics of --diagnose, taken while the gradients carry `scale`.
 Json diagnose_event(int64_t step, double scale, const std::vector<amp::GradStats>& stats);

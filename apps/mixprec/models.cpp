@@ -1,12 +1,14 @@
-// Model builders with the same layer order (and so state_dict names) as bench/peers/models.py.
+// Model builders with the same layer order (and so state_dict names) as bench/peers/models.py
+// and bench/peers/gpt.py.
 #include "models.h"
 
 #include "mixprec/error.h"
+#include "mixprec/transformer.h"
 
 namespace mixprec::cli {
 
 const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names = {"mlp", "cnn", "cnn-bn"};
+  static const std::vector<std::string> names = {"mlp", "cnn", "cnn-bn", "gpt"};
   return names;
 }
 
@@ -17,6 +19,14 @@ Recipe default_recipe(const std::string& model) {
     r.adamw_lr = 2e-3;
   } else if (model == "cnn-bn") {
     r.batch_size = 128;
+  } else if (model == "gpt") {
+    // nanoGPT's recipe for a small character model (its shakespeare_char config, scaled down).
+    r.batch_size = 32;
+    r.weight_decay = 0.1;
+    r.beta2 = 0.95;
+    r.clip_grad_norm = 1.0;
+    r.lr_warmup = 100;
+    r.min_lr = 1e-4;
   }
   return r;
 }
@@ -80,7 +90,16 @@ std::shared_ptr<nn::Sequential> cnn_bn(const ModelSpec& s) {
 
 }  // namespace
 
-std::shared_ptr<nn::Sequential> build_model(const ModelSpec& s) {
+std::shared_ptr<nn::Module> build_model(const ModelSpec& s) {
+  if (s.is_gpt()) {
+    MIXPREC_CHECK(s.vocab_size > 0, "gpt: the vocabulary size is unknown (no text, checkpoint or --vocab-size)");
+    return std::make_shared<nn::GPT>(nn::GPTConfig{.vocab_size = s.vocab_size,
+                                                   .block_size = s.block_size,
+                                                   .n_layer = s.layers,
+                                                   .n_head = s.heads,
+                                                   .n_embd = s.d_model,
+                                                   .dropout = s.dropout});
+  }
   if (s.name == "mlp") return mlp(s);
   if (s.name == "cnn") return cnn(s);
   if (s.name == "cnn-bn") return cnn_bn(s);

@@ -9,11 +9,18 @@
 #include <sstream>
 
 #include "mixprec/allocator.h"
+#include "mixprec/error.h"
 
 namespace mixprec::cli {
 
-void print_header(const Session& s, const std::string& data_dir, const data::Dataset& train, const data::Dataset& test,
-                  bool detect_anomaly) {
+std::string image_data_line(const std::string& data_dir, const data::Dataset& train, const data::Dataset& test) {
+  char line[512];
+  std::snprintf(line, sizeof line, "data: %s, %lld train / %lld test images of %lldx%lld", data_dir.c_str(),
+                (long long)train.size, (long long)test.size, (long long)train.rows, (long long)train.cols);
+  return line;
+}
+
+void print_header(const Session& s, const std::string& data_line, bool detect_anomaly) {
   const SessionOptions& opt = s.opt;
   std::printf(
       "mixprec train: model %s (%lld parameters), precision %s%s%s, optimizer %s lr %g, batch %lld, %d threads, "
@@ -29,8 +36,7 @@ void print_header(const Session& s, const std::string& data_dir, const data::Dat
     std::fprintf(stderr,
                  "warning: --detect-anomaly stops at the first inf/NaN gradient, including the overflows that "
                  "dynamic loss scaling would skip\n");
-  std::printf("data: %s, %lld train / %lld test images of %lldx%lld\n", data_dir.c_str(), (long long)train.size,
-              (long long)test.size, (long long)train.rows, (long long)train.cols);
+  std::printf("%s\n", data_line.c_str());
   std::fflush(stdout);
 }
 
@@ -41,15 +47,16 @@ ProgressPrinter::ProgressPrinter(int64_t epochs, int64_t steps_per_epoch)
       tty_(isatty(fileno(stderr))) {}
 
 void ProgressPrinter::step(int64_t epoch, int64_t i, double loss, int64_t samples, double seconds) const {
+  // A run of steps (epochs_ 0, the gpt) names no epoch.
+  const std::string ep = epochs_ > 0 ? detail::concat("epoch ", epoch, "/", epochs_, " ") : std::string();
   if (tty_) {
     const int width = 30, filled = int(width * i / steps_per_epoch_);
-    std::fprintf(stderr, "\repoch %lld/%lld [%s%s] step %lld/%lld loss %.4f %.0f samples/s ", (long long)epoch,
-                 (long long)epochs_, std::string(size_t(filled), '#').c_str(),
-                 std::string(size_t(width - filled), '.').c_str(), (long long)i, (long long)steps_per_epoch_, loss,
-                 double(samples) / seconds);
+    std::fprintf(stderr, "\r%s[%s%s] step %lld/%lld loss %.4f %.0f samples/s ", ep.c_str(),
+                 std::string(size_t(filled), '#').c_str(), std::string(size_t(width - filled), '.').c_str(),
+                 (long long)i, (long long)steps_per_epoch_, loss, double(samples) / seconds);
   } else if (line_due(i)) {
-    std::fprintf(stderr, "epoch %lld/%lld step %lld/%lld loss %.4f %.0f samples/s\n", (long long)epoch,
-                 (long long)epochs_, (long long)i, (long long)steps_per_epoch_, loss, double(samples) / seconds);
+    std::fprintf(stderr, "%sstep %lld/%lld loss %.4f %.0f samples/s\n", ep.c_str(), (long long)i,
+                 (long long)steps_per_epoch_, loss, double(samples) / seconds);
   }
 }
 
@@ -83,9 +90,9 @@ void print_rounding(int64_t step, const optim::Optimizer::RoundingStats& r, cons
 }
 
 void print_done(const Session& s, int64_t steps, double wall_seconds, double train_seconds, double samples_per_s,
-                double test_accuracy, const amp::ScaleTrace& scale_trace, bool diagnose) {
-  std::printf("done: %lld steps in %.1f s wall (%.1f s training), %.0f samples/s, final test accuracy %.2f%%\n",
-              (long long)steps, wall_seconds, train_seconds, samples_per_s, 100 * test_accuracy);
+                const std::string& result, const amp::ScaleTrace& scale_trace, bool diagnose) {
+  std::printf("done: %lld steps in %.1f s wall (%.1f s training), %.0f samples/s, %s\n", (long long)steps, wall_seconds,
+              train_seconds, samples_per_s, result.c_str());
   std::printf("%s\n", peak_memory_table(s.opt.device).c_str());
   if (s.scaler->is_enabled() || diagnose) std::printf("loss %s\n", scale_trace.summary().c_str());
 }

@@ -14,13 +14,15 @@
 
 namespace mixprec::cli {
 
-// Model, precision, loss scale, optimizer, threads and data set; warnings about the optimizer's
-// settings and --detect-anomaly go to stderr.
-void print_header(const Session& s, const std::string& data_dir, const data::Dataset& train, const data::Dataset& test,
-                  bool detect_anomaly);
+// Model, precision, loss scale, optimizer, threads and the data line; warnings about the
+// optimizer's settings and --detect-anomaly go to stderr.
+void print_header(const Session& s, const std::string& data_line, bool detect_anomaly);
+// "data: DIR, 60000 train / 10000 test images of 28x28"
+std::string image_data_line(const std::string& data_dir, const data::Dataset& train, const data::Dataset& test);
 
 class ProgressPrinter {
  public:
+  // epochs 0: a run of steps_per_epoch steps without epochs (the gpt's).
   ProgressPrinter(int64_t epochs, int64_t steps_per_epoch);
   // After step i (from 1) of `epoch`: `samples` trained in `seconds` this epoch.
   void step(int64_t epoch, int64_t i, double loss, int64_t samples, double seconds) const;
@@ -39,10 +41,10 @@ void print_epoch(int64_t epoch, double train_loss, double test_accuracy, double 
 void print_autocast_trace(const std::vector<amp::TraceEntry>& trace);
 void print_gradient_stats(int64_t step, const std::vector<amp::GradStats>& stats, double scale);
 void print_rounding(int64_t step, const optim::Optimizer::RoundingStats& r, const amp::Precision& p);
-// The closing lines: steps, time and speed, final accuracy, peak memory, and the loss-scale
-// trace when a scaler ran or diagnostics were asked for.
+// The closing lines: steps, time and speed, the final result ("final test accuracy 91.20%"), peak
+// memory, and the loss-scale trace when a scaler ran or diagnostics were asked for.
 void print_done(const Session& s, int64_t steps, double wall_seconds, double train_seconds, double samples_per_s,
-                double test_accuracy, const amp::ScaleTrace& scale_trace, bool diagnose);
+                const std::string& result, const amp::ScaleTrace& scale_trace, bool diagnose);
 
 // "peak memory 41.4 MiB: parameters 7.1 ..." (the split at the moment of the total peak), on the
 // device the run trained on.

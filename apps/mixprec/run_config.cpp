@@ -31,7 +31,7 @@ std::string join(const std::vector<int64_t>& v) {
 }
 
 // Flags beside the settings that a checkpoint records and a resumed run takes as its defaults.
-constexpr const char* kRunFlags[] = {"threads", "data"};
+constexpr const char* kRunFlags[] = {"threads", "data", "text"};
 
 const std::string& meta(const Flags& m, const std::string& key, const std::string& path) {
   const auto it = m.find(key);
@@ -66,8 +66,22 @@ float meta_float(const Flags& m, const std::string& key, const std::string& path
 Flags setting_flags(const SessionOptions& s, const TrainOptions& o) {
   Flags f;
   f["model"] = s.model.name;
-  f["hidden"] = join(s.model.hidden);
-  f["channels"] = join(s.model.channels);
+  if (s.model.is_gpt()) {
+    f["layers"] = std::to_string(s.model.layers);
+    f["heads"] = std::to_string(s.model.heads);
+    f["d-model"] = std::to_string(s.model.d_model);
+    f["block-size"] = std::to_string(s.model.block_size);
+    f["dropout"] = shortest(s.model.dropout);
+    f["beta2"] = shortest(s.beta2);
+    f["steps"] = std::to_string(o.steps);
+    f["eval-every"] = std::to_string(o.eval_every);
+    f["eval-batches"] = std::to_string(o.eval_batches);
+    f["min-lr"] = shortest(o.min_lr);
+  } else {
+    f["hidden"] = join(s.model.hidden);
+    f["channels"] = join(s.model.channels);
+    f["epochs"] = std::to_string(o.epochs);
+  }
   f["precision"] = s.precision.name;  // resolved: never "auto"
   // Only the presets without a master copy accept the flag.
   if (s.precision.param_dtype != DType::f32 && !s.precision.master_weights)
@@ -89,7 +103,6 @@ Flags setting_flags(const SessionOptions& s, const TrainOptions& o) {
   f["clip-grad-value"] = shortest(s.clip_grad_value);
   f["loss-weight"] = shortest(s.loss_weight);
   f["seed"] = std::to_string(s.seed);
-  f["epochs"] = std::to_string(o.epochs);
   f["lr-schedule"] = o.lr_schedule;
   f["lr-warmup"] = std::to_string(o.lr_warmup);
   return f;
@@ -98,6 +111,14 @@ Flags setting_flags(const SessionOptions& s, const TrainOptions& o) {
 Flags checkpoint_metadata(const SessionOptions& s, const TrainOptions& o, const DataFacts& d) {
   Flags m = setting_flags(s, o);
   m["threads"] = std::to_string(s.threads);
+  m["format"] = "pt";  // the safetensors convention for tensors in PyTorch's names and layouts
+  m[kFormatKey] = kFormatValue;
+  if (s.model.is_gpt()) {
+    m["text"] = o.text_path;
+    m["text-chars"] = std::to_string(d.text_chars);
+    m["vocab"] = d.vocab;
+    return m;
+  }
   m["data"] = o.data_dir;
   m["train-samples"] = std::to_string(d.train_samples);
   m["image-rows"] = std::to_string(d.rows);
@@ -105,8 +126,6 @@ Flags checkpoint_metadata(const SessionOptions& s, const TrainOptions& o, const 
   m["num-classes"] = std::to_string(s.model.num_classes);
   m["norm-mean"] = shortest(d.norm.mean);
   m["norm-std"] = shortest(d.norm.std);
-  m["format"] = "pt";  // the safetensors convention for tensors in PyTorch's names and layouts
-  m[kFormatKey] = kFormatValue;
   return m;
 }
 
@@ -123,7 +142,10 @@ Flags stored_run_flags(const Flags& metadata, const std::string& path) {
       SessionOptions s;
       s.scaler.enabled = true;
       s.precision.param_dtype = DType::bf16;
-      return setting_flags(s, TrainOptions{});
+      Flags all = setting_flags(s, TrainOptions{});
+      s.model.name = "gpt";
+      all.merge(setting_flags(s, TrainOptions{}));
+      return all;
     }();
     bool run_flag = false;
     for (const char* r : kRunFlags) run_flag = run_flag || k == r;

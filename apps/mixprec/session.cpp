@@ -108,6 +108,14 @@ ModelSpec parse_model(Args& a) {
   m.name = a.choice("model", "mlp", model_names());
   m.hidden = a.int_list("hidden", m.hidden, 1, 1 << 16);
   m.channels = a.int_list("channels", m.channels, 1, 1 << 14);
+  if (m.is_gpt()) {
+    m.layers = a.integer("layers", m.layers, 1, 1024);
+    m.heads = a.integer("heads", m.heads, 1, 1024);
+    m.d_model = a.integer("d-model", m.d_model, 1, 1 << 16);
+    m.block_size = a.integer("block-size", m.block_size, 1, 1 << 20);
+    m.dropout = a.real("dropout", m.dropout, 0.0, 0.99);
+    MIXPREC_CHECK(m.d_model % m.heads == 0, "--d-model ", m.d_model, " must be a multiple of --heads ", m.heads);
+  }
   return m;
 }
 
@@ -149,14 +157,17 @@ SessionOptions parse_session(Args& a) {
   o.optimizer = a.choice("optimizer", "adamw", {"adamw", "sgd"});
   const Recipe recipe = default_recipe(o.model.name);
   o.lr = a.real("lr", o.optimizer == "sgd" ? recipe.sgd_lr : recipe.adamw_lr, 0.0, 1e3, /*lo_open=*/true);
-  o.weight_decay = a.real("weight-decay", 0.0, 0.0, 1.0);
+  o.weight_decay = a.real("weight-decay", recipe.weight_decay, 0.0, 1.0);
+  // Only the gpt reads --beta2 (the image models' checkpoints do not record it).
+  if (o.model.is_gpt()) o.beta2 = a.real("beta2", recipe.beta2, 0.0, 0.999999);
   o.momentum = a.real("momentum", 0.9, 0.0, 0.999999);
   o.batch_size = a.integer("batch-size", recipe.batch_size, 1, 1 << 20);
   o.accumulate = a.integer("accumulate", 1, 1, 1 << 20);
   MIXPREC_CHECK(o.accumulate <= o.batch_size, "--accumulate ", o.accumulate,
                 " splits each batch into micro-batches: ", "it cannot exceed --batch-size ", o.batch_size);
-  o.clip_grad_norm = a.real("clip-grad-norm", 0.0, 0.0, 1e30);
   o.clip_grad_value = a.real("clip-grad-value", 0.0, 0.0, 1e30);
+  // The recipe's norm clipping gives way to an explicit --clip-grad-value.
+  o.clip_grad_norm = a.real("clip-grad-norm", a.has("clip-grad-value") ? 0.0 : recipe.clip_grad_norm, 0.0, 1e30);
   MIXPREC_CHECK(o.clip_grad_norm == 0 || o.clip_grad_value == 0, "--clip-grad-norm and --clip-grad-value: pick one");
   o.loss_weight = a.real("loss-weight", 1.0, 0.0, 1e30, /*lo_open=*/true);
   o.seed = uint64_t(a.integer("seed", 0, 0, INT64_MAX));
@@ -173,19 +184,29 @@ Session make_session(const SessionOptions& opt) {
   amp::apply_precision(*s.model, opt.precision);
   s.model->to(opt.device);
   const optim::HalfParamOptions half = amp::half_param_options(opt.precision, opt.seed);
+  // One group, or for the gpt nanoGPT's two (configure_optimizers): decay on the matrices (dim >= 2),
+  // none on biases and norms.
+  std::vector<optim::ParamGroup> groups;
+  if (opt.model.is_gpt()) {
+    groups = {{{}, {.weight_decay = opt.weight_decay}}, {{}, {.weight_decay = 0.0}}};
+    for (const Tensor& p : s.model->parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
+  } else {
+    groups = {{s.model->parameters()}};
+  }
   if (opt.optimizer == "sgd") {
     optim::SGDOptions so;
     so.lr = opt.lr;
     so.momentum = opt.momentum;
     so.weight_decay = opt.weight_decay;
     so.half = half;
-    s.optimizer = std::make_unique<optim::SGD>(s.model->parameters(), so);
+    s.optimizer = std::make_unique<optim::SGD>(std::move(groups), so);
   } else {
     optim::AdamWOptions ao;
     ao.lr = opt.lr;
     ao.weight_decay = opt.weight_decay;
+    ao.beta2 = opt.beta2;
     ao.half = half;
-    s.optimizer = std::make_unique<optim::AdamW>(s.model->parameters(), ao);
+    s.optimizer = std::make_unique<optim::AdamW>(std::move(groups), ao);
   }
   s.scaler = std::make_unique<amp::GradScaler>(opt.scaler);
   return s;

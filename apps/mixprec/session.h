@@ -26,6 +26,7 @@ struct SessionOptions {
   Precision precision;
   std::string optimizer = "adamw";
   double lr = 1e-3, weight_decay = 0.0, momentum = 0.9;
+  double beta2 = 0.999;  // AdamW's
   int64_t batch_size = 512;
   uint64_t seed = 0;
   int threads = 1;
@@ -41,7 +42,9 @@ struct SessionOptions {
 // Reads the flags train and bench share (device, model, precision, loss scale, optimizer, batch
 // size, accumulation, clipping, seed, threads).
 SessionOptions parse_session(Args& args);
-ModelSpec parse_model(Args& args);  // --model, --hidden, --channels
+// --model, --hidden, --channels; for gpt also --layers, --heads, --d-model, --block-size, --dropout
+// (flags of the image models only where they are read, so `--layers` with mlp is an unknown flag).
+ModelSpec parse_model(Args& args);
 Precision parse_precision(Args& args, const std::string& def,
                           const Device& device = Device::cpu());  // --precision
 // --device cpu|cuda|cuda:N|auto (and the test-only fenced): auto takes GPU 0 where there is one.
@@ -56,7 +59,7 @@ std::string describe_loss_scale(const SessionOptions& opt);  // "dynamic (init 6
 
 struct Session {
   SessionOptions opt;
-  std::shared_ptr<nn::Sequential> model;
+  std::shared_ptr<nn::Module> model;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::unique_ptr<amp::GradScaler> scaler;  // always present; disabled for --loss-scale none
   // Called after the backward pass of a step, before unscale/clip/step (the gradients still
@@ -69,7 +72,9 @@ struct Session {
 };
 // Seeds the generator, builds the model on the CPU (the same weights on every device), converts it
 // to the preset's parameter dtype, moves it to the device, then builds the optimizer (which takes
-// its f32 master copies there) and the GradScaler.
+// its f32 master copies there) and the GradScaler. The gpt's AdamW has nanoGPT's two parameter
+// groups: weight decay on the parameters of dim >= 2 (embeddings, Linear weights), none on biases
+// and LayerNorms.
 Session make_session(const SessionOptions& opt);
 
 // A step's loss as the device left it: each micro-batch's loss (a detached f32 scalar) with its

@@ -1,8 +1,9 @@
 // `mixprec train`: train a model on an idx data set, evaluate after each epoch, write metrics;
 // with --diagnose K, report the gradients' fp16 range, the loss-scale trace and the autocast trace;
-// with --save, checkpoints that --resume continues bit-exactly. This file is the epoch loop; what
-// it prints is in progress.cpp, what it writes to --metrics in metrics.cpp, what a checkpoint
-// records of the run in run_config.cpp.
+// with --save, checkpoints that --resume continues bit-exactly. This file is the epoch loop of the
+// image models; the gpt's step loop is train_gpt.cpp, what both do around a step train_loop.cpp;
+// what they print is in progress.cpp, what they write to --metrics in metrics.cpp, what a
+// checkpoint records of the run in run_config.cpp.
 #include "train.h"
 
 #include <chrono>
@@ -23,15 +24,26 @@
 #include "mixprec/error.h"
 #include "mixprec/io.h"
 #include "mixprec/schedule.h"
+#include "mixprec/text.h"
 #include "progress.h"
 #include "session.h"
+#include "train_loop.h"
 
 namespace mixprec::cli {
 
-TrainOptions parse_train_options(Args& a) {
+TrainOptions parse_train_options(Args& a, const std::string& model) {
   TrainOptions o;
-  o.epochs = a.integer("epochs", 5, 1, 100000);
-  o.data_dir = a.str("data", data::kDefaultDataDir);
+  const Recipe recipe = default_recipe(model);
+  if (model == "gpt") {
+    o.steps = a.integer("steps", o.steps, 1, INT64_MAX / 2);
+    o.eval_every = a.integer("eval-every", o.eval_every, 1, INT64_MAX);
+    o.eval_batches = a.integer("eval-batches", o.eval_batches, 1, 1 << 20);
+    o.text_path = a.str("text", data::kDefaultTextPath);
+    o.min_lr = a.real("min-lr", recipe.min_lr, 0.0, 1e3);
+  } else {
+    o.epochs = a.integer("epochs", 5, 1, 100000);
+    o.data_dir = a.str("data", data::kDefaultDataDir);
+  }
   o.metrics_path = a.str("metrics", "");
   o.log_every = a.integer("log-every", 1, 1, INT64_MAX);
   o.detect_anomaly = a.flag("detect-anomaly");
@@ -39,7 +51,7 @@ TrainOptions parse_train_options(Args& a) {
   // Cosine annealing by default: the last epochs take small steps, so the final accuracy is
   // the model's, not the luck of where a constant-lr walk stopped.
   o.lr_schedule = a.choice("lr-schedule", "cosine", {"cosine", "constant"});
-  o.lr_warmup = a.integer("lr-warmup", 0, 0, INT64_MAX);
+  o.lr_warmup = a.integer("lr-warmup", recipe.lr_warmup, 0, INT64_MAX);
   o.save_path = a.str("save", "");
   o.save_every = a.integer("save-every", 0, 0, INT64_MAX);
   MIXPREC_CHECK(o.save_every == 0 || !o.save_path.empty(), "--save-every needs --save FILE");
@@ -48,9 +60,6 @@ TrainOptions parse_train_options(Args& a) {
 }
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 data::LoaderOptions train_loader_options(const SessionOptions& opt, data::Normalize norm) {
   data::LoaderOptions lo;
@@ -63,42 +72,26 @@ data::LoaderOptions train_loader_options(const SessionOptions& opt, data::Normal
   return lo;
 }
 
-// One training run, from its start or from where a checkpoint stopped: the epochs, and around
-// each step the lr schedule, the diagnostics, the scale trace, the metrics lines, the progress
-// and the checkpoints.
-class TrainingRun {
+int64_t batches_per_epoch(const data::Dataset& train, const SessionOptions& opt) {
+  return (train.size + opt.batch_size - 1) / opt.batch_size;
+}
+
+// One training run of an image model, from its start or from where a checkpoint stopped: the
+// epochs, each ending with an evaluation, an epoch line and a checkpoint.
+class EpochRun : StepLoop {
  public:
-  TrainingRun(Session& s, const TrainOptions& o, const data::Dataset& train, const data::Dataset& test,
-              data::Normalize norm, MetricsWriter& metrics, const RunState& start, Flags checkpoint_metadata)
-      : s_(s),
-        o_(o),
+  EpochRun(Session& s, const TrainOptions& o, const data::Dataset& train, const data::Dataset& test,
+           data::Normalize norm, MetricsWriter& metrics, const RunState& start, Flags checkpoint_metadata)
+      : StepLoop(s, o, metrics, o.epochs * batches_per_epoch(train, s.opt), start.step,
+                 ProgressPrinter(o.epochs, batches_per_epoch(train, s.opt)), std::move(checkpoint_metadata)),
         train_(train),
         test_(test),
         norm_(norm),
-        metrics_(metrics),
         loader_(train, train_loader_options(s.opt, norm)),
-        lr_schedule_(*s.optimizer, o.lr_schedule, o.epochs * loader_.num_batches(), o.lr_warmup),
-        progress_(o.epochs, loader_.num_batches()),
-        named_params_(s.model->named_parameters()),
         start_(start),
-        metadata_(std::move(checkpoint_metadata)),
-        step_(start.step),
         samples_(start.samples),
         train_seconds_(start.train_seconds),
-        last_{start.test_accuracy, start.test_loss} {
-    if (o_.diagnose > 0) {
-      s_.optimizer->set_track_rounding(true);
-      // After backward, while the gradients still carry the scale.
-      s_.after_backward = [this] {
-        if (diagnose_due()) diagnose_gradients();
-      };
-    }
-  }
-  TrainingRun(const TrainingRun&) = delete;  // the session's hook points at this run
-  TrainingRun& operator=(const TrainingRun&) = delete;
-  ~TrainingRun() { s_.after_backward = nullptr; }
-
-  int64_t num_batches() const { return loader_.num_batches(); }
+        last_{start.test_accuracy, start.test_loss} {}
 
   void run() {
     const auto t_start = Clock::now();
@@ -111,15 +104,14 @@ class TrainingRun {
       }
     const double wall = seconds_since(t_start);
     const double sps = double(samples_) / train_seconds_;
-    print_done(s_, step_, wall, train_seconds_, sps, last_.accuracy, scale_trace_, o_.diagnose > 0);
+    char result[64];
+    std::snprintf(result, sizeof result, "final test accuracy %.2f%%", 100 * last_.accuracy);
+    print_done(s_, step_, wall, train_seconds_, sps, result, scale_trace_, o_.diagnose > 0);
     metrics_.write(summary_event(s_, step_, wall, sps, last_.accuracy));
     metrics_.check();
   }
 
  private:
-  // Gradient statistics at step 1 and every `diagnose` steps (the autocast trace: step 1 only).
-  bool diagnose_due() const { return o_.diagnose > 0 && ((step_ + 1) % o_.diagnose == 0 || step_ == 0); }
-
   // The epoch from the batch a checkpoint stopped at (or its first); false when the run stops
   // in it (--stop-after-steps).
   bool run_epoch(int64_t epoch) {
@@ -131,16 +123,17 @@ class TrainingRun {
     data::HostBatch b;
     while (loader_.next(b)) {
       const bool report = report_due(step_ + 1, i + 1);
-      StepResult r = run_step(b, report);
-      ++step_, ++i;
+      const data::DeviceBatch d = data::to_device(b, train_.rows, train_.cols, s_.opt.device);
+      StepResult r = run_step(d.x, d.y, report);
+      ++i;
       samples_ += b.n, epoch_samples += b.n;
-      unread_.push_back({step_, epoch, i, s_.optimizer->lr(), epoch_samples, seconds_since(t_epoch_), std::move(r)});
+      finish_step(epoch, i, epoch_samples, seconds_since(t_epoch_), std::move(r));
       if (report) report_steps(loss_sum);
       if (i == loader_.num_batches()) break;  // the epoch's end saves and stops below
       const bool stop = step_ == o_.stop_after_steps;
       if (stop || (o_.save_every > 0 && step_ % o_.save_every == 0)) {
         report_steps(loss_sum);  // the checkpoint holds the epoch's loss so far
-        save(epoch - 1, i, loss_sum);
+        save_at(epoch - 1, i, loss_sum);
       }
       if (stop) {
         loader_.stop();
@@ -158,16 +151,12 @@ class TrainingRun {
     print_epoch(epoch, train_loss, last_.accuracy, last_.loss, epoch_s, double(epoch_samples) / epoch_train_s);
     metrics_.write(epoch_event(epoch, last_.accuracy, last_.loss, train_loss, epoch_s));
     metrics_.flush();
-    save(epoch, 0, 0.0);
+    save_at(epoch, 0, 0.0);
     return step_ != o_.stop_after_steps || epoch == o_.epochs;
   }
 
-  // A checkpoint of the run as it stands after `batches_done` batches of epoch epochs_done + 1
-  // (to --save, if given). The metrics lines so far are flushed first, so that a run killed
-  // after the save has them all.
-  void save(int64_t epochs_done, int64_t batches_done, double epoch_loss_sum) {
-    if (o_.save_path.empty()) return;
-    metrics_.flush();
+  // A checkpoint after `batches_done` batches of epoch epochs_done + 1.
+  void save_at(int64_t epochs_done, int64_t batches_done, double epoch_loss_sum) {
     RunState r;
     r.epochs_done = epochs_done;
     r.batches_done = batches_done;
@@ -177,103 +166,17 @@ class TrainingRun {
     r.train_seconds = train_seconds_ + (batches_done > 0 ? seconds_since(t_epoch_) : 0.0);
     r.test_accuracy = last_.accuracy;
     r.test_loss = last_.loss;
-    Checkpoint(*s_.model, s_.optimizer.get(), s_.scaler.get(), &default_generator())
-        .save(o_.save_path, metadata_, run_state_dict(r));
+    save(r);
   }
 
-  // Whether `step` (the i-th of its epoch) reads from the device: the losses of the steps not yet
-  // read, its scale and skip. On the CPU at every step (reading costs nothing there); on a device
-  // (a sync on a GPU) only where a metrics line or a progress line reports it (the last step of
-  // an epoch has one), or diagnostics run.
-  bool report_due(int64_t step, int64_t i) const {
-    return s_.opt.device.is_cpu() || (metrics_.enabled() && step % o_.log_every == 0) || progress_.line_due(i) ||
-           diagnose_due();
-  }
-
-  // Reads the losses of the unread steps (one copy from the device), checks them for divergence,
-  // and writes their metrics lines and progress in step order.
-  void report_steps(double& loss_sum) {
-    if (unread_.empty()) return;
-    std::vector<const StepLoss*> pending;
-    for (const UnreadStep& u : unread_) pending.push_back(&u.r.pending_loss);
-    const std::vector<double> losses = read_losses(pending);
-    for (size_t k = 0; k < unread_.size(); ++k) {
-      UnreadStep& u = unread_[k];
-      u.r.loss = losses[k];
-      MIXPREC_CHECK(std::isfinite(u.r.loss), "training diverged: loss is ", u.r.loss, " at step ", u.step,
-                    " (try a lower --lr, or --detect-anomaly to find the op)");
-      loss_sum += u.r.loss;
-      if (metrics_.enabled() && u.step % o_.log_every == 0) metrics_.write(step_event(u.step, u.epoch, u.lr, u.r));
-      progress_.step(u.epoch, u.i, u.r.loss, u.epoch_samples, u.seconds);
-    }
-    unread_.clear();
-  }
-
-  // Step `step_ + 1`: one optimizer step on batch b (its loss is read later, by report_steps).
-  // With `report`, the step's scale and skip are read too (and the scale trace records them).
-  StepResult run_step(data::HostBatch& b, bool report) {
-    const data::DeviceBatch d = data::to_device(b, train_.rows, train_.cols, s_.opt.device);
-    const Tensor &x = d.x, &y = d.y;
-    const bool trace_autocast = o_.diagnose > 0 && step_ == 0;
-    if (trace_autocast) amp::start_trace();
-    s_.measure_grad_norm = metrics_.enabled() && (step_ + 1) % o_.log_every == 0;  // for the metrics line
-    s_.host_values = report;
-    StepResult r;
-    try {
-      lr_schedule_.apply(step_);
-      r = train_step(s_, x, y);
-    } catch (const OutOfMemory&) {
-      throw;
-    } catch (const Error& e) {
-      if (trace_autocast) amp::stop_trace();
-      throw Error(detail::concat(e.what(), " (at step ", step_ + 1, ")"));
-    }
-    if (trace_autocast) print_autocast_trace(amp::stop_trace());
-    if (report) scale_trace_.record(step_ + 1, r.scale, r.skipped);  // on a device: the reported steps
-    if (diagnose_due()) report_rounding();
-    return r;
-  }
-
-  void diagnose_gradients() {
-    const double scale = s_.scaler->get_scale();
-    const std::vector<amp::GradStats> stats = amp::gradient_stats(named_params_, scale);
-    print_gradient_stats(step_ + 1, stats, scale);
-    metrics_.write(diagnose_event(step_ + 1, scale, stats));
-  }
-
-  // The updates since the last report that moved a weight in f32 but not its 16-bit copy.
-  void report_rounding() {
-    const optim::Optimizer::RoundingStats r = s_.optimizer->take_rounding_stats();
-    if (r.changed == 0) return;  // no 16-bit parameters (or no update)
-    print_rounding(step_ + 1, r, s_.opt.precision);
-    metrics_.write(rounding_event(step_ + 1, r, s_.opt.precision));
-  }
-
-  Session& s_;
-  const TrainOptions& o_;
   const data::Dataset &train_, &test_;
   const data::Normalize norm_;
-  MetricsWriter& metrics_;
   data::BatchLoader loader_;
-  optim::LrSchedule lr_schedule_;
-  const ProgressPrinter progress_;
-  const std::vector<std::pair<std::string, Tensor>> named_params_;
-  const RunState start_;         // where this process starts: zeros, or a checkpoint's
-  const Flags metadata_;         // of the checkpoints
-  amp::ScaleTrace scale_trace_;  // of this process's steps
-  int64_t step_, samples_;       // over the whole run
-  double train_seconds_;         // without the evaluations
-  EvalResult last_;              // the latest evaluation
-  Clock::time_point t_epoch_;    // the current epoch's start in this process
-  // The steps whose loss is still on the device, with what their report needs.
-  struct UnreadStep {
-    int64_t step, epoch, i;  // i: the step's index in its epoch, from 1
-    double lr;
-    int64_t epoch_samples;
-    double seconds;  // since the epoch began
-    StepResult r;
-  };
-  std::vector<UnreadStep> unread_;
+  const RunState start_;       // where this process starts: zeros, or a checkpoint's
+  int64_t samples_;            // over the whole run
+  double train_seconds_;       // without the evaluations
+  EvalResult last_;            // the latest evaluation
+  Clock::time_point t_epoch_;  // the current epoch's start in this process
 };
 
 }  // namespace
@@ -290,9 +193,10 @@ int cmd_train(Args& given) {
   Args a = ckpt ? given.with_defaults(stored) : given;
   (void)a.str("resume", "");
   SessionOptions opt = parse_session(a);
-  const TrainOptions o = parse_train_options(a);
+  const TrainOptions o = parse_train_options(a, opt.model.name);
   a.finish();
   if (ckpt) check_same_settings(stored, setting_flags(opt, o), given, resume);
+  if (opt.model.is_gpt()) return train_gpt(opt, o, resume, ckpt ? &*ckpt : nullptr);
 
   // Data first: a missing or broken file fails before any model is built.
   const data::Dataset train = data::load_idx_dataset(o.data_dir, "train");
@@ -301,8 +205,11 @@ int cmd_train(Args& given) {
                 " but test images are ", test.rows, "x", test.cols, " in ", o.data_dir);
   opt.model.image_rows = train.rows;
   opt.model.image_cols = train.cols;
-  DataFacts facts{train.size, train.rows, train.cols,
-                  o.data_dir == data::kDefaultDataDir ? data::kFashionMnistNorm : data::compute_normalize(train)};
+  DataFacts facts;
+  facts.train_samples = train.size;
+  facts.rows = train.rows;
+  facts.cols = train.cols;
+  facts.norm = o.data_dir == data::kDefaultDataDir ? data::kFashionMnistNorm : data::compute_normalize(train);
   if (ckpt) {
     const DataFacts was = stored_data_facts(ckpt->metadata, resume);
     MIXPREC_CHECK(was.train_samples == facts.train_samples && was.rows == facts.rows && was.cols == facts.cols,
@@ -321,7 +228,7 @@ int cmd_train(Args& given) {
     // The schedule takes its base lr from the optimizer: the file holds the lr of its last step.
     s.optimizer->set_lr(opt.lr);
     start = load_run_state(ckpt->tensors, resume);
-    const int64_t per_epoch = (train.size + opt.batch_size - 1) / opt.batch_size;
+    const int64_t per_epoch = batches_per_epoch(train, opt);
     MIXPREC_CHECK(start.epochs_done <= o.epochs && start.batches_done < per_epoch &&
                       start.step == start.epochs_done * per_epoch + start.batches_done,
                   resume, ": run.* says step ", start.step, " after ", start.epochs_done, " epochs and ",
@@ -333,11 +240,11 @@ int cmd_train(Args& given) {
   // Last, as it rewrites the metrics file: a resumed run keeps the lines up to its checkpoint.
   MetricsWriter metrics(o.metrics_path,
                         ckpt ? std::optional<MetricsWriter::KeepUpTo>({start.step, start.epochs_done}) : std::nullopt);
-  print_header(s, o.data_dir, train, test, o.detect_anomaly);
+  print_header(s, image_data_line(o.data_dir, train, test), o.detect_anomaly);
   if (ckpt)
     std::printf("resumed from %s: epoch %lld, step %lld\n", resume.c_str(), (long long)start.epochs_done + 1,
                 (long long)start.step);
-  TrainingRun(s, o, train, test, facts.norm, metrics, start, checkpoint_metadata(opt, o, facts)).run();
+  EpochRun(s, o, train, test, facts.norm, metrics, start, checkpoint_metadata(opt, o, facts)).run();
   return 0;
 }
 

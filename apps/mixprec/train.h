@@ -7,14 +7,21 @@
 
 #include "args.h"
 #include "mixprec/data.h"
+#include "mixprec/io.h"
 #include "mixprec/state_dict.h"
 #include "session.h"
 
 namespace mixprec::cli {
 
 struct TrainOptions {
-  int64_t epochs = 5;
+  int64_t epochs = 5;  // the image models' run
   std::string data_dir, metrics_path;
+  // ---- gpt: a run of steps on a text, evaluated every eval_every steps and at the last ----
+  int64_t steps = 2000;
+  int64_t eval_every = 250;
+  int64_t eval_batches = 50;  // validation batches of data::kValBatchSize rows
+  std::string text_path;
+  double min_lr = 0;      // where the cosine schedule ends
   int64_t log_every = 1;  // a metrics line every K steps
   bool detect_anomaly = false;
   int64_t diagnose = 0;  // gradient statistics every K steps; 0: off
@@ -25,7 +32,9 @@ struct TrainOptions {
   int64_t save_every = 0;        // 0: at epoch ends only
   int64_t stop_after_steps = 0;  // stop (after saving) at this step, as a preempted job; 0: run to the end
 };
-TrainOptions parse_train_options(Args& a);
+// The flags of `model`'s run: --epochs and --data for the image models, --steps, --eval-every,
+// --eval-batches, --text and --min-lr for the gpt (each model's defaults from its recipe).
+TrainOptions parse_train_options(Args& a, const std::string& model);
 
 // A run's settings as the flags that give them, with canonical values (a shortest round-trip
 // number, a resolved preset name), so that two runs' settings compare as strings. These are the
@@ -47,10 +56,13 @@ StateDict run_state_dict(const RunState& r);
 RunState load_run_state(const StateDict& checkpoint, const std::string& path);
 
 // What a training checkpoint's metadata holds: the setting flags, threads and data, the data's
-// shape and normalisation, and the format's name.
+// shape and normalisation, and the format's name. A gpt checkpoint records the text and its
+// vocabulary instead ("vocab": the characters in order, as UTF-8; "text-chars": the text's length).
 struct DataFacts {
   int64_t train_samples = 0, rows = 28, cols = 28;
   data::Normalize norm;
+  std::string vocab;       // gpt
+  int64_t text_chars = 0;  // gpt
 };
 Flags checkpoint_metadata(const SessionOptions& s, const TrainOptions& o, const DataFacts& d);
 
@@ -63,4 +75,10 @@ void check_same_settings(const Flags& stored, const Flags& now, const Args& give
 // Metadata `key` as an integer >= 0; throws naming the file when it is absent or malformed.
 int64_t metadata_int(const Flags& metadata, const std::string& key, const std::string& path);
 
+}  // namespace mixprec::cli
+
+namespace mixprec::cli {
+// `train --model gpt`: the step loop on a text (train_gpt.cpp), from the start or from a --resume
+// checkpoint (`ckpt`, read from `resume`, whose settings the caller has checked).
+int train_gpt(SessionOptions opt, const TrainOptions& o, const std::string& resume, const io::SafetensorsFile* ckpt);
 }  // namespace mixprec::cli

@@ -22,3 +22,5 @@
 #include "mixprec/schedule.h"
 #include "mixprec/state_dict.h"
 #include "mixprec/tensor.h"
+#include "mixprec/text.h"
+#include "mixprec/transformer.h"
