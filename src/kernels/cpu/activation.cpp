@@ -4,9 +4,9 @@
 // ReLU's input or its output: both are > 0 at the same positions. 16-bit values need no
 // conversion: y > 0 holds exactly for the bit patterns 0x0001..+inf (positive, not NaN), +inf
 // being 0x7F80 in bf16 and 0x7C00 in f16.
-// silu, sigmoid and tanh run AVX-512 on f32 blocks (16-bit converted in, rounded once out) with a
+// silu, sigmoid, tanh and gelu's tanh form run AVX-512 on f32 blocks (16-bit converted in, rounded once out) with a
 // vector exp (Cephes expf: a degree-7 polynomial after range reduction, scaled by 2^n with
-// scalef, within 2 ulp of the correctly rounded e^x); gelu and CPUs without AVX-512 use the
+// scalef, within 2 ulp of the correctly rounded e^x); exact gelu and CPUs without AVX-512 use the
 // scalar formula of elementwise_math.h on the same blocks.
 #include "core/simd.h"
 
@@ -93,9 +93,19 @@ __attribute__((target("avx512f"))) inline __m512 tanh_ps(__m512 x) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.625f), _CMP_LT_OQ), big, small);
 }
 
+// GELU's tanh form, the reference's operations (elementwise_math.h) with tanh_ps for tanh:
+// inner = c (x + 0.044715 x^3), t = tanh(inner).
+__attribute__((target("avx512f"))) inline __m512 gelu_inner_ps(__m512 x) {
+  const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), x), x);
+  return _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f), _mm512_add_ps(x, x3));
+}
+
 template <Activation OP>
 __attribute__((target("avx512f"))) inline __m512 value_ps(__m512 x) {
-  if constexpr (OP == Activation::sigmoid)
+  if constexpr (OP == Activation::gelu_tanh) {  // 0.5 x (1 + t)
+    const __m512 t = tanh_ps(gelu_inner_ps(x));
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(_mm512_set1_ps(1.f), t));
+  } else if constexpr (OP == Activation::sigmoid)
     return sigmoid_ps(x);
   else if constexpr (OP == Activation::tanh)
     return tanh_ps(x);
@@ -107,9 +117,18 @@ __attribute__((target("avx512f"))) inline __m512 value_ps(__m512 x) {
 template <Activation OP>
 __attribute__((target("avx512f"))) inline __m512 derivative_ps(__m512 s) {
   const __m512 one = _mm512_set1_ps(1.f);
-  if constexpr (OP == Activation::sigmoid)
+  if constexpr (OP == Activation::gelu_tanh) {
+    // 0.5 (1 + t) + 0.5 s (1 - t^2) c (1 + 3 * 0.044715 s^2)
+    const __m512 half = _mm512_set1_ps(0.5f);
+    const __m512 t = tanh_ps(gelu_inner_ps(s));
+    const __m512 a = _mm512_mul_ps(half, _mm512_add_ps(one, t));
+    __m512 b = _mm512_mul_ps(_mm512_mul_ps(half, s), _mm512_sub_ps(one, _mm512_mul_ps(t, t)));
+    b = _mm512_mul_ps(_mm512_mul_ps(b, _mm512_set1_ps(0.7978845608028654f)),
+                      _mm512_add_ps(one, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(float(3 * 0.044715)), s), s)));
+    return _mm512_add_ps(a, b);
+  } else if constexpr (OP == Activation::sigmoid) {
     return _mm512_mul_ps(s, _mm512_sub_ps(one, s));
-  else if constexpr (OP == Activation::tanh)
+  } else if constexpr (OP == Activation::tanh)
     return _mm512_sub_ps(one, _mm512_mul_ps(s, s));
   else {
     const __m512 sg = sigmoid_ps(s);
@@ -185,7 +204,9 @@ bool relu_forward(const Tensor& x, Tensor& dst) {
 }
 
 bool vectorised(Activation op) {
-  return (op == Activation::silu || op == Activation::sigmoid || op == Activation::tanh) && mixprec::cpu::has_avx512f();
+  return (op == Activation::silu || op == Activation::sigmoid || op == Activation::tanh ||
+          op == Activation::gelu_tanh) &&
+         mixprec::cpu::has_avx512f();
 }
 
 template <Activation OP>
@@ -205,7 +226,9 @@ bool activation(Activation op, const Tensor& x, Tensor& dst) {
   if (!f32_compute(x.dtype()) || !x.is_contiguous() || !dst.is_contiguous()) return false;
   if (op == Activation::relu && relu_forward(x, dst)) return true;
   if (vectorised(op)) {
-    if (op == Activation::silu)
+    if (op == Activation::gelu_tanh)
+      forward_blocks<Activation::gelu_tanh>(x, dst);
+    else if (op == Activation::silu)
       forward_blocks<Activation::silu>(x, dst);
     else if (op == Activation::sigmoid)
       forward_blocks<Activation::sigmoid>(x, dst);
@@ -226,7 +249,9 @@ bool activation_grad(Activation op, const Tensor& grad, const Tensor& saved, Ten
     return true;
   }
   if (vectorised(op)) {
-    if (op == Activation::silu)
+    if (op == Activation::gelu_tanh)
+      backward_blocks<Activation::gelu_tanh>(grad, saved, dst);
+    else if (op == Activation::silu)
       backward_blocks<Activation::silu>(grad, saved, dst);
     else if (op == Activation::sigmoid)
       backward_blocks<Activation::sigmoid>(grad, saved, dst);

@@ -15,18 +15,45 @@
 namespace mixprec::kernels::ref {
 namespace {
 
-// Element e of a contiguous tensor as T (f32 or f64), and back rounded once to its dtype.
+// Element e of a contiguous tensor as T (f32 or f64), and back rounded once to its dtype. The
+// floating dtypes are read and written here directly (the same roundings convert() makes):
+// convert() per element would open an OpenMP region per element, inside these kernels' own
+// parallel loops (GPT clipping spent most of its step there).
 template <class T>
 T load(const Tensor& t, int64_t e) {
+  const char* p = static_cast<const char*>(t.data_ptr()) + e * int64_t(dtype_size(t.dtype()));
+  switch (t.dtype()) {
+    case DType::f32:
+      return T(*reinterpret_cast<const float*>(p));
+    case DType::f64:
+      return T(*reinterpret_cast<const double*>(p));  // to f32: one RNE rounding, as convert's
+    case DType::bf16:
+      return T(bf16_to_f32(*reinterpret_cast<const uint16_t*>(p)));
+    case DType::f16:
+      return T(f16_to_f32(*reinterpret_cast<const uint16_t*>(p)));
+    default:
+      break;
+  }
   T v{};
-  convert(static_cast<const char*>(t.data_ptr()) + e * int64_t(dtype_size(t.dtype())), t.dtype(), &v,
-          std::is_same_v<T, double> ? DType::f64 : DType::f32, 1);
+  convert(p, t.dtype(), &v, std::is_same_v<T, double> ? DType::f64 : DType::f32, 1);
   return v;
 }
 template <class T>
 void store(const Tensor& t, int64_t e, T v) {
-  convert(&v, std::is_same_v<T, double> ? DType::f64 : DType::f32,
-          static_cast<char*>(t.data_ptr()) + e * int64_t(dtype_size(t.dtype())), t.dtype(), 1);
+  char* p = static_cast<char*>(t.data_ptr()) + e * int64_t(dtype_size(t.dtype()));
+  const DType d = t.dtype();
+  if (d == DType::f32) {
+    *reinterpret_cast<float*>(p) = float(v);
+  } else if (d == DType::f64) {
+    *reinterpret_cast<double*>(p) = double(v);
+  } else if (std::is_same_v<T, float> && d == DType::bf16) {
+    *reinterpret_cast<uint16_t*>(p) = f32_to_bf16(float(v));
+  } else if (std::is_same_v<T, float> && d == DType::f16) {
+    *reinterpret_cast<uint16_t*>(p) = f32_to_f16(float(v));
+  } else {
+    // f64 into 16 bits: convert rounds through an f32 rounded to odd (one correct rounding).
+    convert(&v, std::is_same_v<T, double> ? DType::f64 : DType::f32, p, d, 1);
+  }
 }
 
 // Runs rule(w, g, p, e) (T& w, T g) over every element of every parameter, as the fused update
