@@ -219,15 +219,9 @@ int cmd_train(Args& given) {
     facts.norm = was.norm;
   }
 
-  autograd::set_anomaly_enabled(o.detect_anomaly);
-  Session s = make_session(opt);
   RunState start;
+  Session s = start_session(opt, o.detect_anomaly, ckpt ? &*ckpt : nullptr, resume, start);
   if (ckpt) {
-    Checkpoint(*s.model, s.optimizer.get(), s.scaler.get(), &default_generator())
-        .load_state_dict(ckpt->tensors, resume);
-    // The schedule takes its base lr from the optimizer: the file holds the lr of its last step.
-    s.optimizer->set_lr(opt.lr);
-    start = load_run_state(ckpt->tensors, resume);
     const int64_t per_epoch = batches_per_epoch(train, opt);
     MIXPREC_CHECK(start.epochs_done <= o.epochs && start.batches_done < per_epoch &&
                       start.step == start.epochs_done * per_epoch + start.batches_done,

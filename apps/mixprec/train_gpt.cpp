@@ -124,15 +124,9 @@ int train_gpt(SessionOptions opt, const TrainOptions& o, const std::string& resu
   MIXPREC_CHECK(o.lr_warmup < o.steps, "--lr-warmup ", o.lr_warmup, " must be shorter than the run of --steps ",
                 o.steps);
 
-  autograd::set_anomaly_enabled(o.detect_anomaly);
-  Session s = make_session(opt);
   RunState start;
+  Session s = start_session(opt, o.detect_anomaly, ckpt ? &*ckpt : nullptr, resume, start);
   if (ckpt) {
-    Checkpoint(*s.model, s.optimizer.get(), s.scaler.get(), &default_generator())
-        .load_state_dict(ckpt->tensors, resume);
-    // The schedule takes its base lrs from the optimizer: the file holds the lrs of its last step.
-    s.optimizer->set_lr(opt.lr);
-    start = load_run_state(ckpt->tensors, resume);
     MIXPREC_CHECK(start.step <= o.steps, resume, ": run.step ", start.step, " is past the run of --steps ", o.steps);
     MIXPREC_CHECK(o.stop_after_steps == 0 || o.stop_after_steps > start.step, "--stop-after-steps ", o.stop_after_steps,
                   ": ", resume, " is at step ", start.step, " already");

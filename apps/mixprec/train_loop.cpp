@@ -4,10 +4,23 @@
 #include <cmath>
 
 #include "mixprec/autocast.h"
+#include "mixprec/autograd.h"
 #include "mixprec/checkpoint.h"
 #include "mixprec/error.h"
 
 namespace mixprec::cli {
+
+Session start_session(const SessionOptions& opt, bool detect_anomaly, const io::SafetensorsFile* ckpt,
+                      const std::string& path, RunState& start) {
+  autograd::set_anomaly_enabled(detect_anomaly);
+  Session s = make_session(opt);
+  start = RunState{};
+  if (!ckpt) return s;
+  Checkpoint(*s.model, s.optimizer.get(), s.scaler.get(), &default_generator()).load_state_dict(ckpt->tensors, path);
+  s.optimizer->set_lr(opt.lr);
+  start = load_run_state(ckpt->tensors, path);
+  return s;
+}
 
 StepLoop::StepLoop(Session& s, const TrainOptions& o, MetricsWriter& metrics, int64_t total_steps, int64_t start_step,
                    ProgressPrinter progress, Flags checkpoint_metadata)

@@ -11,12 +11,20 @@
 
 #include "metrics.h"
 #include "mixprec/diagnostics.h"
+#include "mixprec/io.h"
 #include "mixprec/schedule.h"
 #include "progress.h"
 #include "session.h"
 #include "train.h"
 
 namespace mixprec::cli {
+
+// The run's session (make_session), anomaly detection set as asked; with a checkpoint (`ckpt`,
+// read from `path`), its model, optimizer, scaler and generator state loaded, the optimizer's lr
+// back to the run's base lr (the schedule's; the file holds its last step's), and where its run
+// stopped in `start` (zeros without one).
+Session start_session(const SessionOptions& opt, bool detect_anomaly, const io::SafetensorsFile* ckpt,
+                      const std::string& path, RunState& start);
 
 using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
