@@ -156,7 +156,7 @@ std::string Vocabulary::decode(const std::vector<int64_t>& tokens) const {
 }
 
 std::string describe_char(char32_t c) {
-  const std::string code = hex("U+", c, 4);
+  std::string code = hex("U+", c, 4);
   // Control characters are shown by their code point alone: they would break the line.
   if (c < 0x20 || c == 0x7F || (c >= 0x80 && c < 0xA0)) return code;
   return detail::concat("'", encode_utf8(std::u32string(1, c)), "' (", code, ")");

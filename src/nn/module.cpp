@@ -22,23 +22,23 @@ static void collect(const Module& m, const std::string& prefix, bool buffers, Na
 
 // A tensor registered under several names (tied weights) is listed once, under its first name:
 // PyTorch's remove_duplicate, so an optimizer steps it once and counts see it once.
-static NamedTensors first_names(NamedTensors all) {
+static NamedTensors first_names(const NamedTensors& all) {
   std::set<const detail::TensorImpl*> seen;
   NamedTensors out;
-  for (auto& [n, t] : all)
-    if (seen.insert(t.impl()).second) out.emplace_back(std::move(n), t);
+  for (const auto& [n, t] : all)
+    if (seen.insert(t.impl()).second) out.emplace_back(n, t);
   return out;
 }
 
 NamedTensors Module::named_parameters() const {
   NamedTensors out;
   collect(*this, "", false, out, params_);
-  return first_names(std::move(out));
+  return first_names(out);
 }
 NamedTensors Module::named_buffers() const {
   NamedTensors out;
   collect(*this, "", true, out, buffers_);
-  return first_names(std::move(out));
+  return first_names(out);
 }
 std::vector<Tensor> Module::parameters() const {
   std::vector<Tensor> out;
