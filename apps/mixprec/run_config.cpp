@@ -33,16 +33,16 @@ std::string join(const std::vector<int64_t>& v) {
 // Flags beside the settings that a checkpoint records and a resumed run takes as its defaults.
 constexpr const char* kRunFlags[] = {"threads", "data", "text"};
 
-const std::string& meta(const Flags& m, const std::string& key, const std::string& path) {
+}  // namespace
+
+const std::string& metadata_str(const Flags& m, const std::string& key, const std::string& path) {
   const auto it = m.find(key);
   MIXPREC_CHECK(it != m.end(), path, ": the metadata has no '", key, "'");
   return it->second;
 }
 
-}  // namespace
-
 int64_t metadata_int(const Flags& m, const std::string& key, const std::string& path) {
-  const std::string& v = meta(m, key, path);
+  const std::string& v = metadata_str(m, key, path);
   char* end = nullptr;
   const long long x = std::strtoll(v.c_str(), &end, 10);
   MIXPREC_CHECK(!v.empty() && *end == '\0' && x >= 0, path, ": metadata '", key, "' is '", v,
@@ -53,7 +53,7 @@ int64_t metadata_int(const Flags& m, const std::string& key, const std::string& 
 namespace {
 
 float meta_float(const Flags& m, const std::string& key, const std::string& path) {
-  const std::string& v = meta(m, key, path);
+  const std::string& v = metadata_str(m, key, path);
   char* end = nullptr;
   const float x = std::strtof(v.c_str(), &end);
   MIXPREC_CHECK(!v.empty() && *end == '\0' && std::isfinite(x), path, ": metadata '", key, "' is '", v,

@@ -41,17 +41,12 @@ GptCheckpoint load_gpt(const io::SafetensorsFile& f, const std::string& path, co
   MIXPREC_CHECK(model != f.metadata.end() && model->second == "gpt", path, " holds ",
                 model == f.metadata.end() ? "no model named in its metadata" : "a " + model->second + " model",
                 ": a gpt checkpoint (train --model gpt --save) is needed");
-  const auto vocab = f.metadata.find("vocab");
-  MIXPREC_CHECK(vocab != f.metadata.end(), path, ": the metadata has no 'vocab'");
   Flags flags;
-  for (const char* k : kGptModelKeys) {
-    MIXPREC_CHECK(f.metadata.count(k), path, ": the metadata has no '", k, "'");
-    flags[k] = f.metadata.at(k);
-  }
+  for (const char* k : kGptModelKeys) flags[k] = metadata_str(f.metadata, k, path);
   Args a = Args("sample", {}).with_defaults(flags);
   GptCheckpoint g;
   g.spec = parse_model(a);
-  g.vocab = data::Vocabulary::from_utf8(vocab->second, path + " (metadata 'vocab')");
+  g.vocab = data::Vocabulary::from_utf8(metadata_str(f.metadata, "vocab", path), path + " (metadata 'vocab')");
   g.spec.vocab_size = g.vocab.size();
   g.model = build_model(g.spec);
   amp::apply_precision(*g.model, precision);

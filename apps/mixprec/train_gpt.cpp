@@ -113,13 +113,12 @@ int train_gpt(SessionOptions opt, const TrainOptions& o, const std::string& resu
   facts.vocab = text.vocab.to_utf8();
   facts.text_chars = int64_t(text.tokens.size());
   if (ckpt) {
-    const auto vocab = ckpt->metadata.find("vocab");
-    MIXPREC_CHECK(vocab != ckpt->metadata.end(), resume, ": the metadata has no 'vocab'");
+    const std::string& vocab = metadata_str(ckpt->metadata, "vocab", resume);
     const int64_t chars = metadata_int(ckpt->metadata, "text-chars", resume);
-    MIXPREC_CHECK(vocab->second == facts.vocab && chars == facts.text_chars, "--resume ", resume,
+    MIXPREC_CHECK(vocab == facts.vocab && chars == facts.text_chars, "--resume ", resume,
                   ": its run trained on a text of ", chars, " characters over ",
-                  data::decode_utf8(vocab->second, resume).size(), " distinct ones, ", o.text_path, " has ",
-                  facts.text_chars, " over ", text.vocab.size(), ": a resumed run needs the same text");
+                  data::decode_utf8(vocab, resume).size(), " distinct ones, ", o.text_path, " has ", facts.text_chars,
+                  " over ", text.vocab.size(), ": a resumed run needs the same text");
   }
   MIXPREC_CHECK(o.lr_warmup < o.steps, "--lr-warmup ", o.lr_warmup, " must be shorter than the run of --steps ",
                 o.steps);
