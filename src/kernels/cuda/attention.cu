@@ -26,8 +26,8 @@ struct View {
 };
 template <class T>
 View<T> view_of(const Tensor& x) {
-  return {static_cast<const T*>(x.data_ptr()), x.size(1), x.strides()[0], x.strides()[1], x.strides()[2],
-          x.strides()[3]};
+  return {
+      static_cast<const T*>(x.data_ptr()), x.size(1), x.strides()[0], x.strides()[1], x.strides()[2], x.strides()[3]};
 }
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -47,6 +47,12 @@ template <class A>
 __device__ A drop_factor(const AttentionParams& p, int64_t bh, int64_t i, int64_t j, const Sizes& z) {
   if (p.dropout == 0.0) return A(1);
   return attention_keeps(p, bh, i, j, z.tq, z.tk) ? A(1.0 / (1.0 - p.dropout)) : A(0);
+}
+
+// The last key any query row of this thread block sees (the kernels with a thread per query
+// row): the key tiles past it are never staged.
+__device__ __forceinline__ int64_t block_last_key(const AttentionParams& p, const Sizes& z) {
+  return attention_last_key(p, min64(z.tq - 1, int64_t(blockIdx.x) * kRows + kRows - 1), z.tq, z.tk);
 }
 
 // Rows [t0, t0 + n) of x (width w) into shared memory.
@@ -69,8 +75,7 @@ __global__ void __launch_bounds__(kRows)
   for (int64_t e = 0; e < z.ev; ++e) o[e] = 0;
   A m = -INFINITY, l = 0;
   const int64_t last = active ? attention_last_key(p, i, z.tq, z.tk) : -1;
-  const int64_t block_last =
-      attention_last_key(p, min64(z.tq - 1, int64_t(blockIdx.x) * kRows + kRows - 1), z.tq, z.tk);
+  const int64_t block_last = block_last_key(p, z);
   for (int64_t j0 = 0; j0 <= block_last; j0 += kTile) {
     const int64_t nk = min64(kTile, z.tk - j0);
     __syncthreads();
@@ -127,8 +132,7 @@ __global__ void __launch_bounds__(kRows)
   if (active) dsum[bh * z.tq + i] = d;
   const A row_lse = active ? lse[bh * z.tq + i] : A(0);
   const int64_t last = active ? attention_last_key(p, i, z.tq, z.tk) : -1;
-  const int64_t block_last =
-      attention_last_key(p, min64(z.tq - 1, int64_t(blockIdx.x) * kRows + kRows - 1), z.tq, z.tk);
+  const int64_t block_last = block_last_key(p, z);
   for (int64_t j0 = 0; j0 <= block_last; j0 += kTile) {
     const int64_t nk = min64(kTile, z.tk - j0);
     __syncthreads();
@@ -151,8 +155,8 @@ __global__ void __launch_bounds__(kRows)
 // dK and dV, one thread per key row: over the queries that see it, dv += P f dO, dk += dS q.
 template <class T>
 __global__ void __launch_bounds__(kRows)
-    backward_dkv_kernel(View<T> q, View<T> k, View<T> v, View<T> go, const acc_t<T>* lse, const acc_t<T>* dsum,
-                        T* dk, T* dv, Sizes z, AttentionParams p) {
+    backward_dkv_kernel(View<T> q, View<T> k, View<T> v, View<T> go, const acc_t<T>* lse, const acc_t<T>* dsum, T* dk,
+                        T* dv, Sizes z, AttentionParams p) {
   using A = acc_t<T>;
   extern __shared__ unsigned char smem[];
   A* qs = reinterpret_cast<A*>(smem);
@@ -254,9 +258,10 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
     MIXPREC_CUDA_CHECK_LAUNCH();
     const size_t shared_k = sizeof(A) * size_t(kTile * (z.e + z.ev + 2));
     allow_shared(backward_dkv_kernel<T>, shared_k);
-    backward_dkv_kernel<T><<<dim3(unsigned((z.tk + kRows - 1) / kRows), unsigned(z.bh)), kRows, shared_k, on.stream()>>>(
-        view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(grad_out), lse, ds, static_cast<T*>(g.dk.data_ptr()),
-        static_cast<T*>(g.dv.data_ptr()), z, p);
+    backward_dkv_kernel<T>
+        <<<dim3(unsigned((z.tk + kRows - 1) / kRows), unsigned(z.bh)), kRows, shared_k, on.stream()>>>(
+            view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(grad_out), lse, ds,
+            static_cast<T*>(g.dk.data_ptr()), static_cast<T*>(g.dv.data_ptr()), z, p);
     MIXPREC_CUDA_CHECK_LAUNCH();
   });
   return g;
