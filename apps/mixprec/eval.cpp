@@ -77,8 +77,7 @@ int cmd_eval(Args& given) {
   // The device is this command's choice (CPU by default), whatever the training ran on.
   const Device device = parse_device(a);
   // The precision it trained in by default; another one evaluates the same weights that way.
-  const Precision precision =
-      parse_precision(a, f.metadata.count("precision") ? f.metadata.at("precision") : "fp32", device);
+  const Precision precision = parse_checkpoint_precision(a, f.metadata, device);
   const std::string data_dir =
       a.str("data", f.metadata.count("data") ? f.metadata.at("data") : std::string(data::kDefaultDataDir));
   const bool json = a.flag("json");

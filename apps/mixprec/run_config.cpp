@@ -35,6 +35,11 @@ constexpr const char* kRunFlags[] = {"threads", "data", "text"};
 
 }  // namespace
 
+Precision parse_checkpoint_precision(Args& a, const Flags& metadata, const Device& device) {
+  const auto it = metadata.find("precision");
+  return parse_precision(a, it != metadata.end() ? it->second : "fp32", device);
+}
+
 const std::string& metadata_str(const Flags& m, const std::string& key, const std::string& path) {
   const auto it = m.find(key);
   MIXPREC_CHECK(it != m.end(), path, ": the metadata has no '", key, "'");

@@ -96,8 +96,7 @@ int cmd_sample(Args& a) {
   const uint64_t seed = uint64_t(a.integer("seed", 1337, 0, INT64_MAX));
   const Device device = parse_device(a);
   const io::SafetensorsFile f = io::load_safetensors(path);
-  const Precision precision =
-      parse_precision(a, f.metadata.count("precision") ? f.metadata.at("precision") : "fp32", device);
+  const Precision precision = parse_checkpoint_precision(a, f.metadata, device);
   const int threads = int(a.integer("threads", available_cores(), 1, 1024));
   a.finish();
 
@@ -129,8 +128,7 @@ int eval_gpt(Args& given, const io::SafetensorsFile& f, const std::string& path)
   Args a = given.with_defaults({});
   (void)a.str("checkpoint", "");
   const Device device = parse_device(a);
-  const Precision precision =
-      parse_precision(a, f.metadata.count("precision") ? f.metadata.at("precision") : "fp32", device);
+  const Precision precision = parse_checkpoint_precision(a, f.metadata, device);
   const std::string text_path =
       a.str("text", f.metadata.count("text") ? f.metadata.at("text") : std::string(data::kDefaultTextPath));
   const int64_t batches =

@@ -74,6 +74,9 @@ DataFacts stored_data_facts(const Flags& metadata, const std::string& path);
 void check_same_settings(const Flags& stored, const Flags& now, const Args& given, const std::string& path);
 // Metadata `key` as an integer >= 0; throws naming the file when it is absent or malformed.
 int64_t metadata_int(const Flags& metadata, const std::string& key, const std::string& path);
+// --precision, by default the one a checkpoint's metadata names (fp32 where it names none): eval
+// and sample evaluate the weights as they trained, or another way when asked.
+Precision parse_checkpoint_precision(Args& a, const Flags& metadata, const Device& device);
 // Metadata `key`; throws naming the file when it is absent.
 const std::string& metadata_str(const Flags& metadata, const std::string& key, const std::string& path);
 
