@@ -7,11 +7,19 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(MIXPREC_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/mixprec)
-set_target_properties(mixprec PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
+# The soname changes with each release that may break the ABI: the minor version while it is 0.x.
+if(PROJECT_VERSION_MAJOR EQUAL 0)
+  set(_mixprec_soversion ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR})
+else()
+  set(_mixprec_soversion ${PROJECT_VERSION_MAJOR})
+endif()
+set_target_properties(mixprec PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${_mixprec_soversion}
                                          EXPORT_NAME mixprec)
-# The installed CLI finds a shared libmixprec beside it (lib/), wherever the prefix is.
+# The installed CLI finds a shared libmixprec beside it (lib/), wherever the prefix is, and keeps
+# the directories of libraries outside the system's (the CUDA toolkit's) that it was linked with.
 file(RELATIVE_PATH _mixprec_bin_to_lib ${CMAKE_INSTALL_FULL_BINDIR} ${CMAKE_INSTALL_FULL_LIBDIR})
-set_target_properties(mixprec_cli PROPERTIES INSTALL_RPATH "$ORIGIN/${_mixprec_bin_to_lib}")
+set_target_properties(mixprec_cli PROPERTIES INSTALL_RPATH "$ORIGIN/${_mixprec_bin_to_lib}" INSTALL_RPATH_USE_LINK_PATH ON)
+set_target_properties(mixprec PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)  # a shared libmixprec: the same
 
 install(TARGETS mixprec EXPORT mixprecTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -50,7 +58,11 @@ string(REGEX REPLACE "/$" "" _mixprec_pc_to_prefix "${_mixprec_pc_to_prefix}")
 set(MIXPREC_PC_PRIVATE_LIBS "-L$<TARGET_LINKER_FILE_DIR:DNNL::dnnl> -ldnnl -lz")
 if(MIXPREC_CUDA_ENABLED)
   get_filename_component(_mixprec_cudnn_dir ${MIXPREC_CUDNN_LIB} DIRECTORY)
-  string(APPEND MIXPREC_PC_PRIVATE_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcudart -lcublasLt -L${_mixprec_cudnn_dir} -lcudnn")
+  string(APPEND MIXPREC_PC_PRIVATE_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcudart -lcublasLt")
+  if(NOT _mixprec_cudnn_dir STREQUAL CUDAToolkit_LIBRARY_DIR)
+    string(APPEND MIXPREC_PC_PRIVATE_LIBS " -L${_mixprec_cudnn_dir}")
+  endif()
+  string(APPEND MIXPREC_PC_PRIVATE_LIBS " -lcudnn")
 endif()
 if(MIXPREC_STATIC)
   set(MIXPREC_PC_LIBS "-lmixprec ${MIXPREC_PC_PRIVATE_LIBS}")

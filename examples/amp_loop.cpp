@@ -27,7 +27,7 @@ using namespace mixprec;
 
 int main(int argc, char** argv) {
   const std::string data_dir = argc > 1 ? argv[1] : data::kDefaultDataDir;
-  const int64_t steps = 300, report_every = 50;
+  const int64_t steps = 200, report_every = 40;
   try {
     default_generator().manual_seed(0);
     const data::Dataset train = data::load_idx_dataset(data_dir, "train");
