@@ -179,18 +179,24 @@ TEST_F(Chart, MalformedInputWritesNothing) {
               write_chart({good}, {"a", "b"}, png);
             }).find("2 labels for 1 metrics files"),
             std::string::npos);
+  const fs::path missing_dir = dir_ / "no-such-dir";
+  EXPECT_NE(error_of([&] {
+              write_chart({good}, {"a"}, (missing_dir / "c.png").string());
+            }).find("chart: cannot write " + (missing_dir / "c.loss.dat").string()),
+            std::string::npos);
   EXPECT_EQ(names(), std::vector<std::string>{"good.jsonl"});
 }
 
 // With gnuplot (dev.sh installs gnuplot-nox) the chart is a PNG of three 320-pixel panels; labels
-// with quotes and gnuplot's markup characters reach it intact. Where gnuplot is missing on purpose,
-// MIXPREC_TEST_NO_GNUPLOT=1 skips this test (visibly); otherwise its absence is a failure.
+// with quotes, gnuplot's markup characters and a line break do not break its script or data.
+// Where gnuplot is missing on purpose, MIXPREC_TEST_NO_GNUPLOT=1 skips this test (visibly);
+// otherwise its absence is a failure.
 TEST_F(Chart, DrawsPngWithGnuplot) {
   const char* no_gnuplot = std::getenv("MIXPREC_TEST_NO_GNUPLOT");
   if (no_gnuplot && std::string(no_gnuplot) == "1") GTEST_SKIP() << "MIXPREC_TEST_NO_GNUPLOT=1";
   const std::string png = (dir_ / "chart.png").string();
   const ChartOutcome out =
-      write_chart({file("a.jsonl", kFp32), file("b.jsonl", kFp16)}, {"fp32 \"base\"_1", "amp-fp16 it's ^2"}, png);
+      write_chart({file("a.jsonl", kFp32), file("b.jsonl", kFp16)}, {"fp32 \"base\"_1", "amp-fp16 it's ^2\nline"}, png);
   ASSERT_TRUE(out.drawn) << out.message << " (gnuplot missing: apt-get install gnuplot-nox, or set "
                          << "MIXPREC_TEST_NO_GNUPLOT=1)";
   EXPECT_NE(out.message.find(png), std::string::npos) << out.message;
@@ -202,6 +208,7 @@ TEST_F(Chart, DrawsPngWithGnuplot) {
     return (uint32_t(uint8_t(bytes[at])) << 24) | (uint32_t(uint8_t(bytes[at + 1])) << 16) |
            (uint32_t(uint8_t(bytes[at + 2])) << 8) | uint32_t(uint8_t(bytes[at + 3]));
   };
+  EXPECT_NE(slurp(dir_ / "chart.loss.dat").find("\n# amp-fp16 it's ^2 line\n"), std::string::npos);
   EXPECT_EQ(bytes.substr(12, 4), "IHDR");
   EXPECT_EQ(be32(16), 1000u);
   EXPECT_EQ(be32(20), 3 * 320u);

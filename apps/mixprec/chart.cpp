@@ -88,13 +88,13 @@ void write_atomically(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.parent_path() / temp_name(path);
   {
     std::ofstream out(tmp, std::ios::trunc);
-    MIXPREC_CHECK(out.is_open(), "chart: cannot write ", tmp.string());
+    MIXPREC_CHECK(out.is_open(), "chart: cannot write ", path.string());
     out << text;
     out.close();
     if (!out) {
       std::error_code ec;
       fs::remove(tmp, ec);
-      throw Error(detail::concat("chart: writing ", tmp.string(), " failed"));
+      throw Error(detail::concat("chart: writing ", path.string(), " failed"));
     }
   }
   std::error_code ec, ignored;
@@ -171,8 +171,12 @@ ChartOutcome write_chart(const std::vector<std::string>& metrics_files, const st
   MIXPREC_CHECK(labels.empty() || labels.size() == metrics_files.size(), "chart: ", labels.size(), " labels for ",
                 metrics_files.size(), " metrics files");
   std::vector<Run> runs;
-  for (size_t i = 0; i < metrics_files.size(); ++i)
-    runs.push_back(read_run(metrics_files[i], labels.empty() ? fs::path(metrics_files[i]).stem().string() : labels[i]));
+  for (size_t i = 0; i < metrics_files.size(); ++i) {
+    std::string label = labels.empty() ? fs::path(metrics_files[i]).stem().string() : labels[i];
+    for (char& c : label)
+      if (c == '\n' || c == '\r') c = ' ';  // a label is one comment line of the data files
+    runs.push_back(read_run(metrics_files[i], std::move(label)));
+  }
 
   const fs::path png = fs::absolute(png_path);
   const fs::path dir = png.parent_path();
@@ -252,7 +256,7 @@ ChartOutcome write_chart(const std::vector<std::string>& metrics_files, const st
   std::error_code ec;
   if (status != 0 || !has_png_signature(tmp)) {
     fs::remove(tmp, ec);
-    // gnuplot's first error line names the script's line; the rest repeats it.
+    // gnuplot's error names the script's line ("chart.gp" line 9: ...): that line, else its last.
     std::string first;
     std::istringstream lines(output);
     for (std::string l; std::getline(lines, l);)
