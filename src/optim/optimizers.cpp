@@ -121,8 +121,18 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 void Optimizer::step_scaled(const Tensor& found_inf, const Tensor& scale) {
+  MIXPREC_CHECK(!handed_over_, name(),
+                ".step: this optimizer handed its state to a ZeRO-1 shard optimizer; step through "
+                "dist::DataParallel::step (or its optimizer())");
   to_params_device();
   update(found_inf, scale);
+}
+
+void Optimizer::hand_over_to_shard() {
+  MIXPREC_CHECK(steps() == 0, name(), ": cannot hand its state to a ZeRO-1 shard after ", steps(),
+                " steps (shard the optimizer before training, or before loading its state)");
+  for (Tensor& m : master_) m = Tensor();
+  handed_over_ = true;
 }
 
 std::vector<kernels::OptimParam> Optimizer::with_grads(const std::function<void(size_t, kernels::OptimParam&)>& state) {
@@ -258,6 +268,10 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
   momentum_ready_ = Tensor::zeros({int64_t(params_.size())}, DType::u8, params_[0].device());
 }
 
+std::unique_ptr<Optimizer> SGD::make_like(std::vector<ParamGroup> groups) const {
+  return std::make_unique<SGD>(std::move(groups), o_);
+}
+
 void SGD::update(const Tensor& found_inf, const Tensor& scale) {
   const std::vector<kernels::OptimParam> ps = with_grads([&](size_t i, kernels::OptimParam& op) {
     if (o_.momentum == 0) return;
@@ -298,6 +312,10 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions o)
   MIXPREC_CHECK(o.weight_decay >= 0, "AdamW: weight_decay must be >= 0, got ", o.weight_decay);
   exp_avg_.resize(params_.size());
   exp_avg_sq_.resize(params_.size());
+}
+
+std::unique_ptr<Optimizer> AdamW::make_like(std::vector<ParamGroup> groups) const {
+  return std::make_unique<AdamW>(std::move(groups), o_);
 }
 
 void AdamW::update(const Tensor& found_inf, const Tensor& scale) {
