@@ -102,8 +102,8 @@ struct DataParallelStats {
 //   dp.sync_gradients();                     // optional: to clip (norms are then global) or inspect
 //   dp.step(scaler);                         // or dp.step() without a scaler; then scaler.update()
 // With a GradScaler, every rank's inf/NaN flag is reduced with MAX (attach), so all ranks skip the
-// same steps and keep the same scale. One backward per step: gradient accumulation over several
-// backward passes is refused. Gradients of parameters no backward reached are reduced as zeros.
+// same steps and keep the same scale. One reducing backward per step (micro-batches: set_grad_sync);
+// a second one before the step is refused. Gradients of parameters no backward reached are reduced as zeros.
 class DataParallel {
  public:
   DataParallel(nn::Module& model, optim::Optimizer& opt, DataParallelOptions o = {},
@@ -120,9 +120,14 @@ class DataParallel {
   void step(amp::GradScaler& scaler);  // the same through scaler.step (after attach(scaler))
   // Makes scaler reduce its inf/NaN flags across the ranks with MAX (before it steps or skips).
   void attach(amp::GradScaler& scaler);
+  // DDP's no_sync, for micro-batches: while off, backward passes only accumulate each rank's
+  // gradients; turn it on before the last micro-batch's backward, which reduces the sums.
+  void set_grad_sync(bool on);
 
-  // The optimizer that steps: opt, or with ZeRO-1 this rank's shard optimizer (what scaler.unscale_
-  // takes; its state_dict is this rank's shard only).
+  // The optimizer that steps: opt, or with ZeRO-1 this rank's shard optimizer (its state_dict is this
+  // rank's shard only). ZeRO-1 copies the shard's gradients from the model's at step(), so clipping
+  // the model's gradients between sync_gradients() and step() applies; scaler.unscale_ of the shard
+  // optimizer does not (the step would unscale again): with a GradScaler, do not unscale_ under ZeRO-1.
   optim::Optimizer& optimizer();
   const DataParallelStats& stats() const;
   ProcessGroup& group() const;

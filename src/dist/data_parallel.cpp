@@ -48,7 +48,8 @@ struct DataParallel::Impl {
   std::vector<Bucket> buckets;
   size_t next_launch = 0;  // buckets launch in index order on every rank
   std::vector<uint64_t> hooks;
-  bool synced = false;  // sync_gradients has run since the last backward
+  bool synced = false;    // sync_gradients has run since the last backward
+  bool grad_sync = true;  // set_grad_sync
   DataParallelStats stats;
   // ZeRO-1
   std::vector<Piece> pieces;
@@ -93,11 +94,12 @@ void DataParallel::Impl::make_buckets() {
 }
 
 void DataParallel::Impl::on_grad(size_t i) {
+  synced = false;
+  if (!grad_sync) return;  // a micro-batch: the gradient only accumulates here
   MIXPREC_CHECK(!delivered[i], "DataParallel: parameter ", i,
                 " received a second gradient before step(): one backward per step (gradient accumulation "
-                "over several backward passes is not supported)");
+                "over several backward passes: DataParallel::set_grad_sync(false) before all but the last)");
   delivered[i] = 1;
-  synced = false;
   Bucket& b = buckets[bucket_of[i]];
   ++b.ready;
   if (!o.overlap || pg.size() == 1) return;
@@ -295,7 +297,6 @@ void DataParallel::Impl::sync() {
   for (Bucket& b : buckets) b.ready = 0;
   next_launch = 0;
   std::fill(delivered.begin(), delivered.end(), 0);
-  if (o.zero == 1) fill_shard_grads();
   synced = true;
 }
 
@@ -311,6 +312,7 @@ void DataParallel::step(amp::GradScaler& scaler) {
 void DataParallel::Impl::step(const std::function<void(optim::Optimizer&)>& update) {
   if (!synced) sync();
   if (o.zero == 1) {
+    fill_shard_grads();  // now, not at sync: after any clipping of the full gradients
     for (size_t g = 0; g < opt.param_groups().size(); ++g)  // the shard follows opt's lr (the user's schedule)
       if (shard_opt->lr(g) != opt.lr(g)) shard_opt->set_lr(g, opt.lr(g));
     update(*shard_opt);
@@ -330,6 +332,8 @@ void DataParallel::attach(amp::GradScaler& scaler) {
   ProcessGroup* pg = &impl_->pg;
   scaler.set_found_inf_reducer([pg](Tensor& found_inf) { pg->all_reduce(found_inf, ReduceOp::max); });
 }
+
+void DataParallel::set_grad_sync(bool on) { impl_->grad_sync = on; }
 
 optim::Optimizer& DataParallel::optimizer() { return impl_->shard_opt ? *impl_->shard_opt : impl_->opt; }
 const DataParallelStats& DataParallel::stats() const { return impl_->stats; }

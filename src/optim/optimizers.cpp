@@ -160,6 +160,9 @@ Optimizer::RoundingStats Optimizer::take_rounding_stats() {
 }
 
 StateDict Optimizer::state_dict() const {
+  MIXPREC_CHECK(!handed_over_, name(),
+                ".state_dict: the state is sharded across ranks (ZeRO-1): each rank's shard optimizer holds "
+                "its part (dist::DataParallel::optimizer())");
   StateDict sd;
   sd.emplace_back("step", state_i64(steps()));
   for (size_t g = 0; g < groups_.size(); ++g) {

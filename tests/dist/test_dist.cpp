@@ -4,9 +4,12 @@
 // rank overflows, and ZeRO-1 (state halved, same losses). Also passes as one process (size 1).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "mixprec/allocator.h"
@@ -120,6 +123,7 @@ void run_equivalence(dist::WireDType wire, double loss_rtol) {
   constexpr int kSteps = 50;
   constexpr int64_t kBatch = 64;
   std::vector<double> ref_loss, ref_norm;
+  double max_rel = 0;
   auto ref = mlp(100);  // rank 0's initial weights
   {
     optim::SGD opt(ref->parameters(), {.lr = 0.05, .momentum = 0.9});
@@ -144,6 +148,7 @@ void run_equivalence(dist::WireDType wire, double loss_rtol) {
     loss.backward();
     const double l = global_loss(loss);
     EXPECT_NEAR(l, ref_loss[size_t(s)], loss_rtol * std::fabs(ref_loss[size_t(s)])) << "step " << s;
+    max_rel = std::max(max_rel, std::fabs(l - ref_loss[size_t(s)]) / std::fabs(ref_loss[size_t(s)]));
     dp.sync_gradients();
     // After the all-reduce every rank holds the same gradients: the local norm is the global one.
     const double norm = nn::grad_norm(model->parameters()).item();
@@ -156,6 +161,12 @@ void run_equivalence(dist::WireDType wire, double loss_rtol) {
       EXPECT_TRUE(same_on_all_ranks(params_hash(*model))) << "after step " << s;
     }
   }
+  if (pg().rank() == 0)
+    std::printf(
+        "[ equal    ] %d ranks x batch %lld against 1 x %lld, %s wire, %d steps: largest relative loss "
+        "difference %.2e (step 0: %.6f, step %d: %.6f)\n",
+        pg().size(), static_cast<long long>(kBatch / pg().size()), static_cast<long long>(kBatch),
+        dist::wire_dtype_name(wire), kSteps, max_rel, ref_loss[0], kSteps - 1, ref_loss.back());
   if (pg().size() > 1) {
     EXPECT_GT(dp.stats().buckets_in_backward, 0);  // launched from backward, not all at the end
     EXPECT_EQ(dp.stats().wire_bytes, kSteps * model->num_parameters() * (wire == dist::WireDType::bf16 ? 2 : 4));
@@ -166,6 +177,35 @@ TEST(DataParallel, TwoRanksHalfBatchEqualsOneProcessFullBatch) { run_equivalence
 
 // bf16 on the wire: half the bytes, gradients rounded once per hop; the losses follow closely.
 TEST(DataParallel, Bf16WireFollowsTheReference) { run_equivalence(dist::WireDType::bf16, 2e-3); }
+
+// Micro-batches (set_grad_sync): two backward passes per step, reduced once after the last; the
+// gradients are the one-process full batch's.
+TEST(DataParallel, MicroBatchesReduceOnceAfterTheLast) {
+  auto ref = mlp(100);
+  const Batch full = batch(0, 64);
+  ops::cross_entropy((*ref)(full.x), full.y).backward();
+  auto model = mlp(100 + uint64_t(pg().rank()));
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  dist::DataParallel dp(*model, opt);
+  const Batch b = shard(0, 64);
+  const int64_t half = b.x.size(0) / 2;
+  for (int part = 0; part < 2; ++part) {
+    dp.set_grad_sync(part == 1);
+    const Tensor x = b.x.slice(0, part * half, (part + 1) * half), y = b.y.slice(0, part * half, (part + 1) * half);
+    ops::affine(ops::cross_entropy((*model)(x), y), 0.5, 0.0).backward();
+    EXPECT_EQ(dp.stats().buckets_in_backward > 0, part == 1 && pg().size() > 1) << "part " << part;
+  }
+  dp.sync_gradients();
+  const std::vector<Tensor> got = model->parameters(), want = ref->parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    const std::vector<float> g = got[i].grad().to_vector(), w = want[i].grad().to_vector();
+    for (size_t k = 0; k < g.size(); ++k) ASSERT_NEAR(g[k], w[k], 1e-6 + 1e-5 * std::fabs(w[k])) << i << " " << k;
+  }
+  // Without set_grad_sync(false) a second backward before the step is refused.
+  ops::cross_entropy((*model)(b.x), b.y).backward();
+  EXPECT_THROW(ops::cross_entropy((*model)(b.x), b.y).backward(), Error);
+  dp.sync_gradients();
+}
 
 // amp-fp16 with dynamic loss scaling: an inf injected into one rank's gradient after the
 // all-reduce (only that rank sees it) must skip the step on every rank and keep the scales equal.
@@ -218,21 +258,24 @@ TEST(DataParallel, WithoutTheReductionRanksWouldDisagree) {
   EXPECT_FALSE(same_on_all_ranks(params_hash(*model)));
 }
 
-// ZeRO-1: the optimizer state of each rank is 1/size of the whole; the run is the unsharded one.
-TEST(DataParallel, Zero1HalvesOptimizerStateAndKeepsTheLosses) {
+// ZeRO-1: the optimizer state of each rank is 1/size of the whole; the run is the unsharded one,
+// bit for bit (each element's update is the same arithmetic, only on another rank). For bf16
+// parameters (the half presets) the shard holds the f32 master copies too.
+void run_zero1(DType param_dtype) {
   constexpr int kSteps = 20;
   auto state_bytes = [] { return allocator::stats().live_bytes[size_t(MemCategory::optimizer_state)]; };
   std::vector<double> losses[2];
   int64_t state[2] = {0, 0};
   for (int zero : {0, 1}) {
     auto model = mlp(21);
+    model->to(param_dtype);
+    const int64_t before = state_bytes();
     optim::AdamW opt(model->parameters(), {.lr = 1e-3});
     dist::DataParallel dp(*model, opt, {.zero = zero});
-    const int64_t before = state_bytes();
     for (int s = 0; s < kSteps; ++s) {
       const Batch b = shard(s, 64);
       opt.zero_grad();
-      Tensor loss = ops::cross_entropy((*model)(b.x), b.y);
+      Tensor loss = ops::cross_entropy((*model)(b.x.to(param_dtype)), b.y);
       loss.backward();
       losses[zero].push_back(global_loss(loss));
       dp.step();
@@ -244,12 +287,43 @@ TEST(DataParallel, Zero1HalvesOptimizerStateAndKeepsTheLosses) {
       EXPECT_THROW(opt.step(), Error);  // its state went to the shard
     }
   }
-  // AdamW f32: exp_avg + exp_avg_sq = 8 bytes per parameter element, split by flat elements
-  // (64-byte rounding of each piece aside).
-  const int64_t whole = 8 * mlp(0)->num_parameters();
-  EXPECT_NEAR(double(state[0]), double(whole), 256.0);
+  // AdamW: exp_avg + exp_avg_sq (8 bytes per parameter element), + a 4-byte f32 master of a bf16
+  // parameter; split by flat elements (64-byte rounding of each piece aside).
+  const int64_t whole = (param_dtype == DType::f32 ? 8 : 12) * mlp(0)->num_parameters();
+  EXPECT_NEAR(double(state[0]), double(whole), 512.0);
   EXPECT_NEAR(double(state[1]), double(whole) / pg().size(), 512.0);
+  if (pg().rank() == 0)
+    std::printf("[ zero-1   ] %s parameters, %d ranks: optimizer state %lld bytes per rank, unsharded %lld\n",
+                std::string(dtype_name(param_dtype)).c_str(), pg().size(), static_cast<long long>(state[1]),
+                static_cast<long long>(state[0]));
   for (int s = 0; s < kSteps; ++s) EXPECT_EQ(losses[1][size_t(s)], losses[0][size_t(s)]) << "step " << s;
+}
+
+TEST(DataParallel, Zero1HalvesOptimizerStateAndKeepsTheLosses) { run_zero1(DType::f32); }
+TEST(DataParallel, Zero1ShardsMasterWeightsOfBf16Parameters) { run_zero1(DType::bf16); }
+
+// BatchNorm normalises with each rank's own batch statistics (as DDP); the running statistics are
+// rank 0's after every step (broadcast_buffers), so eval and checkpoints agree. Without the
+// broadcast they drift apart: the control.
+TEST(DataParallel, BatchNormRunningStatsFollowRankZero) {
+  for (bool broadcast : {true, false}) {
+    default_generator().manual_seed(3);
+    nn::Sequential model(nn::Conv2d(1, 4, 3, {.padding = 1}), nn::BatchNorm2d(4), nn::ReLU(), nn::Flatten(),
+                         nn::Linear(4 * 28 * 28, 10));
+    optim::SGD opt(model.parameters(), {.lr = 0.01});
+    dist::DataParallel dp(model, opt, {.broadcast_buffers = broadcast});
+    for (int s = 0; s < 3; ++s) {
+      const Batch b = shard(s, 16);
+      opt.zero_grad();
+      ops::cross_entropy(model(b.x.reshape({-1, 1, 28, 28})), b.y).backward();
+      dp.step();
+    }
+    uint64_t h = 0;
+    for (const auto& [name, t] : model.named_buffers())
+      for (float v : t.to_vector()) h = h * 31 + uint64_t(std::fabs(v) * 1e6);
+    EXPECT_EQ(same_on_all_ranks(h), broadcast || pg().size() == 1) << "broadcast_buffers " << broadcast;
+    EXPECT_TRUE(same_on_all_ranks(params_hash(model)));
+  }
 }
 
 }  // namespace
