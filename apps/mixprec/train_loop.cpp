@@ -15,10 +15,12 @@ Session start_session(const SessionOptions& opt, bool detect_anomaly, const io::
   autograd::set_anomaly_enabled(detect_anomaly);
   Session s = make_session(opt);
   start = RunState{};
-  if (!ckpt) return s;
-  Checkpoint(*s.model, s.optimizer.get(), s.scaler.get(), &default_generator()).load_state_dict(ckpt->tensors, path);
-  s.optimizer->set_lr(opt.lr);
-  start = load_run_state(ckpt->tensors, path);
+  if (ckpt) {
+    Checkpoint(*s.model, s.optimizer.get(), s.scaler.get(), &default_generator()).load_state_dict(ckpt->tensors, path);
+    s.optimizer->set_lr(opt.lr);
+    start = load_run_state(ckpt->tensors, path);
+  }
+  start_data_parallel(s);  // under mpirun: after the load, so every rank starts from the same state
   return s;
 }
 
@@ -92,7 +94,9 @@ void StepLoop::report_steps(double& loss_sum) {
 }
 
 void StepLoop::save(const RunState& r) {
-  if (o_.save_path.empty()) return;
+  // Under mpirun rank 0 writes (every replica holds the same weights, and the same file would be
+  // written N times otherwise).
+  if (o_.save_path.empty() || world_rank() != 0) return;
   metrics_.flush();
   Checkpoint(*s_.model, s_.optimizer.get(), s_.scaler.get(), &default_generator())
       .save(o_.save_path, metadata_, run_state_dict(r));
