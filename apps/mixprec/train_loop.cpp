@@ -2,6 +2,8 @@
 #include "train_loop.h"
 
 #include <cmath>
+#include <memory>
+#include <vector>
 
 #include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
@@ -94,11 +96,29 @@ void StepLoop::report_steps(double& loss_sum) {
 }
 
 void StepLoop::save(const RunState& r) {
-  // Under mpirun rank 0 writes (every replica holds the same weights, and the same file would be
-  // written N times otherwise).
-  if (o_.save_path.empty() || world_rank() != 0) return;
+  if (o_.save_path.empty()) return;
+  // ZeRO-1: the optimizer state is sharded; every rank takes part in gathering it (a collective),
+  // and rank 0 writes it through a whole optimizer of the same kind, so the checkpoint is the
+  // unsharded one (it resumes on any number of ranks).
+  std::unique_ptr<optim::Optimizer> whole;
+#if MIXPREC_WITH_MPI
+  if (s_.dp && s_.optimizer->handed_over()) {
+    const StateDict sd = s_.dp->optimizer_state_dict();
+    if (world_rank() == 0) {
+      std::vector<optim::ParamGroup> groups;
+      for (const optim::ParamGroupState& g : s_.optimizer->param_groups()) {
+        groups.push_back({{}, {g.lr, g.weight_decay}});
+        for (size_t i : g.params) groups.back().params.push_back(s_.optimizer->params()[i]);
+      }
+      whole = s_.optimizer->make_like(std::move(groups));
+      whole->load_state_dict(sd);
+    }
+  }
+#endif
+  // Rank 0 writes: every replica holds the same weights.
+  if (world_rank() != 0) return;
   metrics_.flush();
-  Checkpoint(*s_.model, s_.optimizer.get(), s_.scaler.get(), &default_generator())
+  Checkpoint(*s_.model, whole ? whole.get() : s_.optimizer.get(), s_.scaler.get(), &default_generator())
       .save(o_.save_path, metadata_, run_state_dict(r));
 }
 

@@ -129,6 +129,11 @@ class DataParallel {
   // the model's gradients between sync_gradients() and step() applies; scaler.unscale_ of the shard
   // optimizer does not (the step would unscale again): with a GradScaler, do not unscale_ under ZeRO-1.
   optim::Optimizer& optimizer();
+  // The whole optimizer's state dict, as the unsharded optimizer would give it (what a checkpoint
+  // holds, so it loads on any number of ranks): with ZeRO-1 the shards are gathered (a collective:
+  // every rank calls it; each gets the whole). To resume with ZeRO-1, load it into the optimizer
+  // before making the DataParallel: the constructor hands each rank its slice.
+  StateDict optimizer_state_dict();
   const DataParallelStats& stats() const;
   ProcessGroup& group() const;
 

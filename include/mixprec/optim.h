@@ -112,8 +112,9 @@ class Optimizer {
   // A new optimizer of the same kind and options over other parameters (each group's lr and
   // weight decay as given there). ZeRO-1 (dist::DataParallel) makes this rank's shard optimizer so.
   virtual std::unique_ptr<Optimizer> make_like(std::vector<ParamGroup> groups) const = 0;
-  // ZeRO-1: a shard optimizer made by make_like takes over the updates; this one frees its master
-  // copies and refuses step() from now on. Throws once it has stepped (its state would be lost).
+  // ZeRO-1: a shard optimizer made by make_like takes over the updates (and, sliced, this one's
+  // state: dist::DataParallel copies it first); this one frees its master copies and moments and
+  // refuses step() and state_dict() from now on.
   void hand_over_to_shard();
   bool handed_over() const { return handed_over_; }
 
@@ -128,6 +129,7 @@ class Optimizer {
   // Checks (before anything is loaded) that the subclass accepts state `key` of parameter i.
   virtual void check_named_state(size_t i, const std::string& key) const = 0;
   virtual void set_named_state(size_t i, const std::string& key, const Tensor& t) = 0;
+  virtual void clear_named_state() = 0;  // frees the subclass's state tensors (hand_over_to_shard)
 
   std::vector<Tensor> params_;
   std::vector<Tensor> master_;  // per parameter: f32 master of a 16-bit parameter, or undefined
@@ -166,6 +168,7 @@ class SGD : public Optimizer {
   StateDict named_state(size_t i) const override;
   void check_named_state(size_t i, const std::string& key) const override;
   void set_named_state(size_t i, const std::string& key, const Tensor& t) override;
+  void clear_named_state() override;
 
  private:
   SGDOptions o_;
@@ -195,6 +198,7 @@ class AdamW : public Optimizer {
   StateDict named_state(size_t i) const override;
   void check_named_state(size_t i, const std::string& key) const override;
   void set_named_state(size_t i, const std::string& key, const Tensor& t) override;
+  void clear_named_state() override;
 
  private:
   AdamWOptions o_;

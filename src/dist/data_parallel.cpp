@@ -35,6 +35,9 @@ struct Piece {
   Tensor shard;
 };
 
+// The per-parameter state an optimizer's state dict may hold, in Optimizer::state_dict's order.
+constexpr const char* kStateNames[] = {"master", "exp_avg", "exp_avg_sq", "momentum_buffer"};
+
 }  // namespace
 
 struct DataParallel::Impl {
@@ -69,6 +72,9 @@ struct DataParallel::Impl {
   void make_shard();
   void sync();
   void step(const std::function<void(optim::Optimizer&)>& update);
+  StateDict slice_state(const StateDict& whole) const;
+  StateDict consolidate();
+  StateDict opt_groups_state() const;
 };
 
 void DataParallel::Impl::make_buckets() {
@@ -197,8 +203,88 @@ void DataParallel::Impl::make_shard() {
     groups[opt.group_of(i)].params.push_back(pc.shard);
     pieces.push_back(std::move(pc));
   }
+  const StateDict whole = opt.state_dict();  // what opt holds (a loaded checkpoint's), before it goes
   opt.hand_over_to_shard();
   shard_opt = opt.make_like(std::move(groups));
+  shard_opt->load_state_dict(slice_state(whole));
+}
+
+// The shard optimizer's state dict cut from the whole optimizer's (same step and group settings;
+// each piece's state is its slice of its parameter's).
+StateDict DataParallel::Impl::slice_state(const StateDict& whole) const {
+  StateDict out;
+  for (const auto& [key, t] : whole)
+    if (key.rfind("state.", 0) != 0 && key.find(".params") == std::string::npos) out.emplace_back(key, t);
+  for (size_t g = 0; g < shard_opt->param_groups().size(); ++g) {
+    const std::vector<size_t>& ps = shard_opt->param_groups()[g].params;
+    out.emplace_back("param_groups." + std::to_string(g) + ".params",
+                     Tensor::from_vector(std::vector<int64_t>(ps.begin(), ps.end()), {int64_t(ps.size())}));
+  }
+  for (size_t j = 0; j < pieces.size(); ++j) {
+    const Piece& pc = pieces[j];
+    for (const char* name : kStateNames)
+      if (const Tensor* t = find_state(whole, "state." + std::to_string(pc.param) + "." + name))
+        out.emplace_back("state." + std::to_string(j) + "." + name,
+                         t->reshape({-1}).slice(0, pc.start, pc.start + pc.numel).contiguous());
+  }
+  return out;
+}
+
+StateDict DataParallel::Impl::consolidate() {
+  if (o.zero == 0) return opt.state_dict();
+  const StateDict shard = shard_opt->state_dict();
+  // Which kinds of state any rank holds (a rank's pieces may all be f32 parameters: no masters).
+  Tensor present = Tensor::zeros({int64_t(std::size(kStateNames))});
+  for (size_t j = 0; j < pieces.size(); ++j)
+    for (size_t k = 0; k < std::size(kStateNames); ++k)
+      if (find_state(shard, "state." + std::to_string(j) + "." + kStateNames[k])) present.data<float>()[k] = 1;
+  pg.all_reduce(present, ReduceOp::max);
+  StateDict out;
+  out.emplace_back("step", *find_state(shard, "step"));
+  for (const auto& [key, t] : opt_groups_state()) out.emplace_back(key, t);
+  const int64_t n = displs.back() + counts.back();
+  std::vector<Tensor> gathered(std::size(kStateNames));
+  for (size_t k = 0; k < std::size(kStateNames); ++k) {
+    if (present.data<float>()[k] == 0) continue;
+    MemoryScope scope(MemCategory::optimizer_state);
+    Tensor buf = Tensor::zeros({n});
+    for (size_t j = 0; j < pieces.size(); ++j)
+      if (const Tensor* t = find_state(shard, "state." + std::to_string(j) + "." + kStateNames[k]))
+        std::copy_n(t->contiguous().data<float>(), pieces[j].numel,
+                    buf.data<float>() + flat_offset[pieces[j].param] + pieces[j].start);
+    if (pg.size() > 1) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      detail::check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data<float>(), counts.data(), displs.data(),
+                                    MPI_FLOAT, detail::comm(), &req),
+                    "DataParallel ZeRO-1 state gather");
+      detail::wait(req, "DataParallel ZeRO-1 state gather");
+    }
+    gathered[k] = buf;
+  }
+  for (size_t i = 0; i < params.size(); ++i)
+    for (size_t k = 0; k < std::size(kStateNames); ++k) {
+      if (!gathered[k].defined()) continue;
+      // A master copy belongs to 16-bit parameters only (f32 ones have none: their rows are zeros).
+      if (k == 0 && !(is_half(params[i].dtype()) && opt.half_options().master_weights)) continue;
+      out.emplace_back(
+          "state." + std::to_string(i) + "." + kStateNames[k],
+          gathered[k].slice(0, flat_offset[i], flat_offset[i] + params[i].numel()).reshape(params[i].shape()).clone());
+    }
+  return out;
+}
+
+// opt's group entries ("param_groups.<g>.lr", "weight_decay", "params") as its state_dict has them.
+StateDict DataParallel::Impl::opt_groups_state() const {
+  StateDict out;
+  for (size_t g = 0; g < opt.param_groups().size(); ++g) {
+    const std::string prefix = "param_groups." + std::to_string(g) + ".";
+    const optim::ParamGroupState& pgs = opt.param_groups()[g];
+    out.emplace_back(prefix + "lr", Tensor::scalar(pgs.lr, DType::f64));
+    out.emplace_back(prefix + "weight_decay", Tensor::scalar(pgs.weight_decay, DType::f64));
+    out.emplace_back(prefix + "params", Tensor::from_vector(std::vector<int64_t>(pgs.params.begin(), pgs.params.end()),
+                                                            {int64_t(pgs.params.size())}));
+  }
+  return out;
 }
 
 void DataParallel::Impl::all_gather_params() {
@@ -334,6 +420,8 @@ void DataParallel::attach(amp::GradScaler& scaler) {
 }
 
 void DataParallel::set_grad_sync(bool on) { impl_->grad_sync = on; }
+
+StateDict DataParallel::optimizer_state_dict() { return impl_->consolidate(); }
 
 optim::Optimizer& DataParallel::optimizer() { return impl_->shard_opt ? *impl_->shard_opt : impl_->opt; }
 const DataParallelStats& DataParallel::stats() const { return impl_->stats; }

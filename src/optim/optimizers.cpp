@@ -129,9 +129,8 @@ void Optimizer::step_scaled(const Tensor& found_inf, const Tensor& scale) {
 }
 
 void Optimizer::hand_over_to_shard() {
-  MIXPREC_CHECK(steps() == 0, name(), ": cannot hand its state to a ZeRO-1 shard after ", steps(),
-                " steps (shard the optimizer before training, or before loading its state)");
   for (Tensor& m : master_) m = Tensor();
+  clear_named_state();
   handed_over_ = true;
 }
 
@@ -303,6 +302,11 @@ void SGD::set_named_state(size_t i, const std::string& key, const Tensor& t) {
   momentum_ready_.slice(0, int64_t(i), int64_t(i) + 1).fill_(1);
 }
 
+void SGD::clear_named_state() {
+  for (Tensor& m : momentum_) m = Tensor();
+  momentum_ready_.fill_(0);
+}
+
 // -------------------------------------------------------------------------------------- AdamW
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : AdamW(one_group(std::move(params)), o) {}
@@ -346,6 +350,11 @@ void AdamW::check_named_state(size_t i, const std::string& key) const {
 
 void AdamW::set_named_state(size_t i, const std::string& key, const Tensor& t) {
   (key == "exp_avg" ? exp_avg_ : exp_avg_sq_)[i] = t;
+}
+
+void AdamW::clear_named_state() {
+  for (Tensor& m : exp_avg_) m = Tensor();
+  for (Tensor& m : exp_avg_sq_) m = Tensor();
 }
 
 }  // namespace mixprec::optim

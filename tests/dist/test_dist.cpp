@@ -302,6 +302,61 @@ void run_zero1(DType param_dtype) {
 TEST(DataParallel, Zero1HalvesOptimizerStateAndKeepsTheLosses) { run_zero1(DType::f32); }
 TEST(DataParallel, Zero1ShardsMasterWeightsOfBf16Parameters) { run_zero1(DType::bf16); }
 
+// A checkpoint of a ZeRO-1 run holds the whole optimizer state (gathered), equal to the unsharded
+// run's, and resumes on a sharded run bit for bit.
+TEST(DataParallel, Zero1StateConsolidatesAndResumes) {
+  constexpr int kSteps = 12, kCut = 6;
+  auto run = [](nn::Module& model, optim::Optimizer& opt, dist::DataParallel& dp, int from, int to) {
+    std::vector<double> losses;
+    for (int s = from; s < to; ++s) {
+      const Batch b = shard(s, 64);
+      opt.zero_grad();
+      Tensor loss = ops::cross_entropy(model(b.x), b.y);
+      loss.backward();
+      losses.push_back(global_loss(loss));
+      dp.step();
+    }
+    return losses;
+  };
+  auto copy = [](const StateDict& sd) {
+    StateDict out;
+    for (const auto& [k, t] : sd) out.emplace_back(k, t.clone());
+    return out;
+  };
+  // The reference: unsharded, its state at kCut, then on to kSteps.
+  auto ref = mlp(31);
+  optim::AdamW ref_opt(ref->parameters(), {.lr = 1e-3});
+  dist::DataParallel ref_dp(*ref, ref_opt);
+  run(*ref, ref_opt, ref_dp, 0, kCut);
+  const StateDict want = copy(ref_dp.optimizer_state_dict());
+  const std::vector<double> want_losses = run(*ref, ref_opt, ref_dp, kCut, kSteps);
+  // Sharded to kCut; its gathered state is the reference's, key for key and bit for bit.
+  StateDict model_sd, opt_sd;
+  {
+    auto model = mlp(31);
+    optim::AdamW opt(model->parameters(), {.lr = 1e-3});
+    dist::DataParallel dp(*model, opt, {.zero = 1});
+    run(*model, opt, dp, 0, kCut);
+    opt_sd = copy(dp.optimizer_state_dict());
+    model_sd = copy(model->state_dict());
+  }
+  ASSERT_EQ(opt_sd.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    EXPECT_EQ(opt_sd[k].first, want[k].first);
+    EXPECT_EQ(opt_sd[k].second.shape(), want[k].second.shape()) << want[k].first;
+    EXPECT_EQ(opt_sd[k].second.to_vector_f64(), want[k].second.to_vector_f64()) << want[k].first;
+  }
+  // Resumed: load into a fresh optimizer, shard it, go on: the reference's losses.
+  auto model = mlp(99);
+  model->load_state_dict(model_sd);
+  optim::AdamW opt(model->parameters(), {.lr = 1e-3});
+  opt.load_state_dict(opt_sd);
+  dist::DataParallel dp(*model, opt, {.zero = 1});
+  EXPECT_EQ(dp.optimizer().steps(), kCut);
+  const std::vector<double> losses = run(*model, opt, dp, kCut, kSteps);
+  EXPECT_EQ(losses, want_losses);
+}
+
 // BatchNorm normalises with each rank's own batch statistics (as DDP); the running statistics are
 // rank 0's after every step (broadcast_buffers), so eval and checkpoints agree. Without the
 // broadcast they drift apart: the control.
