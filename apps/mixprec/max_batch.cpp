@@ -27,7 +27,7 @@ MaxBatchResult find_max_batch(const SessionOptions& opt, int64_t budget_bytes, i
         x = Tensor::from_vector(std::vector<int64_t>(tokens.begin(), mid), {b, m.block_size}).to(opt.device);
         y = Tensor::from_vector(std::vector<int64_t>(mid, tokens.end()), {b, m.block_size}).to(opt.device);
       } else {
-        x = Tensor::randn({b, 1, m.image_rows, m.image_cols}, gen).to(opt.device);
+        x = Tensor::randn({b, 1, m.image_rows, m.image_cols}, gen).to(batch_dtype(opt)).to(opt.device);
         std::vector<int64_t> labels(static_cast<size_t>(b));
         for (auto& l : labels) l = int64_t(gen.uniform_below(uint64_t(m.num_classes)));
         y = Tensor::from_vector(labels, {b}).to(opt.device);

@@ -18,7 +18,8 @@ struct MaxBatchResult {
 // The largest batch (<= max_batch) whose whole training step (forward, backward, optimizer step
 // incl. its state, and the data batch itself) fits in budget_bytes on opt.device; opt.batch_size is
 // ignored. The same model, optimizer and step as a real run (make_session, train_step) on synthetic
-// data of the real shapes (images: f32 N(0, 1); gpt: random tokens, opt.model.vocab_size set).
+// data of the real shapes (images: N(0, 1) in batch_dtype(opt), as train holds them; gpt: random
+// tokens, opt.model.vocab_size set).
 MaxBatchResult find_max_batch(const SessionOptions& opt, int64_t budget_bytes, int64_t max_batch);
 
 }  // namespace mixprec::cli

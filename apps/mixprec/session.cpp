@@ -212,6 +212,10 @@ Session make_session(const SessionOptions& opt) {
   return s;
 }
 
+DType batch_dtype(const SessionOptions& opt) {
+  return opt.precision.autocast && !opt.model.is_gpt() ? opt.precision.autocast_dtype : DType::f32;
+}
+
 StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
   StepResult r;
   s.optimizer->zero_grad();
