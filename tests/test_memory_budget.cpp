@@ -231,7 +231,7 @@ TEST(MemoryBudget, FindsTheLargestBatchOfARealStep) {
   AmpLoop loop;
   loop.step(8);
   allocator::empty_cache();
-  const int64_t budget = live() + (int64_t(3) << 20);
+  const int64_t budget = live() + (int64_t(1) << 20);
   const BatchFit fit = find_largest_batch([&](int64_t b) { loop.step(b); }, budget, 1 << 16);
   ASSERT_GT(fit.batch, 64);
   ASSERT_EQ(fit.smallest_failed, fit.batch + 1);

@@ -9,10 +9,10 @@
 namespace mixprec::cli {
 
 struct MaxBatchResult {
-  int64_t batch = 0;       // 0: not even a batch of 1 fits
-  int64_t peak_bytes = 0;  // that batch's step, measured from its start
-  Json peak_by_category;   // the split at the moment of that peak ("total" first), as peak_memory_json
-  int64_t attempts = 0;    // training steps run, those that ran out of memory included
+  int64_t batch = 0;                       // 0: not even a batch of 1 fits
+  int64_t peak_bytes = 0;                  // that batch's step, measured from its start
+  Json peak_by_category = Json::object();  // the split at the moment of that peak ("total" first), as peak_memory_json
+  int64_t attempts = 0;                    // training steps run, those that ran out of memory included
 };
 
 // The largest batch (<= max_batch) whose whole training step (forward, backward, optimizer step
