@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "mixprec/allocator.h"
 #include "mixprec/data.h"
 #include "mixprec/device.h"
 #include "mixprec/error.h"
@@ -75,6 +76,32 @@ TEST(BatchTransfer, ToDeviceGivesTheBatchValuesOnEveryDevice) {
     }
     EXPECT_EQ(seen, 20) << dev.str();
   }
+}
+
+TEST(BatchTransfer, ToDeviceStoresImagesIn16BitsAsACastWould) {
+  const Dataset d = small_dataset(20);
+  LoaderOptions o{.batch_size = 20, .shuffle = false};
+  o.norm = Normalize{0.3f, 0.7f};  // values a 16-bit type must round
+  BatchLoader loader(d, o);
+  for (const Device& dev : devices_here())
+    for (DType t : {DType::bf16, DType::f16}) {
+      loader.begin_epoch(0);
+      HostBatch b;
+      ASSERT_TRUE(loader.next(b));
+      const DeviceBatch f = to_device(b, d.rows, d.cols, dev);
+      const DeviceBatch h = to_device(b, d.rows, d.cols, dev, t);
+      EXPECT_EQ(h.x.dtype(), t);
+      EXPECT_EQ(h.x.device(), dev);
+      EXPECT_EQ(h.x.storage()->category(), MemCategory::data);
+      EXPECT_EQ(h.x.to_vector(), f.x.to(t).to_vector()) << dev.str() << " " << dtype_name(t);
+      EXPECT_EQ(h.y.to_vector_i64(), b.y.to_vector());
+      b.fence.wait();
+    }
+  HostBatch b;
+  b.n = 1;
+  b.x.resize(12);
+  b.y.resize(1);
+  EXPECT_THROW(to_device(b, 4, 3, Device::cpu(), DType::i64), Error);
 }
 
 TEST(BatchTransfer, ToDeviceRejectsAMismatchedBatch) {

@@ -38,7 +38,9 @@ int cmd_bench(Args& a) {
                               {opt.batch_size, opt.model.block_size})
               .to(opt.device);
     } else {
-      x = Tensor::randn({opt.batch_size, 1, opt.model.image_rows, opt.model.image_cols}, gen).to(opt.device);
+      x = Tensor::randn({opt.batch_size, 1, opt.model.image_rows, opt.model.image_cols}, gen)
+              .to(batch_dtype(opt))
+              .to(opt.device);
       std::vector<int64_t> labels(size_t(opt.batch_size));
       for (auto& l : labels) l = int64_t(gen.next_u64() % uint64_t(opt.model.num_classes));
       y = Tensor::from_vector(labels, {opt.batch_size}).to(opt.device);

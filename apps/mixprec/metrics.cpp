@@ -10,8 +10,9 @@
 
 namespace mixprec::cli {
 
-Json peak_memory_json(const Device& device) {
-  const MemoryStats st = allocator::stats(device);
+Json peak_memory_json(const Device& device) { return peak_memory_json(allocator::stats(device)); }
+
+Json peak_memory_json(const MemoryStats& st) {
   Json j;
   j["total"] = st.peak_total;
   for (size_t i = 0; i < kNumMemCategories; ++i)

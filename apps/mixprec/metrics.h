@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "mixprec/allocator.h"
 #include "mixprec/diagnostics.h"
 #include "mixprec/optim.h"
 #include "session.h"
@@ -18,6 +19,7 @@ using Json = nlohmann::ordered_json;  // keys in the order written: a line reads
 
 // Peak bytes on `device` by category ("total" first), at the moment of the total peak.
 Json peak_memory_json(const Device& device);
+Json peak_memory_json(const MemoryStats& st);  // the same from stats taken earlier
 // Each category's own peak on `device` (not simultaneous: they need not add up to the total).
 Json category_peak_json(const Device& device);
 

@@ -252,6 +252,10 @@ void start_data_parallel(Session& s) {
 #endif
 }
 
+DType batch_dtype(const SessionOptions& opt) {
+  return opt.precision.autocast && !opt.model.is_gpt() ? opt.precision.autocast_dtype : DType::f32;
+}
+
 StepResult train_step(Session& s, const Tensor& x_global, const Tensor& y_global) {
   StepResult r;
   Tensor x = x_global, y = y_global;

@@ -114,6 +114,12 @@ struct StepResult {
   bool skipped = false;   // the optimizer step was skipped for inf/NaN gradients; with host_values
   double grad_norm = -1;  // L2 norm of the unscaled gradients (before clipping); -1 if not measured
 };
+// The dtype a step's image batches are stored in: under a preset with autocast, its 16-bit dtype,
+// because the first layer of every image model (a Linear after Flatten, a Conv2d: lower-class ops)
+// casts its input to that dtype before anything else reads it, so a step computes exactly the same
+// from half the bytes (and backward saves the batch itself instead of a cast copy); f32 otherwise.
+DType batch_dtype(const SessionOptions& opt);
+
 // zero_grad; per micro-batch forward under the precision's autocast, cross-entropy and
 // scaler.scale(loss).backward(); then unscale + clip (if asked), scaler.step, scaler.update.
 StepResult train_step(Session& s, const Tensor& x, const Tensor& y);

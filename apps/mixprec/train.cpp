@@ -123,7 +123,7 @@ class EpochRun : StepLoop {
     data::HostBatch b;
     while (loader_.next(b)) {
       const bool report = report_due(step_ + 1, i + 1);
-      const data::DeviceBatch d = data::to_device(b, train_.rows, train_.cols, s_.opt.device);
+      const data::DeviceBatch d = data::to_device(b, train_.rows, train_.cols, s_.opt.device, batch_dtype(s_.opt));
       StepResult r = run_step(d.x, d.y, report);
       ++i;
       samples_ += b.n, epoch_samples += b.n;

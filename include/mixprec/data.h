@@ -171,14 +171,17 @@ struct HostBatch {
   CopyFence fence;  // destroyed first: the arrays outlive any copy from them
 };
 
-// A batch as tensors on a device: x [n, 1, rows, cols] f32 and y [n] i64.
+// A batch as tensors on a device: x [n, 1, rows, cols] (f32, or the 16-bit type asked for) and y [n] i64.
 struct DeviceBatch {
   Tensor x, y;
 };
-// Copies `batch` to `device` (in the data memory category). On a GPU the copy is queued on the
-// device's stream, after the work queued before it, and from pinned arrays returns at once; the
-// batch's fence records it. On the CPU and the fenced device it is a plain copy.
-DeviceBatch to_device(HostBatch& batch, int64_t rows, int64_t cols, const Device& device);
+// Copies `batch` to `device` (in the data memory category), x in x_dtype (f32, bf16 or f16, rounded
+// to nearest even as a cast is: a model whose first layer casts its input to that type under
+// autocast computes the same, from half the bytes). On a GPU the copy is queued on the device's
+// stream, after the work queued before it, and from pinned arrays returns at once; the batch's fence
+// records it (a 16-bit x is converted there after an f32 copy). On the CPU and the fenced device it is
+// a plain copy, converted as it goes.
+DeviceBatch to_device(HostBatch& batch, int64_t rows, int64_t cols, const Device& device, DType x_dtype = DType::f32);
 
 struct LoaderOptions {
   int64_t batch_size = 64;

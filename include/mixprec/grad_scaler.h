@@ -63,6 +63,13 @@ class GradScaler {
   // bounds when set) and makes every optimizer READY again.
   void update();
   void update(double new_scale);  // sets the scale (PyTorch's update(new_scale))
+  // Forgets the iteration in progress, for a loop that gives one up part-way (an OutOfMemory in
+  // backward or in step, say, before trying a smaller batch): every optimizer is READY again and no
+  // scale(loss) is pending, so the next iteration's unscale_/step are not refused as out of order.
+  // The scale and the counters are left as the last update() made them; stepped(opt) needs a new
+  // step(opt). (PyTorch has no such call:
+  // there a failed step leaves the optimizer UNSCALED or STEPPED until the next update().)
+  void reset_iteration();
 
   // The accessors below read the device (a GPU syncs), and each first throws the error of an
   // overflow at min_scale (error_at_min_scale) if one happened since the last read: update()

@@ -17,6 +17,7 @@
 #include "mixprec/error.h"
 #include "mixprec/grad_scaler.h"
 #include "mixprec/io.h"
+#include "mixprec/memory_budget.h"
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
 #include "mixprec/optim.h"

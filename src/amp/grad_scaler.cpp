@@ -21,6 +21,7 @@ namespace detail {
 int64_t unscale_and_check(const std::vector<Tensor>& params, const Tensor& scale, Tensor& found_inf, bool check_only) {
   int64_t num_grads = 0;
   std::vector<Tensor> src, dst;
+  std::vector<std::pair<Tensor, Tensor>> replaced;  // (parameter, its new f32 gradient)
   for (const Tensor& param : params) {
     Tensor p = param;
     Tensor g = p.grad();
@@ -36,12 +37,15 @@ int64_t unscale_and_check(const std::vector<Tensor>& params, const Tensor& scale
     if (!check_only && g.dtype() == DType::f16) {
       MemoryScope scope(MemCategory::gradients);
       d = Tensor::empty(g.shape(), DType::f32, g.device());
-      p.set_grad(d);
+      replaced.emplace_back(p, d);
     }
-    src.push_back(g);  // keeps a replaced f16 gradient alive until the kernel has read it
+    src.push_back(g);
     dst.push_back(d);
   }
   kernels::unscale_and_check(src, dst, scale, found_inf);
+  // Swapped in only now: an OutOfMemory above (an f32 gradient that does not fit) leaves every
+  // gradient as it was, none of them an unwritten buffer.
+  for (auto& [p, d] : replaced) p.set_grad(d);
   return num_grads;
 }
 
@@ -134,10 +138,12 @@ void GradScaler::step(optim::Optimizer& opt) {
   MIXPREC_CHECK(st.checked,
                 "GradScaler.step(): no inf checks were recorded for this optimizer (none of its "
                 "parameters has a gradient); expected scale(loss).backward() before step()");
-  st.stage = Stage::stepped;
-  kernels::count_skipped(counters_, st.found_inf);
   // Fused: the optimizer unscales as it reads; after unscale_() the gradients are real already.
   opt.step_scaled(st.found_inf, fused ? scale_ : Tensor());
+  // Only once the step has run: one that threw (OutOfMemory making the optimizer's state) leaves the
+  // stage and the skip counter as they were.
+  st.stage = Stage::stepped;
+  kernels::count_skipped(counters_, st.found_inf);
 }
 
 bool GradScaler::stepped(const optim::Optimizer& opt) const {
@@ -168,6 +174,12 @@ void GradScaler::update(double new_scale) {
                 "GradScaler.update(new_scale): new_scale must be a finite f32 number > 0, got ", new_scale);
   scale_.fill_(new_scale);
   for (auto& [opt, st] : per_opt_) st.stage = Stage::ready;
+  scaled_since_update_ = false;
+}
+
+void GradScaler::reset_iteration() {
+  // The abandoned iteration's inf checks answer nothing now: stepped(opt) needs a new step(opt).
+  for (auto& [opt, st] : per_opt_) st = OptState{};
   scaled_since_update_ = false;
 }
 

@@ -6,6 +6,8 @@
 #include "core/fenced.h"
 #include "data/transfer.h"
 #include "mixprec/allocator.h"
+#include "mixprec/autograd.h"
+#include "mixprec/convert.h"
 #include "mixprec/data.h"
 #include "mixprec/error.h"
 
@@ -65,10 +67,9 @@ void CopyFence::wait() {
   pending_ = false;
 }
 
-DeviceBatch to_device(HostBatch& batch, int64_t rows, int64_t cols, const Device& device) {
-  MIXPREC_CHECK(batch.x.size() == size_t(batch.n * rows * cols) && batch.y.size() == size_t(batch.n),
-                "to_device: a batch of ", batch.n, " images of ", rows, "x", cols, " holds ", batch.x.size(),
-                " pixels and ", batch.y.size(), " labels");
+namespace {
+
+DeviceBatch to_device_f32(HostBatch& batch, int64_t rows, int64_t cols, const Device& device) {
   MemoryScope scope(MemCategory::data);
   DeviceBatch d{Tensor::empty({batch.n, 1, rows, cols}, DType::f32, device),
                 Tensor::empty({batch.n}, DType::i64, device)};
@@ -86,6 +87,31 @@ DeviceBatch to_device(HostBatch& batch, int64_t rows, int64_t cols, const Device
   const mixprec::detail::FencedAccess access;
   if (x_bytes > 0) std::memcpy(d.x.data_ptr(), batch.x.data(), x_bytes);
   if (y_bytes > 0) std::memcpy(d.y.data_ptr(), batch.y.data(), y_bytes);
+  return d;
+}
+
+}  // namespace
+
+DeviceBatch to_device(HostBatch& batch, int64_t rows, int64_t cols, const Device& device, DType x_dtype) {
+  MIXPREC_CHECK(batch.x.size() == size_t(batch.n * rows * cols) && batch.y.size() == size_t(batch.n),
+                "to_device: a batch of ", batch.n, " images of ", rows, "x", cols, " holds ", batch.x.size(),
+                " pixels and ", batch.y.size(), " labels");
+  MIXPREC_CHECK(x_dtype == DType::f32 || x_dtype == DType::bf16 || x_dtype == DType::f16,
+                "to_device: images can be f32, bf16 or f16, not ", dtype_name(x_dtype));
+  if (x_dtype == DType::f32 || !device.is_cpu()) {
+    DeviceBatch d = to_device_f32(batch, rows, cols, device);
+    if (x_dtype != DType::f32) {
+      MemoryScope scope(MemCategory::data);
+      autograd::NoGradGuard no_grad;
+      d.x = d.x.to(x_dtype);  // on the device, after the copy (a GPU queues both)
+    }
+    return d;
+  }
+  // The CPU: converted straight from the host array, no f32 copy in between.
+  MemoryScope scope(MemCategory::data);
+  DeviceBatch d{Tensor::empty({batch.n, 1, rows, cols}, x_dtype, device), Tensor::empty({batch.n}, DType::i64, device)};
+  convert(batch.x.data(), DType::f32, d.x.data_ptr(), x_dtype, batch.x.size());
+  if (!batch.y.empty()) std::memcpy(d.y.data_ptr(), batch.y.data(), batch.y.size() * sizeof(int64_t));
   return d;
 }
 

@@ -384,65 +384,80 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
       last == share ? es : entry(gl, x.dtype(), with_bias, DType::f32, false, ConvPass::backward_weights, hold_l, true);
   if (!es || !el) return false;
   const int64_t w_count = out.weight.numel();
-  std::vector<std::vector<float>> dw(static_cast<size_t>(parts)), db(static_cast<size_t>(parts));
   const int64_t x_share = share * g.c * g.h * g.w, y_share = share * g.oc * g.oh * g.ow;
   const size_t es_bytes = dtype_size(x.dtype());
-#pragma omp parallel for num_threads(int(parts)) schedule(static, 1)
-  for (int64_t p = 0; p < parts; ++p) {
-    const ConvEntry& e = p == parts - 1 ? *el : *es;
-    static thread_local dnnl::stream strm(dnnl_engine());  // one stream per thread
+  // Every buffer of every part is allocated here, before the parallel region: an OutOfMemory cannot
+  // leave an OpenMP region (it would terminate the process), and this way it leaves the call cleanly.
+  // The f32 partial gradients are workspace bytes like the rest (one weight's size per part).
+  struct Part {
     CallState cs;
     std::unordered_map<int, memory> args;
+    std::vector<std::unique_ptr<Scratchpad>> in_pads, out_pads;  // per input/output reorder
+    std::unique_ptr<Scratchpad> pad;                             // the primitive's
+    std::vector<memory> in_user, staged;
+    WorkspaceBuffer dw, db;
+  };
+  std::vector<Part> parts_of(static_cast<size_t>(parts));
+  for (int64_t p = 0; p < parts; ++p) {
+    Part& pt = parts_of[size_t(p)];
+    const ConvEntry& e = p == parts - 1 ? *el : *es;
     const void* src[2] = {static_cast<const char*>(x.data_ptr()) + p * x_share * int64_t(es_bytes),
                           static_cast<const char*>(grad_y.data_ptr()) + p * y_share * int64_t(es_bytes)};
     for (size_t i = 0; i < 2; ++i) {
       const Operand& op = e.inputs[i];
-      memory user(op.user, dnnl_engine(), const_cast<void*>(src[i]));
-      if (!op.reorder) {
-        args[op.arg] = user;
-        continue;
-      }
-      memory prim = cs.buffer(op.prim);
-      Scratchpad pad(op.reorder_pd);
-      std::unordered_map<int, memory> rargs{{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, prim}};
-      pad.add_to(rargs);
-      op.reorder.execute(strm, rargs);
-      args[op.arg] = prim;
+      pt.in_user.emplace_back(op.user, dnnl_engine(), const_cast<void*>(src[i]));
+      pt.args[op.arg] = op.reorder ? pt.cs.buffer(op.prim) : pt.in_user.back();
+      pt.in_pads.push_back(op.reorder ? std::make_unique<Scratchpad>(op.reorder_pd) : nullptr);
     }
-    dw[size_t(p)].resize(static_cast<size_t>(w_count));
-    if (with_bias) db[size_t(p)].resize(static_cast<size_t>(g.oc));
-    std::vector<memory> staged;
+    pt.dw = WorkspaceBuffer(size_t(w_count) * sizeof(float));
+    if (with_bias) pt.db = WorkspaceBuffer(size_t(g.oc) * sizeof(float));
     for (size_t i = 0; i < e.outputs.size(); ++i) {
       const Operand& op = e.outputs[i];
-      void* dst = i == 0 ? static_cast<void*>(dw[size_t(p)].data()) : db[size_t(p)].data();
-      staged.push_back(op.reorder ? cs.buffer(op.prim) : memory(op.user, dnnl_engine(), dst));
-      args[op.arg] = staged.back();
+      pt.staged.push_back(op.reorder ? pt.cs.buffer(op.prim)
+                                     : memory(op.user, dnnl_engine(), i == 0 ? pt.dw.data() : pt.db.data()));
+      pt.args[op.arg] = pt.staged.back();
+      pt.out_pads.push_back(op.reorder ? std::make_unique<Scratchpad>(op.reorder_pd) : nullptr);
     }
-    Scratchpad pad(e.pd);
-    pad.add_to(args);
-    e.prim.execute(strm, args);
+    pt.pad = std::make_unique<Scratchpad>(e.pd);
+    pt.pad->add_to(pt.args);
+  }
+#pragma omp parallel for num_threads(int(parts)) schedule(static, 1)
+  for (int64_t p = 0; p < parts; ++p) {
+    Part& pt = parts_of[size_t(p)];
+    const ConvEntry& e = p == parts - 1 ? *el : *es;
+    static thread_local dnnl::stream strm(dnnl_engine());  // one stream per thread
+    for (size_t i = 0; i < 2; ++i) {
+      const Operand& op = e.inputs[i];
+      if (!op.reorder) continue;
+      std::unordered_map<int, memory> rargs{{DNNL_ARG_FROM, pt.in_user[i]}, {DNNL_ARG_TO, pt.args[op.arg]}};
+      pt.in_pads[i]->add_to(rargs);
+      op.reorder.execute(strm, rargs);
+    }
+    e.prim.execute(strm, pt.args);
     for (size_t i = 0; i < e.outputs.size(); ++i) {
       const Operand& op = e.outputs[i];
       if (!op.reorder) continue;
-      void* dst = i == 0 ? static_cast<void*>(dw[size_t(p)].data()) : db[size_t(p)].data();
-      Scratchpad rpad(op.reorder_pd);
-      std::unordered_map<int, memory> rargs{{DNNL_ARG_FROM, staged[i]},
+      void* dst = i == 0 ? pt.dw.data() : pt.db.data();
+      std::unordered_map<int, memory> rargs{{DNNL_ARG_FROM, pt.staged[i]},
                                             {DNNL_ARG_TO, memory(op.user, dnnl_engine(), dst)}};
-      rpad.add_to(rargs);
+      pt.out_pads[i]->add_to(rargs);
       op.reorder.execute(strm, rargs);
     }
   }
   // Sum the partials in part order (deterministic), round once into the gradients' dtype.
+  float* dw0 = static_cast<float*>(parts_of[0].dw.data());
+  float* db0 = static_cast<float*>(parts_of[0].db.data());
   for (int64_t p = 1; p < parts; ++p) {
-    float* acc = dw[0].data();
-    const float* add = dw[size_t(p)].data();
+    const float* add = static_cast<const float*>(parts_of[size_t(p)].dw.data());
 #pragma omp parallel for schedule(static) if (w_count > (1 << 16))
-    for (int64_t i = 0; i < w_count; ++i) acc[i] += add[i];
-    if (with_bias)
-      for (int64_t i = 0; i < g.oc; ++i) db[0][size_t(i)] += db[size_t(p)][size_t(i)];
+    for (int64_t i = 0; i < w_count; ++i) dw0[i] += add[i];
+    if (with_bias) {
+      const float* add_b = static_cast<const float*>(parts_of[size_t(p)].db.data());
+      for (int64_t i = 0; i < g.oc; ++i) db0[i] += add_b[i];
+    }
   }
-  convert(dw[0].data(), DType::f32, out.weight.data_ptr(), out.weight.dtype(), size_t(w_count));
-  if (with_bias) convert(db[0].data(), DType::f32, out.bias.data_ptr(), out.bias.dtype(), size_t(g.oc));
+  convert(dw0, DType::f32, out.weight.data_ptr(), out.weight.dtype(), size_t(w_count));
+  if (with_bias) convert(db0, DType::f32, out.bias.data_ptr(), out.bias.dtype(), size_t(g.oc));
   return true;
 }
 

@@ -46,6 +46,13 @@ class WorkspaceBuffer {
   ~WorkspaceBuffer();
   WorkspaceBuffer(const WorkspaceBuffer&) = delete;
   WorkspaceBuffer& operator=(const WorkspaceBuffer&) = delete;
+  WorkspaceBuffer(WorkspaceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  WorkspaceBuffer& operator=(WorkspaceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
   void* data() const { return ptr_; }
   size_t bytes() const { return bytes_; }
 
