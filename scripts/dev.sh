@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=$(nproc)
 
-packages=(g++ cmake ninja-build libdnnl-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libgtest-dev dataset-fashion-mnist
+packages=(g++ cmake ninja-build libdnnl-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libgtest-dev dataset-fashion-mnist
   clang-format-14 clang-tidy-14 libomp-14-dev # libomp-14-dev: omp.h where clang-tidy looks for it
   clang-14 libclang-rt-14-dev) # the fuzz targets: clang's libFuzzer and sanitizer runtimes
 # bench compares with PyTorch; test checks checkpoints both ways with it (ctest interop.pytorch).
