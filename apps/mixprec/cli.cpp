@@ -160,7 +160,10 @@ CLI::Option* Command::add(const std::string& name, const std::string& value_name
                           const std::string& default_text) {
   std::string desc = help;
   if (!default_text.empty()) desc += " (default: " + default_text + ")";
-  CLI::Option* o = app_->add_option("--" + name);
+  // "o,out": -o and --out, named out.
+  const size_t comma = name.find(',');
+  CLI::Option* o = app_->add_option(
+      comma == std::string::npos ? "--" + name : "-" + name.substr(0, comma) + ",--" + name.substr(comma + 1));
   o->description(wrap(desc))
       ->type_name(value_name)
       ->expected(1)
@@ -372,9 +375,10 @@ int run_main(int argc, char** argv, const std::vector<CommandDef>& commands, con
     // Ours: "--out FILE is required", the flag with its value's name.
     std::string msg = e.what();
     for (const auto& c : cmds)
-      for (const CLI::Option* o : c->app()->get_options())
-        if (msg == o->get_name() + " is required" && !o->get_type_name().empty())
-          msg = o->get_name() + " " + o->get_type_name() + " is required";
+      if (c->name() == first)
+        for (const CLI::Option* o : c->app()->get_options())
+          if (msg == o->get_name() + " is required" && !o->get_type_name().empty())
+            msg = o->get_name() + " " + o->get_type_name() + " is required";
     std::fprintf(stderr, "%s: error: %s\n", prefix.c_str(), msg.c_str());
     return 1;
   } catch (const CLI::ArgumentMismatch& e) {
