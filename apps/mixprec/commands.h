@@ -13,6 +13,8 @@ std::function<int()> declare_export(Command& c);
 std::function<int()> declare_bench(Command& c);
 std::function<int()> declare_devices(Command& c);
 std::function<int()> declare_sample(Command& c);
+std::function<int()> declare_compare(Command& c);
+std::function<int()> declare_plot(Command& c);
 
 // What `eval` of a gpt checkpoint takes beyond eval's image flags (sample.cpp).
 struct GptEvalFlags {

@@ -15,6 +15,12 @@ int main(int argc, char** argv) {
       {"export", "a checkpoint's model tensors alone, in safetensors, for PyTorch and other tools", declare_export},
       {"sample", "text from a gpt checkpoint", declare_sample},
       {"bench", "time training steps on synthetic data, print one JSON object", declare_bench},
+      {"compare",
+       "the same training run in each of --precisions, one after the other: one table of accuracy, time, "
+       "speed-up, peak memory and skipped steps (--out DIR: the runs' metrics and a chart)",
+       declare_compare},
+      {"plot", "the chart of training loss, test accuracy (or validation loss) and loss scale of train --metrics files",
+       declare_plot},
       {"devices", "this machine's CPU features and GPUs (`mixprec --version`: is CUDA built in)", declare_devices},
   };
   return run_main(argc, argv, commands, version_text());
