@@ -1,6 +1,6 @@
 // Example: save a training run (model, optimizer, loss scaler, dropout generator) to one
 // safetensors file and continue it in a fresh process state, with the same numbers.
-//   build/example_checkpoint [FILE]     (default /tmp/mixprec_example.st)
+//   example_checkpoint [FILE]     (default mixprec_example.st, in the current directory)
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -45,7 +45,7 @@ struct Run {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string path = argc > 1 ? argv[1] : "/tmp/mixprec_example.st";
+  const std::string path = argc > 1 ? argv[1] : "mixprec_example.st";
   try {
     Run a;
     for (int k = 0; k < 5; ++k) a.step(k);

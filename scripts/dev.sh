@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One entry point on a fresh Debian 12 machine: installs what is missing, builds, then runs.
 #   scripts/dev.sh train [mixprec train flags]   set up, build, train on Fashion-MNIST
-#   scripts/dev.sh test                          set up, build, run every check: the Release suite, clang-format,
+#   scripts/dev.sh test                          set up, build, run every check: the Release suite, the installed
+#                                                package (examples/ built against it), clang-format,
 #                                                clang-tidy, the threaded tests under TSan, the suite under ASan/UBSan,
 #                                                libFuzzer on the file readers (MIXPREC_FUZZ_SECONDS per target, 30)
 #   scripts/dev.sh bench [compare.py flags]      set up (plus python3-torch), build, compare with PyTorch
@@ -11,7 +12,10 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=$(nproc)
 
-packages=(g++ cmake ninja-build libdnnl-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libgtest-dev dataset-fashion-mnist
+packages=(g++ cmake ninja-build libdnnl-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libgtest-dev dataset-fashion-mnist
+  libcli11-dev # the CLI's flags (apps/mixprec/cli.cpp)
+  gnuplot-nox # the chart of compare and plot (and its test)
+  pkg-config  # test: the examples built against the installed mixprec.pc
   clang-format-14 clang-tidy-14 libomp-14-dev # libomp-14-dev: omp.h where clang-tidy looks for it
   clang-14 libclang-rt-14-dev) # the fuzz targets: clang's libFuzzer and sanitizer runtimes
 # bench compares with PyTorch; test checks checkpoints both ways with it (ctest interop.pytorch).
@@ -124,6 +128,48 @@ fuzz_suite() {
   return $status
 }
 
+# The installed package as a user gets it: build/ (built by release) installed into a temporary
+# prefix, no second library build; examples/ built against it as a project of its own
+# (find_package(mixprec), CMAKE_PREFIX_PATH) and with `pkg-config --cflags --libs mixprec`, and every
+# example run from both builds. The prefix must hold only the headers, the library, its CMake
+# package, mixprec.pc and the CLI. Cleans up. (The shared library: docs/install.md, by hand.)
+install_check() {
+  local tmp status=0
+  release || return 1
+  tmp=$(mktemp -d)
+  install_and_build_examples "$tmp" || status=1
+  rm -rf "$tmp"
+  return $status
+}
+install_and_build_examples() {
+  local tmp=$1 f name extra flags
+  quiet "$tmp/install.log" cmake --install "$root/build" --prefix "$tmp/prefix" || return 1
+  extra=$( (cd "$tmp/prefix" && find . -type f -o -type l) | sed 's|^\./||' |
+    grep -Ev '^(include/mixprec/[a-z_0-9]+\.h|lib/libmixprec\.(a|so[.0-9]*)|lib/cmake/mixprec/mixprec[A-Za-z-]*\.cmake|lib/pkgconfig/mixprec\.pc|bin/mixprec)$')
+  [ -z "$extra" ] || { echo "install: unexpected files in the prefix: ${extra//$'\n'/ }" >&2 && return 1; }
+  # CMake: a project of its own that finds the package.
+  quiet "$tmp/configure.log" cmake -S "$root/examples" -B "$tmp/cmake" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+    -DCMAKE_BUILD_TYPE=Release || return 1
+  cmake --build "$tmp/cmake" -j "$jobs" || return 1
+  (cd "$tmp/cmake" && ctest --output-on-failure) || return 1  # one at a time: each runs on every core
+  # pkg-config: one compiler line per example; each run from an empty directory (they write only there).
+  flags=$(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs mixprec) || return 1
+  mkdir -p "$tmp/pc"
+  for f in "$root"/examples/*.cpp; do
+    name=$(basename "$f" .cpp)
+    # shellcheck disable=SC2086 # $flags is a list of flags
+    g++ -O2 "$f" -o "$tmp/pc/example_$name" $flags || return 1
+    (cd "$tmp/pc" && quiet "$name.log" "./example_$name") || { echo "install: example_$name (pkg-config build) failed" >&2 && return 1; }
+  done
+  echo "install: examples/ built against the installed package and run, with CMake and with pkg-config ($flags)"
+}
+# quiet LOG COMMAND...: COMMAND's output goes to LOG, shown only when it fails.
+quiet() {
+  local log=$1
+  shift
+  "$@" >"$log" 2>&1 || { cat "$log" >&2 && return 1; }
+}
+
 # part NAME COMMAND...: runs one part of `test`, timed; a failure is recorded, the next part runs.
 failed=()
 times=()
@@ -149,6 +195,7 @@ case "$cmd" in
     # Every part runs (one report shows every problem); the command fails if any part failed.
     part format scripts/lint.sh format
     part release-suite release_suite
+    part install install_check
     part tidy scripts/lint.sh tidy "$root/build" # reads build/compile_commands.json
     part tsan tsan_suite
     part asan-suite asan_suite

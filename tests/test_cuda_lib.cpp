@@ -336,6 +336,19 @@ TEST_P(CudaNorm, BatchAndLayerNormMatchTheReference) {
   EXPECT_TRUE(agree_within_bound(host(lgot.x), lwant.x, 2 * cols, 2, "layer_norm grad x"));
   EXPECT_TRUE(agree_within_bound(host(lgot.weight), lwant.weight, 2 * shape[0], 1, "layer_norm grad weight"));
   EXPECT_TRUE(agree_within_bound(host(lgot.bias), lwant.bias, shape[0], 0, "layer_norm grad bias"));
+  if (t != DType::f32) return;
+  // What layer norm saves under 16-bit autocast: x̂ in bf16 from the forward, and the backward from
+  // it (no mean), GPU against CPU.
+  Tensor xm, xr, xm_g, xr_g;
+  const Tensor xh = Tensor::empty(x2.shape(), DType::bf16), xh_g = Tensor::empty(x2.shape(), DType::bf16, kGpu);
+  (void)kernels::layer_norm_forward(x2, lw, lb, 1e-5, xm, xr, xh);
+  (void)kernels::layer_norm_forward(x2.to(kGpu), lw.to(kGpu), lb.to(kGpu), 1e-5, xm_g, xr_g, xh_g);
+  EXPECT_TRUE(agree_within_bound(host(xh_g), xh, 2 * cols, 2, "layer_norm x̂"));
+  const kernels::NormGrads hwant = kernels::layer_norm_backward(gy2, xh, Tensor(), xr, lw, true, true, true);
+  const kernels::NormGrads hgot =
+      kernels::layer_norm_backward(gy2.to(kGpu), xh.to(kGpu), Tensor(), xr.to(kGpu), lw.to(kGpu), true, true, true);
+  EXPECT_TRUE(agree_within_bound(host(hgot.x), hwant.x, 2 * cols, 2, "layer_norm grad x from x̂"));
+  EXPECT_TRUE(agree_within_bound(host(hgot.weight), hwant.weight, 2 * shape[0], 1, "layer_norm grad weight from x̂"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, CudaNorm, ::testing::ValuesIn(if_gpu([] {

@@ -3,11 +3,15 @@
 // against the reference in f32/bf16/f16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "conv_test_util.h"
 #include "gradcheck.h"
+#include "kernels/norm.h"
+#include "mixprec/allocator.h"
 #include "mixprec/autocast.h"
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
@@ -241,6 +245,123 @@ TEST(NormFast, LayerNormAffineMatchesReference) {
       EXPECT_TRUE(convtest::close(
           fast[i], ref[i], [&](size_t k) { return 2 * convtest::ulp_of(ref[i].dtype(), r[k]) + 1e-4; },
           "layer_norm output " + std::to_string(i)));
+    }
+  }
+}
+
+// ---- layer norm's saved x̂ (what autocast keeps for backward instead of the f32 input) ----
+
+// The forward's x̂ output, rounded once to its dtype, and the backward from x̂ (no mean) equal to
+// the backward from x, in the reference and the fast kernel.
+TEST(NormKernels, LayerNormXhatOutputAndBackwardFromXhat) {
+  Generator g(21);
+  const int64_t rows = 37, cols = 64;
+  const Tensor x = convtest::rand(g, {rows, cols}, DType::f32, -2, 3), gy = convtest::rand(g, {rows, cols}, DType::f32);
+  const Tensor w = convtest::rand(g, {cols}, DType::f32, 0.5, 1.5), b = convtest::rand(g, {cols}, DType::f32);
+  // x̂ in f64 from the f64 reference's statistics.
+  Tensor m64, r64;
+  const Tensor x64 = x.to(DType::f64);
+  (void)kernels::ref::layer_norm_forward(x64, w, b, 1e-5, m64, r64, Tensor());
+  const std::vector<double> xv = x64.to_vector_f64(), mv = m64.to_vector_f64(), rv = r64.to_vector_f64();
+  std::vector<double> want(xv.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j)
+      want[size_t(r * cols + j)] = (xv[size_t(r * cols + j)] - mv[size_t(r)]) * rv[size_t(r)];
+  const Tensor want_t = Tensor::from_vector(want, {rows, cols}, DType::f64);
+  for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu})
+    for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+      SCOPED_TRACE(std::string(be == kernels::Backend::ref ? "ref " : "cpu ") + std::string(dtype_name(t)));
+      BackendGuard guard(be);
+      Tensor mean, rstd;
+      const Tensor xhat = Tensor::empty({rows, cols}, t);
+      const Tensor y = kernels::layer_norm_forward(x, w, b, 1e-5, mean, rstd, xhat);
+      // Rounded once (half an ulp), plus the f32 compute of the fast kernel: a few f32 ulps of |x̂| <= 8.
+      EXPECT_TRUE(convtest::close(
+          xhat.to(DType::f64), want_t,
+          [&](size_t i) { return convtest::ulp_of(t, want[i]) / 2 + 8 * 8 * convtest::kU32; }, "x̂"));
+      // The same y as without x̂.
+      Tensor mean2, rstd2;
+      EXPECT_TRUE(convtest::close(
+          kernels::layer_norm_forward(x, w, b, 1e-5, mean2, rstd2), y, [](size_t) { return 0.0; }, "y unchanged"));
+      if (t != DType::f32) continue;
+      // Backward from the f32 x̂ (mean undefined) against backward from x: the same formula, so the
+      // same values up to the f32 rounding of x̂ (relative 2^-24 on terms of size |g| |x̂| <= 8 |g|).
+      const kernels::NormGrads from_x = kernels::layer_norm_backward(gy, x, mean, rstd, w, true, true, true);
+      const kernels::NormGrads from_xhat = kernels::layer_norm_backward(gy, xhat, Tensor(), rstd, w, true, true, true);
+      const double rmax = *std::max_element(rv.begin(), rv.end());
+      EXPECT_TRUE(convtest::close(
+          from_xhat.x, from_x.x, [&](size_t) { return rmax * 64 * 8 * convtest::kU32; }, "gx"));
+      EXPECT_TRUE(convtest::close(
+          from_xhat.weight, from_x.weight, [&](size_t) { return rows * 16 * convtest::kU32; }, "gw"));
+      EXPECT_TRUE(convtest::close(
+          from_xhat.bias, from_x.bias, [](size_t) { return 0.0; }, "gb"));
+    }
+}
+
+// Under 16-bit autocast, layer norm saves x̂ in that dtype, not its f32 input: the forward keeps
+// half the bytes of an f32 input that nothing else holds, and the gradients stay within the bound
+// that rounding x̂ once allows (first order in the unit roundoff u) of the f64 gradients.
+TEST(NormAutocast, LayerNormSavesXhatIn16BitsWithinItsBound) {
+  Generator g(22);
+  const int64_t rows = 64, cols = 128;  // 64 rows x 128 f32 = 32 KiB: whole 64-byte blocks
+  const Tensor x0 = convtest::rand(g, {rows, cols}, DType::f32, -2, 3),
+               gy = convtest::rand(g, {rows, cols}, DType::f32);
+  const Tensor w0 = convtest::rand(g, {cols}, DType::f32, 0.5, 1.5), b0 = convtest::rand(g, {cols}, DType::f32);
+  for (DType t : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu}) {
+      BackendGuard guard(be);
+      Tensor xl = x0.clone().set_requires_grad(), wl = w0.clone().set_requires_grad(),
+             bl = b0.clone().set_requires_grad();
+      int64_t kept_autocast = 0, kept_f32 = 0;
+      for (bool autocast : {false, true}) {
+        std::optional<amp::Autocast> ac;
+        if (autocast) ac.emplace(t);
+        Tensor y;
+        const int64_t before = allocator::stats().live_total;
+        {
+          const Tensor h = ops::neg(ops::neg(xl));  // an intermediate: only the norm's saved tensors can keep it
+          y = ops::layer_norm(h, {cols}, wl, bl);
+        }
+        (autocast ? kept_autocast : kept_f32) = allocator::stats().live_total - before - int64_t(y.nbytes());
+      }
+      // The f32 input (4 bytes an element) and its f32 row means against x̂ (2 bytes): backward
+      // from x̂ needs no mean. Both keep rstd.
+      EXPECT_EQ(kept_f32 - kept_autocast, rows * cols * 2 + rows * 4) << "bytes kept beside y";
+      Tensor y;
+      {
+        amp::Autocast ac(t);
+        y = ops::layer_norm(xl, {cols}, wl, bl);
+      }
+      y.backward(gy);
+      // f64 reference gradients and the first-order bound of a relative error u in each x̂.
+      Tensor m, rs;
+      const Tensor x64 = x0.to(DType::f64), gy64 = gy.to(DType::f64), w64 = w0.to(DType::f64);
+      (void)kernels::ref::layer_norm_forward(x64, w64, b0.to(DType::f64), 1e-5, m, rs, Tensor());
+      const kernels::NormGrads want = kernels::ref::layer_norm_backward(gy64, x64, m, rs, w64, true, true, true);
+      const std::vector<double> xv = x64.to_vector_f64(), gv = gy64.to_vector_f64(), wv = w64.to_vector_f64(),
+                                mv = m.to_vector_f64(), rv = rs.to_vector_f64();
+      const double u = convtest::ulp_of(t, 1.0);  // twice the unit roundoff: slack for the f32 compute
+      std::vector<double> bx(xv.size()), bw(size_t(cols), 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        double mean_gx = 0, mean_abs = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          const size_t k = size_t(r * cols + j);
+          const double xh = (xv[k] - mv[size_t(r)]) * rv[size_t(r)], gg = gv[k] * wv[size_t(j)];
+          mean_gx += gg * xh / double(cols);
+          mean_abs += std::abs(gg * xh) / double(cols);
+          bw[size_t(j)] += std::abs(gv[k] * xh) * u + 1e-6;
+        }
+        for (int64_t j = 0; j < cols; ++j) {
+          const size_t k = size_t(r * cols + j);
+          const double xh = (xv[k] - mv[size_t(r)]) * rv[size_t(r)];
+          bx[k] = rv[size_t(r)] * (u * std::abs(xh) * (std::abs(mean_gx) + mean_abs) + 1e-5);
+        }
+      }
+      EXPECT_TRUE(convtest::close(
+          xl.grad().to(DType::f64), want.x, [&](size_t i) { return bx[i]; }, "grad x"));
+      EXPECT_TRUE(convtest::close(
+          wl.grad().to(DType::f64), want.weight, [&](size_t i) { return bw[i]; }, "grad weight"));
     }
   }
 }

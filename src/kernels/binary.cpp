@@ -25,15 +25,20 @@ void add_inplace(Tensor& acc, const Tensor& g) {
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const DeviceScope on({&a, &b});
-  MIXPREC_ASSERT(a.dtype() == b.dtype(), "binary op on ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+  MIXPREC_ASSERT(is_floating(a.dtype()) && is_floating(b.dtype()), "binary op on ", dtype_name(a.dtype()), " and ",
+                 dtype_name(b.dtype()));
+  // Mixed dtypes compute in the promoted one. The fast CPU kernel reads each operand in its own
+  // dtype; the others take the narrower operand cast first (exact), which is the definition.
+  const DType t = promote_floating(a.dtype(), b.dtype());
+  auto widened = [t](const Tensor& x) { return x.dtype() == t ? x : cast(x, t); };
 #ifdef MIXPREC_WITH_CUDA
-  if (on.cuda()) return cuda::binary(op, a, b);
+  if (on.cuda()) return cuda::binary(op, widened(a), widened(b));
 #endif
   if (use_fast()) {
-    Tensor dst = Tensor::empty(broadcast_shapes(a.shape(), b.shape(), "binary op"), a.dtype());
+    Tensor dst = Tensor::empty(broadcast_shapes(a.shape(), b.shape(), "binary op"), t);
     if (cpu::binary(op, a, b, dst)) return dst;
   }
-  return ref::binary(op, a, b);
+  return ref::binary(op, widened(a), widened(b));
 }
 
 }  // namespace mixprec::kernels

@@ -41,16 +41,16 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
 }
 
 Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
-                          Tensor& rstd) {
-  const DeviceScope on({&x, &weight, &bias, &mean, &rstd});
+                          Tensor& rstd, const Tensor& xhat) {
+  const DeviceScope on({&x, &weight, &bias, &mean, &rstd, &xhat});
 #ifdef MIXPREC_WITH_CUDA
-  if (on.cuda()) return cuda::layer_norm_forward(x, weight, bias, eps, mean, rstd);
+  if (on.cuda()) return cuda::layer_norm_forward(x, weight, bias, eps, mean, rstd, xhat);
 #endif
   if (use_fast()) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
-    if (cpu::layer_norm_forward(x, weight, bias, eps, mean, rstd, dst)) return dst;
+    if (cpu::layer_norm_forward(x, weight, bias, eps, mean, rstd, xhat, dst)) return dst;
   }
-  return ref::layer_norm_forward(x, weight, bias, eps, mean, rstd);
+  return ref::layer_norm_forward(x, weight, bias, eps, mean, rstd, xhat);
 }
 
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,

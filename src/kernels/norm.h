@@ -21,9 +21,14 @@ Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& inv
 // training: mean/invstd are the batch's, so grad_x includes their dependence on x.
 NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                               const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias);
-// x [rows, cols]: mean/rstd [rows] (outputs), y in x's dtype.
+// x [rows, cols]: mean/rstd [rows] (outputs), y in x's dtype. With `xhat` defined (a contiguous
+// [rows, cols] tensor the caller allocated, of any floating dtype) the kernel also writes the
+// normalised input x̂ = (x - mean) * rstd into it, rounded once to its dtype: what autocast's layer
+// norm saves for backward instead of its f32 input (ops/norm.cpp).
 Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
-                          Tensor& rstd);
+                          Tensor& rstd, const Tensor& xhat = Tensor());
+// With `mean` undefined, `x` holds x̂ itself (layer_norm_forward's `xhat`), and rstd only scales
+// grad_x; grad_x is in grad_y's dtype.
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& weight, bool need_x, bool need_weight, bool need_bias);
 
@@ -40,7 +45,7 @@ Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& inv
 NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                               const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias);
 Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
-                          Tensor& rstd);
+                          Tensor& rstd, const Tensor& xhat);
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& weight, bool need_x, bool need_weight, bool need_bias);
 Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype);
@@ -55,7 +60,7 @@ bool batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
                          const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias,
                          NormGrads& out);
 bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
-                        Tensor& rstd, Tensor& dst);
+                        Tensor& rstd, const Tensor& xhat, Tensor& dst);
 bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                          const Tensor& weight, bool need_x, bool need_weight, bool need_bias, NormGrads& out);
 }  // namespace cpu
@@ -68,7 +73,7 @@ Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& inv
 NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                               const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias);
 Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
-                          Tensor& rstd);
+                          Tensor& rstd, const Tensor& xhat);
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& weight, bool need_x, bool need_weight, bool need_bias);
 Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype);

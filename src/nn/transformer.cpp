@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"
 #include "mixprec/random.h"
@@ -90,9 +91,22 @@ Block::Block(const GPTConfig& c) {
   register_module("mlp", mlp);
 }
 
+// A norm's output as its branch reads it. Under autocast the branch's first op is a Linear, which
+// casts its f32 input to the autocast dtype: cast here instead, to the same values, so that the
+// f32 copy dies before the branch runs rather than at the end of the expression (in amp-bf16 at
+// d_model 128 that is 512 bytes a token of the forward's peak: docs/transformer.md, Memory).
+static Tensor branch_input(const Tensor& normed) {
+  const DeviceType t = normed.device().type;
+  if (!amp::is_autocast_enabled(t) || normed.dtype() != DType::f32) return normed;
+  return normed.to(amp::autocast_dtype(t));
+}
+
 Tensor Block::forward(const Tensor& x) {
-  const Tensor h = ops::add(x, (*attn)((*ln_1)(x)));
-  return ops::add(h, (*mlp)((*ln_2)(h)));
+  // One statement each: a temporary lives to the end of its full expression.
+  const Tensor a = branch_input((*ln_1)(x));
+  const Tensor h = ops::add(x, (*attn)(a));
+  const Tensor m = branch_input((*ln_2)(h));
+  return ops::add(h, (*mlp)(m));
 }
 
 GPT::GPT(const GPTConfig& c) : config_(c) {

@@ -86,19 +86,31 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   const Tensor x2 = kernels::contig(x.detach()).reshape({rows, cols});
   const Tensor wd = w.defined() ? w.detach() : Tensor(), bd = b.defined() ? b.detach() : Tensor();
   Tensor mean, rstd;
-  Tensor out = kernels::layer_norm_forward(x2, wd, bd, eps, mean, rstd).reshape(x.shape());
+  // Under autocast with a 16-bit dtype the norm computes in f32, as its class says, but saves for
+  // backward the normalised input x̂ in that dtype (written by the forward kernel) instead of its
+  // f32 input: in a pre-norm transformer those inputs are the f32 residual stream, the largest
+  // activations autocast keeps in f32. x̂ is rounded once (a relative 2^-9 in bf16, 2^-11 in fp16,
+  // the rounding the following 16-bit matmul applies to the norm's output anyway), and backward
+  // needs no mean: docs/design.md, "Layer norm under autocast".
+  const DeviceType dev = x.device().type;
+  const bool save_xhat = x.dtype() == DType::f32 && amp::is_autocast_enabled(dev) &&
+                         is_half(amp::autocast_dtype(dev)) && autograd::grad_enabled() &&
+                         autograd::any_requires_grad({x, w, b});
+  const Tensor xhat = save_xhat ? Tensor::empty({rows, cols}, amp::autocast_dtype(dev), x.device()) : Tensor();
+  Tensor out = kernels::layer_norm_forward(x2, wd, bd, eps, mean, rstd, xhat).reshape(x.shape());
   const Shape x_shape = x.shape();
+  const Tensor saved_x = save_xhat ? xhat : x2, saved_mean = save_xhat ? Tensor() : mean;
   return autograd::record(out, "layer_norm", {x, w, b},
                           [=](const Tensor& gy, const autograd::Node& n) {
-                            kernels::NormGrads g =
-                                kernels::layer_norm_backward(kernels::contig(gy).reshape({rows, cols}), x2, mean, rstd,
-                                                             wd, n.needs_grad(0), n.needs_grad(1), n.needs_grad(2));
+                            kernels::NormGrads g = kernels::layer_norm_backward(
+                                kernels::contig(gy).reshape({rows, cols}), saved_x, saved_mean, rstd, wd,
+                                n.needs_grad(0), n.needs_grad(1), n.needs_grad(2));
                             if (g.x.defined()) g.x = g.x.reshape(x_shape);
                             if (g.weight.defined()) g.weight = g.weight.reshape(normalized_shape);
                             if (g.bias.defined()) g.bias = g.bias.reshape(normalized_shape);
                             return std::vector<Tensor>{g.x, g.weight, g.bias};
                           },
-                          {x2, wd});
+                          {save_xhat ? Tensor() : x2, wd});
 }
 
 }  // namespace mixprec::ops

@@ -1,6 +1,8 @@
 // Shape and dtype ops (autocast class keep): reshape/flatten/transpose/slice/expand (views where
 // possible), contiguous, cast; and cat (class promote: mixed floating dtypes go to the widest,
 // inside autocast or not, as in PyTorch).
+#include <optional>
+
 #include "ops/common.h"
 
 namespace mixprec::ops {
@@ -13,6 +15,35 @@ static Tensor make_view(const Tensor& x, Shape shape, Shape strides, int64_t off
   impl->offset = offset;
   impl->dtype = x.dtype();
   return Tensor(std::move(impl));
+}
+
+// The strides that show x's elements, in order, as `shape` without a copy, or nothing where none
+// do (ATen's computeStride): x's dimensions are grouped into chunks that are contiguous among
+// themselves, and each chunk must map to whole dimensions of `shape`.
+static std::optional<Shape> view_strides(const Tensor& x, const Shape& shape) {
+  const Shape &old_shape = x.shape(), &old_strides = x.strides();
+  if (x.numel() == 0 || old_shape.empty()) return contiguous_strides(shape);
+  Shape strides(shape.size(), 1);
+  int64_t view_d = int64_t(shape.size()) - 1;
+  int64_t chunk_stride = old_strides.back(), tensor_numel = 1, view_numel = 1;
+  for (int64_t d = int64_t(old_shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= old_shape[size_t(d)];
+    // The chunk ends at d where dimension d - 1 does not continue it.
+    if (d == 0 || (old_shape[size_t(d - 1)] != 1 && old_strides[size_t(d - 1)] != tensor_numel * chunk_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || shape[size_t(view_d)] == 1)) {
+        strides[size_t(view_d)] = view_numel * chunk_stride;
+        view_numel *= shape[size_t(view_d)];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (d > 0) {
+        chunk_stride = old_strides[size_t(d - 1)];
+        tensor_numel = view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return strides;
 }
 
 Tensor reshape(const Tensor& x, const Shape& shape_in) {
@@ -37,8 +68,11 @@ Tensor reshape(const Tensor& x, const Shape& shape_in) {
   // Same shape: the tensor itself (no node), so an op that reshapes its result to the shape it
   // already has (linear on 2-d input) is the op anomaly mode names, not "reshape".
   if (shape == x.shape()) return x;
-  Tensor src = x.is_contiguous() ? x : x.contiguous();
-  Tensor out = make_view(src, shape, contiguous_strides(shape), src.offset());
+  // A view wherever x's strides allow one (a slice of a contiguous tensor split or merged along
+  // dimensions it keeps whole, as q/k/v of a fused projection are), else a contiguous copy.
+  const std::optional<Shape> strides = view_strides(x, shape);
+  Tensor src = strides || x.is_contiguous() ? x : x.contiguous();
+  Tensor out = make_view(src, shape, strides ? *strides : contiguous_strides(shape), src.offset());
   const Shape& in_shape = src.shape();  // the lambda keeps a copy
   return autograd::record(out, "reshape", {src}, [in_shape](const Tensor& g, const autograd::Node&) {
     return std::vector<Tensor>{kernels::contig(g).reshape(in_shape)};

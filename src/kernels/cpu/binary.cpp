@@ -34,8 +34,10 @@ void binary_loop(const float* a, const float* b, float* d, int64_t n, int64_t a_
 // Supports: same shape contiguous; one operand contiguous and the other a contiguous suffix of
 // its shape (a bias row or a scalar) broadcast over the leading dims.
 bool binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& dst) {
-  const DType t = a.dtype();
-  if (!f32_compute(t) || b.dtype() != t || dst.dtype() != t) return false;
+  // Each operand is read in its own dtype (a mixed pair computes in f32, as after casting the
+  // narrower one: the widening is exact); dst is in the promoted dtype.
+  const DType ta = a.dtype(), tb = b.dtype(), t = dst.dtype();
+  if (!f32_compute(ta) || !f32_compute(tb) || t != promote_floating(ta, tb)) return false;
   if (!a.is_contiguous() || !b.is_contiguous() || !dst.is_contiguous()) return false;
   const int64_t n = dst.numel();
   auto suffix_of = [&](const Tensor& x) -> int64_t {  // period if x broadcasts as a suffix row, else -1
@@ -55,14 +57,14 @@ bool binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& dst) {
   // A broadcast operand is converted to f32 once, whole; full operands block by block.
   auto whole = [&](const Tensor& x, int64_t mod) {
     std::vector<float> v(static_cast<size_t>(mod));
-    if (mod) load_f32(x.data_ptr(), t, 0, mod, v.data());
+    if (mod) load_f32(x.data_ptr(), x.dtype(), 0, mod, v.data());
     return v;
   };
   const std::vector<float> ra = whole(a, a_mod), rb = whole(b, b_mod);
   for_blocks(n, [&](int64_t begin, int64_t len) {
     float xa[kBlock], xb[kBlock], bd[kBlock];
-    const float* pa = a_mod ? ra.data() : in_f32(a.data_ptr(), t, begin, len, xa);
-    const float* pb = b_mod ? rb.data() : in_f32(b.data_ptr(), t, begin, len, xb);
+    const float* pa = a_mod ? ra.data() : in_f32(a.data_ptr(), ta, begin, len, xa);
+    const float* pb = b_mod ? rb.data() : in_f32(b.data_ptr(), tb, begin, len, xb);
     float* xd = out_f32(dst.data_ptr(), t, begin, bd);
     const int64_t oa = a_mod ? begin % a_mod : 0, ob = b_mod ? begin % b_mod : 0;
     switch (op) {

@@ -192,14 +192,15 @@ bool batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
 }
 
 bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
-                        Tensor& rstd, Tensor& dst) {
-  if (!usable(x) || !usable(weight) || !usable(bias)) return false;
+                        Tensor& rstd, const Tensor& xhat, Tensor& dst) {
+  if (!usable(x) || !usable(weight) || !usable(bias) || !usable(xhat)) return false;
+  Tensor xhat_dst = xhat;  // shares xhat's storage
   const int64_t rows = x.size(0), cols = x.size(1);
   const std::vector<float> w = values_or(weight, cols, 1.f), b = values_or(bias, cols, 0.f);
   std::vector<float> m(static_cast<size_t>(rows)), rs(static_cast<size_t>(rows));
 #pragma omp parallel
   {
-    std::vector<float> in, out(static_cast<size_t>(cols));
+    std::vector<float> in, out(static_cast<size_t>(cols)), xh(xhat.defined() ? size_t(cols) : 0);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const float* src = in_f32(x, r * cols, cols, in);
@@ -210,6 +211,10 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
       const float inv = float(1.0 / std::sqrt(ss / double(cols) + eps));
       for (int64_t j = 0; j < cols; ++j) out[size_t(j)] = (src[j] - mu) * inv * w[size_t(j)] + b[size_t(j)];
       store_f32(dst, r * cols, cols, out.data());
+      if (!xh.empty()) {
+        for (int64_t j = 0; j < cols; ++j) xh[size_t(j)] = (src[j] - mu) * inv;
+        store_f32(xhat_dst, r * cols, cols, xh.data());
+      }
       m[size_t(r)] = mu;
       rs[size_t(r)] = inv;
     }
@@ -221,9 +226,14 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 
 bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                          const Tensor& weight, bool need_x, bool need_weight, bool need_bias, NormGrads& out) {
-  if (!usable(grad_y) || !usable(x) || !usable(weight) || mean.dtype() != DType::f32) return false;
+  if (!usable(grad_y) || !usable(x) || !usable(weight) || rstd.dtype() != DType::f32 ||
+      (mean.defined() && mean.dtype() != DType::f32))
+    return false;
   const int64_t rows = x.size(0), cols = x.size(1);
-  const std::vector<float> m = mean.to_vector(), rs = rstd.to_vector(), w = values_or(weight, cols, 1.f);
+  // Without a mean, x is x̂ already (the forward's `xhat`): mean 0 and scale 1 for it.
+  const bool normalized = !mean.defined();
+  const std::vector<float> m = normalized ? std::vector<float>(size_t(rows), 0.f) : mean.to_vector(),
+                           rs = rstd.to_vector(), w = values_or(weight, cols, 1.f);
   if (need_x) out.x = Tensor::empty(x.shape(), grad_y.dtype());
   // Per-thread partial sums of dweight/dbias, combined in thread order: deterministic.
   std::vector<std::vector<double>> gw_parts(static_cast<size_t>(omp_get_max_threads())), gb_parts(gw_parts.size());
@@ -240,7 +250,7 @@ bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
       const float* xv = in_f32(x, r * cols, cols, xbuf);
       float mean_g = 0.f, mean_g_xhat = 0.f;
       for (int64_t j = 0; j < cols; ++j) {
-        xhat[size_t(j)] = (xv[j] - m[size_t(r)]) * rs[size_t(r)];
+        xhat[size_t(j)] = normalized ? xv[j] : (xv[j] - m[size_t(r)]) * rs[size_t(r)];
         const float g = gy[j] * w[size_t(j)];
         mean_g += g;
         mean_g_xhat += g * xhat[size_t(j)];

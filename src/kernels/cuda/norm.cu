@@ -126,10 +126,10 @@ int vec_width(int64_t inner, std::initializer_list<const void*> ptrs) {
 
 // ---------------------------------------------------------------------------------- layer norm
 
-// Block r: mean and rstd of row r, then y.
-template <class T>
+// Block r: mean and rstd of row r, then y (and x̂ in U where xhat is not null).
+template <class T, class U>
 __global__ void ln_forward_kernel(const T* x, int64_t cols, double eps, const acc_t<T>* weight, const acc_t<T>* bias,
-                                  T* y, acc_t<T>* mean, acc_t<T>* rstd) {
+                                  T* y, acc_t<T>* mean, acc_t<T>* rstd, U* xhat) {
   using A = acc_t<T>;
   __shared__ double scratch[32];
   const T* row = x + int64_t(blockIdx.x) * cols;
@@ -145,6 +145,9 @@ __global__ void ln_forward_kernel(const T* x, int64_t cols, double eps, const ac
   T* out = y + int64_t(blockIdx.x) * cols;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
     out[j] = from_acc<T>((to_acc(row[j]) - mu) * inv * (weight ? weight[j] : A(1)) + (bias ? bias[j] : A(0)));
+  if (xhat)
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      xhat[int64_t(blockIdx.x) * cols + j] = from_acc<U>((to_acc(row[j]) - mu) * inv);
   if (threadIdx.x == 0) mean[blockIdx.x] = mu, rstd[blockIdx.x] = inv;
 }
 
@@ -156,17 +159,18 @@ __global__ void ln_backward_x_kernel(const T* gy, const T* x, int64_t cols, cons
   __shared__ double scratch[32];
   const int64_t r = blockIdx.x;
   const T *grow = gy + r * cols, *xrow = x + r * cols;
-  const A m = mean[r], rs = rstd[r];
+  // Without a mean, x is x̂ already: mean 0 and scale 1 for it, rstd only in grad_x.
+  const A m = mean ? mean[r] : A(0), rs = rstd[r], xs = mean ? rs : A(1);
   A s = 0, sx = 0;  // of g = dy * w over the row
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const A g = to_acc(grow[j]) * (weight ? weight[j] : A(1));
     s += g;
-    sx += g * (to_acc(xrow[j]) - m) * rs;
+    sx += g * (to_acc(xrow[j]) - m) * xs;
   }
   const A mean_g = A(block_reduce<double>(double(s), SumOp{}, 0.0, scratch) / double(cols));
   const A mean_g_xhat = A(block_reduce<double>(double(sx), SumOp{}, 0.0, scratch) / double(cols));
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    const A xhat = (to_acc(xrow[j]) - m) * rs;
+    const A xhat = (to_acc(xrow[j]) - m) * xs;
     gx[r * cols + j] = from_acc<T>(rs * (to_acc(grow[j]) * (weight ? weight[j] : A(1)) - mean_g - xhat * mean_g_xhat));
   }
 }
@@ -181,7 +185,7 @@ __global__ void ln_backward_params_kernel(const T* gy, const T* x, int64_t rows,
     A sw = 0, sb = 0;
     for (int64_t r = 0; r < rows; ++r) {
       const A dy = to_acc(gy[r * cols + j]);
-      sw += dy * (to_acc(x[r * cols + j]) - mean[r]) * rstd[r];
+      sw += dy * (mean ? (to_acc(x[r * cols + j]) - mean[r]) * rstd[r] : to_acc(x[r * cols + j]));
       sb += dy;
     }
     if (gw) gw[j] = sw;
@@ -291,7 +295,7 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Te
 }
 
 Tensor layer_norm_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps, Tensor& mean,
-                          Tensor& rstd) {
+                          Tensor& rstd, const Tensor& xhat) {
   const Tensor x = kernels::contig(x_in);
   const Launch on(x);
   const int64_t rows = x.size(0), cols = x.size(1);
@@ -301,12 +305,24 @@ Tensor layer_norm_forward(const Tensor& x_in, const Tensor& weight_in, const Ten
   rstd = Tensor::empty({rows}, st, x.device());
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (rows == 0 || cols == 0) return y;
+  MIXPREC_CHECK(!xhat.defined() || (xhat.is_contiguous() && xhat.numel() == x.numel()),
+                "layer_norm_forward: xhat must be a contiguous tensor of the input's size");
   dispatch_floating(x.dtype(), [&](auto t) {
     using T = decltype(t);
     using A = acc_t<T>;
-    ln_forward_kernel<T><<<unsigned(rows), kThreads, 0, on.stream()>>>(
-        static_cast<const T*>(x.data_ptr()), cols, eps, ptr_or_null<A>(weight), ptr_or_null<A>(bias),
-        static_cast<T*>(y.data_ptr()), static_cast<A*>(mean.data_ptr()), static_cast<A*>(rstd.data_ptr()));
+    const T* src = static_cast<const T*>(x.data_ptr());
+    const A *w = ptr_or_null<A>(weight), *b = ptr_or_null<A>(bias);
+    T* dst = static_cast<T*>(y.data_ptr());
+    A *m = static_cast<A*>(mean.data_ptr()), *rs = static_cast<A*>(rstd.data_ptr());
+    if (!xhat.defined()) {
+      ln_forward_kernel<T, T><<<unsigned(rows), kThreads, 0, on.stream()>>>(src, cols, eps, w, b, dst, m, rs, nullptr);
+      return;
+    }
+    dispatch_floating(xhat.dtype(), [&](auto u) {
+      using U = decltype(u);
+      ln_forward_kernel<T, U><<<unsigned(rows), kThreads, 0, on.stream()>>>(src, cols, eps, w, b, dst, m, rs,
+                                                                             static_cast<U*>(xhat.data_ptr()));
+    });
   });
   MIXPREC_CUDA_CHECK_LAUNCH();
   return y;

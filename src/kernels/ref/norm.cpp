@@ -91,11 +91,11 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
 }
 
 Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
-                          Tensor& rstd) {
+                          Tensor& rstd, const Tensor& xhat) {
   const int64_t rows = x.size(0), cols = x.size(1);
   const std::vector<double> xv = x.to_vector_f64();
   const std::vector<double> w = values_or(weight, size_t(cols), 1.0), b = values_or(bias, size_t(cols), 0.0);
-  std::vector<double> y(xv.size()), m(size_t(rows), 0.0), rs(size_t(rows), 0.0);
+  std::vector<double> y(xv.size()), m(size_t(rows), 0.0), rs(size_t(rows), 0.0), xh(xhat.defined() ? xv.size() : 0);
   for (int64_t r = 0; r < rows; ++r) {
     const double* row = xv.data() + r * cols;
     double s = 0, ss = 0;
@@ -104,25 +104,34 @@ Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& b
     for (int64_t j = 0; j < cols; ++j) ss += (row[j] - mu) * (row[j] - mu);
     const double inv = 1.0 / std::sqrt(ss / double(cols) + eps);
     for (int64_t j = 0; j < cols; ++j) y[size_t(r * cols + j)] = (row[j] - mu) * inv * w[size_t(j)] + b[size_t(j)];
+    if (!xh.empty())
+      for (int64_t j = 0; j < cols; ++j) xh[size_t(r * cols + j)] = (row[j] - mu) * inv;
     m[size_t(r)] = mu;
     rs[size_t(r)] = inv;
   }
   mean = Tensor::from_vector(m, {rows}, stats_dtype(x.dtype()));
   rstd = Tensor::from_vector(rs, {rows}, stats_dtype(x.dtype()));
+  if (xhat.defined()) {
+    Tensor dst = xhat;
+    dst.copy_(Tensor::from_vector(xh, x.shape(), xhat.dtype()));
+  }
   return Tensor::from_vector(y, x.shape(), x.dtype());
 }
 
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                               const Tensor& weight, bool need_x, bool need_weight, bool need_bias) {
   const int64_t rows = x.size(0), cols = x.size(1);
-  const std::vector<double> gy = grad_y.to_vector_f64(), xv = x.to_vector_f64(), m = mean.to_vector_f64(),
+  // Without a mean, x is x̂ already: mean 0 and scale 1 for it, rstd only in grad_x.
+  const bool normalized = !mean.defined();
+  const std::vector<double> gy = grad_y.to_vector_f64(), xv = x.to_vector_f64(),
+                            m = normalized ? std::vector<double>(size_t(rows), 0.0) : mean.to_vector_f64(),
                             rs = rstd.to_vector_f64(), w = values_or(weight, size_t(cols), 1.0);
   std::vector<double> gx(xv.size()), gw(size_t(cols), 0.0), gb(size_t(cols), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     double mean_g = 0, mean_g_xhat = 0;  // of g = dy * w over the row
     for (int64_t j = 0; j < cols; ++j) {
       const size_t k = size_t(r * cols + j);
-      const double xhat = (xv[k] - m[size_t(r)]) * rs[size_t(r)];
+      const double xhat = normalized ? xv[k] : (xv[k] - m[size_t(r)]) * rs[size_t(r)];
       const double g = gy[k] * w[size_t(j)];
       mean_g += g;
       mean_g_xhat += g * xhat;
@@ -133,7 +142,7 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
     mean_g_xhat /= double(cols);
     for (int64_t j = 0; j < cols; ++j) {
       const size_t k = size_t(r * cols + j);
-      const double xhat = (xv[k] - m[size_t(r)]) * rs[size_t(r)];
+      const double xhat = normalized ? xv[k] : (xv[k] - m[size_t(r)]) * rs[size_t(r)];
       gx[k] = rs[size_t(r)] * (gy[k] * w[size_t(j)] - mean_g - xhat * mean_g_xhat);
     }
   }
