@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=$(nproc)
 
-packages=(g++ cmake ninja-build libdnnl-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libgtest-dev dataset-fashion-mnist
+# openmpi-bin, libopenmpi-dev: data parallelism (src/dist/, its tests under mpirun; CMake's MIXPREC_MPI).
+packages=(g++ cmake ninja-build libdnnl-dev openmpi-bin libopenmpi-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libgtest-dev dataset-fashion-mnist
   libcli11-dev # the CLI's flags (apps/mixprec/cli.cpp)
   gnuplot-nox # the chart of compare and plot (and its test)
   pkg-config  # test: the examples built against the installed mixprec.pc

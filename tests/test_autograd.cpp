@@ -289,3 +289,35 @@ TEST(Autograd, InPlaceWriteToASavedTensorIsRefused) {
 
 }  // namespace
 }  // namespace mixprec
+
+namespace mixprec {
+namespace {
+
+// register_post_accumulate_grad_hook: once per backward pass and leaf, after the gradient (summed
+// over every use of the leaf) is in leaf.grad(); in reverse order of use; removable.
+TEST(Autograd, PostAccumulateGradHookSeesTheFinalGradient) {
+  Tensor w1 = Tensor::from_vector(std::vector<double>{1, 2}, {2}).set_requires_grad();
+  Tensor w2 = Tensor::from_vector(std::vector<double>{3, 4}, {2}).set_requires_grad();
+  std::vector<std::string> order;
+  std::vector<double> seen;
+  const uint64_t id1 = autograd::register_post_accumulate_grad_hook(w1, [&](const Tensor& leaf) {
+    order.push_back("w1");
+    seen = leaf.grad().to_vector_f64();
+  });
+  autograd::register_post_accumulate_grad_hook(w2, [&](const Tensor&) { order.push_back("w2"); });
+  // w1 used twice (summed into one gradient, one hook call); w2 is used last, so reached first.
+  Tensor h = ops::add(ops::mul(w1, w1.detach()), w1);
+  ops::sum(ops::mul(h, w2)).backward();
+  EXPECT_EQ(order, (std::vector<std::string>{"w2", "w1"}));
+  // d/dw1 of sum((w1*c + w1) * w2) with c = w1's values: (c + 1) * w2 = (2*3, 3*4)
+  EXPECT_EQ(seen, (std::vector<double>{6, 12}));
+  autograd::remove_post_accumulate_grad_hook(w1, id1);
+  order.clear();
+  ops::sum(ops::mul(w1, w2)).backward();
+  EXPECT_EQ(order, (std::vector<std::string>{"w2"}));
+  Tensor not_leaf = ops::mul(w1, w2);
+  EXPECT_THROW(autograd::register_post_accumulate_grad_hook(not_leaf, [](const Tensor&) {}), Error);
+}
+
+}  // namespace
+}  // namespace mixprec

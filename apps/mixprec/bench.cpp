@@ -24,6 +24,7 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
   const int64_t steps = f.steps, warmup = f.warmup;
 
   Session s = make_session(opt);
+  start_data_parallel(s);  // under mpirun: each rank times its share of every (global) batch
   Generator gen(opt.seed + 1);
   Tensor x, y;
   {
@@ -71,6 +72,7 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
             {"batch_size", opt.batch_size},
             {"parameters", s.model->num_parameters()},
             {"threads", opt.threads},
+            {"world_size", world_size()},
             {"steps", steps},
             {"warmup", warmup}};
   j["steps_per_s"] = {{"best", 1000.0 / best}, {"median", 1000.0 / median}};
@@ -85,7 +87,7 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
     j["tokens_per_s"] = {{"best", 1000.0 * double(opt.batch_size * opt.model.block_size) / best},
                          {"median", 1000.0 * double(opt.batch_size * opt.model.block_size) / median}};
   }
-  std::printf("%s\n", j.dump().c_str());
+  if (world_rank() == 0) std::printf("%s\n", j.dump().c_str());  // one JSON object for the job
   return 0;
 }
 

@@ -196,6 +196,10 @@ void add_session_flags(Command& c, SessionFlags& f, bool with_precision) {
   add_threads_flag(c, f.threads);
   c.size("memory-limit", f.memory_limit,
          "the allocator's budget on the device: an allocation past it fails with out of memory");
+  c.group("data parallelism (under mpirun -np N; docs/distributed.md)");
+  c.choice("reduce-dtype", f.reduce_dtype, {"f32", "bf16"}, "the dtype the gradients travel in between ranks");
+  c.integer("zero", f.zero, 0, 1, "ZeRO stage: 1 shards the optimizer state across the ranks");
+  c.group("Options");
   add_model_flags(c, f.model);
   c.group("gpt model (--model gpt)", {"gpt"});
   c.real("beta2", f.beta2, 0.0, 0.999999, "AdamW's second beta", false,
@@ -297,6 +301,8 @@ SessionOptions resolve_session(const SessionFlags& f, const Command& c) {
   o.seed = uint64_t(f.seed);
   o.threads = int(c.has("threads") ? f.threads : available_cores());
   o.memory_limit = f.memory_limit;
+  o.reduce_dtype = f.reduce_dtype;
+  o.zero = int(f.zero);
   return o;
 }
 
@@ -338,8 +344,58 @@ Session make_session(const SessionOptions& opt) {
   return s;
 }
 
-StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
+optim::Optimizer& Session::stepping_optimizer() {
+#if MIXPREC_WITH_MPI
+  if (dp) return dp->optimizer();
+#endif
+  return *optimizer;
+}
+
+int world_rank() {
+#if MIXPREC_WITH_MPI
+  return dist::ProcessGroup::world().rank();
+#else
+  return 0;
+#endif
+}
+
+int world_size() {
+#if MIXPREC_WITH_MPI
+  return dist::ProcessGroup::world().size();
+#else
+  return 1;
+#endif
+}
+
+void start_data_parallel(Session& s) {
+#if MIXPREC_WITH_MPI
+  if (!dist::ProcessGroup::world().is_distributed()) return;
+  MIXPREC_CHECK(s.opt.device.is_cpu(), "data parallelism (mpirun) runs on the CPU; got --device ", s.opt.device.str());
+  MIXPREC_CHECK(s.opt.batch_size % world_size() == 0, "--batch-size ", s.opt.batch_size,
+                " is the global batch: it must be a multiple of the ", world_size(), " ranks");
+  s.dp = std::make_unique<dist::DataParallel>(
+      *s.model, *s.optimizer,
+      dist::DataParallelOptions{
+          .reduce_dtype = s.opt.reduce_dtype == "bf16" ? dist::WireDType::bf16 : dist::WireDType::f32,
+          .zero = s.opt.zero});
+  s.dp->attach(*s.scaler);
+#else
+  (void)s;
+#endif
+}
+
+StepResult train_step(Session& s, const Tensor& x_global, const Tensor& y_global) {
   StepResult r;
+  Tensor x = x_global, y = y_global;
+#if MIXPREC_WITH_MPI
+  if (s.dp) {  // this rank's rows of the global batch (a short last batch splits as evenly as it can)
+    const int64_t rows = x.size(0), rank = world_rank(), size = world_size();
+    MIXPREC_CHECK(rows >= size, "a batch of ", rows, " rows for ", size, " ranks");
+    x = x.slice(0, rows * rank / size, rows * (rank + 1) / size);
+    y = y.slice(0, rows * rank / size, rows * (rank + 1) / size);
+  }
+#endif
+  optim::Optimizer& opt = s.stepping_optimizer();
   s.optimizer->zero_grad();
   if (s.host_values || s.measure_grad_norm) r.scale = s.scaler->get_scale();
   const int64_t n = x.size(0), parts = std::min<int64_t>(s.opt.accumulate, n);
@@ -354,14 +410,28 @@ StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
       loss = ops::cross_entropy((*s.model)(xk), yk);
     }
     const double share = double(hi - lo) / double(n), weight = share * s.opt.loss_weight;
-    r.pending_loss.parts.emplace_back(loss.detach(), share);
+    Tensor reported = loss.detach();
+#if MIXPREC_WITH_MPI
+    if (s.dp) {  // the global batch's loss: the mean of the ranks' (every rank, every step: a collective)
+      reported = reported.to(DType::f32).clone();
+      s.dp->group().all_reduce(reported, dist::ReduceOp::avg);
+      s.dp->set_grad_sync(k == parts - 1);  // micro-batches: reduce once, after the last
+    }
+#endif
+    r.pending_loss.parts.emplace_back(reported, share);
     if (weight != 1.0) loss = ops::affine(loss, weight);
     s.scaler->scale(loss).backward();
   }
+#if MIXPREC_WITH_MPI
+  if (s.dp) s.dp->sync_gradients();  // averaged: the norms below are the global batch's
+#endif
   if (s.after_backward) s.after_backward();
   const std::vector<Tensor>& params = s.optimizer->params();
   if (s.opt.clip_grad_norm > 0 || s.opt.clip_grad_value > 0) {
-    s.scaler->unscale_(*s.optimizer);  // clip the real gradients
+    // ZeRO-1's shard optimizer would unscale its shard again at the step.
+    MIXPREC_CHECK(&opt == s.optimizer.get() || !s.scaler->is_enabled(),
+                  "--zero 1 with a loss scale cannot clip yet (the shard optimizer would unscale twice)");
+    s.scaler->unscale_(opt);  // clip the real gradients
     if (s.opt.clip_grad_norm > 0) {
       const Tensor norm = nn::clip_grad_norm_(params, s.opt.clip_grad_norm);
       if (s.measure_grad_norm) r.grad_norm = norm.item();
@@ -374,9 +444,14 @@ StepResult train_step(Session& s, const Tensor& x, const Tensor& y) {
     // and without unscaling 16-bit gradients in place).
     r.grad_norm = nn::grad_norm(params).item() / r.scale;
   }
-  s.scaler->step(*s.optimizer);
+#if MIXPREC_WITH_MPI
+  if (s.dp)
+    s.dp->step(*s.scaler);  // the scaler's found_inf is reduced with MAX: every rank skips or steps
+  else
+#endif
+    s.scaler->step(opt);
   s.scaler->update();
-  if (s.host_values) r.skipped = !s.scaler->stepped(*s.optimizer);  // reads the device's answer (a GPU syncs)
+  if (s.host_values) r.skipped = !s.scaler->stepped(opt);  // reads the device's answer (a GPU syncs)
   return r;
 }
 

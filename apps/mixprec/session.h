@@ -7,6 +7,9 @@
 
 #include "cli.h"
 #include "mixprec/device.h"
+#if MIXPREC_WITH_MPI
+#include "mixprec/dist.h"
+#endif
 #include "mixprec/grad_scaler.h"
 #include "mixprec/nn.h"
 #include "mixprec/optim.h"
@@ -38,6 +41,9 @@ struct SessionOptions {
   double clip_grad_value = 0;       // 0: off
   double loss_weight = 1;           // the loss is multiplied by this before backward (gradients shrink with it)
   int64_t memory_limit = 0;         // the allocator's budget on the device, bytes (make_session sets it); 0: none
+  // ---- data parallelism (mpirun -np N; docs/distributed.md) ----
+  std::string reduce_dtype = "f32";  // f32 | bf16: how gradients travel
+  int zero = 0;                      // ZeRO stage: 0, or 1 (optimizer state sharded across ranks)
 };
 
 // The model flags as given: --model, --hidden (mlp), --channels (cnn), the gpt's shape.
@@ -64,6 +70,8 @@ struct SessionFlags {
   double clip_grad_value = 0, clip_grad_norm = 0, loss_weight = 1;
   int64_t seed = 0, threads = 0;
   int64_t memory_limit = 0;  // bytes; 0: none
+  std::string reduce_dtype = "f32";
+  int64_t zero = 0;
 };
 
 // --model and the flags of each model's shape, each in its model's help group.
@@ -106,6 +114,13 @@ struct Session {
   // Fill StepResult::scale and skipped (reads from the device: a GPU syncs). The CLI turns it off
   // on a device for the steps no line reports, so a step never waits for the host.
   bool host_values = true;
+#if MIXPREC_WITH_MPI
+  // Under mpirun with more than one rank (start_data_parallel): keeps the replicas in step; each
+  // rank trains on its rows of every global batch. Null alone, and in a build without MPI.
+  std::unique_ptr<dist::DataParallel> dp;
+#endif
+  // The optimizer that steps: the session's, or with --zero 1 this rank's shard of it.
+  optim::Optimizer& stepping_optimizer();
 };
 // Sets the device allocator's budget (--memory-limit), seeds the generator, builds the model on the CPU (the same
 // weights on every device), converts it to the preset's parameter dtype, moves it to the device, then builds the
@@ -113,6 +128,13 @@ struct Session {
 // groups: weight decay on the parameters of dim >= 2 (embeddings, Linear weights), none on biases
 // and LayerNorms.
 Session make_session(const SessionOptions& opt);
+// Under mpirun with more than one rank: wraps the model and optimizer in dist::DataParallel (rank
+// 0's weights to every rank; --reduce-dtype, --zero) and makes the scaler agree across ranks. Call
+// it after a checkpoint is loaded (every rank loads the same file). Alone: nothing.
+void start_data_parallel(Session& s);
+// This process's rank and the number of ranks (0 and 1 alone, or without MPI).
+int world_rank();
+int world_size();
 
 // A step's loss as the device left it: each micro-batch's loss (a detached f32 scalar) with its
 // weight. Reading it is a sync on a GPU, so the training loop reads a run of steps at once, at its

@@ -2,6 +2,8 @@
 #include "train_loop.h"
 
 #include <cmath>
+#include <memory>
+#include <vector>
 
 #include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
@@ -15,10 +17,12 @@ Session start_session(const SessionOptions& opt, bool detect_anomaly, const io::
   autograd::set_anomaly_enabled(detect_anomaly);
   Session s = make_session(opt);
   start = RunState{};
-  if (!ckpt) return s;
-  Checkpoint(*s.model, s.optimizer.get(), s.scaler.get(), &default_generator()).load_state_dict(ckpt->tensors, path);
-  s.optimizer->set_lr(opt.lr);
-  start = load_run_state(ckpt->tensors, path);
+  if (ckpt) {
+    Checkpoint(*s.model, s.optimizer.get(), s.scaler.get(), &default_generator()).load_state_dict(ckpt->tensors, path);
+    s.optimizer->set_lr(opt.lr);
+    start = load_run_state(ckpt->tensors, path);
+  }
+  start_data_parallel(s);  // under mpirun: after the load, so every rank starts from the same state
   return s;
 }
 
@@ -93,8 +97,28 @@ void StepLoop::report_steps(double& loss_sum) {
 
 void StepLoop::save(const RunState& r) {
   if (o_.save_path.empty()) return;
+  // ZeRO-1: the optimizer state is sharded; every rank takes part in gathering it (a collective),
+  // and rank 0 writes it through a whole optimizer of the same kind, so the checkpoint is the
+  // unsharded one (it resumes on any number of ranks).
+  std::unique_ptr<optim::Optimizer> whole;
+#if MIXPREC_WITH_MPI
+  if (s_.dp && s_.optimizer->handed_over()) {
+    const StateDict sd = s_.dp->optimizer_state_dict();
+    if (world_rank() == 0) {
+      std::vector<optim::ParamGroup> groups;
+      for (const optim::ParamGroupState& g : s_.optimizer->param_groups()) {
+        groups.push_back({{}, {g.lr, g.weight_decay}});
+        for (size_t i : g.params) groups.back().params.push_back(s_.optimizer->params()[i]);
+      }
+      whole = s_.optimizer->make_like(std::move(groups));
+      whole->load_state_dict(sd);
+    }
+  }
+#endif
+  // Rank 0 writes: every replica holds the same weights.
+  if (world_rank() != 0) return;
   metrics_.flush();
-  Checkpoint(*s_.model, s_.optimizer.get(), s_.scaler.get(), &default_generator())
+  Checkpoint(*s_.model, whole ? whole.get() : s_.optimizer.get(), s_.scaler.get(), &default_generator())
       .save(o_.save_path, metadata_, run_state_dict(r));
 }
 

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "mixprec/tensor.h"
@@ -71,6 +72,18 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 // True on this thread while backward() runs: ops then compute in the dtypes the forward chose
 // (autocast does not apply to them).
 bool in_backward();
+
+// PyTorch's register_post_accumulate_grad_hook: after a backward pass has accumulated a
+// gradient into leaf.grad(), hook(leaf) runs (once per pass, on the thread running backward, in
+// the order the pass reaches the leaves: roughly the reverse of the forward's use). Data
+// parallelism starts a gradient's all-reduce there while backward goes on. Returns an id for
+// remove_post_accumulate_grad_hook; throws when `leaf` is not a leaf that requires grad.
+using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
+struct LeafHooks {
+  std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate;
+};
+uint64_t register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook);
+void remove_post_accumulate_grad_hook(const Tensor& leaf, uint64_t id);  // an unknown id: nothing
 
 // Anomaly mode: every op output is checked for NaN/inf and the producing op is named.
 bool anomaly_enabled();

@@ -5,8 +5,10 @@
 // decided on the device. Only the accessors that return host values read it (a GPU syncs there).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "mixprec/optim.h"
@@ -74,6 +76,14 @@ class GradScaler {
   // True when the last unscale_/step(opt) found inf/NaN in opt's gradients.
   bool found_inf(const optim::Optimizer& opt) const;
   void check() const;  // throws a pending error at min_scale
+  // Data parallelism: fn(found_inf) runs on each optimizer's inf/NaN flag (0-d f32 on the
+  // scaler's device) right after this scaler checked the local gradients and before any step reads
+  // it, so a wrapper reduces it across ranks with MAX (dist::DataParallel does): every rank then
+  // skips or steps together and the scale stays identical. Kept here as a plain callback, so amp
+  // needs no MPI. Empty (the default): the local check decides alone.
+  using FoundInfReducer = std::function<void(Tensor& found_inf)>;
+  void set_found_inf_reducer(FoundInfReducer fn) { reduce_found_inf_ = std::move(fn); }
+
   // The scale as a 0-d f32 tensor on the scaler's device (no copy: e.g. to log it lazily).
   const Tensor& scale_tensor() const { return scale_; }
 
@@ -111,6 +121,7 @@ class GradScaler {
   mutable Tensor counters_;  // i64 [kernels::kScaleCounters]: growth tracker, hysteresis left, counts, error
   bool scaled_since_update_ = false;
   std::unordered_map<const optim::Optimizer*, OptState> per_opt_;
+  FoundInfReducer reduce_found_inf_;
 };
 
 }  // namespace mixprec::amp

@@ -10,6 +10,9 @@
 #include "mixprec/data.h"
 #include "mixprec/device.h"
 #include "mixprec/diagnostics.h"
+#if MIXPREC_WITH_MPI  // data parallelism: built where MPI is found (CMake MIXPREC_MPI)
+#include "mixprec/dist.h"
+#endif
 #include "mixprec/dtype.h"
 #include "mixprec/error.h"
 #include "mixprec/grad_scaler.h"

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -108,6 +109,15 @@ class Optimizer {
   virtual std::string name() const = 0;       // "SGD", "AdamW"
   virtual double eps() const { return 0.0; }  // AdamW's eps (0 where there is none)
 
+  // A new optimizer of the same kind and options over other parameters (each group's lr and
+  // weight decay as given there). ZeRO-1 (dist::DataParallel) makes this rank's shard optimizer so.
+  virtual std::unique_ptr<Optimizer> make_like(std::vector<ParamGroup> groups) const = 0;
+  // ZeRO-1: a shard optimizer made by make_like takes over the updates (and, sliced, this one's
+  // state: dist::DataParallel copies it first); this one frees its master copies and moments and
+  // refuses step() and state_dict() from now on.
+  void hand_over_to_shard();
+  bool handed_over() const { return handed_over_; }
+
  protected:
   // One update of every parameter that has a gradient: step_scaled's work.
   virtual void update(const Tensor& found_inf, const Tensor& scale) = 0;
@@ -119,6 +129,7 @@ class Optimizer {
   // Checks (before anything is loaded) that the subclass accepts state `key` of parameter i.
   virtual void check_named_state(size_t i, const std::string& key) const = 0;
   virtual void set_named_state(size_t i, const std::string& key, const Tensor& t) = 0;
+  virtual void clear_named_state() = 0;  // frees the subclass's state tensors (hand_over_to_shard)
 
   std::vector<Tensor> params_;
   std::vector<Tensor> master_;  // per parameter: f32 master of a 16-bit parameter, or undefined
@@ -128,6 +139,7 @@ class Optimizer {
   std::vector<Tensor> lr_;        // per group: f64 0-d on the parameters' device (groups_[g].lr's copy)
   HalfParamOptions half_;
   bool track_ = false;
+  bool handed_over_ = false;
   Tensor rounding_;  // i64 [2] on the parameters' device: RoundingStats since the last take
 
  private:
@@ -148,6 +160,7 @@ class SGD : public Optimizer {
   SGD(std::vector<ParamGroup> groups, SGDOptions o = {});
   const SGDOptions& options() const { return o_; }
   std::string name() const override { return "SGD"; }
+  std::unique_ptr<Optimizer> make_like(std::vector<ParamGroup> groups) const override;
 
  protected:
   void update(const Tensor& found_inf, const Tensor& scale) override;
@@ -155,6 +168,7 @@ class SGD : public Optimizer {
   StateDict named_state(size_t i) const override;
   void check_named_state(size_t i, const std::string& key) const override;
   void set_named_state(size_t i, const std::string& key, const Tensor& t) override;
+  void clear_named_state() override;
 
  private:
   SGDOptions o_;
@@ -176,6 +190,7 @@ class AdamW : public Optimizer {
   AdamW(std::vector<ParamGroup> groups, AdamWOptions o = {});
   const AdamWOptions& options() const { return o_; }
   std::string name() const override { return "AdamW"; }
+  std::unique_ptr<Optimizer> make_like(std::vector<ParamGroup> groups) const override;
   double eps() const override { return o_.eps; }
 
  protected:
@@ -183,6 +198,7 @@ class AdamW : public Optimizer {
   StateDict named_state(size_t i) const override;
   void check_named_state(size_t i, const std::string& key) const override;
   void set_named_state(size_t i, const std::string& key, const Tensor& t) override;
+  void clear_named_state() override;
 
  private:
   AdamWOptions o_;

@@ -20,7 +20,8 @@ Shape contiguous_strides(const Shape& s);
 
 namespace autograd {
 struct Node;
-}
+struct LeafHooks;  // mixprec/autograd.h
+}  // namespace autograd
 
 // Bytes owned through a device's allocator, tagged with the category they were allocated under.
 class Storage {
@@ -64,6 +65,7 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;
   std::shared_ptr<autograd::Node> grad_fn;
   std::weak_ptr<autograd::Node> grad_accumulator;
+  std::shared_ptr<autograd::LeafHooks> hooks;  // a leaf's post-accumulate-grad hooks (autograd.h)
 };
 }  // namespace detail
 

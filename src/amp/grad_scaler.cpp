@@ -103,6 +103,7 @@ void GradScaler::check_opt(optim::Optimizer& opt, OptState& st, bool check_only)
   to_device(opt.params()[0].device());
   st.found_inf = Tensor::zeros({}, DType::f32, scale_.device());
   st.checked = detail::unscale_and_check(opt.params(), scale_, st.found_inf, check_only) > 0;
+  if (reduce_found_inf_) reduce_found_inf_(st.found_inf);
 }
 
 void GradScaler::unscale_(optim::Optimizer& opt) {

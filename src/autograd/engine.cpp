@@ -1,5 +1,6 @@
 // The backward engine: topological order by an explicit stack (a 10,000-op chain cannot
 // overflow the C++ stack), gradients summed per node, saved tensors released as nodes run.
+#include <atomic>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -62,7 +63,27 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_out) {
     Tensor acc(impl->grad);
     kernels::add_inplace(acc, g);
   }
+  if (impl->hooks)
+    for (const auto& [id, hook] : impl->hooks->post_accumulate) hook(var);
   return {};
+}
+
+uint64_t register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook) {
+  MIXPREC_CHECK(leaf.defined() && leaf.is_leaf() && leaf.requires_grad(),
+                "register_post_accumulate_grad_hook: the tensor must be a leaf that requires grad");
+  MIXPREC_CHECK(hook != nullptr, "register_post_accumulate_grad_hook: empty hook");
+  static std::atomic<uint64_t> next_id{1};
+  detail::TensorImpl* impl = leaf.impl();
+  if (!impl->hooks) impl->hooks = std::make_shared<LeafHooks>();
+  const uint64_t id = next_id++;
+  impl->hooks->post_accumulate.emplace_back(id, std::move(hook));
+  return id;
+}
+
+void remove_post_accumulate_grad_hook(const Tensor& leaf, uint64_t id) {
+  if (!leaf.defined() || !leaf.impl()->hooks) return;
+  auto& hooks = leaf.impl()->hooks->post_accumulate;
+  std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
 }
 
 bool any_requires_grad(std::initializer_list<Tensor> inputs) {

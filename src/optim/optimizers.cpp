@@ -121,8 +121,17 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 void Optimizer::step_scaled(const Tensor& found_inf, const Tensor& scale) {
+  MIXPREC_CHECK(!handed_over_, name(),
+                ".step: this optimizer handed its state to a ZeRO-1 shard optimizer; step through "
+                "dist::DataParallel::step (or its optimizer())");
   to_params_device();
   update(found_inf, scale);
+}
+
+void Optimizer::hand_over_to_shard() {
+  for (Tensor& m : master_) m = Tensor();
+  clear_named_state();
+  handed_over_ = true;
 }
 
 std::vector<kernels::OptimParam> Optimizer::with_grads(const std::function<void(size_t, kernels::OptimParam&)>& state) {
@@ -150,6 +159,9 @@ Optimizer::RoundingStats Optimizer::take_rounding_stats() {
 }
 
 StateDict Optimizer::state_dict() const {
+  MIXPREC_CHECK(!handed_over_, name(),
+                ".state_dict: the state is sharded across ranks (ZeRO-1): each rank's shard optimizer holds "
+                "its part (dist::DataParallel::optimizer())");
   StateDict sd;
   sd.emplace_back("step", state_i64(steps()));
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -258,6 +270,10 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
   momentum_ready_ = Tensor::zeros({int64_t(params_.size())}, DType::u8, params_[0].device());
 }
 
+std::unique_ptr<Optimizer> SGD::make_like(std::vector<ParamGroup> groups) const {
+  return std::make_unique<SGD>(std::move(groups), o_);
+}
+
 void SGD::update(const Tensor& found_inf, const Tensor& scale) {
   const std::vector<kernels::OptimParam> ps = with_grads([&](size_t i, kernels::OptimParam& op) {
     if (o_.momentum == 0) return;
@@ -286,6 +302,11 @@ void SGD::set_named_state(size_t i, const std::string& key, const Tensor& t) {
   momentum_ready_.slice(0, int64_t(i), int64_t(i) + 1).fill_(1);
 }
 
+void SGD::clear_named_state() {
+  for (Tensor& m : momentum_) m = Tensor();
+  momentum_ready_.fill_(0);
+}
+
 // -------------------------------------------------------------------------------------- AdamW
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : AdamW(one_group(std::move(params)), o) {}
@@ -298,6 +319,10 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions o)
   MIXPREC_CHECK(o.weight_decay >= 0, "AdamW: weight_decay must be >= 0, got ", o.weight_decay);
   exp_avg_.resize(params_.size());
   exp_avg_sq_.resize(params_.size());
+}
+
+std::unique_ptr<Optimizer> AdamW::make_like(std::vector<ParamGroup> groups) const {
+  return std::make_unique<AdamW>(std::move(groups), o_);
 }
 
 void AdamW::update(const Tensor& found_inf, const Tensor& scale) {
@@ -325,6 +350,11 @@ void AdamW::check_named_state(size_t i, const std::string& key) const {
 
 void AdamW::set_named_state(size_t i, const std::string& key, const Tensor& t) {
   (key == "exp_avg" ? exp_avg_ : exp_avg_sq_)[i] = t;
+}
+
+void AdamW::clear_named_state() {
+  for (Tensor& m : exp_avg_) m = Tensor();
+  for (Tensor& m : exp_avg_sq_) m = Tensor();
 }
 
 }  // namespace mixprec::optim

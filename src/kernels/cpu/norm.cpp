@@ -204,11 +204,9 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const float* src = in_f32(x, r * cols, cols, in);
-      double s = 0, ss = 0;
-      for (int64_t j = 0; j < cols; ++j) s += src[j];
-      const float mu = float(s / double(cols));
-      for (int64_t j = 0; j < cols; ++j) ss += double((src[j] - mu) * (src[j] - mu));
-      const float inv = float(1.0 / std::sqrt(ss / double(cols) + eps));
+      // Two passes, each over 16 f32 lanes (vectorised; the row is short: a transformer's width).
+      const float mu = float(double(plane_sum(src, cols)) / double(cols));
+      const float inv = float(1.0 / std::sqrt(double(plane_sum_sq_dev(src, cols, mu)) / double(cols) + eps));
       for (int64_t j = 0; j < cols; ++j) out[size_t(j)] = (src[j] - mu) * inv * w[size_t(j)] + b[size_t(j)];
       store_f32(dst, r * cols, cols, out.data());
       if (!xh.empty()) {
