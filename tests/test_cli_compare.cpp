@@ -113,3 +113,39 @@ TEST_F(CliCompare, PlotDrawsMetricsFiles) {
   EXPECT_NE(r.err.find("none.jsonl"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "x.png"));
 }
+
+// max-batch: the largest batch per precision under --memory-limit, and its ratio to fp32's.
+TEST_F(CliCompare, MaxBatchFindsABatchPerPrecision) {
+  const RunResult r = run_cli(
+      "max-batch --hidden 64 --threads 1 --memory-limit 8MiB --max-batch 4096 --precisions amp-bf16,fp32 --json", dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("memory_limit_bytes"), 8 << 20);
+  EXPECT_EQ(j.at("baseline"), "fp32");
+  ASSERT_EQ(j.at("precisions").size(), 2u);
+  EXPECT_EQ(j.at("precisions")[0].at("precision"), "amp-bf16");
+  for (const nlohmann::json& p : j.at("precisions")) {
+    EXPECT_GT(p.at("batch").get<int64_t>(), 0) << p;
+    EXPECT_LE(p.at("batch").get<int64_t>(), 4096) << p;
+    EXPECT_LE(p.at("peak_bytes").get<int64_t>(), 8 << 20) << p;
+    EXPECT_GT(p.at("peak_by_category").at("activations").get<int64_t>(), 0) << p;
+  }
+  EXPECT_EQ(j.at("precisions")[1].at("ratio").get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(j.at("precisions")[0].at("ratio").get<double>(),
+                   double(j.at("precisions")[0].at("batch").get<int64_t>()) /
+                       double(j.at("precisions")[1].at("batch").get<int64_t>()));
+  const RunResult text = run_cli("max-batch --hidden 64 --threads 1 --memory-limit 8MiB --max-batch 4096", dir_);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("\nhalf-bf16 "), std::string::npos) << text.out;  // the default list's last
+  EXPECT_NE(text.out.find("activations"), std::string::npos) << text.out;
+  for (const auto& bad :
+       {std::pair<std::string, std::string>{"max-batch --precisions fp32", "--memory-limit SIZE is required"},
+        {"max-batch --memory-limit 1GiB --batch-size 8", "--batch-size: max-batch searches the batch size"},
+        {"max-batch --memory-limit 1GiB --max-batch 0", "--max-batch"},
+        {"max-batch --memory-limit 12parsecs", "--memory-limit: '12parsecs' is no size"}}) {
+    const RunResult e = run_cli(bad.first, dir_);
+    EXPECT_EQ(e.exit_code, 1) << bad.first;
+    EXPECT_EQ(count_lines(e.err), 1) << bad.first << ": " << e.err;
+    EXPECT_NE(e.err.find(bad.second), std::string::npos) << bad.first << ": " << e.err;
+  }
+}

@@ -15,6 +15,7 @@ std::function<int()> declare_devices(Command& c);
 std::function<int()> declare_sample(Command& c);
 std::function<int()> declare_compare(Command& c);
 std::function<int()> declare_plot(Command& c);
+std::function<int()> declare_max_batch(Command& c);
 
 // What `eval` of a gpt checkpoint takes beyond eval's image flags (sample.cpp).
 struct GptEvalFlags {

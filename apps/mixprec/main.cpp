@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
        "the same training run in each of --precisions, one after the other: one table of accuracy, time, "
        "speed-up, peak memory and skipped steps (--out DIR: the runs' metrics and a chart)",
        declare_compare},
+      {"max-batch",
+       "for each of --precisions the largest batch whose whole training step fits --memory-limit, and its ratio "
+       "to fp32's",
+       declare_max_batch},
       {"plot", "the chart of training loss, test accuracy (or validation loss) and loss scale of train --metrics files",
        declare_plot},
       {"devices", "this machine's CPU features and GPUs (`mixprec --version`: is CUDA built in)", declare_devices},
