@@ -14,6 +14,7 @@ jobs=$(nproc)
 
 # openmpi-bin, libopenmpi-dev: data parallelism (src/dist/, its tests under mpirun; CMake's MIXPREC_MPI).
 packages=(g++ cmake ninja-build libdnnl-dev openmpi-bin libopenmpi-dev ocl-icd-opencl-dev zlib1g-dev nlohmann-json3-dev libgtest-dev dataset-fashion-mnist
+  libcli11-dev # the CLI's flags (apps/mixprec/cli.cpp)
   gnuplot-nox # the chart of compare and plot (and its test)
   pkg-config  # test: the examples built against the installed mixprec.pc
   clang-format-14 clang-tidy-14 libomp-14-dev # libomp-14-dev: omp.h where clang-tidy looks for it

@@ -2,11 +2,14 @@
 // here, the metrics file, and the one-line errors for bad input.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_util.h"
 #include "mixprec/data.h"
@@ -23,6 +26,15 @@ using mixprec::clitest::write_dataset;
 class Cli : public mixprec::clitest::TempDirTest {};
 
 int count_lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+// The help text with each run of whitespace as one space: a description wraps where it likes.
+std::string squeezed(const std::string& s) {
+  std::string out;
+  for (char c : s)
+    if (!std::isspace(static_cast<unsigned char>(c)) || (!out.empty() && out.back() != ' '))
+      out += std::isspace(static_cast<unsigned char>(c)) ? ' ' : c;
+  return out;
+}
 
 }  // namespace
 
@@ -86,6 +98,18 @@ TEST_F(Cli, RejectsBadFlagsBeforeWork) {
       {"train --precision fp8", "--precision"},
       {"train --hidden 10,,3", "--hidden"},
       {"bench --steps 0", "--steps"},
+      {"bench --precision fp8", "--precision"},
+      {"train --epochs 1 --epochs 2", "--epochs given twice"},
+      {"train --memory-limit lots", "--memory-limit: 'lots' is no size"},
+      {"train --memory-limit 1.5XB", "--memory-limit"},
+      {"bench --memory-limit 0.2B", "--memory-limit: '0.2B' must be at least 1 byte"},
+      {"train --model mlp --layers 2", "unknown flag --layers for --model mlp"},
+      {"train --model cnn-bn --channels 8,16", "unknown flag --channels for --model cnn-bn"},
+      {"bench --model gpt --hidden 8", "unknown flag --hidden for --model gpt"},
+      {"train --stochastic-rounding maybe", "--stochastic-rounding"},
+      {"train stray", "unexpected argument 'stray'"},
+      {"sample --checkpoint x.st --top-k -1", "--top-k"},
+      {"eval --json", "--checkpoint FILE is required"},
       {"frobnicate", "unknown command"},
   };
   for (const auto& [args, expect] : cases) {
@@ -124,4 +148,51 @@ TEST_F(Cli, BadDataGivesOneLineAndNoCrash) {
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("t10k-labels-idx1-ubyte.gz"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("magic"), std::string::npos) << r.err;
+}
+
+// Every command's --help comes from its flag declarations: each flag with its default, range or
+// choices, the model-specific flags in a group per model.
+TEST_F(Cli, HelpIsGeneratedPerCommand) {
+  const std::pair<std::string, std::vector<std::string>> cases[] = {
+      {"train",
+       {"--epochs N", "(default: 5)", "--precision auto|fp32|amp-bf16", "mlp model (--model mlp):", "--hidden N,N,...",
+        "cnn model (--model cnn):", "--channels", "gpt model (--model gpt):", "--layers N", "--memory-limit SIZE",
+        "model's recipe: mlp 512, cnn 64, cnn-bn 128, gpt 32", "--resume FILE", "1 to 100000"}},
+      {"bench", {"--steps N", "(default: 30)", "--warmup N", "--vocab-size N", "--memory-limit SIZE", "--model"}},
+      {"eval", {"--checkpoint FILE", "--json", "--precision", "(default: the checkpoint's)", "--hidden", "--text"}},
+      {"export", {"--checkpoint FILE", "--out FILE", "--dtype as-stored|f32|bf16|f16"}},
+      {"sample", {"--temperature X", "(default: 0.8)", "--top-k N", "--seed N", "(default: 1337)"}},
+      {"devices", {"--help"}},
+  };
+  for (const auto& [command, parts] : cases) {
+    const RunResult r = run_cli(command + " --help", dir_);
+    EXPECT_EQ(r.exit_code, 0) << command << ": " << r.err;
+    for (const std::string& p : parts)
+      EXPECT_NE(squeezed(r.out).find(p), std::string::npos) << command << " lacks " << p;
+  }
+  RunResult r = run_cli("--help", dir_);
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* command : {"train", "eval", "export", "sample", "bench", "devices"})
+    EXPECT_NE(r.out.find(std::string("\n  ") + command + " "), std::string::npos) << command << ": " << r.out;
+  r = run_cli("", dir_);  // no command: the list, on stderr, and the usage error's exit code
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("train"), std::string::npos);
+  r = run_cli("--version", dir_);
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out.rfind("mixprec 0.", 0), 0u) << r.out;
+}
+
+// --memory-limit takes bytes or a size with a unit and sets the allocator's budget: a step that
+// needs more fails with one line.
+TEST_F(Cli, MemoryLimitBoundsTheStep) {
+  const std::string bench = "bench --hidden 16 --batch-size 8 --steps 1 --warmup 0 --precision fp32 --memory-limit ";
+  for (const char* size : {"1GiB", "512MiB", "1.5GB", "100000000"}) {
+    const RunResult r = run_cli(bench + size, dir_);
+    EXPECT_EQ(r.exit_code, 0) << size << ": " << r.err;
+  }
+  const RunResult r = run_cli(bench + "100KiB", dir_);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("out of memory"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
 }

@@ -33,10 +33,10 @@ class CliDevices : public mixprec::clitest::TempDirTest {
   Metrics train(const std::string& device, const std::string& model, const std::string& precision,
                 const std::string& more) {
     const fs::path m = dir_ / (device + "-" + model + "-" + precision + ".jsonl");
-    const RunResult r =
-        run_cli("train --data " + dir_.string() + " --threads 1 --hidden 32 --model " + model + " --precision " +
-                    precision + " --device " + device + " --metrics " + m.string() + " " + more,
-                dir_);
+    const RunResult r = run_cli("train --data " + dir_.string() + " --threads 1 " +
+                                    (model == "mlp" ? "--hidden 32 " : "") + "--model " + model + " --precision " +
+                                    precision + " --device " + device + " --metrics " + m.string() + " " + more,
+                                dir_);
     EXPECT_EQ(r.exit_code, 0) << device << " " << model << " " << precision << ": " << r.err;
     Metrics out;
     std::ifstream f(m);

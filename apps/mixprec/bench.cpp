@@ -10,13 +10,18 @@
 
 namespace mixprec::cli {
 
-int cmd_bench(Args& a) {
-  SessionOptions opt = parse_session(a);
-  // Moby Dick's vocabulary after preprocessing (mixprec/text.h) has 81 characters.
-  if (opt.model.is_gpt()) opt.model.vocab_size = a.integer("vocab-size", 81, 1, 1 << 24);
-  const int64_t steps = a.integer("steps", 30, 1, 1000000);
-  const int64_t warmup = a.integer("warmup", 5, 0, 1000000);
-  a.finish();
+namespace {
+
+struct BenchFlags {
+  SessionFlags session;
+  int64_t vocab_size = 81;  // Moby Dick's vocabulary after preprocessing (mixprec/text.h)
+  int64_t steps = 30, warmup = 5;
+};
+
+int cmd_bench(const Command& c, const BenchFlags& f) {
+  SessionOptions opt = resolve_session(f.session, c);
+  if (opt.model.is_gpt()) opt.model.vocab_size = f.vocab_size;
+  const int64_t steps = f.steps, warmup = f.warmup;
 
   Session s = make_session(opt);
   start_data_parallel(s);  // under mpirun: each rank times its share of every (global) batch
@@ -86,6 +91,19 @@ int cmd_bench(Args& a) {
   }
   if (world_rank() == 0) std::printf("%s\n", j.dump().c_str());  // one JSON object for the job
   return 0;
+}
+
+}  // namespace
+
+std::function<int()> declare_bench(Command& c) {
+  auto f = std::make_shared<BenchFlags>();
+  c.integer("steps", f->steps, 1, 1000000, "timed training steps");
+  c.integer("warmup", f->warmup, 0, 1000000, "untimed steps first");
+  add_session_flags(c, f->session);
+  c.group("gpt model (--model gpt)", {"gpt"});
+  c.integer("vocab-size", f->vocab_size, 1, 1 << 24, "random tokens below V (81: Moby Dick's vocabulary)");
+  c.group("Options");
+  return [f, &c] { return cmd_bench(c, *f); };
 }
 
 }  // namespace mixprec::cli

@@ -1,5 +1,6 @@
 // `mixprec devices` and `mixprec --version`: what this build and this machine offer.
 #include <cstdio>
+#include <string>
 
 #include "commands.h"
 #include "mixprec/cpu.h"
@@ -7,15 +8,14 @@
 
 namespace mixprec::cli {
 
-int cmd_version() {
-  std::printf(
-      "mixprec %s (%s)\n", MIXPREC_VERSION,
-      cuda::built() ? ("CUDA " + cuda::toolkit_version() + " support built in").c_str() : "built without CUDA support");
-  return 0;
+std::string version_text() {
+  return std::string("mixprec ") + MIXPREC_VERSION + " (" +
+         (cuda::built() ? "CUDA " + cuda::toolkit_version() + " support built in" : "built without CUDA support") + ")";
 }
 
-int cmd_devices(Args& a) {
-  a.finish();
+namespace {
+
+int cmd_devices() {
   std::printf("cpu: %s\n", mixprec::cpu::describe().c_str());
   const auto gpus = cuda::devices();
   if (gpus.empty()) {
@@ -29,5 +29,9 @@ int cmd_devices(Args& a) {
   std::printf("--device auto: cuda:0\n");
   return 0;
 }
+
+}  // namespace
+
+std::function<int()> declare_devices(Command&) { return cmd_devices; }
 
 }  // namespace mixprec::cli

@@ -33,24 +33,9 @@ Flags model_flags(const Flags& metadata) {
   return f;
 }
 
-// The model the flags (over the file's metadata) describe; an explicit flag that contradicts the
-// metadata is refused, naming both.
-ModelSpec read_model(Args& a, const Args& given, const Flags& stored, const std::string& path) {
-  ModelSpec m = parse_model(a);
-  for (const auto& [k, v] : stored) {
-    if (!given.has(k)) continue;
-    Args alone("", {"--" + k, v});
-    const ModelSpec s = parse_model(alone);
-    MIXPREC_CHECK(s.name == m.name && s.hidden == m.hidden && s.channels == m.channels, "--", k, " ", a.str(k, ""),
-                  ": ", path, " holds a model with ", k, " ", v);
-  }
-  return m;
-}
-
 // The model a file's metadata names.
 ModelSpec stored_model(const Flags& metadata, const std::string& path) {
-  Args flags = Args("export", {}).with_defaults(model_flags(metadata));
-  ModelSpec spec = parse_model(flags);
+  ModelSpec spec = model_from_flags(model_flags(metadata), path);
   if (metadata.count("image-rows")) spec.image_rows = metadata_int(metadata, "image-rows", path);
   if (metadata.count("image-cols")) spec.image_cols = metadata_int(metadata, "image-cols", path);
   if (spec.is_gpt() && metadata.count("vocab"))
@@ -58,31 +43,37 @@ ModelSpec stored_model(const Flags& metadata, const std::string& path) {
   return spec;
 }
 
-std::string required(Args& a, const std::string& flag) {
-  std::string v = a.str(flag, "");
-  MIXPREC_CHECK(!v.empty(), "--", flag, " FILE is required");
-  return v;
-}
+struct EvalFlags {
+  std::string checkpoint, data, precision, device = "cpu";
+  ModelFlags model;
+  GptEvalFlags gpt;
+  bool json = false;
+  int64_t threads = 0;
+};
 
-}  // namespace
-
-int cmd_eval(Args& given) {
-  const std::string path = required(given, "checkpoint");
+int cmd_eval(Command& c, const EvalFlags& e) {
+  const std::string& path = e.checkpoint;
   const io::SafetensorsFile f = io::load_safetensors(path);
-  if (f.metadata.count("model") && f.metadata.at("model") == "gpt") return eval_gpt(given, f, path);
+  if (f.metadata.count("model") && f.metadata.at("model") == "gpt")
+    return eval_gpt(c, e.gpt, e.device, e.precision, e.json, e.threads, f, path);
+  // The model the flags (over the file's metadata) describe; an explicit flag that contradicts
+  // the metadata is refused, naming both.
   const Flags stored = model_flags(f.metadata);
-  Args a = given.with_defaults(stored);
-  (void)a.str("checkpoint", "");
-  ModelSpec spec = read_model(a, given, stored, path);
+  c.take_defaults(stored, path);
+  ModelSpec spec = resolve_model(e.model, c);
+  const Flags now = model_setting_flags(spec);
+  for (const auto& [k, v] : stored)
+    if (c.given(k) && now.count(k))
+      MIXPREC_CHECK(now.at(k) == v, "--", k, " ", now.at(k), ": ", path, " holds a model with ", k, " ", v);
   // The device is this command's choice (CPU by default), whatever the training ran on.
-  const Device device = parse_device(a);
+  const Device device = resolve_device(e.device);
   // The precision it trained in by default; another one evaluates the same weights that way.
-  const Precision precision = parse_checkpoint_precision(a, f.metadata, device);
-  const std::string data_dir =
-      a.str("data", f.metadata.count("data") ? f.metadata.at("data") : std::string(data::kDefaultDataDir));
-  const bool json = a.flag("json");
-  const int threads = int(a.integer("threads", available_cores(), 1, 1024));
-  a.finish();
+  const Precision precision = checkpoint_precision(e.precision, f.metadata, device);
+  const std::string data_dir = c.has("data")              ? e.data
+                               : f.metadata.count("data") ? f.metadata.at("data")
+                                                          : std::string(data::kDefaultDataDir);
+  const bool json = e.json;
+  const int threads = int(c.has("threads") ? e.threads : available_cores());
 
   const data::Dataset test = data::load_idx_dataset(data_dir, "t10k");
   spec.image_rows = test.rows;
@@ -113,11 +104,7 @@ int cmd_eval(Args& given) {
   return 0;
 }
 
-int cmd_export(Args& a) {
-  const std::string path = required(a, "checkpoint"), out = required(a, "out");
-  const std::string dtype_name = a.choice("dtype", "as-stored", {"as-stored", "f32", "bf16", "f16"});
-  a.finish();
-
+int cmd_export(const std::string& path, const std::string& out, const std::string& dtype_name) {
   const io::SafetensorsFile f = io::load_safetensors(path);
   StateDict tensors = Checkpoint::model_tensors(f.tensors);
   MIXPREC_CHECK(!tensors.empty(), path, " holds no model tensors");
@@ -135,6 +122,41 @@ int cmd_export(Args& a) {
   std::printf("%s: %zu model tensors%s from %s\n", out.c_str(), tensors.size(),
               dtype_name == "as-stored" ? "" : (" as " + dtype_name).c_str(), path.c_str());
   return 0;
+}
+
+}  // namespace
+
+std::function<int()> declare_eval(Command& c) {
+  auto e = std::make_shared<EvalFlags>();
+  c.text("checkpoint", e->checkpoint, "FILE",
+         "a training checkpoint (train --save), an export, or a PyTorch state_dict in safetensors");
+  c.required("checkpoint");
+  c.text("data", e->data, "DIR", "the test set's idx files", "the run's, else " + std::string(data::kDefaultDataDir));
+  c.choice("precision", e->precision, precision_choices(), "evaluate the weights in this precision",
+           "the checkpoint's");
+  add_device_flag(c, e->device);
+  c.flag("json", e->json, "print one JSON object");
+  add_threads_flag(c, e->threads);
+  c.group("the model, for a file that does not name it (a PyTorch state_dict)");
+  add_model_flags(c, e->model);
+  c.group("gpt model (--model gpt)", {"gpt"});
+  c.text("text", e->gpt.text, "FILE", "the validation text", "the run's");
+  c.integer("eval-batches", e->gpt.eval_batches, 1, 1 << 20, "validation batches of 32 x block size", "the run's");
+  c.group("Options");
+  return [e, &c] { return cmd_eval(c, *e); };
+}
+
+std::function<int()> declare_export(Command& c) {
+  struct ExportFlags {
+    std::string checkpoint, out, dtype = "as-stored";
+  };
+  auto e = std::make_shared<ExportFlags>();
+  c.text("checkpoint", e->checkpoint, "FILE", "a checkpoint, an export or a PyTorch state_dict");
+  c.required("checkpoint");
+  c.text("out", e->out, "FILE", "the safetensors file to write");
+  c.required("out");
+  c.choice("dtype", e->dtype, {"as-stored", "f32", "bf16", "f16"}, "the floating tensors' dtype");
+  return [e] { return cmd_export(e->checkpoint, e->out, e->dtype); };
 }
 
 }  // namespace mixprec::cli

@@ -40,13 +40,15 @@ void print_header(const Session& s, const std::string& data_line, bool detect_an
   std::fflush(stdout);
 }
 
-ProgressPrinter::ProgressPrinter(int64_t epochs, int64_t steps_per_epoch)
+ProgressPrinter::ProgressPrinter(int64_t epochs, int64_t steps_per_epoch, bool quiet)
     : epochs_(epochs),
       steps_per_epoch_(steps_per_epoch),
       report_every_(std::max<int64_t>(1, steps_per_epoch / 5)),
-      tty_(isatty(fileno(stderr))) {}
+      tty_(isatty(fileno(stderr))),
+      quiet_(quiet) {}
 
 void ProgressPrinter::step(int64_t epoch, int64_t i, double loss, int64_t samples, double seconds) const {
+  if (quiet_) return;
   // A run of steps (epochs_ 0, the gpt) names no epoch.
   const std::string ep = epochs_ > 0 ? detail::concat("epoch ", epoch, "/", epochs_, " ") : std::string();
   if (tty_) {
@@ -61,7 +63,7 @@ void ProgressPrinter::step(int64_t epoch, int64_t i, double loss, int64_t sample
 }
 
 void ProgressPrinter::end_epoch() const {
-  if (tty_) std::fprintf(stderr, "\n");
+  if (tty_ && !quiet_) std::fprintf(stderr, "\n");
 }
 
 void print_epoch(int64_t epoch, double train_loss, double test_accuracy, double test_loss, double seconds,

@@ -22,8 +22,8 @@ std::string image_data_line(const std::string& data_dir, const data::Dataset& tr
 
 class ProgressPrinter {
  public:
-  // epochs 0: a run of steps_per_epoch steps without epochs (the gpt's).
-  ProgressPrinter(int64_t epochs, int64_t steps_per_epoch);
+  // epochs 0: a run of steps_per_epoch steps without epochs (the gpt's). quiet: prints nothing.
+  ProgressPrinter(int64_t epochs, int64_t steps_per_epoch, bool quiet = false);
   // After step i (from 1) of `epoch`: `samples` trained in `seconds` this epoch.
   void step(int64_t epoch, int64_t i, double loss, int64_t samples, double seconds) const;
   void end_epoch() const;  // ends the terminal's bar line
@@ -33,7 +33,7 @@ class ProgressPrinter {
 
  private:
   int64_t epochs_, steps_per_epoch_, report_every_;
-  bool tty_;
+  bool tty_, quiet_;
 };
 
 void print_epoch(int64_t epoch, double train_loss, double test_accuracy, double test_loss, double seconds,

@@ -21,23 +21,18 @@ std::string shortest(T x) {
   return std::string(buf, r.ptr);
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(v[i]);
-  }
-  return s;
-}
-
 // Flags beside the settings that a checkpoint records and a resumed run takes as its defaults.
 constexpr const char* kRunFlags[] = {"threads", "data", "text"};
 
 }  // namespace
 
-Precision parse_checkpoint_precision(Args& a, const Flags& metadata, const Device& device) {
+Precision checkpoint_precision(const std::string& given, const Flags& metadata, const Device& device) {
+  if (!given.empty()) return resolve_precision(given, device);
   const auto it = metadata.find("precision");
-  return parse_precision(a, it != metadata.end() ? it->second : "fp32", device);
+  const std::string name = it != metadata.end() ? it->second : "fp32";
+  for (const std::string& c : precision_choices())
+    if (c == name) return resolve_precision(name, device);
+  throw Error(detail::concat("the checkpoint's metadata names precision '", name, "', which is no preset"));
 }
 
 const std::string& metadata_str(const Flags& m, const std::string& key, const std::string& path) {
@@ -69,22 +64,14 @@ float meta_float(const Flags& m, const std::string& key, const std::string& path
 }  // namespace
 
 Flags setting_flags(const SessionOptions& s, const TrainOptions& o) {
-  Flags f;
-  f["model"] = s.model.name;
+  Flags f = model_setting_flags(s.model);
   if (s.model.is_gpt()) {
-    f["layers"] = std::to_string(s.model.layers);
-    f["heads"] = std::to_string(s.model.heads);
-    f["d-model"] = std::to_string(s.model.d_model);
-    f["block-size"] = std::to_string(s.model.block_size);
-    f["dropout"] = shortest(s.model.dropout);
     f["beta2"] = shortest(s.beta2);
     f["steps"] = std::to_string(o.steps);
     f["eval-every"] = std::to_string(o.eval_every);
     f["eval-batches"] = std::to_string(o.eval_batches);
     f["min-lr"] = shortest(o.min_lr);
   } else {
-    f["hidden"] = join(s.model.hidden);
-    f["channels"] = join(s.model.channels);
     f["epochs"] = std::to_string(o.epochs);
   }
   f["precision"] = s.precision.name;  // resolved: never "auto"
@@ -170,7 +157,7 @@ DataFacts stored_data_facts(const Flags& metadata, const std::string& path) {
   return d;
 }
 
-void check_same_settings(const Flags& stored, const Flags& now, const Args& given, const std::string& path) {
+void check_same_settings(const Flags& stored, const Flags& now, const Command& c, const std::string& path) {
   Flags keys = stored;
   keys.insert(now.begin(), now.end());
   for (const auto& entry : keys) {
@@ -181,7 +168,7 @@ void check_same_settings(const Flags& stored, const Flags& now, const Args& give
     const auto s = stored.find(k), n = now.find(k);
     const std::string sv = s == stored.end() ? "(unset)" : s->second, nv = n == now.end() ? "(unset)" : n->second;
     if (sv == nv) continue;
-    if (given.has(k))
+    if (c.given(k))
       throw Error(detail::concat("--", k, " ", nv, " differs from the checkpoint's ", sv, " (", path,
                                  "): a resumed run keeps the settings it started with"));
     throw Error(detail::concat("the flags given change --", k, " from the checkpoint's ", sv, " to ", nv, " (", path,

@@ -43,9 +43,8 @@ GptCheckpoint load_gpt(const io::SafetensorsFile& f, const std::string& path, co
                 ": a gpt checkpoint (train --model gpt --save) is needed");
   Flags flags;
   for (const char* k : kGptModelKeys) flags[k] = metadata_str(f.metadata, k, path);
-  Args a = Args("sample", {}).with_defaults(flags);
   GptCheckpoint g;
-  g.spec = parse_model(a);
+  g.spec = model_from_flags(flags, path);
   g.vocab = data::Vocabulary::from_utf8(metadata_str(f.metadata, "vocab", path), path + " (metadata 'vocab')");
   g.spec.vocab_size = g.vocab.size();
   g.model = build_model(g.spec);
@@ -54,12 +53,6 @@ GptCheckpoint load_gpt(const io::SafetensorsFile& f, const std::string& path, co
   g.model->to(device);
   g.model->eval();
   return g;
-}
-
-std::string required(Args& a, const std::string& flag) {
-  std::string v = a.str(flag, "");
-  MIXPREC_CHECK(!v.empty(), "--", flag, " FILE is required");
-  return v;
 }
 
 // The next token from the last position's logits: divided by the temperature, cut to the top k
@@ -85,20 +78,22 @@ int64_t draw_token(const std::vector<float>& logits, double temperature, int64_t
   return it == cumulative.end() ? int64_t(z.size()) - 1 : int64_t(it - cumulative.begin());
 }
 
-}  // namespace
+struct SampleFlags {
+  std::string checkpoint, prompt = "\n", device = "cpu", precision;
+  int64_t tokens = 500, top_k = 200, seed = 1337, threads = 0;
+  double temperature = 0.8;
+};
 
-int cmd_sample(Args& a) {
-  const std::string path = required(a, "checkpoint");
-  const std::string prompt = a.str("prompt", "\n");
-  const int64_t tokens = a.integer("tokens", 500, 0, 1 << 24);
-  const double temperature = a.real("temperature", 0.8, 0.0, 1e6, /*lo_open=*/true);
-  const int64_t top_k = a.integer("top-k", 200, 0, INT64_MAX);
-  const uint64_t seed = uint64_t(a.integer("seed", 1337, 0, INT64_MAX));
-  const Device device = parse_device(a);
+int cmd_sample(const Command& c, const SampleFlags& s) {
+  const std::string& path = s.checkpoint;
+  const std::string& prompt = s.prompt;
+  const int64_t tokens = s.tokens, top_k = s.top_k;
+  const double temperature = s.temperature;
+  const uint64_t seed = uint64_t(s.seed);
+  const Device device = resolve_device(s.device);
   const io::SafetensorsFile f = io::load_safetensors(path);
-  const Precision precision = parse_checkpoint_precision(a, f.metadata, device);
-  const int threads = int(a.integer("threads", available_cores(), 1, 1024));
-  a.finish();
+  const Precision precision = checkpoint_precision(s.precision, f.metadata, device);
+  const int threads = int(c.has("threads") ? s.threads : available_cores());
 
   omp_set_num_threads(threads);
   const GptCheckpoint g = load_gpt(f, path, precision, device);
@@ -124,19 +119,21 @@ int cmd_sample(Args& a) {
   return 0;
 }
 
-int eval_gpt(Args& given, const io::SafetensorsFile& f, const std::string& path) {
-  Args a = given.with_defaults({});
-  (void)a.str("checkpoint", "");
-  const Device device = parse_device(a);
-  const Precision precision = parse_checkpoint_precision(a, f.metadata, device);
-  const std::string text_path =
-      a.str("text", f.metadata.count("text") ? f.metadata.at("text") : std::string(data::kDefaultTextPath));
-  const int64_t batches =
-      a.integer("eval-batches", f.metadata.count("eval-batches") ? metadata_int(f.metadata, "eval-batches", path) : 50,
-                1, 1 << 20);
-  const bool json = a.flag("json");
-  const int threads = int(a.integer("threads", available_cores(), 1, 1024));
-  a.finish();
+}  // namespace
+
+int eval_gpt(const Command& c, const GptEvalFlags& e, const std::string& device_name, const std::string& precision_name,
+             bool json, int64_t threads_flag, const io::SafetensorsFile& f, const std::string& path) {
+  for (const char* k : {"model", "hidden", "channels", "layers", "heads", "d-model", "block-size", "dropout"})
+    MIXPREC_CHECK(!c.given(k), "--", k, ": ", path, " is a gpt checkpoint, whose model comes from its metadata");
+  const Device device = resolve_device(device_name);
+  const Precision precision = checkpoint_precision(precision_name, f.metadata, device);
+  const std::string text_path = c.has("text")              ? e.text
+                                : f.metadata.count("text") ? f.metadata.at("text")
+                                                           : std::string(data::kDefaultTextPath);
+  const int64_t batches = c.has("eval-batches")              ? e.eval_batches
+                          : f.metadata.count("eval-batches") ? metadata_int(f.metadata, "eval-batches", path)
+                                                             : 50;
+  const int threads = int(c.has("threads") ? threads_flag : available_cores());
 
   const data::TextCorpus text = data::load_text(text_path);
   omp_set_num_threads(threads);
@@ -156,6 +153,21 @@ int eval_gpt(Args& given, const io::SafetensorsFile& f, const std::string& path)
                 precision.name.c_str(), text_path.c_str());
   }
   return 0;
+}
+
+std::function<int()> declare_sample(Command& c) {
+  auto s = std::make_shared<SampleFlags>();
+  c.text("checkpoint", s->checkpoint, "FILE", "a gpt checkpoint (train --model gpt --save)");
+  c.required("checkpoint");
+  c.text("prompt", s->prompt, "TEXT", "the text to continue", "a newline");
+  c.integer("tokens", s->tokens, 0, 1 << 24, "characters to generate");
+  c.real("temperature", s->temperature, 0.0, 1e6, "divides the logits", /*lo_open=*/true);
+  c.integer("top-k", s->top_k, 0, INT64_MAX, "draw from the N likeliest characters; 0: all");
+  c.integer("seed", s->seed, 0, INT64_MAX, "the same seed gives the same text");
+  add_device_flag(c, s->device);
+  c.choice("precision", s->precision, precision_choices(), "run the model in this precision", "the checkpoint's");
+  add_threads_flag(c, s->threads);
+  return [s, &c] { return cmd_sample(c, *s); };
 }
 
 }  // namespace mixprec::cli

@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <sched.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -49,23 +50,22 @@ Precision resolve_precision(const std::string& name, const Device& device) {
   return p;
 }
 
-namespace {
-
 std::vector<std::string> precision_choices() {
   std::vector<std::string> c = {"auto"};
   for (const auto& n : amp::precision_preset_names()) c.push_back(n);
   return c;
 }
 
-// --loss-scale dynamic | static:N | none, plus the dynamic scaler's knobs.
-void parse_loss_scale(Args& a, SessionOptions& o) {
-  const std::string def = o.precision.loss_scaling ? "dynamic" : "none";
-  const std::string v = a.str("loss-scale", def);
+namespace {
+
+// --loss-scale dynamic | static:N | none (the preset's by default), plus the dynamic scaler's knobs.
+void resolve_loss_scale(const SessionFlags& f, const Command& c, SessionOptions& o) {
+  const std::string v = f.loss_scale.empty() ? (o.precision.loss_scaling ? "dynamic" : "none") : f.loss_scale;
   amp::GradScalerOptions& so = o.scaler;
   so = amp::GradScalerOptions{};
-  so.init_scale = a.real("init-scale", so.init_scale, 0.0, 3.0e38, /*lo_open=*/true);
-  so.growth_interval = a.integer("growth-interval", so.growth_interval, 1, INT64_MAX);
-  so.hysteresis = a.integer("hysteresis", so.hysteresis, 1, 1000000);
+  so.init_scale = f.init_scale;
+  so.growth_interval = f.growth_interval;
+  so.hysteresis = f.hysteresis;
   if (v == "dynamic") {
     so.enabled = true;
   } else if (v == "none") {
@@ -75,7 +75,7 @@ void parse_loss_scale(Args& a, SessionOptions& o) {
     const double x = std::strtod(v.c_str() + 7, &end);
     MIXPREC_CHECK(v.size() > 7 && *end == '\0' && std::isfinite(x) && x > 0 && x < 3.0e38,
                   "--loss-scale static:N needs a number N > 0, got '", v, "'");
-    MIXPREC_CHECK(!a.has("init-scale"), "--init-scale conflicts with --loss-scale ", v, " (the static scale)");
+    MIXPREC_CHECK(!c.has("init-scale"), "--init-scale conflicts with --loss-scale ", v, " (the static scale)");
     so.enabled = true;
     so.dynamic = false;
     so.init_scale = x;
@@ -83,8 +83,35 @@ void parse_loss_scale(Args& a, SessionOptions& o) {
     throw Error(detail::concat("--loss-scale must be dynamic, static:N or none, got '", v, "'"));
   }
   o.loss_scale = v;
-  MIXPREC_CHECK(so.enabled || (!a.has("init-scale") && !a.has("growth-interval") && !a.has("hysteresis")),
+  MIXPREC_CHECK(so.enabled || (!c.has("init-scale") && !c.has("growth-interval") && !c.has("hysteresis")),
                 "--init-scale, --growth-interval and --hysteresis need a loss scale (--loss-scale dynamic)");
+}
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
+  return s;
+}
+
+// The shortest decimal that reads back as the same double.
+std::string shortest(double x) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), x);
+  return std::string(buf, r.ptr);
+}
+
+// "mlp 512, cnn 64, cnn-bn 128, gpt 32": a recipe's value for each model, for --help.
+template <class F>
+std::string per_model(F value) {
+  std::string s = "model's recipe: ";
+  for (const std::string& m : model_names()) {
+    if (m != model_names().front()) s += ", ";
+    s.append(m).append(" ").append(value(m));
+  }
+  return s;
 }
 
 }  // namespace
@@ -103,28 +130,129 @@ std::string describe_loss_scale(const SessionOptions& o) {
   return os.str();
 }
 
-ModelSpec parse_model(Args& a) {
+void add_model_flags(Command& c, ModelFlags& f) {
+  c.choice("model", f.model, model_names(),
+           "the model: mlp (784-hidden...-10, ReLU), cnn (the PyTorch tutorial's two conv/ReLU/max-pool stages), "
+           "cnn-bn (conv-BN-ReLU stages, dropout), gpt (nanoGPT's decoder: pre-norm blocks, embedding tied to the "
+           "head)");
+  c.group("mlp model (--model mlp)", {"mlp"});
+  c.int_list("hidden", f.hidden, 1, 1 << 16, "the hidden layers' widths");
+  c.group("cnn model (--model cnn)", {"cnn"});
+  c.int_list("channels", f.channels, 1, 1 << 14, "the two conv stages' widths (420,1000: the wide one)");
+  c.group("gpt model (--model gpt)", {"gpt"});
+  c.integer("layers", f.layers, 1, 1024, "transformer blocks");
+  c.integer("heads", f.heads, 1, 1024, "attention heads (--d-model must be a multiple)");
+  c.integer("d-model", f.d_model, 1, 1 << 16, "embedding width");
+  c.integer("block-size", f.block_size, 1, 1 << 20, "context length in characters");
+  c.real("dropout", f.dropout, 0.0, 0.99, "dropout probability");
+  c.group("Options");
+}
+
+void add_device_flag(Command& c, std::string& device) {
+  c.text("device", device, "cpu|cuda|cuda:N|auto",
+         "where to run; auto: GPU 0 where there is one, else the CPU. The model is built on the CPU (the same "
+         "weights everywhere), then moved");
+}
+
+void add_threads_flag(Command& c, int64_t& threads) {
+  c.integer("threads", threads, 1, 1024, "CPU threads", "the available cores, " + std::to_string(available_cores()));
+}
+
+void add_session_flags(Command& c, SessionFlags& f, bool with_precision) {
+  add_device_flag(c, f.device);
+  if (with_precision)
+    c.choice("precision", f.precision, precision_choices(),
+             "auto: on a GPU amp-bf16 from compute capability 8.0 on, else amp-fp16; on the CPU amp-bf16 where it "
+             "has AMX-BF16 or AVX512-BF16, else fp32. amp-*: autocast, f32 parameters; half-*: 16-bit parameters, "
+             "f32 master weights and optimizer state; pure-bf16: no master copy, stochastic rounding; pure-fp16: "
+             "the naive baseline");
+  c.boolean("stochastic-rounding", f.stochastic_rounding,
+            "pure-bf16/pure-fp16 only: round weight updates stochastically (false: to nearest)",
+            "pure-bf16 true, pure-fp16 false");
+  c.text("loss-scale", f.loss_scale, "dynamic|static:N|none", "loss scaling",
+         "dynamic for the fp16 presets, else none");
+  c.real("init-scale", f.init_scale, 0.0, 3.0e38, "the dynamic scale's start", /*lo_open=*/true);
+  c.integer("growth-interval", f.growth_interval, 1, INT64_MAX, "finite steps before the scale doubles");
+  c.integer("hysteresis", f.hysteresis, 1, 1000000, "overflows in a row before the scale backs off");
+  c.choice("optimizer", f.optimizer, {"adamw", "sgd"}, "the optimizer");
+  c.real("lr", f.lr, 0.0, 1e3, "learning rate", /*lo_open=*/true,
+         "adamw: " + per_model([](const std::string& m) { return shortest(default_recipe(m).adamw_lr); }) +
+             "; sgd: " + shortest(default_recipe("mlp").sgd_lr));
+  c.real("weight-decay", f.weight_decay, 0.0, 1.0, "weight decay", false,
+         per_model([](const std::string& m) { return shortest(default_recipe(m).weight_decay); }) +
+             " (gpt: on the parameters of dim >= 2 only)");
+  c.real("momentum", f.momentum, 0.0, 0.999999, "SGD's momentum");
+  c.integer("batch-size", f.batch_size, 1, 1 << 20, "samples per optimizer step",
+            per_model([](const std::string& m) { return std::to_string(default_recipe(m).batch_size); }));
+  c.integer("accumulate", f.accumulate, 1, 1 << 20, "split each batch into N micro-batches (one optimizer step)");
+  c.real("clip-grad-norm", f.clip_grad_norm, 0.0, 1e30, "clip the unscaled gradients' L2 norm; 0: off", false,
+         per_model([](const std::string& m) { return shortest(default_recipe(m).clip_grad_norm); }) +
+             ", 0 with --clip-grad-value");
+  c.real("clip-grad-value", f.clip_grad_value, 0.0, 1e30, "clip each unscaled gradient to [-X, X]; 0: off");
+  c.real("loss-weight", f.loss_weight, 0.0, 1e30,
+         "multiply the loss by W before backward (an auxiliary loss's weight; 1e-5 shows fp16 gradient underflow)",
+         /*lo_open=*/true);
+  c.integer("seed", f.seed, 0, INT64_MAX, "seeds the weights, the shuffling and dropout");
+  add_threads_flag(c, f.threads);
+  c.size("memory-limit", f.memory_limit,
+         "the allocator's budget on the device: an allocation past it fails with out of memory");
+  c.group("data parallelism (under mpirun -np N; docs/distributed.md)");
+  c.choice("reduce-dtype", f.reduce_dtype, {"f32", "bf16"}, "the dtype the gradients travel in between ranks");
+  c.integer("zero", f.zero, 0, 1, "ZeRO stage: 1 shards the optimizer state across the ranks");
+  c.group("Options");
+  add_model_flags(c, f.model);
+  c.group("gpt model (--model gpt)", {"gpt"});
+  c.real("beta2", f.beta2, 0.0, 0.999999, "AdamW's second beta", false,
+         shortest(default_recipe("gpt").beta2) + ", nanoGPT's");
+  c.group("Options");
+}
+
+ModelSpec resolve_model(const ModelFlags& f, const Command& c) {
+  c.check_model_flags(f.model);
   ModelSpec m;
-  m.name = a.choice("model", "mlp", model_names());
-  m.hidden = a.int_list("hidden", m.hidden, 1, 1 << 16);
-  m.channels = a.int_list("channels", m.channels, 1, 1 << 14);
-  if (m.is_gpt()) {
-    m.layers = a.integer("layers", m.layers, 1, 1024);
-    m.heads = a.integer("heads", m.heads, 1, 1024);
-    m.d_model = a.integer("d-model", m.d_model, 1, 1 << 16);
-    m.block_size = a.integer("block-size", m.block_size, 1, 1 << 20);
-    m.dropout = a.real("dropout", m.dropout, 0.0, 0.99);
+  m.name = f.model;
+  m.hidden = f.hidden;
+  m.channels = f.channels;
+  m.layers = f.layers;
+  m.heads = f.heads;
+  m.d_model = f.d_model;
+  m.block_size = f.block_size;
+  m.dropout = f.dropout;
+  if (m.is_gpt())
     MIXPREC_CHECK(m.d_model % m.heads == 0, "--d-model ", m.d_model, " must be a multiple of --heads ", m.heads);
-  }
   return m;
 }
 
-Precision parse_precision(Args& a, const std::string& def, const Device& device) {
-  return resolve_precision(a.choice("precision", def, precision_choices()), device);
+ModelSpec model_from_flags(const Flags& flags, const std::string& source) {
+  Command c(nullptr, "metadata", "a model's flags");
+  ModelFlags f;
+  add_model_flags(c, f);
+  Flags model_only;
+  for (const auto& [k, v] : flags)
+    if (k == "model" || k == "hidden" || k == "channels" || k == "layers" || k == "heads" || k == "d-model" ||
+        k == "block-size" || k == "dropout")
+      model_only[k] = v;
+  c.take_defaults(model_only, source);
+  return resolve_model(f, c);
 }
 
-Device parse_device(Args& a, std::string* why) {
-  const std::string v = a.str("device", "cpu");
+Flags model_setting_flags(const ModelSpec& m) {
+  Flags f;
+  f["model"] = m.name;
+  if (m.is_gpt()) {
+    f["layers"] = std::to_string(m.layers);
+    f["heads"] = std::to_string(m.heads);
+    f["d-model"] = std::to_string(m.d_model);
+    f["block-size"] = std::to_string(m.block_size);
+    f["dropout"] = shortest(m.dropout);
+  } else {
+    f["hidden"] = join(m.hidden);
+    f["channels"] = join(m.channels);
+  }
+  return f;
+}
+
+Device resolve_device(const std::string& v, std::string* why) {
   if (v == "auto") {
     const bool gpu = cuda::device_count() > 0;
     if (why) *why = gpu ? "a GPU is present" : "no GPU: " + cuda::unavailable_reason();
@@ -140,42 +268,46 @@ Device parse_device(Args& a, std::string* why) {
   return d;
 }
 
-SessionOptions parse_session(Args& a) {
+SessionOptions resolve_session(const SessionFlags& f, const Command& c) {
   SessionOptions o;
-  o.device = parse_device(a, &o.device_why);
-  o.model = parse_model(a);
-  o.precision = parse_precision(a, "auto", o.device);
+  o.device = resolve_device(f.device, &o.device_why);
+  o.model = resolve_model(f.model, c);
+  o.precision = resolve_precision(f.precision, o.device);
   const bool half_params = o.precision.param_dtype != DType::f32;
-  if (a.has("stochastic-rounding")) {
-    const bool sr = a.flag("stochastic-rounding");
+  if (c.has("stochastic-rounding")) {
     MIXPREC_CHECK(half_params && !o.precision.master_weights,
                   "--stochastic-rounding applies to pure-bf16/pure-fp16 (16-bit weights without a master copy), not ",
                   o.precision.name);
-    o.precision.stochastic_rounding = sr;
+    o.precision.stochastic_rounding = f.stochastic_rounding;
   }
-  parse_loss_scale(a, o);
-  o.optimizer = a.choice("optimizer", "adamw", {"adamw", "sgd"});
+  resolve_loss_scale(f, c, o);
+  o.optimizer = f.optimizer;
   const Recipe recipe = default_recipe(o.model.name);
-  o.lr = a.real("lr", o.optimizer == "sgd" ? recipe.sgd_lr : recipe.adamw_lr, 0.0, 1e3, /*lo_open=*/true);
-  o.weight_decay = a.real("weight-decay", recipe.weight_decay, 0.0, 1.0);
-  // Only the gpt reads --beta2 (the image models' checkpoints do not record it).
-  if (o.model.is_gpt()) o.beta2 = a.real("beta2", recipe.beta2, 0.0, 0.999999);
-  o.momentum = a.real("momentum", 0.9, 0.0, 0.999999);
-  o.batch_size = a.integer("batch-size", recipe.batch_size, 1, 1 << 20);
-  o.accumulate = a.integer("accumulate", 1, 1, 1 << 20);
+  o.lr = c.has("lr") ? f.lr : o.optimizer == "sgd" ? recipe.sgd_lr : recipe.adamw_lr;
+  o.weight_decay = c.has("weight-decay") ? f.weight_decay : recipe.weight_decay;
+  o.beta2 = c.has("beta2") ? f.beta2 : recipe.beta2;
+  o.momentum = f.momentum;
+  o.batch_size = c.has("batch-size") ? f.batch_size : recipe.batch_size;
+  o.accumulate = f.accumulate;
   MIXPREC_CHECK(o.accumulate <= o.batch_size, "--accumulate ", o.accumulate,
                 " splits each batch into micro-batches: ", "it cannot exceed --batch-size ", o.batch_size);
-  o.clip_grad_value = a.real("clip-grad-value", 0.0, 0.0, 1e30);
+  o.clip_grad_value = f.clip_grad_value;
   // The recipe's norm clipping gives way to an explicit --clip-grad-value.
-  o.clip_grad_norm = a.real("clip-grad-norm", a.has("clip-grad-value") ? 0.0 : recipe.clip_grad_norm, 0.0, 1e30);
+  o.clip_grad_norm = c.has("clip-grad-norm")    ? f.clip_grad_norm
+                     : c.has("clip-grad-value") ? 0.0
+                                                : recipe.clip_grad_norm;
   MIXPREC_CHECK(o.clip_grad_norm == 0 || o.clip_grad_value == 0, "--clip-grad-norm and --clip-grad-value: pick one");
-  o.loss_weight = a.real("loss-weight", 1.0, 0.0, 1e30, /*lo_open=*/true);
-  o.seed = uint64_t(a.integer("seed", 0, 0, INT64_MAX));
-  o.threads = int(a.integer("threads", available_cores(), 1, 1024));
+  o.loss_weight = f.loss_weight;
+  o.seed = uint64_t(f.seed);
+  o.threads = int(c.has("threads") ? f.threads : available_cores());
+  o.memory_limit = f.memory_limit;
+  o.reduce_dtype = f.reduce_dtype;
+  o.zero = int(f.zero);
   return o;
 }
 
 Session make_session(const SessionOptions& opt) {
+  if (opt.memory_limit > 0) allocator::set_budget(opt.memory_limit, opt.device);
   omp_set_num_threads(opt.threads);
   default_generator().manual_seed(opt.seed);
   Session s;

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "args.h"
+#include "cli.h"
 #include "mixprec/device.h"
 #if MIXPREC_WITH_MPI
 #include "mixprec/dist.h"
@@ -40,22 +40,61 @@ struct SessionOptions {
   double clip_grad_norm = 0;        // 0: off
   double clip_grad_value = 0;       // 0: off
   double loss_weight = 1;           // the loss is multiplied by this before backward (gradients shrink with it)
+  int64_t memory_limit = 0;         // the allocator's budget on the device, bytes (make_session sets it); 0: none
   // ---- data parallelism (mpirun -np N; docs/distributed.md) ----
   std::string reduce_dtype = "f32";  // f32 | bf16: how gradients travel
   int zero = 0;                      // ZeRO stage: 0, or 1 (optimizer state sharded across ranks)
 };
 
-// Reads the flags train and bench share (device, model, precision, loss scale, optimizer, batch
-// size, accumulation, clipping, seed, threads).
-SessionOptions parse_session(Args& args);
-// --model, --hidden, --channels; for gpt also --layers, --heads, --d-model, --block-size, --dropout
-// (flags of the image models only where they are read, so `--layers` with mlp is an unknown flag).
-ModelSpec parse_model(Args& args);
-Precision parse_precision(Args& args, const std::string& def,
-                          const Device& device = Device::cpu());  // --precision
+// The model flags as given: --model, --hidden (mlp), --channels (cnn), the gpt's shape.
+struct ModelFlags {
+  std::string model = "mlp";
+  std::vector<int64_t> hidden = {1024, 1024};
+  std::vector<int64_t> channels = {8, 16};
+  int64_t layers = 4, heads = 4, d_model = 128, block_size = 128;
+  double dropout = 0;
+};
+// The flags train, bench, compare and max-batch share, as given: resolve_session fills in what
+// depends on others (the preset's loss scale, the model's recipe).
+struct SessionFlags {
+  std::string device = "cpu";
+  ModelFlags model;
+  std::string precision = "auto";
+  bool stochastic_rounding = true;
+  std::string loss_scale;  // empty: the preset's
+  double init_scale = 65536;
+  int64_t growth_interval = 2000, hysteresis = 1;
+  std::string optimizer = "adamw";
+  double lr = 0, weight_decay = 0, momentum = 0.9, beta2 = 0.999;
+  int64_t batch_size = 0, accumulate = 1;
+  double clip_grad_value = 0, clip_grad_norm = 0, loss_weight = 1;
+  int64_t seed = 0, threads = 0;
+  int64_t memory_limit = 0;  // bytes; 0: none
+  std::string reduce_dtype = "f32";
+  int64_t zero = 0;
+};
+
+// --model and the flags of each model's shape, each in its model's help group.
+void add_model_flags(Command& c, ModelFlags& f);
+// The shared flags (add_model_flags included); without_precision: the command declares its own
+// (compare and max-batch: --precisions).
+void add_session_flags(Command& c, SessionFlags& f, bool with_precision = true);
+void add_device_flag(Command& c, std::string& device);
+void add_threads_flag(Command& c, int64_t& threads);
+// The model the flags describe; a flag of another model is refused (check_model_flags).
+ModelSpec resolve_model(const ModelFlags& f, const Command& c);
+// The model a checkpoint's metadata names (its flags: model, hidden, channels, the gpt's shape).
+ModelSpec model_from_flags(const Flags& flags, const std::string& source);
+// The flags that give `m`, with canonical values: as a checkpoint records them.
+Flags model_setting_flags(const ModelSpec& m);
+// The session the flags describe, with the model's recipe where --batch-size, --lr and the like
+// were not given (c.has).
+SessionOptions resolve_session(const SessionFlags& f, const Command& c);
 // --device cpu|cuda|cuda:N|auto (and the test-only fenced): auto takes GPU 0 where there is one.
 // Throws one line when the device asked for is not there (cuda::require).
-Device parse_device(Args& args, std::string* why = nullptr);
+Device resolve_device(const std::string& name, std::string* why = nullptr);
+// The precision names --precision takes: auto and the presets.
+std::vector<std::string> precision_choices();
 // A preset by name; auto picks what `device` runs fastest (on a GPU: amp-bf16 from compute
 // capability 8.0 on, amp-fp16 before; on the CPU and the fenced device, whose kernels are the
 // CPU's: amp-bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32).
@@ -83,9 +122,9 @@ struct Session {
   // The optimizer that steps: the session's, or with --zero 1 this rank's shard of it.
   optim::Optimizer& stepping_optimizer();
 };
-// Seeds the generator, builds the model on the CPU (the same weights on every device), converts it
-// to the preset's parameter dtype, moves it to the device, then builds the optimizer (which takes
-// its f32 master copies there) and the GradScaler. The gpt's AdamW has nanoGPT's two parameter
+// Sets the device allocator's budget (--memory-limit), seeds the generator, builds the model on the CPU (the same
+// weights on every device), converts it to the preset's parameter dtype, moves it to the device, then builds the
+// optimizer (which takes its f32 master copies there) and the GradScaler. The gpt's AdamW has nanoGPT's two parameter
 // groups: weight decay on the parameters of dim >= 2 (embeddings, Linear weights), none on biases
 // and LayerNorms.
 Session make_session(const SessionOptions& opt);

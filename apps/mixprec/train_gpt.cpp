@@ -24,14 +24,16 @@ class GptRun : StepLoop {
  public:
   GptRun(Session& s, const TrainOptions& o, const data::TextCorpus& text, MetricsWriter& metrics, const RunState& start,
          Flags checkpoint_metadata)
-      : StepLoop(s, o, metrics, o.steps, start.step, ProgressPrinter(0, o.steps), std::move(checkpoint_metadata)),
+      : StepLoop(s, o, metrics, o.steps, start.step, ProgressPrinter(0, o.steps, o.quiet),
+                 std::move(checkpoint_metadata)),
         text_(text),
         samples_(start.samples),
         train_seconds_(start.train_seconds),
         val_loss_(start.test_loss) {}
 
-  void run() {
+  TrainResult run() {
     const auto t_start = Clock::now();
+    TrainResult result;
     const int64_t B = s_.opt.batch_size, T = s_.opt.model.block_size;
     int64_t process_samples = 0;
     double process_seconds = 0, loss_sum = 0;
@@ -59,20 +61,27 @@ class GptRun : StepLoop {
         std::printf("stopped after step %lld (--stop-after-steps)%s%s\n", (long long)step_,
                     o_.save_path.empty() ? "" : "; resume with --resume ", o_.save_path.c_str());
         metrics_.check();
-        return;
+        result.stopped = true;
+        return result;
       }
     }
     report_steps(loss_sum);
     const double wall = seconds_since(t_start);
     const double sps = double(samples_) / train_seconds_;
-    char result[64];
-    std::snprintf(result, sizeof result, "final validation loss %.4f", val_loss_);
-    print_done(s_, step_, wall, train_seconds_, sps, result, scale_trace_, o_.diagnose > 0);
+    char line[64];
+    std::snprintf(line, sizeof line, "final validation loss %.4f", val_loss_);
+    if (!o_.quiet) print_done(s_, step_, wall, train_seconds_, sps, line, scale_trace_, o_.diagnose > 0);
     Json summary = summary_event(s_, step_, wall, sps, 0.0);
     summary.erase("test_accuracy");
     summary["val_loss"] = val_loss_;
     metrics_.write(summary);
     metrics_.check();
+    result.steps = step_;
+    result.wall_seconds = wall;
+    result.train_seconds = train_seconds_;
+    result.samples_per_s = sps;
+    result.val_loss = val_loss_;
+    return finish_result(s_, result);
   }
 
  private:
@@ -80,9 +89,11 @@ class GptRun : StepLoop {
     const auto t0 = Clock::now();
     val_loss_ =
         validation_loss(*s_.model, s_.opt.precision, text_, s_.opt.model.block_size, o_.eval_batches, s_.opt.device);
-    std::printf("step %lld: validation loss %.4f (%lld batches, %.1f s)\n", (long long)step_, val_loss_,
-                (long long)o_.eval_batches, seconds_since(t0));
-    std::fflush(stdout);
+    if (!o_.quiet) {
+      std::printf("step %lld: validation loss %.4f (%lld batches, %.1f s)\n", (long long)step_, val_loss_,
+                  (long long)o_.eval_batches, seconds_since(t0));
+      std::fflush(stdout);
+    }
     metrics_.write(eval_event(step_, val_loss_));
     metrics_.flush();
   }
@@ -104,7 +115,8 @@ class GptRun : StepLoop {
 
 }  // namespace
 
-int train_gpt(SessionOptions opt, const TrainOptions& o, const std::string& resume, const io::SafetensorsFile* ckpt) {
+TrainResult train_gpt(SessionOptions opt, const TrainOptions& o, const std::string& resume,
+                      const io::SafetensorsFile* ckpt) {
   // Data first: a missing or broken file fails before any model is built.
   const data::TextCorpus text = data::load_text(o.text_path);
   text.check_block_size(opt.model.block_size);
@@ -138,10 +150,9 @@ int train_gpt(SessionOptions opt, const TrainOptions& o, const std::string& resu
                 o.text_path.c_str(), text.tokens.size(), (long long)text.vocab.size(), (long long)text.train_size,
                 (long long)text.split_size(data::TextSplit::val), (long long)o.steps, (long long)opt.batch_size,
                 (long long)opt.model.block_size);
-  print_header(s, data_line, o.detect_anomaly);
+  if (!o.quiet) print_header(s, data_line, o.detect_anomaly);
   if (ckpt) std::printf("resumed from %s: step %lld\n", resume.c_str(), (long long)start.step);
-  GptRun(s, o, text, metrics, start, checkpoint_metadata(opt, o, facts)).run();
-  return 0;
+  return GptRun(s, o, text, metrics, start, checkpoint_metadata(opt, o, facts)).run();
 }
 
 }  // namespace mixprec::cli
