@@ -14,6 +14,7 @@
 #include "mixprec/allocator.h"
 #include "mixprec/error.h"
 #include "mixprec/precision.h"
+#include "progress.h"
 #include "train.h"
 
 namespace mixprec::cli {
@@ -28,8 +29,6 @@ struct CompareFlags {
   bool json = false;
   std::string out;
 };
-
-double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
 // The table as one object: the runs' shared settings, then a row per precision.
 Json table_json(const SessionOptions& opt, const TrainOptions& o, const std::vector<std::string>& precisions,

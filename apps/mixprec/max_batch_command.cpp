@@ -11,6 +11,7 @@
 #include "metrics.h"
 #include "mixprec/error.h"
 #include "mixprec/precision.h"
+#include "progress.h"
 #include "session.h"
 
 namespace mixprec::cli {
@@ -23,8 +24,6 @@ struct MaxBatchFlags {
   int64_t vocab_size = 81;  // Moby Dick's vocabulary after preprocessing (mixprec/text.h)
   bool json = false;
 };
-
-double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
 std::string model_line(const ModelSpec& m) {
   std::string s = m.name;

@@ -99,10 +99,11 @@ void print_done(const Session& s, int64_t steps, double wall_seconds, double tra
   if (s.scaler->is_enabled() || diagnose) std::printf("loss %s\n", scale_trace.summary().c_str());
 }
 
+double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
 std::string peak_memory_table(const Device& device) {
   const MemoryStats st = allocator::stats(device);
   std::ostringstream os;
-  auto mib = [](int64_t b) { return double(b) / (1024.0 * 1024.0); };
   char line[160];
   std::snprintf(line, sizeof line, "peak memory %.1f MiB:", mib(st.peak_total));
   os << line;

@@ -49,5 +49,7 @@ void print_done(const Session& s, int64_t steps, double wall_seconds, double tra
 // "peak memory 41.4 MiB: parameters 7.1 ..." (the split at the moment of the total peak), on the
 // device the run trained on.
 std::string peak_memory_table(const Device& device);
+// Bytes in MiB, for the tables train, compare and max-batch print.
+double mib(int64_t bytes);
 
 }  // namespace mixprec::cli
