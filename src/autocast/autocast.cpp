@@ -111,11 +111,9 @@ void apply_autocast(OpId op, DType dtype, std::initializer_list<Tensor*> inputs)
           run = any ? promote_floating(run, x->dtype()) : x->dtype();
           any = true;
         }
-      // The element-wise binary ops read a mixed pair in their kernels, as if the narrower were
-      // widened first (ops/binary.cpp): no widened copy is made for them.
-      const bool reads_mixed = op == OpId::add || op == OpId::sub || op == OpId::mul || op == OpId::div;
-      for (Tensor* x : inputs)
-        if (!reads_mixed && x->defined() && is_floating(x->dtype()) && x->dtype() != run) *x = x->to(run);
+      // Nothing is cast: a promote op promotes by itself, as it must outside autocast too. The
+      // binary ops' kernels read a mixed pair as if the narrower were widened first, without a
+      // widened copy (ops/binary.cpp); cat widens its inputs itself (ops/shape.cpp).
       break;
     }
     case AutocastClass::keep:
