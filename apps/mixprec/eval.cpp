@@ -52,6 +52,7 @@ struct EvalFlags {
 };
 
 int cmd_eval(Command& c, const EvalFlags& e) {
+  silence_follower_rank();  // under mpirun the batches are shared out (evaluate.h); rank 0 prints
   const std::string& path = e.checkpoint;
   const io::SafetensorsFile f = io::load_safetensors(path);
   if (f.metadata.count("model") && f.metadata.at("model") == "gpt")

@@ -7,6 +7,7 @@
 #include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
 #include "mixprec/ops.h"
+#include "session.h"
 
 namespace mixprec::cli {
 
@@ -21,10 +22,14 @@ EvalResult evaluate(nn::Module& model, const amp::Precision& precision, const da
   loader.begin_epoch(0);
   model.eval();
   autograd::NoGradGuard no_grad;
+  // Under mpirun the batches are dealt out to the ranks in turn (batch j to rank j % size) and the
+  // counts summed over them: every rank gets the whole test set's figures.
+  const int64_t rank = world_rank(), ranks = world_size();
   int64_t correct = 0, seen = 0;
   double loss_sum = 0;
   data::HostBatch b;
-  while (loader.next(b)) {
+  for (int64_t j = 0; loader.next(b); ++j) {
+    if (j % ranks != rank) continue;
     const data::DeviceBatch d = data::to_device(b, test.rows, test.cols, device);
     const Tensor &x = d.x, &y = d.y;
     Tensor logits, loss;
@@ -44,7 +49,10 @@ EvalResult evaluate(nn::Module& model, const amp::Precision& precision, const da
     seen += b.n;
   }
   model.train();
-  return {double(correct) / double(std::max<int64_t>(seen, 1)), loss_sum / double(std::max<int64_t>(seen, 1))};
+  std::vector<double> sums = {double(correct), double(seen), loss_sum};
+  sum_over_ranks(sums);
+  const double n = std::max(sums[1], 1.0);
+  return {sums[0] / n, sums[2] / n};
 }
 
 double validation_loss(nn::Module& model, const amp::Precision& precision, const data::TextCorpus& corpus,
@@ -52,7 +60,8 @@ double validation_loss(nn::Module& model, const amp::Precision& precision, const
   model.eval();
   autograd::NoGradGuard no_grad;
   std::vector<Tensor> losses;
-  for (int64_t j = 0; j < batches; ++j) {
+  const int64_t rank = world_rank(), ranks = world_size();  // batch j on rank j % size, as above
+  for (int64_t j = rank; j < batches; j += ranks) {
     const data::TextBatch b =
         data::text_batch(corpus, data::TextSplit::val, /*seed=*/0, uint64_t(j * data::kValBatchSize),
                          data::kValBatchSize, block_size, device);
@@ -61,10 +70,12 @@ double validation_loss(nn::Module& model, const amp::Precision& precision, const
   }
   model.train();
   // One copy from the device for all the batches.
-  const std::vector<double> v = ops::cat(losses, 0).to_vector_f64();
   double sum = 0;
-  for (const double l : v) sum += l;
-  return sum / double(batches);
+  if (!losses.empty())
+    for (const double l : ops::cat(losses, 0).to_vector_f64()) sum += l;
+  std::vector<double> sums = {sum};
+  sum_over_ranks(sums);
+  return sums[0] / double(batches);
 }
 
 }  // namespace mixprec::cli

@@ -85,6 +85,7 @@ struct SampleFlags {
 };
 
 int cmd_sample(const Command& c, const SampleFlags& s) {
+  silence_follower_rank();  // under mpirun every rank draws the same text; rank 0 prints it
   const std::string& path = s.checkpoint;
   const std::string& prompt = s.prompt;
   const int64_t tokens = s.tokens, top_k = s.top_k;

@@ -6,6 +6,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -365,6 +366,26 @@ int world_size() {
 #else
   return 1;
 #endif
+}
+
+void sum_over_ranks(std::vector<double>& values) {
+#if MIXPREC_WITH_MPI
+  dist::ProcessGroup& pg = dist::ProcessGroup::world();
+  if (!pg.is_distributed() || values.empty()) return;
+  Tensor t = Tensor::from_vector(values, {int64_t(values.size())});
+  pg.all_reduce(t, dist::ReduceOp::sum);
+  values = t.to_vector_f64();
+#else
+  (void)values;
+#endif
+}
+
+bool silence_follower_rank() {
+  if (world_rank() == 0) return false;
+  std::fflush(stdout);
+  MIXPREC_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "rank ", world_rank(),
+                ": cannot send its stdout to /dev/null");
+  return true;
 }
 
 void start_data_parallel(Session& s) {

@@ -135,6 +135,12 @@ void start_data_parallel(Session& s);
 // This process's rank and the number of ranks (0 and 1 alone, or without MPI).
 int world_rank();
 int world_size();
+// `values` summed over the ranks, in place (a collective under mpirun: every rank calls it with as
+// many values; alone, nothing). In f64: sharded evaluation's counts and loss sums.
+void sum_over_ranks(std::vector<double>& values);
+// Under mpirun, on every rank but 0: stdout goes to /dev/null (rank 0 prints the job's output; an
+// error still reaches stderr from any rank). Returns whether this process is such a follower.
+bool silence_follower_rank();
 
 // A step's loss as the device left it: each micro-batch's loss (a detached f32 scalar) with its
 // weight. Reading it is a sync on a GPU, so the training loop reads a run of steps at once, at its

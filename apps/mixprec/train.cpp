@@ -277,7 +277,11 @@ int cmd_train(Command& c, const TrainFlags& f) {
     c.take_defaults(stored, resume);
   }
   SessionOptions opt = resolve_session(f.session, c);
-  const TrainOptions o = resolve_train_options(f.train, opt.model.name, c);
+  TrainOptions o = resolve_train_options(f.train, opt.model.name, c);
+  if (silence_follower_rank()) {  // under mpirun: rank 0 prints, writes the metrics and the checkpoints
+    o.quiet = true;
+    o.metrics_path.clear();
+  }
   if (ckpt) check_same_settings(stored, setting_flags(opt, o), c, resume);
   if (opt.model.is_gpt()) {
     train_gpt(opt, o, resume, ckpt ? &*ckpt : nullptr);
