@@ -96,9 +96,15 @@ asan_suite() {
 # concurrency these tests are about, instrumented. One library we call is not instrumented either:
 # reports with a oneDNN frame are suppressed (tests/tsan.supp says why). (Races inside OpenMP
 # regions are beyond TSan with an uninstrumented libgomp either way.)
+# setarch -R: without address-space randomisation. GCC 12's TSan runtime knows a fixed memory layout
+# and stops ("FATAL: ThreadSanitizer: unexpected memory mapping") on kernels that randomise mmap
+# with more bits (vm.mmap_rnd_bits 32, newer distributions' default); the tests do not need it.
 tsan_suite() {
+  local norandom=()
+  setarch "$(uname -m)" -R true 2>/dev/null && norandom=(setarch "$(uname -m)" -R)
   target=mixprec_thread_tests build "$root/build-tsan" -DCMAKE_BUILD_TYPE=Debug -DMIXPREC_TSAN=ON -DMIXPREC_WERROR=ON &&
-    OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp" "$root/build-tsan/mixprec_thread_tests"
+    OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp" \
+      "${norandom[@]}" "$root/build-tsan/mixprec_thread_tests"
 }
 
 # libFuzzer on the file readers (tests/fuzz/: the safetensors header parser, the idx reader), built
@@ -174,14 +180,30 @@ quiet() {
 }
 
 # part NAME COMMAND...: runs one part of `test`, timed; a failure is recorded, the next part runs.
+# Its output is shown and kept in build-logs/NAME.log, for the report of the failed parts at the end
+# (the end is what a CI log shows).
 failed=()
 times=()
+logs=$root/build-logs
 part() {
   local name=$1 start=$SECONDS status=ok
   shift
+  mkdir -p "$logs"
+  rm -f "$logs/$name.failed"
   echo "=== dev.sh test: $name"
-  "$@" || { status=FAILED; failed+=("$name"); }
+  # The part as the left of ||: an `if` condition for set -e, as when it ran without the pipe.
+  { "$@" || echo "exit $?" >"$logs/$name.failed"; } 2>&1 | tee "$logs/$name.log"
+  [ ! -e "$logs/$name.failed" ] || { status=FAILED; failed+=("$name"); }
   times+=("$(printf '  %-16s %5d s  %s' "$name" $((SECONDS - start)) "$status")")
+}
+# What went wrong in a failed part, in a few lines: its error and failure lines, then its last lines.
+failure_report() {
+  local name=$1 log=$logs/$1.log
+  echo "=== dev.sh test: $name FAILED ($(cat "$logs/$name.failed")); its error lines, then its end (all: $log)"
+  grep -E 'FAIL|Failed|[Ee]rror|error:|Sanitizer|runtime error|No space|Killed|Timeout|unexpected' "$log" |
+    grep -v -E '^ *Start |Passed|-Werror|_error\.|Error\.[A-Z]' | tail -40 | cut -c1-300
+  echo "--- the last lines of $name:"
+  tail -25 "$log" | cut -c1-300
 }
 
 cmd=${1:-}
@@ -210,6 +232,7 @@ case "$cmd" in
     wanted tsan && part tsan tsan_suite
     wanted asan-suite && part asan-suite asan_suite
     wanted fuzz && part fuzz fuzz_suite
+    for p in "${failed[@]}"; do failure_report "$p"; done
     echo "=== dev.sh test: times"
     printf '%s\n' "${times[@]}"
     if ((${#failed[@]})); then
