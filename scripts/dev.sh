@@ -210,6 +210,7 @@ cmd=${1:-}
 shift || true
 setup
 fetch_text
+setup_seconds=$SECONDS
 case "$cmd" in
   build) release ;;
   train)
@@ -234,6 +235,7 @@ case "$cmd" in
     wanted fuzz && part fuzz fuzz_suite
     for p in "${failed[@]}"; do failure_report "$p"; done
     echo "=== dev.sh test: times"
+    printf '  %-16s %5d s\n' set-up "$setup_seconds"
     printf '%s\n' "${times[@]}"
     if ((${#failed[@]})); then
       echo "dev.sh test: FAILED: ${failed[*]}" >&2

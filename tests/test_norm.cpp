@@ -1,5 +1,6 @@
 // batch_norm, layer_norm and cat: f64 gradient checks, running statistics against a reference
-// computation, eval mode, BatchNorm2d's state_dict, autocast (fp32 class), and the fast kernels
+// computation, eval mode, BatchNorm2d's state_dict, autocast (batch norm's mixed class, layer
+// norm's fp32 class and its 16-bit x̂), and the fast kernels
 // against the reference in f32/bf16/f16.
 #include <gtest/gtest.h>
 
@@ -15,11 +16,15 @@
 #include "mixprec/autocast.h"
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
+#include "tensor_bytes.h"
 
 namespace mixprec {
 namespace {
 
 using convtest::BackendGuard;
+using testutil::bytes_of;
+
+bool same_bits(const Tensor& a, const Tensor& b) { return a.dtype() == b.dtype() && bytes_of(a) == bytes_of(b); }
 
 Tensor U(Generator& g, const Shape& s, double lo = -1, double hi = 1) {
   return Tensor::uniform(s, g, lo, hi, DType::f64).set_requires_grad();
@@ -171,14 +176,71 @@ TEST(BatchNorm2d, ErrorsNameTheLayer) {
   EXPECT_THROW(bn(Tensor::zeros({1, 8, 1, 1})), Error);  // one value per channel in training
 }
 
-TEST(NormAutocast, Fp32ClassRunsInF32On16BitInput) {
+TEST(NormAutocast, BatchNormKeepsA16BitInputLayerNormRunsInF32) {
   nn::BatchNorm2d bn(3);
   nn::LayerNorm ln({5});
   Generator g(6);
   const Tensor x = Tensor::randn({2, 3, 4, 5}, g).to(DType::bf16);
   amp::Autocast ac(DType::bf16);
-  EXPECT_EQ(bn(x).dtype(), DType::f32);
-  EXPECT_EQ(ln(x).dtype(), DType::f32);
+  EXPECT_EQ(bn(x).dtype(), DType::bf16);  // class mixed: f32 weights and statistics
+  EXPECT_EQ(bn(x.to(DType::f32)).dtype(), DType::f32);
+  EXPECT_EQ(ln(x).dtype(), DType::f32);  // class fp32
+}
+
+// A batch norm under 16-bit autocast (class mixed) computes what the f32 batch norm of the
+// upcast input computes, rounded once to the input's dtype, forward and backward, bit for bit on
+// each backend, and keeps the 16-bit input for backward instead of an f32 copy of it. So in
+// conv -> batch norm -> ReLU -> conv, where the next conv rounds its input to 16 bits anyway and
+// hands back a 16-bit gradient, the step computes the same numbers with half the saved bytes.
+TEST(NormAutocast, BatchNormOn16BitsIsTheF32PathRoundedOnceAndSavesHalf) {
+  Generator g(23);
+  const Shape shape{8, 4, 8, 8};  // 8 x 4 x 64 elements: whole 64-byte allocator blocks in 16 bits
+  const Tensor w0 = convtest::rand(g, {4}, DType::f32, 0.5, 1.5), b0 = convtest::rand(g, {4}, DType::f32);
+  for (DType t : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const Tensor x0 = convtest::rand(g, shape, t, -2, 3), gy = convtest::rand(g, shape, t);
+    for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu}) {
+      BackendGuard guard(be);
+      for (bool training : {true, false}) {
+        struct Run {
+          Tensor y, gx, gw, gb, rm, rv;
+          int64_t kept = 0;
+        };
+        auto run = [&](bool autocast) {
+          Run r;
+          r.rm = Tensor::full({4}, 0.25), r.rv = Tensor::full({4}, 2.0);
+          Tensor x = x0.clone().set_requires_grad(), w = w0.clone().set_requires_grad(),
+                 b = b0.clone().set_requires_grad();
+          const int64_t before = allocator::stats().live_total;
+          {
+            std::optional<amp::Autocast> ac;
+            if (autocast) ac.emplace(t);
+            // the f32 path: the cast autocast's fp32 class made, then the cast the next conv makes
+            const Tensor in = ops::neg(ops::neg(x));  // an intermediate: only the norm can keep it
+            Tensor y = ops::batch_norm(autocast ? in : in.to(DType::f32), r.rm, r.rv, w, b, training);
+            r.y = autocast ? y : y.to(t);
+          }
+          r.kept = allocator::stats().live_total - before - int64_t(r.y.nbytes());
+          r.y.backward(gy);
+          r.gx = x.grad(), r.gw = w.grad(), r.gb = b.grad();
+          return r;
+        };
+        const Run mixed = run(true), f32 = run(false);
+        EXPECT_EQ(mixed.y.dtype(), t);
+        EXPECT_EQ(mixed.gx.dtype(), t);
+        EXPECT_EQ(mixed.gw.dtype(), DType::f32);
+        EXPECT_TRUE(same_bits(mixed.y, f32.y)) << "y, training " << training;
+        EXPECT_TRUE(same_bits(mixed.gx, f32.gx)) << "grad x, training " << training;
+        EXPECT_TRUE(same_bits(mixed.gw, f32.gw)) << "grad weight, training " << training;
+        EXPECT_TRUE(same_bits(mixed.gb, f32.gb)) << "grad bias, training " << training;
+        EXPECT_TRUE(same_bits(mixed.rm, f32.rm) && same_bits(mixed.rv, f32.rv))
+            << "running statistics, training " << training;
+        // The f32 path keeps the f32 copy of the input (4 bytes an element) and, by the second
+        // cast's node, nothing more; the mixed one the 16-bit input itself (2 bytes).
+        EXPECT_EQ(f32.kept - mixed.kept, shape_numel(shape) * 2) << "bytes kept beside y, training " << training;
+      }
+    }
+  }
 }
 
 // ---- fast kernels against the reference ----

@@ -39,6 +39,7 @@ DType expected_dtype(AutocastClass cls, DType autocast, const In& inputs) {
       return d;
     }
     case AutocastClass::keep:
+    case AutocastClass::mixed:
       return in.at(0);
   }
   return DType::f64;

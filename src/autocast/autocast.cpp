@@ -119,6 +119,18 @@ void apply_autocast(OpId op, DType dtype, std::initializer_list<Tensor*> inputs)
     case AutocastClass::keep:
       run = inputs.size() && (*inputs.begin())->defined() ? (*inputs.begin())->dtype() : DType::f32;
       break;
+    case AutocastClass::mixed: {
+      bool first = true;
+      for (Tensor* x : inputs) {
+        if (first) {
+          run = x->defined() ? x->dtype() : DType::f32;
+          first = false;
+        } else if (x->defined() && is_half(x->dtype())) {
+          *x = x->to(DType::f32);  // a parameter: its statistics dtype
+        }
+      }
+      break;
+    }
   }
   if (t.tracing) t.trace.emplace(std::string(op_name(op)), in_dtypes, std::string(dtype_name(run)));
 }

@@ -1,5 +1,7 @@
-// Normalisation (autocast class fp32: 16-bit inputs are upcast, statistics in f32): batch_norm
-// with running statistics and train/eval modes, and layer_norm over trailing dims.
+// Normalisation: batch_norm with running statistics and train/eval modes (autocast class mixed: a
+// 16-bit input stays 16-bit, its weight and bias f32, statistics in f32, the output in the input's
+// dtype), and layer_norm over trailing dims (class fp32: 16-bit inputs are upcast; under a 16-bit
+// autocast it saves x̂ in that dtype).
 #include "ops/common.h"
 
 namespace mixprec::ops {

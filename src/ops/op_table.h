@@ -6,7 +6,7 @@
 
 namespace mixprec {
 
-enum class AutocastClass : unsigned char { lower, fp32, promote, keep };
+enum class AutocastClass : unsigned char { lower, fp32, promote, keep, mixed };
 
 enum class OpId : unsigned char {
 #define MIXPREC_OP(name, cls, family) name,
