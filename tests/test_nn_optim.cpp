@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/optim.h"
 #include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"
@@ -264,4 +265,60 @@ TEST(Optim, StateIsCountedAsOptimizerState) {
   opt.step();
   const int64_t after = allocator::stats().live_bytes[size_t(MemCategory::optimizer_state)];
   EXPECT_GE(after - before, 2 * 4 * 4);  // exp_avg and exp_avg_sq, 4 floats each
+}
+
+// The CPU's gradient norm and clipping against the reference kernels: bit for bit in every
+// floating dtype, norm 2 and inf, one block and many (the parallel path), a ragged last block,
+// an inf and a NaN.
+TEST(Optim, GradNormAndClipFastAreTheReferenceBitForBit) {
+  Generator g(31);
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    auto make = [&] {
+      std::vector<Tensor> grads;
+      for (int64_t n : {int64_t(5), kernels::kNormBlock * 9 + 77, int64_t(3000)})
+        grads.push_back(ops::affine(Tensor::randn({n}, g), 3.0).to(t));
+      return grads;
+    };
+    const std::vector<Tensor> grads = make();
+    auto bits = [](const Tensor& x) {
+      const Tensor c = x.to(DType::f64).contiguous();
+      std::vector<double> v = c.to_vector_f64();
+      return std::vector<uint64_t>(reinterpret_cast<const uint64_t*>(v.data()),
+                                   reinterpret_cast<const uint64_t*>(v.data()) + v.size());
+    };
+    for (double p : {2.0, double(INFINITY)}) {
+      Tensor fast;
+      ASSERT_TRUE(kernels::cpu::grad_norm(grads, p, fast));
+      const Tensor ref = kernels::ref::grad_norm(grads, p);
+      EXPECT_EQ(bits(fast), bits(ref)) << "norm " << p << ": " << fast.item() << " vs " << ref.item();
+    }
+    // Clipping by a factor below 1 (and at 1: nothing written), both kernels on copies.
+    for (double max_norm : {0.5, 1e9}) {
+      std::vector<Tensor> a, b;
+      for (const Tensor& x : grads) a.push_back(x.clone()), b.push_back(x.clone());
+      const Tensor total = kernels::ref::grad_norm(grads, 2.0);
+      ASSERT_TRUE(kernels::cpu::clip_by_norm(a, total, max_norm));
+      kernels::ref::clip_by_norm(b, total, max_norm);
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_EQ(bits(a[i]), bits(b[i])) << "max_norm " << max_norm << ", grad " << i;
+    }
+  }
+  // Non-finite values: NaN propagates through both norms, inf gives inf, identically.
+  for (float bad : {float(INFINITY), float(NAN)}) {
+    std::vector<float> v(size_t(kernels::kNormBlock) * 2, 0.5f);
+    v[4097] = bad;
+    const std::vector<Tensor> grads = {Tensor::from_vector(v, {int64_t(v.size())})};
+    for (double p : {2.0, double(INFINITY)}) {
+      Tensor fast;
+      ASSERT_TRUE(kernels::cpu::grad_norm(grads, p, fast));
+      const double f = fast.item(), r = kernels::ref::grad_norm(grads, p).item();
+      EXPECT_TRUE((std::isnan(f) && std::isnan(r)) || f == r) << bad << " norm " << p << ": " << f << " vs " << r;
+    }
+  }
+  // Not handled (a strided view): false, for the reference to take.
+  const Tensor m = Tensor::randn({4, 6}, g);
+  Tensor out;
+  EXPECT_FALSE(kernels::cpu::grad_norm({m.transpose(0, 1)}, 2.0, out));
+  EXPECT_FALSE(kernels::cpu::grad_norm({m}, 3.0, out));
 }

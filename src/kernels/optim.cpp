@@ -92,6 +92,8 @@ Tensor grad_norm(const std::vector<Tensor>& grads, double norm_type) {
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::grad_norm(grads, norm_type);
 #endif
+  Tensor out;
+  if (use_fast() && cpu::grad_norm(grads, norm_type, out)) return out;
   return ref::grad_norm(grads, norm_type);
 }
 
@@ -100,6 +102,7 @@ void clip_by_norm(const std::vector<Tensor>& grads, const Tensor& total, double 
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::clip_by_norm(grads, total, max_norm);
 #endif
+  if (use_fast() && cpu::clip_by_norm(grads, total, max_norm)) return;
   ref::clip_by_norm(grads, total, max_norm);
 }
 

@@ -125,6 +125,10 @@ void unscale_and_check(const std::vector<Tensor>& src, const std::vector<Tensor>
                        Tensor& found_inf);
 void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const OptimStep& s);
 void adamw_step(const std::vector<OptimParam>& params, const AdamWOptions& o, const OptimStep& s);
+// The reference's results bit for bit where every gradient is contiguous (and, for the norm, of
+// norm 2 or inf); false: not handled, nothing written.
+bool grad_norm(const std::vector<Tensor>& grads, double norm_type, Tensor& out);
+bool clip_by_norm(const std::vector<Tensor>& grads, const Tensor& total, double max_norm);
 }  // namespace cpu
 
 namespace cuda {

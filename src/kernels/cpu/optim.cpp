@@ -2,7 +2,8 @@
 // gradient loaded to f32 and unscaled on the fly, the f32 weights -- the parameter, its master, or
 // a buffer for a 16-bit parameter without one -- updated with the f32 state by AVX-512 loops
 // bit-identical to the scalar rules, a 16-bit parameter written back rounded once; f64 in f64)
-// and the multi-tensor unscale-and-check, parallel over blocks of all tensors.
+// and the multi-tensor unscale-and-check, parallel over blocks of all tensors; the gradient norm
+// and its clipping, the reference's arithmetic without its per-element dtype switch.
 #include <algorithm>
 #include <array>
 #include <cfloat>
@@ -13,6 +14,7 @@
 #include "core/simd.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/optim.h"
+#include "kernels/ref/access.h"
 #include "kernels/ref/optim_scalars.h"
 #include "mixprec/convert.h"
 #include "mixprec/cpu.h"
@@ -285,6 +287,89 @@ void unscale_and_check(const std::vector<Tensor>& src, const std::vector<Tensor>
 #pragma omp parallel for schedule(static) reduction(&& : ok) if (nc >= 8)
   for (int64_t c = 0; c < nc; ++c) ok = check_and_scale(chunks[size_t(c)], inv) && ok;
   if (!ok) scalar<float>(found_inf) = 1.0f;
+}
+
+}  // namespace mixprec::kernels::cpu
+
+// ------------------------------------------------------------------- gradient norm, clipping
+// The reference's arithmetic exactly (blocks of kNormBlock values, each summed in f64 in element
+// order, the blocks added in order; the clip factor applied in f64 and rounded once), without its
+// per-element dtype switch: bit-identical results, tested against it.
+namespace mixprec::kernels::cpu {
+namespace {
+
+bool norm_fast_case(const std::vector<Tensor>& grads) {
+  for (const Tensor& g : grads)
+    if (!g.is_contiguous() || !is_floating(g.dtype())) return false;
+  return true;
+}
+
+template <class T, bool kInf>
+double block_norm_part(const T* p, int64_t n) {
+  double s = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    const double v = double(load(p + e));
+    if constexpr (kInf)
+      s = std::isnan(v) || std::isnan(s) ? NAN : std::max(s, std::fabs(v));
+    else
+      s += v * v;
+  }
+  return s;
+}
+
+}  // namespace
+
+bool grad_norm(const std::vector<Tensor>& grads, double norm_type, Tensor& out) {
+  const bool is_inf = std::isinf(norm_type);
+  if ((!is_inf && norm_type != 2.0) || !norm_fast_case(grads)) return false;
+  double acc = 0;
+  for (const Tensor& g : grads) {
+    const int64_t n = g.numel(), nb = (n + kNormBlock - 1) / kNormBlock;
+    std::vector<double> partial(size_t(nb), 0.0);
+    dispatch_floating(g.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* p = static_cast<const T*>(g.data_ptr());
+#pragma omp parallel for schedule(static) if (nb >= 8)
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t begin = b * kNormBlock, len = std::min(n, begin + kNormBlock) - begin;
+        partial[size_t(b)] =
+            is_inf ? block_norm_part<T, true>(p + begin, len) : block_norm_part<T, false>(p + begin, len);
+      }
+    });
+    for (const double s : partial) acc = is_inf ? (std::isnan(s) || std::isnan(acc) ? NAN : std::max(acc, s)) : acc + s;
+  }
+  out = Tensor::empty({}, DType::f64);
+  *static_cast<double*>(out.data_ptr()) = is_inf ? acc : std::sqrt(acc);
+  return true;
+}
+
+bool clip_by_norm(const std::vector<Tensor>& grads, const Tensor& total, double max_norm) {
+  if (!norm_fast_case(grads) || !total.device().is_cpu()) return false;
+  const double coef = rule::clip_coef(*static_cast<const double*>(total.data_ptr()), max_norm);
+  if (coef == 1.0) return true;  // multiplying by 1 changes nothing
+  for (const Tensor& g : grads) {
+    const int64_t n = g.numel(), nb = (n + kNormBlock - 1) / kNormBlock;
+    const DType d = g.dtype();
+#pragma omp parallel for schedule(static) if (nb >= 8)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t begin = b * kNormBlock, len = std::min(n, begin + kNormBlock) - begin;
+      if (d == DType::f32) {
+        float* p = g.data<float>() + begin;
+        for (int64_t e = 0; e < len; ++e) p[e] = float(double(p[e]) * coef);
+      } else if (d == DType::f64) {
+        double* p = g.data<double>() + begin;
+        for (int64_t e = 0; e < len; ++e) p[e] *= coef;
+      } else {
+        // 16 bits: the products in f64, rounded once by convert (as the reference's store).
+        double buf[kNormBlock];
+        auto* p = static_cast<uint16_t*>(g.data_ptr()) + begin;
+        for (int64_t e = 0; e < len; ++e)
+          buf[e] = double(d == DType::bf16 ? bf16_to_f32(p[e]) : f16_to_f32(p[e])) * coef;
+        convert(buf, DType::f64, p, d, len);
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace mixprec::kernels::cpu
