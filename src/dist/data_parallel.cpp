@@ -360,11 +360,21 @@ void DataParallel::Impl::sync() {
     stats.wait_s += seconds_since(t0);
     const auto t1 = Clock::now();
     const float world = float(pg.size());
-    std::vector<float> avg;
+    // sum / size, as DDP's average, in f32 and rounded once into the gradient's dtype. An f32 sum
+    // into an f32 gradient is one pass; a bf16 sum is widened first, a 16-bit gradient written
+    // through a row of averages.
+    // (Scratch through the allocator, as workspace: the memory budget sees it.)
     for (Bucket& b : buckets) {
-      avg.resize(size_t(b.numel));
-      convert(b.wire.data_ptr(), b.wire.dtype(), avg.data(), DType::f32, avg.size());
-      for (float& v : avg) v /= world;  // sum / size, as DDP's average
+      const float* sum = nullptr;
+      Tensor wide;
+      if (b.wire.dtype() == DType::f32) {
+        sum = b.wire.data<float>();
+      } else {
+        MemoryScope scope(MemCategory::workspace);
+        wide = Tensor::empty({b.numel}, DType::f32);
+        convert(b.wire.data_ptr(), b.wire.dtype(), wide.data_ptr(), DType::f32, size_t(b.numel));
+        sum = wide.data<float>();
+      }
       for (size_t j = 0; j < b.params.size(); ++j) {
         Tensor p = params[b.params[j]];
         Tensor g = p.grad();
@@ -374,7 +384,18 @@ void DataParallel::Impl::sync() {
           p.set_grad(fresh);
           g = fresh;
         }
-        convert(avg.data() + b.offsets[j], DType::f32, g.data_ptr(), g.dtype(), size_t(g.numel()));
+        const float* s = sum + b.offsets[j];
+        const int64_t n = g.numel();
+        if (g.dtype() == DType::f32) {
+          float* d = g.data<float>();
+          for (int64_t e = 0; e < n; ++e) d[e] = s[e] / world;
+        } else {
+          MemoryScope scope(MemCategory::workspace);
+          Tensor row = Tensor::empty({n}, DType::f32);
+          float* r = row.data<float>();
+          for (int64_t e = 0; e < n; ++e) r[e] = s[e] / world;
+          convert(r, DType::f32, g.data_ptr(), g.dtype(), size_t(n));
+        }
         g.bump_version();
       }
     }
