@@ -3,10 +3,13 @@
 # prints and writes the metrics (one summary, "world_size": 2) and the checkpoint; the sharded
 # evaluation gives what one process gives on the same checkpoint. On the first 4096 training and
 # 2000 test images of Fashion-MNIST (idx files cut here), so it takes seconds. Run by ctest (dist.cli).
-# usage: cli_test.sh MIXPREC DATA_DIR MPIEXEC [MPIEXEC FLAGS...]
+# usage: cli_test.sh MIXPREC DATA_DIR MPIEXEC [MPIEXEC FLAGS...]; exit 77: skipped (no data)
 set -u
 mixprec=$(readlink -f "$1") data=$(readlink -f "$2") mpiexec=$3
 shift 3
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+  [ -f "$data/$f.gz" ] || { echo "skipped: no $data/$f.gz (Debian: apt-get install dataset-fashion-mnist)" && exit 77; }
+done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
