@@ -12,8 +12,10 @@
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
 #include "mixprec/optim.h"
+#include "tensor_bytes.h"
 
 using namespace mixprec;
+using mixprec::testutil::bytes_of;
 
 TEST(Nn, SequentialNamesMatchPyTorch) {
   auto m = nn::Sequential(nn::Flatten(), nn::Linear(784, 32), nn::ReLU(), nn::Linear(32, 10));
@@ -274,24 +276,14 @@ TEST(Optim, GradNormAndClipFastAreTheReferenceBitForBit) {
   Generator g(31);
   for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
     SCOPED_TRACE(std::string(dtype_name(t)));
-    auto make = [&] {
-      std::vector<Tensor> grads;
-      for (int64_t n : {int64_t(5), kernels::kNormBlock * 9 + 77, int64_t(3000)})
-        grads.push_back(ops::affine(Tensor::randn({n}, g), 3.0).to(t));
-      return grads;
-    };
-    const std::vector<Tensor> grads = make();
-    auto bits = [](const Tensor& x) {
-      const Tensor c = x.to(DType::f64).contiguous();
-      std::vector<double> v = c.to_vector_f64();
-      return std::vector<uint64_t>(reinterpret_cast<const uint64_t*>(v.data()),
-                                   reinterpret_cast<const uint64_t*>(v.data()) + v.size());
-    };
+    std::vector<Tensor> grads;
+    for (int64_t n : {int64_t(5), kernels::kNormBlock * 9 + 77, int64_t(3000)})
+      grads.push_back(ops::affine(Tensor::randn({n}, g), 3.0).to(t));
     for (double p : {2.0, double(INFINITY)}) {
       Tensor fast;
       ASSERT_TRUE(kernels::cpu::grad_norm(grads, p, fast));
       const Tensor ref = kernels::ref::grad_norm(grads, p);
-      EXPECT_EQ(bits(fast), bits(ref)) << "norm " << p << ": " << fast.item() << " vs " << ref.item();
+      EXPECT_EQ(bytes_of(fast), bytes_of(ref)) << "norm " << p << ": " << fast.item() << " vs " << ref.item();
     }
     // Clipping by a factor below 1 (and at 1: nothing written), both kernels on copies.
     for (double max_norm : {0.5, 1e9}) {
@@ -301,7 +293,7 @@ TEST(Optim, GradNormAndClipFastAreTheReferenceBitForBit) {
       ASSERT_TRUE(kernels::cpu::clip_by_norm(a, total, max_norm));
       kernels::ref::clip_by_norm(b, total, max_norm);
       for (size_t i = 0; i < a.size(); ++i)
-        EXPECT_EQ(bits(a[i]), bits(b[i])) << "max_norm " << max_norm << ", grad " << i;
+        EXPECT_EQ(bytes_of(a[i]), bytes_of(b[i])) << "max_norm " << max_norm << ", grad " << i;
     }
   }
   // Non-finite values: NaN propagates through both norms, inf gives inf, identically.

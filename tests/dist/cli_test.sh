@@ -68,10 +68,10 @@ two=$("$mpiexec" -np 2 "$@" "$mixprec" eval --checkpoint ck.safetensors --data d
   bad "mpirun -np 2 mixprec eval failed"
 [ "$(grep -c . <<<"$two")" -eq 1 ] || bad "mpirun -np 2 mixprec eval printed more than one line: $two"
 field() { grep -o "\"$1\":[^,}]*" <<<"$2" | cut -d: -f2; }
+within_1e6() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-6 * a) }'; }
 [ "$(field test_accuracy "$one")" = "$(field test_accuracy "$two")" ] ||
   bad "test accuracy: one process $(field test_accuracy "$one"), 2 ranks $(field test_accuracy "$two")"
-awk -v a="$(field test_loss "$one")" -v b="$(field test_loss "$two")" \
-  'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-6 * a) }' ||
+within_1e6 "$(field test_loss "$one")" "$(field test_loss "$two")" ||
   bad "test loss: one process $(field test_loss "$one"), 2 ranks $(field test_loss "$two")"
 # The training run's last epoch evaluated the same weights on 2 ranks.
 acc=$(grep '"event":"epoch"' m.jsonl | tail -1 | grep -o '"test_accuracy":[^,}]*' | cut -d: -f2)
@@ -85,8 +85,7 @@ text=$(readlink -f "$0")
 one=$("$mixprec" eval --checkpoint g.safetensors --text "$text" --json) || bad "mixprec eval (gpt) failed"
 two=$("$mpiexec" -np 2 "$@" "$mixprec" eval --checkpoint g.safetensors --text "$text" --json) ||
   bad "mpirun -np 2 mixprec eval (gpt) failed"
-awk -v a="$(field val_loss "$one")" -v b="$(field val_loss "$two")" \
-  'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-6 * a) }' ||
+within_1e6 "$(field val_loss "$one")" "$(field val_loss "$two")" ||
   bad "gpt validation loss: one process $(field val_loss "$one"), 2 ranks $(field val_loss "$two")"
 
 [ $fail -eq 0 ] && echo "ok: rank 0 alone printed and wrote; sharded eval = one process's"
