@@ -113,4 +113,8 @@ MIXPREC_HD double clip_coef(double total, double max_norm) {
   return c < 1.0 ? c : 1.0;
 }
 
+// The inf-norm's step: the larger of a and b, NaN if either is (std::max would drop a NaN in b).
+// Host code: the reference and CPU gradient norms, which must agree bit for bit.
+inline double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : (a < b ? b : a); }
+
 }  // namespace mixprec::kernels::rule

@@ -310,7 +310,7 @@ double block_norm_part(const T* p, int64_t n) {
   for (int64_t e = 0; e < n; ++e) {
     const double v = double(load(p + e));
     if constexpr (kInf)
-      s = std::isnan(v) || std::isnan(s) ? NAN : std::max(s, std::fabs(v));
+      s = rule::nan_max(s, std::fabs(v));
     else
       s += v * v;
   }
@@ -336,7 +336,7 @@ bool grad_norm(const std::vector<Tensor>& grads, double norm_type, Tensor& out) 
             is_inf ? block_norm_part<T, true>(p + begin, len) : block_norm_part<T, false>(p + begin, len);
       }
     });
-    for (const double s : partial) acc = is_inf ? (std::isnan(s) || std::isnan(acc) ? NAN : std::max(acc, s)) : acc + s;
+    for (const double s : partial) acc = is_inf ? rule::nan_max(acc, s) : acc + s;
   }
   out = Tensor::empty({}, DType::f64);
   *static_cast<double*>(out.data_ptr()) = is_inf ? acc : std::sqrt(acc);

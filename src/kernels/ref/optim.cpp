@@ -179,9 +179,7 @@ void increment(Tensor& counter) { scalar<int64_t>(counter) += 1; }
 
 Tensor grad_norm(const std::vector<Tensor>& grads, double norm_type) {
   const bool is_inf = std::isinf(norm_type);
-  auto combine = [is_inf](double acc, double s) {
-    return is_inf ? (std::isnan(s) || std::isnan(acc) ? NAN : std::max(acc, s)) : acc + s;
-  };
+  auto combine = [is_inf](double acc, double s) { return is_inf ? rule::nan_max(acc, s) : acc + s; };
   double acc = 0;
   for (const Tensor& g : grads) {
     const int64_t n = g.numel(), nb = (n + kNormBlock - 1) / kNormBlock;
@@ -192,7 +190,7 @@ Tensor grad_norm(const std::vector<Tensor>& grads, double norm_type) {
       for (int64_t e = b * kNormBlock; e < std::min(n, (b + 1) * kNormBlock); ++e) {
         const double v = load<double>(g, e);
         if (is_inf)
-          s = std::isnan(v) || std::isnan(s) ? NAN : std::max(s, std::fabs(v));
+          s = rule::nan_max(s, std::fabs(v));
         else if (norm_type == 2.0)
           s += v * v;
         else
