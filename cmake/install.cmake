@@ -63,6 +63,14 @@ if(MIXPREC_CUDA_ENABLED)
     string(APPEND MIXPREC_PC_PRIVATE_LIBS " -L${_mixprec_cudnn_dir}")
   endif()
   string(APPEND MIXPREC_PC_PRIVATE_LIBS " -lcudnn")
+  # The CUDA toolkit's libraries are shared and, unlike the system's, not on the loader's path
+  # unless the toolkit's installer registered them (ld.so.conf.d): a program linked with a static
+  # libmixprec records where they are, as CMake does for a find_package consumer. (A shared
+  # libmixprec records them itself: INSTALL_RPATH_USE_LINK_PATH above.)
+  set(_mixprec_cuda_rpath ${CUDAToolkit_LIBRARY_DIR} ${_mixprec_cudnn_dir})
+  list(REMOVE_DUPLICATES _mixprec_cuda_rpath)
+  list(JOIN _mixprec_cuda_rpath ":" _mixprec_cuda_rpath)
+  string(APPEND MIXPREC_PC_PRIVATE_LIBS " -Wl,-rpath,${_mixprec_cuda_rpath}")
 endif()
 if(MIXPREC_MPI_ENABLED)  # src/dist/: MPI through its C API (MPI_CXX_SKIP_MPICXX)
   foreach(_mixprec_mpi_lib ${MPI_CXX_LIBRARIES})
