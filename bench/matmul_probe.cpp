@@ -3,9 +3,8 @@
 // the third argument names other layers as IN x OUT pairs (the GPT's: 128x384,128x512,512x128 at
 // batch 4096 = 32 x 128 tokens; bench/compare.py --model gpt builds and runs it so).
 //
-//   g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc bench/matmul_probe.cpp src/kernels/cpu/dnnl_common.cpp
-//       src/kernels/cpu/dnnl_matmul.cpp src/core/allocator.cpp -ldnnl -o /tmp/matmul_probe
-//   OMP_NUM_THREADS=2 /tmp/matmul_probe [reps=20] [batch=512] [layers=784x1024,1024x1024,1024x10]
+//   cmake --build build --target matmul_probe
+//   OMP_NUM_THREADS=2 build/matmul_probe [reps=20] [batch=512] [layers=784x1024,1024x1024,1024x10]
 #include <omp.h>
 
 #include <algorithm>

@@ -88,6 +88,39 @@ TEST_F(Cli, BenchPrintsOneJsonObject) {
   EXPECT_GT(j.at("peak_bytes").at("total").get<int64_t>(), 0);
 }
 
+// --profile: the kernels of the step by phase, their rates, and the step's against the host's
+// matmul; the table by default, the object with --json.
+TEST_F(Cli, BenchProfileSumsTheStepsKernelsAgainstTheHostsMatmul) {
+  const std::string bench = "bench --hidden 32,32 --batch-size 16 --steps 2 --warmup 1 --precision amp-bf16 --profile";
+  RunResult r = run_cli(bench + " --json", dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& p = j.at("profile");
+  EXPECT_GT(p.at("reference_gflops").get<double>(), 0.0);
+  EXPECT_EQ(p.at("reference_dtype"), "bf16");
+  // The mlp's three linear layers (784 -> 32 -> 32 -> 10) at batch 16: forward, then both
+  // gradients of the hidden layers' products and the first layer's weight gradient.
+  const double forward = 2.0 * 16 * (784 * 32 + 32 * 32 + 32 * 10);
+  const double backward = 2.0 * 16 * (784 * 32 + 2 * 32 * 32 + 2 * 32 * 10);
+  EXPECT_NEAR(p.at("gflop_per_step").get<double>(), (forward + backward) / 1e9, 1e-12);
+  bool forward_bf16_matmul = false;
+  double kernel_ms = 0.0;
+  for (const auto& k : p.at("kernels")) {
+    kernel_ms += k.at("ms").get<double>();
+    if (k.at("phase") == "forward" && k.at("kernel") == "matmul") {
+      forward_bf16_matmul = k.at("dtype") == "bf16" && k.at("calls").get<double>() == 3.0;
+      EXPECT_NEAR(k.at("gflops").get<double>() * k.at("ms").get<double>() * 1e-3, forward / 1e9, 1e-9);
+    }
+  }
+  EXPECT_TRUE(forward_bf16_matmul) << p.dump();
+  EXPECT_NEAR(kernel_ms, p.at("kernel_ms").get<double>(), 1e-9);
+  for (const char* phase : {"forward", "backward", "optimizer"}) EXPECT_TRUE(p.at("phase_ms").contains(phase)) << phase;
+  r = run_cli(bench, dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("of the host's bf16 matmul"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("forward   matmul"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, RejectsBadFlagsBeforeWork) {
   const std::pair<std::string, std::string> cases[] = {
       {"train --batch-size 0", "--batch-size"},

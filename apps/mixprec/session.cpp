@@ -16,6 +16,7 @@
 #include "mixprec/clip.h"
 #include "mixprec/cpu.h"
 #include "mixprec/error.h"
+#include "mixprec/profile.h"
 
 namespace mixprec::cli {
 
@@ -447,6 +448,9 @@ StepResult train_step(Session& s, const Tensor& x_global, const Tensor& y_global
     if (weight != 1.0) loss = ops::affine(loss, weight);
     s.scaler->scale(loss).backward();
   }
+  // The kernels from here on are the step's (unscale, clip, optimizer, scale update): a profile
+  // (bench --profile) shows them as their own phase.
+  const profile::PhaseScope phase("optimizer");
 #if MIXPREC_WITH_MPI
   if (s.dp) s.dp->sync_gradients();  // averaged: the norms below are the global batch's
 #endif

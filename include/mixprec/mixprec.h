@@ -22,6 +22,7 @@
 #include "mixprec/ops.h"
 #include "mixprec/optim.h"
 #include "mixprec/precision.h"
+#include "mixprec/profile.h"
 #include "mixprec/random.h"
 #include "mixprec/schedule.h"
 #include "mixprec/state_dict.h"

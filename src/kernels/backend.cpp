@@ -31,4 +31,10 @@ Device DeviceScope::common_device(std::initializer_list<const Tensor*> xs) {
   return first ? first->device() : Device::cpu();
 }
 
+std::string_view DeviceScope::first_dtype(std::initializer_list<const Tensor*> xs) {
+  for (const Tensor* x : xs)
+    if (x->defined()) return dtype_name(x->dtype());
+  return "";
+}
+
 }  // namespace mixprec::kernels

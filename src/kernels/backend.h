@@ -4,8 +4,11 @@
 // where it supports the case, the reference (src/kernels/ref) last. See docs/design.md (Kernels).
 #pragma once
 #include <optional>
+#include <source_location>
+#include <string_view>
 
 #include "core/fenced.h"
+#include "core/profile_detail.h"
 #include "mixprec/tensor.h"
 
 namespace mixprec::kernels {
@@ -31,13 +34,19 @@ class BackendGuard {
 
 // Opened by every dispatch function: the tensors the call makes land on `device` (a DefaultDevice
 // scope); on the fenced test device its memory is open to the host meanwhile, so the CPU kernels
-// serve it unchanged. cuda() says the call must go to src/kernels/cuda.
+// serve it unchanged. cuda() says the call must go to src/kernels/cuda. While the profiler is on
+// (mixprec/profile.h) it times the call under the dispatch function's name (`where`).
 class DeviceScope {
  public:
-  explicit DeviceScope(const Tensor& x) : DeviceScope(x.device()) {}
+  explicit DeviceScope(const Tensor& x, const std::source_location& where = std::source_location::current())
+      : DeviceScope(x.device(), where, dtype_name(x.dtype())) {}
   // The device of the defined ones among `xs`, which must all be on it.
-  explicit DeviceScope(std::initializer_list<const Tensor*> xs) : DeviceScope(common_device(xs)) {}
-  explicit DeviceScope(Device d) : device_(d), default_(d) {
+  explicit DeviceScope(std::initializer_list<const Tensor*> xs,
+                       const std::source_location& where = std::source_location::current())
+      : DeviceScope(common_device(xs), where, first_dtype(xs)) {}
+  explicit DeviceScope(Device d, const std::source_location& where = std::source_location::current(),
+                       std::string_view dtype = "")
+      : profile_(where, d, dtype), device_(d), default_(d) {
     if (d.is_fenced()) access_.emplace();
   }
   const Device& device() const { return device_; }
@@ -45,7 +54,10 @@ class DeviceScope {
 
  private:
   static Device common_device(std::initializer_list<const Tensor*> xs);
+  static std::string_view first_dtype(std::initializer_list<const Tensor*> xs);
 
+  // First: the kernel's time starts before, and ends after, everything else the scope does.
+  profile::detail::KernelScope profile_;
   Device device_;
   DefaultDevice default_;
   std::optional<detail::FencedAccess> access_;

@@ -3,9 +3,17 @@
 #include "kernels/conv.h"
 
 namespace mixprec::kernels {
+namespace {
+// One product of a convolution (forward, data gradient or weight gradient): 2 * N * OC * OH * OW
+// multiply-adds of (C / groups) * KH * KW each.
+double conv_flops(const ConvGeometry& g) {
+  return 2.0 * double(g.n * g.oc * g.oh * g.ow) * double(g.c / g.groups * g.kh * g.kw);
+}
+}  // namespace
 
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu) {
   const DeviceScope on({&x, &weight, &bias});
+  profile::detail::add_flops(conv_flops(g));
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::conv2d_forward(x, weight, bias, g, relu);
 #endif
@@ -19,6 +27,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
                           bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
   const DeviceScope on({&grad_y, &x, &weight});
+  profile::detail::add_flops(conv_flops(g) * double(int(need_x) + int(need_weight)));
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda())
     return cuda::conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);

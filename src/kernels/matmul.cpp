@@ -15,6 +15,10 @@ bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
 void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) {
   const Tensor none;
   const DeviceScope on({&a, &b, &dst, o.bias ? o.bias : &none, o.gelu_input ? o.gelu_input : &none});
+  if (profile::detail::on()) {  // dst [.., m, n] = op(a) [.., m, k] @ op(b) [.., k, n]
+    const int64_t k = o.trans_a ? a.size(-2) : a.size(-1);
+    profile::detail::add_flops(2.0 * double(dst.numel()) * double(k));
+  }
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::matmul(a, b, dst, o);
 #endif

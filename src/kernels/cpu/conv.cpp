@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/profile_detail.h"
 #include "mixprec/convert.h"
 #include "mixprec/error.h"
 
@@ -353,6 +354,7 @@ void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector
   }
   Scratchpad pad(e.pd);
   pad.add_to(args);
+  profile::detail::note_impl(e.impl);
   e.prim.execute(dnnl_stream(), args);
   for (size_t i = 0; i < e.outputs.size(); ++i)
     if (e.outputs[i].reorder) run_reorder(e.outputs[i], staged[i], memory(e.outputs[i].user, dnnl_engine(), out[i]));
@@ -421,6 +423,8 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
     pt.pad = std::make_unique<Scratchpad>(e.pd);
     pt.pad->add_to(pt.args);
   }
+  profile::detail::note_impl(es->impl);  // on this thread: the profiler's state is per thread
+  profile::detail::note_impl(el->impl);
 #pragma omp parallel for num_threads(int(parts)) schedule(static, 1)
   for (int64_t p = 0; p < parts; ++p) {
     Part& pt = parts_of[size_t(p)];

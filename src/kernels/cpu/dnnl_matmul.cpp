@@ -8,6 +8,7 @@
 #include <optional>
 #include <string_view>
 
+#include "core/profile_detail.h"
 #include "mixprec/error.h"
 
 namespace mixprec::kernels::cpu {
@@ -272,6 +273,7 @@ void matmul(const MatmulArgs& a) {
   if (a.bias != nullptr) args.emplace(DNNL_ARG_BIAS, memory(e.bias_md, eng, const_cast<void*>(a.bias)));
   Scratchpad pad(e.pd);
   pad.add_to(args);
+  profile::detail::note_impl(e.impl);
   e.prim.execute(strm, args);
   strm.wait();
 }
