@@ -14,6 +14,7 @@
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
 #include "mixprec/optim.h"
+#include "mixprec/profile.h"
 
 namespace mixprec {
 namespace {
@@ -92,6 +93,15 @@ std::vector<Sizes> fast_cases() {
       {"groups4", {2, 32, 9, 9}, {32, 8, 3, 3}, {.padding = 1, .groups = 4}},
       {"depthwise", {2, 16, 10, 10}, {16, 1, 3, 3}, {.padding = 1, .groups = 16}},
       {"one_input_channel", {4, 1, 14, 14}, {40, 1, 3, 3}, {.padding = 1}},
+      // First layers (at most 32 taps): in bf16 their weight gradient is mixprec's kernel where
+      // oneDNN has only its im2col one (ConvFast.FirstLayerBf16WeightGradient...). Channel counts
+      // not a multiple of 4, positions not of 16, more images than one part of 4, strides,
+      // padding and dilation.
+      {"first_layer_3ch_strided_dilated",
+       {6, 3, 15, 13},
+       {10, 3, 3, 3},
+       {.stride = 2, .padding = {2, 1}, .dilation = {1, 2}}},
+      {"first_layer_1ch_5x5", {5, 1, 11, 17}, {13, 1, 5, 5}, {.stride = {1, 2}, .padding = 2}},
       {"1x1", {2, 32, 7, 7}, {48, 32, 1, 1}, {}},
       {"wide", {2, 64, 10, 10}, {96, 64, 3, 3}, {.padding = 1}},
   };
@@ -250,6 +260,31 @@ TEST(ConvFast, Bf16UsesTheHostsMatrixUnit) {
     EXPECT_NE(impl.find(unit), std::string::npos)
         << "pass " << int(pass) << ": " << impl << " (expected " << unit << ")";
   }
+}
+
+// A bf16 first layer's weight gradient: where oneDNN's only kernel for it is its im2col GEMM
+// (x64:gemm:jit; oneDNN 2.6 on both host kinds), mixprec's own kernel runs instead (the profile
+// names it); MatchesReferenceInEveryDType checks its values on the first_layer_* cases.
+TEST(ConvFast, FirstLayerBf16WeightGradientRunsMixprecsKernelWhereOneDnnHasOnlyIm2col) {
+  BackendGuard guard(kernels::Backend::cpu);
+  if (!kernels::cpu::has_avx512_bf16() && !kernels::cpu::has_amx_bf16())
+    GTEST_SKIP() << "no bf16 convolutions on this CPU (neither AVX512-BF16 nor AMX-BF16)";
+  kernels::ConvGeometry g{.n = 8, .c = 1, .h = 28, .w = 28, .oc = 42, .kh = 3, .kw = 3, .oh = 28, .ow = 28};
+  g.pad_h = g.pad_w = 1;
+  const std::string onednn = kernels::cpu::conv_impl_name(g, DType::bf16, kernels::cpu::ConvPass::backward_weights);
+  if (onednn.rfind("x64:gemm", 0) != 0)
+    GTEST_SKIP() << "oneDNN runs this weight gradient with " << onednn << ", not its im2col kernel";
+  Generator gen(5);
+  const Tensor x = convtest::rand(gen, {8, 1, 28, 28}, DType::bf16);
+  const Tensor w = convtest::rand(gen, {42, 1, 3, 3}, DType::bf16).set_requires_grad();
+  std::vector<profile::Row> rows;
+  profile::start();
+  ops::sum(ops::conv2d(x, w, Tensor(), {.padding = 1})).backward();
+  profile::stop();
+  bool ran = false;
+  for (const auto& r : profile::rows())
+    if (r.kernel == "conv2d_backward") ran = r.impl == "mixprec:small_k_wgrad";
+  EXPECT_TRUE(ran);
 }
 
 TEST(ConvFast, OnePrimitivePerShapeAndOneWeightReorderPerVersion) {
