@@ -121,6 +121,8 @@ std::vector<OpCase> build() {
                  auto part = [&](int64_t i) { return ops::reshape(ops::slice(t, 2, i, i + 1), {2, 2, 6, 8}); };
                  return ops::scaled_dot_product_attention(part(0), part(1), part(2), {.causal = true});
                }, 16, 4});
+  c.push_back({"scaled_dot_product_attention", "packed_qkv_causal", {any({2, 6, 3 * 2 * 8})},
+               [](const In& x) { return ops::packed_qkv_attention(x[0], 2, {.causal = true}); }, 16, 4});
   // A fresh generator per call: the same mask on every backend.
   c.push_back({"scaled_dot_product_attention", "causal_dropout", {any({1, 2, 6, 4}), any({1, 2, 9, 4}), any({1, 2, 9, 4})},
                [](const In& x) {

@@ -224,5 +224,37 @@ TEST(Attention, ErrorsNameTheOpAndTheShapes) {
             "scaled_dot_product_attention: dropout must be in [0, 1), got 1");
 }
 
+// The packed form is the three views' attention: the same output and the same gradient of the
+// packed input (values: the views' gradients were summed with zeros, which can turn a -0 into +0),
+// with causal masking and dropout, on both backends, in f32 and bf16.
+TEST(Attention, PackedQkvIsTheAttentionOfItsThreeViews) {
+  for (kernels::Backend be : {kernels::Backend::cpu, kernels::Backend::ref})
+    for (DType t : {DType::f32, DType::bf16}) {
+      const kernels::BackendGuard backend(be);
+      const int64_t b = 2, tt = 37, h = 3, e = 16, c = h * e;
+      const Tensor qkv = values({b, tt, 3 * c}, -1, 1, 9).to(t);
+      const Tensor gy = values({b, h, tt, e}, -1, 1, 10).to(t);
+      auto run = [&](bool packed) {
+        Tensor x = qkv.detach().set_requires_grad();
+        Generator gen(3);
+        const ops::AttentionOptions o{.causal = true, .dropout = 0.2, .gen = &gen};
+        auto part = [&](int64_t i) { return x.slice(2, i * c, (i + 1) * c).reshape({b, tt, h, e}).transpose(1, 2); };
+        Tensor y = packed ? ops::packed_qkv_attention(x, h, o)
+                          : ops::scaled_dot_product_attention(part(0), part(1), part(2), o);
+        y.backward(gy);
+        return std::make_pair(y.to_vector_f64(), x.grad().to_vector_f64());
+      };
+      const auto [y_views, g_views] = run(false);
+      const auto [y_packed, g_packed] = run(true);
+      EXPECT_EQ(y_packed, y_views) << dtype_name(t);
+      EXPECT_EQ(g_packed, g_views) << dtype_name(t);
+    }
+  EXPECT_EQ(testutil::error_of([] {
+              ops::packed_qkv_attention(values({2, 5, 3 * 8}, -1, 1, 1), 3);
+            }),
+            "scaled_dot_product_attention: packed qkv must be [B, T, 3 C] with C a multiple of the 3 heads, got [2, "
+            "5, 24]");
+}
+
 }  // namespace
 }  // namespace mixprec::testing

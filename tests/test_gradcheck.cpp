@@ -639,6 +639,12 @@ std::vector<Case> all_cases() {
                [](Generator& g) {
                  return In{U(g, {2, 4, 3, 2, 3})};
                }});
+  // The packed form: q, k, v the thirds of one [B, T, 3 C] input, C = 2 heads of 3.
+  c.push_back({"scaled_dot_product_attention", "packed_qkv_causal",
+               [](const In& x) { return ops::packed_qkv_attention(x[0], 2, {.causal = true}); },
+               [](Generator& g) {
+                 return In{U(g, {2, 4, 3 * 2 * 3})};
+               }});
   // A fresh generator per evaluation: the same mask every time.
   c.push_back({"scaled_dot_product_attention", "causal_dropout_fixed_generator",
                [](const In& x) {

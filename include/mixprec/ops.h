@@ -150,5 +150,11 @@ struct AttentionOptions {
 // output and the log-sum-exp of each row for the backward, so its saved memory grows linearly with
 // the sequence; dropout's mask is recomputed from the generator's counter-based words, not stored.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o = {});
+// The same on a packed projection qkv [B, T, 3 C] (a transformer's c_attn output): q, k and v are
+// its thirds seen as [B, H, T, C / H] (views, no copy), the result [B, H, T, C / H]. Its backward
+// writes the three gradients into one [B, T, 3 C] tensor, where three views' backwards would each
+// make a zeroed qkv-sized gradient and the engine sum them. A variant of
+// scaled_dot_product_attention in ops.def (same OpId and autocast class).
+Tensor packed_qkv_attention(const Tensor& qkv, int64_t heads, const AttentionOptions& o = {});
 
 }  // namespace mixprec::ops

@@ -53,16 +53,14 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& c)
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   MIXPREC_CHECK(x.dim() == 3 && x.size(2) == n_embd_, "CausalSelfAttention: input must be [B, T, ", n_embd_, "], got ",
                 shape_str(x.shape()));
-  const int64_t B = x.size(0), T = x.size(1), C = n_embd_, H = n_head_, E = C / H;
-  // q, k, v: the thirds of c_attn's output, each seen as [B, H, T, E] without a copy (views).
+  const int64_t B = x.size(0), T = x.size(1), C = n_embd_, H = n_head_;
+  // q, k, v: the thirds of c_attn's output, each seen as [B, H, T, E] without a copy (views), and
+  // their gradients written into one [B, T, 3C] tensor.
   const Tensor qkv = (*c_attn)(x);
-  auto head_view = [&](int64_t part) {
-    return qkv.slice(2, part * C, (part + 1) * C).reshape({B, T, H, E}).transpose(1, 2);
-  };
   ops::AttentionOptions o;
   o.causal = true;
   o.dropout = is_training() ? dropout_ : 0.0;
-  const Tensor y = ops::scaled_dot_product_attention(head_view(0), head_view(1), head_view(2), o);  // [B, H, T, E]
+  const Tensor y = ops::packed_qkv_attention(qkv, H, o);  // [B, H, T, E]
   return (*resid_dropout_)((*c_proj)(y.transpose(1, 2).reshape({B, T, C})));
 }
 

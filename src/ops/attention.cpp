@@ -30,13 +30,8 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   MIXPREC_CHECK(!o.scale || std::isfinite(*o.scale), kOp, ": scale must be finite, got ", o.scale.value_or(0));
 }
 
-}  // namespace
-
-Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                                    const AttentionOptions& o) {
-  Tensor q = q_in, k = k_in, v = v_in;
-  amp::autocast(OpId::scaled_dot_product_attention, {&q, &k, &v});
-  check_inputs(q, k, v, o);
+// The kernel's parameters; the dropout's one use of the generator.
+kernels::AttentionParams params(const Tensor& q, const Tensor& k, const AttentionOptions& o) {
   kernels::AttentionParams p;
   p.causal = o.causal;
   p.scale = o.scale.value_or(1.0 / std::sqrt(double(q.size(3))));
@@ -49,6 +44,23 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     p.seed = gen.seed();
     p.stream = gen.stream();
   }
+  return p;
+}
+
+// Part i (q, k, v) of a packed [B, T, 3 C] tensor as [B, H, T, E]: a view.
+Tensor packed_part(const Tensor& qkv, int64_t heads, int64_t i) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
+  return qkv.slice(2, i * c, (i + 1) * c).reshape({b, t, heads, c / heads}).transpose(1, 2);
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                    const AttentionOptions& o) {
+  Tensor q = q_in, k = k_in, v = v_in;
+  amp::autocast(OpId::scaled_dot_product_attention, {&q, &k, &v});
+  check_inputs(q, k, v, o);
+  const kernels::AttentionParams p = params(q, k, o);
   const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
   kernels::AttentionForward fwd = kernels::attention_forward(qd, kd, vd, p);
   Tensor out = fwd.out;
@@ -60,6 +72,40 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                             return std::vector<Tensor>{d.dq, d.dk, d.dv};
                           },
                           {qd, kd, vd, saved_out});
+}
+
+Tensor packed_qkv_attention(const Tensor& qkv_in, int64_t heads, const AttentionOptions& o) {
+  Tensor qkv = qkv_in;
+  amp::autocast(OpId::scaled_dot_product_attention, {&qkv});
+  check_floating(qkv, kOp, "qkv");
+  MIXPREC_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0 && heads > 0 && (qkv.size(2) / 3) % heads == 0 &&
+                    qkv.size(2) > 0 && qkv.size(1) > 0,
+                kOp, ": packed qkv must be [B, T, 3 C] with C a multiple of the ", heads, " heads, got ",
+                shape_str(qkv.shape()));
+  const Tensor base = qkv.detach();
+  const Tensor qd = packed_part(base, heads, 0), kd = packed_part(base, heads, 1), vd = packed_part(base, heads, 2);
+  check_inputs(qd, kd, vd, o);
+  const kernels::AttentionParams p = params(qd, kd, o);
+  kernels::AttentionForward fwd = kernels::attention_forward(qd, kd, vd, p);
+  Tensor out = fwd.out;
+  fwd.out = out.detach();
+  const Tensor saved_out = fwd.out;
+  const Shape shape = qkv.shape();
+  return autograd::record(out, kOp, {qkv},
+                          [qd, kd, vd, fwd, p, heads, shape](const Tensor& g, const autograd::Node&) {
+                            kernels::AttentionGrads d = kernels::attention_backward(qd, kd, vd, fwd, g, p);
+                            // The three parts cover the gradient: each written once into its view,
+                            // no zero fill and no sum of three qkv-sized gradients.
+                            Tensor dqkv = Tensor::empty(shape, d.dq.dtype(), d.dq.device());
+                            const Tensor* parts[3] = {&d.dq, &d.dk, &d.dv};
+                            for (int64_t i = 0; i < 3; ++i) {
+                              Tensor view = packed_part(dqkv, heads, i);
+                              MIXPREC_ASSERT(view.storage() == dqkv.storage(), "packed qkv: a part is not a view");
+                              kernels::copy(*parts[i], view);
+                            }
+                            return std::vector<Tensor>{dqkv};
+                          },
+                          {base, saved_out});
 }
 
 }  // namespace mixprec::ops
