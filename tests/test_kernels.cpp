@@ -267,10 +267,12 @@ const std::vector<ActivationCase> kActivationCases = {
   return close(fast, ref, [&](size_t i) { return ulp_of(t, r[i]) + f32_ulps * ulp_of(DType::f32, r[i]); });
 }
 
-// GELU's tanh form computes the reference's operations around a vector tanh within f32_ulps of
-// libm's: its bound is that tanh error carried through the formula (0.5 x (1 + t): |x|/2 per unit
-// of t; the derivative 0.5 (1 + t) + 0.5 s (1 - t^2) c (1 + 3a s^2): 1/2 + |s t| c (1 + 3a s^2) per
-// unit of t) plus f32_ulps of the result for the multiplications around it.
+// GELU's tanh form: the reference computes 0.5 x (1 + t) with libm's tanh, the fast kernel the
+// same function as x sigmoid(2u) with a vector exp (one exp and one division instead of tanh's
+// exp, division and polynomial). Their difference is bounded by f32_ulps of t carried through the
+// reference's formula (0.5 x (1 + t): |x|/2 per unit of t; the derivative 0.5 (1 + t) + 0.5 s
+// (1 - t^2) c (1 + 3a s^2): 1/2 + |s t| c (1 + 3a s^2) per unit of t; the sigmoid form is the more
+// accurate of the two where 1 + t cancels) plus f32_ulps of the result for the multiplications.
 double gelu_tanh_t_ulp(double x) {
   const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
   return ulp_of(DType::f32, t);
