@@ -13,6 +13,8 @@
 #   train-gpu  mlp and cnn 5 epochs x fp32/amp-fp16/amp-bf16 x seeds 0,1,2 on the GPU
 #   train-cpu  the same runs on the CPU (the accuracy comparison; 16 cores, minutes)
 #   bench      bench/peers/torch_gpu.py: mixprec bench against PyTorch eager and torch.compile
+#   profile    mixprec bench --profile on the GPU (mlp, cnn 420/1000, gpt; amp-bf16 and fp32): each
+#              kernel's time (the profiler waits for the stream around each) against cuBLASLt's rate
 #   all        inventory setup test memcheck train-gpu bench (train-cpu apart: see docs/gpu.md)
 # Out ($OUT, at most 8 files come back): run.log (this output), summary.json, gpu-run.md (the
 # fragment for docs/gpu.md), logs.tar.xz (every step's log and raw results).
@@ -351,6 +353,21 @@ step_bench() {
     --budget-s $((remaining > 120 ? remaining - 60 : remaining / 2)) --json-out "$W/results/bench.json" ${BENCH_ARGS:-}
 }
 
+step_profile() {
+  need_gpu
+  need_binary
+  local model args p
+  for model in mlp cnn gpt; do
+    args=(--model "$model")
+    [ "$model" = cnn ] && args+=(--channels 420,1000 --batch-size 64)
+    for p in amp-bf16 fp32; do
+      "$MIXPREC" bench "${args[@]}" --device cuda --precision "$p" --steps 10 --warmup 3 --profile \
+        >"$W/results/profile-$model-$p.txt" || return 1
+      head -2 "$W/results/profile-$model-$p.txt"
+    done
+  done
+}
+
 # ---------------------------------------------------------------------------------------------
 # One step in its own process: `run.sh --step NAME` (the driver below calls this under timeout).
 case ${1:-} in
@@ -375,16 +392,16 @@ for s in "${steps[@]}"; do
   case $s in
   all) expanded+=(setup test memcheck train-gpu bench) ;;
   inventory) ;;
-  setup | test | memcheck | train-gpu | train-cpu | bench) expanded+=("$s") ;;
+  setup | test | memcheck | train-gpu | train-cpu | bench | profile) expanded+=("$s") ;;
   *)
-    echo "run.sh: unknown step '$s' (inventory setup test memcheck train-gpu train-cpu bench all)" >&2
+    echo "run.sh: unknown step '$s' (inventory setup test memcheck train-gpu train-cpu bench profile all)" >&2
     exit 2
     ;;
   esac
 done
 # Steps that need the binary set it up first, once, if the call did not name setup.
 if ! printf '%s\n' "${expanded[@]}" | grep -qx setup &&
-  printf '%s\n' "${expanded[@]}" | grep -qxE 'test|memcheck|train-gpu|train-cpu|bench'; then
+  printf '%s\n' "${expanded[@]}" | grep -qxE 'test|memcheck|train-gpu|train-cpu|bench|profile'; then
   expanded=(inventory setup "${expanded[@]:1}")
 fi
 
