@@ -9,7 +9,8 @@
    matmul's own bf16/fp32 ratio; the slowest kernels of the amp-bf16 step.
 3. With --pytorch: bench/compare.py on each model (mixprec against PyTorch's eager step, fp32 and
    autocast-bf16, interleaved repeats): min / median / max of the pair-wise ratios.
-4. With --skips: the test suite's skipped tests on this host, grouped by the reason they give.
+4. With --skips: the test suite's skipped tests on this host, grouped by the reason they give, and
+   the op cases whose fast run fell back to the reference for some kernel (OpBackends' NOTE lines).
 
 Prints Markdown on stdout; --json-out FILE keeps every raw result. Run on a quiet machine:
     OMP_WAIT_POLICY=passive /usr/bin/python3 bench/figures.py --mixprec build/mixprec --pytorch --skips
@@ -109,8 +110,13 @@ def skips(tests):
     """The skipped tests of one run of the test binary, grouped by the reason each prints."""
     r = subprocess.run([tests], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
     by_reason = collections.defaultdict(list)
+    fallbacks = collections.defaultdict(list)  # kernels -> the op cases whose fast run used the reference
     current, reason, in_skip = None, [], False
     for line in r.stdout.splitlines():
+        m = re.match(r"\[ NOTE     \] (\S+) (\S+): ran the reference on the fast backend \(compared with itself\): (.*)", line)
+        if m:
+            fallbacks[m.group(3)].append(f"{m.group(1)} {m.group(2)}")
+            continue
         m = re.match(r"\[ RUN      \] (\S+)", line)
         if m:
             current, reason, in_skip = m.group(1), [], False
@@ -126,7 +132,7 @@ def skips(tests):
             continue
         if in_skip and not line.startswith("["):
             reason.append(line.strip())
-    return {"exit_code": r.returncode, "by_reason": dict(by_reason)}
+    return {"exit_code": r.returncode, "by_reason": dict(by_reason), "fallbacks": dict(fallbacks)}
 
 
 def suite_name(test):
@@ -195,6 +201,11 @@ def main(argv=None):
         for reason, tests in sorted(s["by_reason"].items(), key=lambda kv: -len(kv[1])):
             groups = sorted({suite_name(t) for t in tests})
             print(f"- {len(tests)}: {reason}\n  ({', '.join(groups)})")
+        if s["fallbacks"]:
+            print("\nOp cases whose fast run took the reference for some kernels (OpBackends' NOTE lines: "
+                  "those kernels are compared with themselves):\n")
+            for kernels, cases in sorted(s["fallbacks"].items()):
+                print(f"- {kernels}: {', '.join(sorted(set(cases)))}")
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(out, f, indent=1)

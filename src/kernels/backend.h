@@ -20,6 +20,12 @@ Backend backend();
 void set_backend(Backend b);
 inline bool use_fast() { return backend() == Backend::cpu; }
 
+// Called by a dispatch function that has a fast CPU kernel when it runs the reference instead (the
+// fast kernel declined the case, or the backend is ref): the profiler shows the kernel's
+// implementation as "reference", and tests that compare the fast path with the reference learn
+// that they compared the reference with itself.
+inline void note_reference() { profile::detail::note_impl("reference"); }
+
 // Sets the backend for a scope and restores the previous one on exit (tests).
 class BackendGuard {
  public:

@@ -12,6 +12,7 @@ Tensor unary(UnaryOp op, const Tensor& x, UnaryParams p) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::unary(op, x, p, dst)) return dst;
   }
+  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
   return ref::unary(op, x, p);
 }
 
@@ -24,6 +25,7 @@ Tensor unary_grad(UnaryGradOp op, const Tensor& grad, const Tensor& x, UnaryPara
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::unary_grad(op, grad, x, p, dst)) return dst;
   }
+  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
   return ref::unary_grad(op, grad, x, p);
 }
 
