@@ -37,7 +37,8 @@ struct ThreadState {
 };
 thread_local ThreadState t_state;
 
-// "mixprec::Tensor mixprec::kernels::conv2d_forward(const mixprec::Tensor&, ...)" -> "conv2d_forward".
+// The kernel's name from its function's: __builtin_FUNCTION() gives the bare name ("conv2d_forward");
+// a signature ("mixprec::Tensor mixprec::kernels::conv2d_forward(...)") is cut to it too.
 std::string short_name(const char* function) {
   const std::string_view f(function);
   const size_t paren = f.find('(');
@@ -56,11 +57,11 @@ void synchronize(const Device& d) {
 
 }  // namespace
 
-void KernelScope::begin(const std::source_location& where, const Device& device, std::string_view dtype) {
+void KernelScope::begin(const char* where, const Device& device, std::string_view dtype) {
   active_ = true;
   nested_ = t_state.depth++ > 0;
   if (nested_) return;
-  function_ = where.function_name();
+  function_ = where;
   device_ = device;
   dtype_ = dtype;
   t_state.flops = 0.0;

@@ -4,7 +4,6 @@
 #pragma once
 #include <atomic>
 #include <chrono>
-#include <source_location>
 #include <string_view>
 
 #include "mixprec/device.h"
@@ -17,7 +16,7 @@ inline bool on() { return g_on.load(std::memory_order_relaxed); }
 // Times the calls of the outermost kernel on this thread (nested ones count in it).
 class KernelScope {
  public:
-  KernelScope(const std::source_location& where, const Device& device, std::string_view dtype) {
+  KernelScope(const char* where, const Device& device, std::string_view dtype) {
     if (on()) begin(where, device, dtype);
   }
   ~KernelScope() {
@@ -27,7 +26,7 @@ class KernelScope {
   KernelScope& operator=(const KernelScope&) = delete;
 
  private:
-  void begin(const std::source_location& where, const Device& device, std::string_view dtype);
+  void begin(const char* where, const Device& device, std::string_view dtype);
   void end();
 
   bool active_ = false;  // this scope is the outermost kernel and is being timed

@@ -4,7 +4,6 @@
 // where it supports the case, the reference (src/kernels/ref) last. See docs/design.md (Kernels).
 #pragma once
 #include <optional>
-#include <source_location>
 #include <string_view>
 
 #include "core/fenced.h"
@@ -44,13 +43,13 @@ class BackendGuard {
 // (mixprec/profile.h) it times the call under the dispatch function's name (`where`).
 class DeviceScope {
  public:
-  explicit DeviceScope(const Tensor& x, const std::source_location& where = std::source_location::current())
+  explicit DeviceScope(const Tensor& x, const char* where = __builtin_FUNCTION())
       : DeviceScope(x.device(), where, dtype_name(x.dtype())) {}
   // The device of the defined ones among `xs`, which must all be on it.
   explicit DeviceScope(std::initializer_list<const Tensor*> xs,
-                       const std::source_location& where = std::source_location::current())
+                       const char* where = __builtin_FUNCTION())
       : DeviceScope(common_device(xs), where, first_dtype(xs)) {}
-  explicit DeviceScope(Device d, const std::source_location& where = std::source_location::current(),
+  explicit DeviceScope(Device d, const char* where = __builtin_FUNCTION(),
                        std::string_view dtype = "")
       : profile_(where, d, dtype), device_(d), default_(d) {
     if (d.is_fenced()) access_.emplace();
