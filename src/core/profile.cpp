@@ -58,36 +58,38 @@ void synchronize(const Device& d) {
 }  // namespace
 
 void KernelScope::begin(const char* where, const Device& device, std::string_view dtype) {
+  nested_ = t_state.depth > 0;
+  // The work queued before this kernel is not its time. First: if the wait throws (a GPU error),
+  // the scope never began and the depth is as it was.
+  if (!nested_) synchronize(device);
+  ++t_state.depth;
   active_ = true;
-  nested_ = t_state.depth++ > 0;
   if (nested_) return;
   function_ = where;
   device_ = device;
   dtype_ = dtype;
   t_state.flops = 0.0;
   t_state.impl.clear();
-  synchronize(device_);  // the work queued before this kernel is not its time
   t0_ = std::chrono::steady_clock::now();
 }
 
-void KernelScope::end() {
+// In a destructor: nothing may leave it (a GPU error at the wait, an allocation of the sums).
+void KernelScope::end() noexcept {
   --t_state.depth;
   if (nested_) return;
-  // A kernel that throws (a GPU error) still ends its scope: a profile must not throw again.
   try {
     synchronize(device_);
-  } catch (...) {
-    return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const char* phase = t_state.phase ? t_state.phase : autograd::in_backward() ? "backward" : "forward";
+    const std::lock_guard lock(g_mutex);
+    auto name = g_names.find(function_);
+    if (name == g_names.end()) name = g_names.emplace(function_, short_name(function_)).first;
+    Sum& sum = g_sums[Key(phase, name->second, std::string(dtype_), t_state.impl)];
+    ++sum.calls;
+    sum.seconds += s;
+    sum.flops += t_state.flops;
+  } catch (...) {  // the call is left out of the profile
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  const char* phase = t_state.phase ? t_state.phase : autograd::in_backward() ? "backward" : "forward";
-  const std::lock_guard lock(g_mutex);
-  auto name = g_names.find(function_);
-  if (name == g_names.end()) name = g_names.emplace(function_, short_name(function_)).first;
-  Sum& sum = g_sums[Key(phase, name->second, std::string(dtype_), t_state.impl)];
-  ++sum.calls;
-  sum.seconds += s;
-  sum.flops += t_state.flops;
 }
 
 void add_flops(double flops) {

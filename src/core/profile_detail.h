@@ -27,7 +27,7 @@ class KernelScope {
 
  private:
   void begin(const char* where, const Device& device, std::string_view dtype);
-  void end();
+  void end() noexcept;
 
   bool active_ = false;  // this scope is the outermost kernel and is being timed
   bool nested_ = false;  // an inner kernel: only counted the depth

@@ -46,11 +46,9 @@ class DeviceScope {
   explicit DeviceScope(const Tensor& x, const char* where = __builtin_FUNCTION())
       : DeviceScope(x.device(), where, dtype_name(x.dtype())) {}
   // The device of the defined ones among `xs`, which must all be on it.
-  explicit DeviceScope(std::initializer_list<const Tensor*> xs,
-                       const char* where = __builtin_FUNCTION())
+  explicit DeviceScope(std::initializer_list<const Tensor*> xs, const char* where = __builtin_FUNCTION())
       : DeviceScope(common_device(xs), where, first_dtype(xs)) {}
-  explicit DeviceScope(Device d, const char* where = __builtin_FUNCTION(),
-                       std::string_view dtype = "")
+  explicit DeviceScope(Device d, const char* where = __builtin_FUNCTION(), std::string_view dtype = "")
       : profile_(where, d, dtype), device_(d), default_(d) {
     if (d.is_fenced()) access_.emplace();
   }
