@@ -7,7 +7,8 @@ namespace {
 // One product of a convolution (forward, data gradient or weight gradient): 2 * N * OC * OH * OW
 // multiply-adds of (C / groups) * KH * KW each.
 double conv_flops(const ConvGeometry& g) {
-  return 2.0 * double(g.n * g.oc * g.oh * g.ow) * double(g.c / g.groups * g.kh * g.kw);
+  const int64_t taps = g.c / g.groups * g.kh * g.kw;  // exact: groups divides c
+  return 2.0 * double(g.n * g.oc * g.oh * g.ow) * double(taps);
 }
 }  // namespace
 
