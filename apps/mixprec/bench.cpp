@@ -197,7 +197,6 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
       profiled.push_back(ms_since(t0));
     }
     profile::stop();
-    std::sort(profiled.begin(), profiled.end());
     double mean = 0.0;
     for (double v : profiled) mean += v / double(steps);
     const DType ref_dtype = opt.precision.autocast ? opt.precision.autocast_dtype : opt.precision.param_dtype;
