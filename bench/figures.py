@@ -2,7 +2,7 @@
 """Regenerates, for the host it runs on, the figures docs/hosts.md keeps per host kind.
 
 1. The host: CPU model, the features mixprec detects, oneDNN's bf16 implementation.
-2. Per model of bench/compare.py's set (mlp 512; mlp 256 with 2048,512; mlp 1024 with 512,512,512;
+2. Per model of bench/compare.py's set (mlp 512; mlp 256 with 2048/512 hidden; mlp 1024 with 512x3;
    cnn 420/1000 at 64; cnn 32/64 at 256; gpt), from `mixprec bench --profile --json`: the step's
    FLOPs (counted from the ops), its best time and FLOP rate, the host's matmul rate in the same
    process and the share of it, in fp32 and amp-bf16; the bf16/fp32 step ratio against the
@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # bench/compare.py's set: (name, bench flags). The issue's "every shape" (docs/hosts.md).
 SHAPES = [
     ("mlp 512", ["--model", "mlp", "--batch-size", "512"]),
-    ("mlp 256 2048,512", ["--model", "mlp", "--batch-size", "256", "--hidden", "2048,512"]),
+    ("mlp 256 2048/512", ["--model", "mlp", "--batch-size", "256", "--hidden", "2048,512"]),
     ("mlp 1024 512x3", ["--model", "mlp", "--batch-size", "1024", "--hidden", "512,512,512"]),
     ("cnn 420/1000 @64", ["--model", "cnn", "--channels", "420,1000", "--batch-size", "64"]),
     ("cnn 32/64 @256", ["--model", "cnn", "--channels", "32,64", "--batch-size", "256"]),
