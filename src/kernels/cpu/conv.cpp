@@ -535,7 +535,7 @@ __attribute__((target("avx512f"))) void wgrad_four_rows(const float* cols, int64
 
 // The weight gradient (and the bias's, when out.bias is defined) of x [n, c, h, w] and grad_y,
 // both bf16, into out's tensors (f32 or bf16).
-bool backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
+void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
   const int64_t k_count = taps(g), p_count = g.oh * g.ow, p16 = (p_count + 15) / 16 * 16;
   const int64_t oc4 = (g.oc + 3) / 4 * 4;  // rows padded to whole groups of four (zero rows)
   const int64_t plane = g.c * g.h * g.w, parts = (g.n + kImagesPerPart - 1) / kImagesPerPart;
@@ -596,7 +596,6 @@ bool backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
   }
   convert(part_base, DType::f32, out.weight.data_ptr(), out.weight.dtype(), size_t(g.oc * k_count));
   if (with_bias) convert(part_base + oc4 * k_count, DType::f32, out.bias.data_ptr(), out.bias.dtype(), size_t(g.oc));
-  return true;
 }
 
 }  // namespace
@@ -644,32 +643,31 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
   if (need_b && out.bias.dtype() != DType::f32 && out.bias.dtype() != t) return false;
   // The bias gradient rides on backward-weights; alone (frozen weight) it is a plain reduction.
   const bool fused_bias = need_b && need_w;
+  // The weight gradient: mixprec's kernel for a short bf16 contraction, oneDNN's split over the
+  // batch, or one oneDNN primitive (bw).
   const bool small_k = need_w && x.dtype() == t && small_k_wgrad(g, t);
   const bool split = need_w && !small_k && split_wgrad(g);
+  const bool one_primitive = need_w && !small_k && !split;
   ConvEntry hold_d, hold_w;
   const ConvEntry* bd = need_x ? entry(g, t, false, DType::f32, false, ConvPass::backward_data, hold_d) : nullptr;
   const bool wgrad_f32 = need_w && out.weight.dtype() == DType::f32 && t == DType::bf16;
   if (need_w && out.weight.dtype() != t && !wgrad_f32) return false;
-  const ConvEntry* bw = need_w && !split && !small_k
-                            ? entry(g, t, fused_bias, need_b ? out.bias.dtype() : DType::f32, false,
-                                    ConvPass::backward_weights, hold_w, false, wgrad_f32)
-                            : nullptr;
-  if ((need_x && !bd) || (need_w && !split && !small_k && !bw)) return false;
-  if (small_k) {
+  const ConvEntry* bw = one_primitive ? entry(g, t, fused_bias, need_b ? out.bias.dtype() : DType::f32, false,
+                                              ConvPass::backward_weights, hold_w, false, wgrad_f32)
+                                      : nullptr;
+  if ((need_x && !bd) || (one_primitive && !bw)) return false;
+  if (small_k || split) {
     ConvGrads wgrads;  // weight (and bias) only: backward-data runs below
     wgrads.weight = out.weight;
     if (fused_bias) wgrads.bias = out.bias;
-    if (!backward_weights_small_k(grad_y, x, g, wgrads)) return false;
-  }
-  if (split) {
-    ConvGrads wgrads;  // weight (and bias) only: backward-data runs below
-    wgrads.weight = out.weight;
-    if (fused_bias) wgrads.bias = out.bias;
-    if (!backward_weights_split(grad_y, x, g, wgrads)) return false;
+    if (small_k)
+      backward_weights_small_k(grad_y, x, g, wgrads);
+    else if (!backward_weights_split(grad_y, x, g, wgrads))
+      return false;
   }
   CallState cs;
   if (need_x) execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {out.x.data_ptr()}, cs);
-  if (need_w && !split && !small_k) {
+  if (one_primitive) {
     std::vector<void*> outs{out.weight.data_ptr()};
     if (fused_bias) outs.push_back(out.bias.data_ptr());
     execute(*bw, {{x.data_ptr()}, {grad_y.data_ptr()}}, outs, cs);
