@@ -16,6 +16,13 @@ enum class ConvPass { forward, backward_data, backward_weights };
 // (creates and caches the primitive; "" when oneDNN has none and the reference runs instead).
 std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass);
 
+// mixprec's own weight gradient (and the bias's, when out.bias is defined) of a one-group
+// convolution of at most kSmallKTaps taps (C x KH x KW), x and grad_y bf16, into out's tensors
+// (f32 or bf16): cpu/conv_small_k.cpp. conv2d_backward runs it where oneDNN would run its im2col
+// kernel. Needs AVX-512 (every CPU with bf16 convolutions has it).
+constexpr int64_t kSmallKTaps = 32;
+void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out);
+
 // The convolution primitive cache (one entry per shape, dtype, bias/ReLU flags and pass).
 CacheStats conv_cache_stats();
 void conv_cache_clear();
