@@ -1,5 +1,6 @@
 // scaled_dot_product_attention (autocast class lower): softmax(q k^T * scale + causal mask) v with
 // dropout on the probabilities, forward and backward (kernels: kernels/attention.h).
+#include <array>
 #include <cmath>
 
 #include "ops/common.h"
@@ -53,25 +54,35 @@ Tensor packed_part(const Tensor& qkv, int64_t heads, int64_t i) {
   return qkv.slice(2, i * c, (i + 1) * c).reshape({b, t, heads, c / heads}).transpose(1, 2);
 }
 
+// The attention of the detached views qd, kd, vd, recorded as the op on `inputs`; its backward
+// runs the kernels' backward and `grads` turns dq, dk, dv into the inputs' gradients. `saved`: the
+// tensors the views read (undefined ones are skipped), checked unchanged at backward with the output.
+template <class Grads>
+Tensor attention(const Tensor& qd, const Tensor& kd, const Tensor& vd, const AttentionOptions& o,
+                 const std::vector<Tensor>& inputs, const std::array<Tensor, 3>& saved, Grads grads) {
+  check_inputs(qd, kd, vd, o);
+  const kernels::AttentionParams p = params(qd, kd, o);
+  kernels::AttentionForward fwd = kernels::attention_forward(qd, kd, vd, p);
+  Tensor out = fwd.out;
+  fwd.out = out.detach();  // the lambda must not hold out with its grad_fn (a cycle)
+  const Tensor saved_out = fwd.out;
+  return autograd::record(out, kOp, inputs,
+                          [qd, kd, vd, fwd, p, grads](const Tensor& g, const autograd::Node&) {
+                            return grads(kernels::attention_backward(qd, kd, vd, fwd, g, p));
+                          },
+                          {saved[0], saved[1], saved[2], saved_out});
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     const AttentionOptions& o) {
   Tensor q = q_in, k = k_in, v = v_in;
   amp::autocast(OpId::scaled_dot_product_attention, {&q, &k, &v});
-  check_inputs(q, k, v, o);
-  const kernels::AttentionParams p = params(q, k, o);
   const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
-  kernels::AttentionForward fwd = kernels::attention_forward(qd, kd, vd, p);
-  Tensor out = fwd.out;
-  fwd.out = out.detach();  // the lambda must not hold out with its grad_fn (a cycle)
-  const Tensor saved_out = fwd.out;
-  return autograd::record(out, kOp, {q, k, v},
-                          [qd, kd, vd, fwd, p](const Tensor& g, const autograd::Node&) {
-                            kernels::AttentionGrads d = kernels::attention_backward(qd, kd, vd, fwd, g, p);
-                            return std::vector<Tensor>{d.dq, d.dk, d.dv};
-                          },
-                          {qd, kd, vd, saved_out});
+  return attention(qd, kd, vd, o, {q, k, v}, {qd, kd, vd}, [](const kernels::AttentionGrads& d) {
+    return std::vector<Tensor>{d.dq, d.dk, d.dv};
+  });
 }
 
 Tensor packed_qkv_attention(const Tensor& qkv_in, int64_t heads, const AttentionOptions& o) {
@@ -83,29 +94,20 @@ Tensor packed_qkv_attention(const Tensor& qkv_in, int64_t heads, const Attention
                 kOp, ": packed qkv must be [B, T, 3 C] with C a multiple of the ", heads, " heads, got ",
                 shape_str(qkv.shape()));
   const Tensor base = qkv.detach();
-  const Tensor qd = packed_part(base, heads, 0), kd = packed_part(base, heads, 1), vd = packed_part(base, heads, 2);
-  check_inputs(qd, kd, vd, o);
-  const kernels::AttentionParams p = params(qd, kd, o);
-  kernels::AttentionForward fwd = kernels::attention_forward(qd, kd, vd, p);
-  Tensor out = fwd.out;
-  fwd.out = out.detach();
-  const Tensor saved_out = fwd.out;
   const Shape shape = qkv.shape();
-  return autograd::record(out, kOp, {qkv},
-                          [qd, kd, vd, fwd, p, heads, shape](const Tensor& g, const autograd::Node&) {
-                            kernels::AttentionGrads d = kernels::attention_backward(qd, kd, vd, fwd, g, p);
-                            // The three parts cover the gradient: each written once into its view,
-                            // no zero fill and no sum of three qkv-sized gradients.
-                            Tensor dqkv = Tensor::empty(shape, d.dq.dtype(), d.dq.device());
-                            const Tensor* parts[3] = {&d.dq, &d.dk, &d.dv};
-                            for (int64_t i = 0; i < 3; ++i) {
-                              Tensor view = packed_part(dqkv, heads, i);
-                              MIXPREC_ASSERT(view.storage() == dqkv.storage(), "packed qkv: a part is not a view");
-                              kernels::copy(*parts[i], view);
-                            }
-                            return std::vector<Tensor>{dqkv};
-                          },
-                          {base, saved_out});
+  return attention(packed_part(base, heads, 0), packed_part(base, heads, 1), packed_part(base, heads, 2), o, {qkv},
+                   {base, Tensor(), Tensor()}, [heads, shape](const kernels::AttentionGrads& d) {
+                     // The three parts cover the gradient: each written once into its view, no zero
+                     // fill and no sum of three qkv-sized gradients.
+                     Tensor dqkv = Tensor::empty(shape, d.dq.dtype(), d.dq.device());
+                     const Tensor* parts[3] = {&d.dq, &d.dk, &d.dv};
+                     for (int64_t i = 0; i < 3; ++i) {
+                       Tensor view = packed_part(dqkv, heads, i);
+                       MIXPREC_ASSERT(view.storage() == dqkv.storage(), "packed qkv: a part is not a view");
+                       kernels::copy(*parts[i], view);
+                     }
+                     return std::vector<Tensor>{dqkv};
+                   });
 }
 
 }  // namespace mixprec::ops
