@@ -15,7 +15,7 @@ Tensor activation(Activation op, const Tensor& x) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::activation(op, x, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::activation(op, x);
 }
 
@@ -28,7 +28,7 @@ Tensor activation_grad(Activation op, const Tensor& grad, const Tensor& saved) {
     Tensor dst = Tensor::empty(saved.shape(), saved.dtype());
     if (cpu::activation_grad(op, grad, saved, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::activation_grad(op, grad, saved);
 }
 
@@ -41,7 +41,7 @@ void relu_mask_inplace(Tensor& grad, const Tensor& y) {
 #endif
   const Tensor yc = contig(y);
   if (use_fast() && cpu::relu_mask_inplace(grad, yc)) return;
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   ref::relu_mask_inplace(grad, yc);
 }
 

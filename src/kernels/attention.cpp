@@ -24,7 +24,7 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
     AttentionForward dst;
     if (cpu::attention_forward(q, k, v, p, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::attention_forward(q, k, v, p);
 }
 
@@ -43,7 +43,7 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
     AttentionGrads dst;
     if (cpu::attention_backward(q, k, v, fwd, grad_out, p, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::attention_backward(q, k, v, fwd, grad_out, p);
 }
 

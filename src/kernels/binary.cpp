@@ -19,7 +19,7 @@ void add_inplace(Tensor& acc, const Tensor& g) {
 #endif
   Tensor gg = g.dtype() == acc.dtype() ? g : cast(g, acc.dtype());
   if (use_fast() && cpu::binary(BinaryOp::add, acc, gg, acc)) return;
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   Tensor s = ref::binary(BinaryOp::add, acc, gg);
   std::memcpy(acc.data_ptr(), s.data_ptr(), s.nbytes());
 }
@@ -39,7 +39,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
     Tensor dst = Tensor::empty(broadcast_shapes(a.shape(), b.shape(), "binary op"), t);
     if (cpu::binary(op, a, b, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::binary(op, widened(a), widened(b));
 }
 

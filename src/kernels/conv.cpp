@@ -22,7 +22,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
     Tensor dst = Tensor::empty(g.y_shape(), x.dtype());
     if (cpu::conv2d_forward(x, weight, bias, g, relu, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::conv2d_forward(x, weight, bias, g, relu);
 }
 
@@ -41,7 +41,7 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
     if (need_bias) out.bias = Tensor::empty({g.oc}, bias_dtype);
     if (cpu::conv2d_backward(grad_y, x, weight, g, out)) return out;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
 }
 

@@ -21,7 +21,7 @@ Tensor embedding_forward(const Tensor& weight, const Tensor& indices) {
     Tensor dst = Tensor::empty(gathered_shape(weight, indices), weight.dtype());
     if (cpu::embedding_forward(weight, indices, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::embedding_forward(weight, indices);
 }
 
@@ -34,7 +34,7 @@ Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num
     Tensor dst = Tensor::empty({num_embeddings, grad.dim() ? grad.size(-1) : 0}, dtype);
     if (cpu::embedding_backward(grad, indices, num_embeddings, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::embedding_backward(grad, indices, num_embeddings, dtype);
 }
 

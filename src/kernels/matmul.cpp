@@ -23,7 +23,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
   if (on.cuda()) return cuda::matmul(a, b, dst, o);
 #endif
   if (use_fast() && cpu::matmul(a, b, dst, o)) return;
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   ref::matmul(a, b, dst, o);
 }
 

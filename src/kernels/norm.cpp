@@ -10,7 +10,7 @@ void batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& v
   if (on.cuda()) return cuda::batch_norm_stats(x, channels, mean, var);
 #endif
   if (use_fast() && cpu::batch_norm_stats(x, channels, mean, var)) return;
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   ref::batch_norm_stats(x, channels, mean, var);
 }
 
@@ -24,7 +24,7 @@ Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& inv
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::batch_norm_forward(x, mean, invstd, weight, bias, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::batch_norm_forward(x, mean, invstd, weight, bias);
 }
 
@@ -39,7 +39,7 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
   if (use_fast() &&
       cpu::batch_norm_backward(grad_y, x, mean, invstd, weight, training, need_x, need_weight, need_bias, out))
     return out;
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::batch_norm_backward(grad_y, x, mean, invstd, weight, training, need_x, need_weight, need_bias);
 }
 
@@ -53,7 +53,7 @@ Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& b
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::layer_norm_forward(x, weight, bias, eps, mean, rstd, xhat, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::layer_norm_forward(x, weight, bias, eps, mean, rstd, xhat);
 }
 
@@ -66,7 +66,7 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
   NormGrads out;
   if (use_fast() && cpu::layer_norm_backward(grad_y, x, mean, rstd, weight, need_x, need_weight, need_bias, out))
     return out;
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::layer_norm_backward(grad_y, x, mean, rstd, weight, need_x, need_weight, need_bias);
 }
 

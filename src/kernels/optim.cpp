@@ -39,7 +39,7 @@ void unscale_and_check(const std::vector<Tensor>& src, const std::vector<Tensor>
   if (on.cuda()) return cuda::unscale_and_check(src, dst, scale, found_inf);
 #endif
   if (use_fast()) return cpu::unscale_and_check(src, dst, scale, found_inf);
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   ref::unscale_and_check(src, dst, scale, found_inf);
 }
 
@@ -49,7 +49,7 @@ void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const 
   if (on.cuda()) return cuda::sgd_step(params, o, s);
 #endif
   if (use_fast()) return cpu::sgd_step(params, o, s);
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   ref::sgd_step(params, o, s);
 }
 
@@ -59,7 +59,7 @@ void adamw_step(const std::vector<OptimParam>& params, const AdamWOptions& o, co
   if (on.cuda()) return cuda::adamw_step(params, o, s);
 #endif
   if (use_fast()) return cpu::adamw_step(params, o, s);
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   ref::adamw_step(params, o, s);
 }
 
@@ -97,7 +97,7 @@ Tensor grad_norm(const std::vector<Tensor>& grads, double norm_type) {
 #endif
   Tensor out;
   if (use_fast() && cpu::grad_norm(grads, norm_type, out)) return out;
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::grad_norm(grads, norm_type);
 }
 
@@ -107,7 +107,7 @@ void clip_by_norm(const std::vector<Tensor>& grads, const Tensor& total, double 
   if (on.cuda()) return cuda::clip_by_norm(grads, total, max_norm);
 #endif
   if (use_fast() && cpu::clip_by_norm(grads, total, max_norm)) return;
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   ref::clip_by_norm(grads, total, max_norm);
 }
 

@@ -15,7 +15,7 @@ MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
     r.argmax = Tensor::empty({g.n, g.c, g.oh, g.ow}, g.argmax_dtype());
     if (cpu::max_pool2d_forward(x, g, r)) return r;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::max_pool2d_forward(x, g);
 }
 
@@ -28,7 +28,7 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Poo
     Tensor gx = Tensor::empty({g.n, g.c, g.h, g.w}, grad_y.dtype());
     if (cpu::max_pool2d_backward(grad_y, argmax, g, gx)) return gx;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::max_pool2d_backward(grad_y, argmax, g);
 }
 
@@ -41,7 +41,7 @@ Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
     Tensor dst = Tensor::empty({g.n, g.c, g.oh, g.ow}, x.dtype());
     if (cpu::avg_pool2d_forward(x, g, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::avg_pool2d_forward(x, g);
 }
 
@@ -54,7 +54,7 @@ Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g) {
     Tensor gx = Tensor::empty({g.n, g.c, g.h, g.w}, grad_y.dtype());
     if (cpu::avg_pool2d_backward(grad_y, g, gx)) return gx;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::avg_pool2d_backward(grad_y, g);
 }
 

@@ -27,7 +27,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DTyp
     Tensor dst = Tensor::empty(reduced_shape(x.shape(), dims, keepdim), out_dtype);
     if (cpu::sum(x, dims, keepdim, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::sum(x, dims, keepdim, out_dtype);
 }
 
@@ -39,7 +39,7 @@ bool all_finite(const Tensor& x) {
 #endif
   bool finite = true;
   if (use_fast() && cpu::all_finite(x, finite)) return finite;
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::all_finite(x);
 }
 

@@ -18,7 +18,7 @@ void copy(const Tensor& src, Tensor& dst) {
   if (on.cuda()) return cuda::copy(src, dst);
 #endif
   if (use_fast() && cpu::copy(src, dst)) return;
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   ref::copy(src, dst);
 }
 

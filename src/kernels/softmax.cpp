@@ -12,7 +12,7 @@ Tensor softmax_lastdim(const Tensor& x, bool log) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::softmax_lastdim(x, log, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::softmax_lastdim(x, log);
 }
 
@@ -25,7 +25,7 @@ Tensor softmax_lastdim_backward(const Tensor& y, const Tensor& grad_y, bool log)
     Tensor dst = Tensor::empty(y.shape(), y.dtype());
     if (cpu::softmax_lastdim_backward(y, grad_y, log, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::softmax_lastdim_backward(y, grad_y, log);
 }
 

@@ -12,7 +12,7 @@ Tensor unary(UnaryOp op, const Tensor& x, UnaryParams p) {
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::unary(op, x, p, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::unary(op, x, p);
 }
 
@@ -25,7 +25,7 @@ Tensor unary_grad(UnaryGradOp op, const Tensor& grad, const Tensor& x, UnaryPara
     Tensor dst = Tensor::empty(x.shape(), x.dtype());
     if (cpu::unary_grad(op, grad, x, p, dst)) return dst;
   }
-  note_reference();  // the fast path declined (or MIXPREC_KERNELS=ref)
+  note_reference();
   return ref::unary_grad(op, grad, x, p);
 }
 
