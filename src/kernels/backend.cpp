@@ -18,7 +18,7 @@ Backend g_backend = initial_backend();
 Backend backend() { return g_backend; }
 void set_backend(Backend b) { g_backend = b; }
 
-Device DeviceScope::common_device(std::initializer_list<const Tensor*> xs) {
+const Tensor* DeviceScope::first_defined(std::initializer_list<const Tensor*> xs) {
   const Tensor* first = nullptr;
   for (const Tensor* x : xs) {
     if (!x->defined()) continue;
@@ -28,13 +28,7 @@ Device DeviceScope::common_device(std::initializer_list<const Tensor*> xs) {
     MIXPREC_CHECK(x->device() == first->device(), "internal: kernel operands on different devices (",
                   first->device().str(), ", ", x->device().str(), ")");
   }
-  return first ? first->device() : Device::cpu();
-}
-
-std::string_view DeviceScope::first_dtype(std::initializer_list<const Tensor*> xs) {
-  for (const Tensor* x : xs)
-    if (x->defined()) return dtype_name(x->dtype());
-  return "";
+  return first;
 }
 
 }  // namespace mixprec::kernels

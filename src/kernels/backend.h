@@ -47,7 +47,7 @@ class DeviceScope {
       : DeviceScope(x.device(), where, dtype_name(x.dtype())) {}
   // The device of the defined ones among `xs`, which must all be on it.
   explicit DeviceScope(std::initializer_list<const Tensor*> xs, const char* where = __builtin_FUNCTION())
-      : DeviceScope(common_device(xs), where, first_dtype(xs)) {}
+      : DeviceScope(first_defined(xs), where) {}
   explicit DeviceScope(Device d, const char* where = __builtin_FUNCTION(), std::string_view dtype = "")
       : profile_(where, d, dtype), device_(d), default_(d) {
     if (d.is_fenced()) access_.emplace();
@@ -56,8 +56,10 @@ class DeviceScope {
   bool cuda() const { return device_.is_cuda(); }
 
  private:
-  static Device common_device(std::initializer_list<const Tensor*> xs);
-  static std::string_view first_dtype(std::initializer_list<const Tensor*> xs);
+  // The first defined one among xs (null when none is), after checking they share its device.
+  static const Tensor* first_defined(std::initializer_list<const Tensor*> xs);
+  DeviceScope(const Tensor* first, const char* where)
+      : DeviceScope(first ? first->device() : Device::cpu(), where, first ? dtype_name(first->dtype()) : "") {}
 
   // First: the kernel's time starts before, and ends after, everything else the scope does.
   profile::detail::KernelScope profile_;
