@@ -3,6 +3,7 @@
 // it gets alone. scripts/dev.sh test also runs these under ThreadSanitizer (with the loader tests).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <latch>
 #include <thread>
@@ -125,6 +126,29 @@ TEST(AutocastThreads, ConcurrentTrainingStepsMatchTheSameStepAlone) {
   // The modes differ, so a thread that ran in another's dtype would have shown above.
   EXPECT_NE(alone[0].w_grad, alone[1].w_grad);
   EXPECT_NE(alone[0].w_grad, alone[2].w_grad);
+}
+
+// Threads that share parameters record ops on the same leaves and run backward into them at once:
+// each leaf gets one AccumulateGrad (made under a lock) and takes every thread's gradient, so the
+// sum is the one-thread gradient times the number of threads. ThreadSanitizer sees the rest.
+TEST(AutocastThreads, ConcurrentBackwardIntoSharedLeavesSumsEveryThreadsGradient) {
+  Tensor w = ramp({6, 8}, 0.05).set_requires_grad(), b = ramp({6}, 0.1).set_requires_grad();
+  const Tensor x = ramp({4, 8}, 0.02);
+  auto step = [&] { ops::sum(ops::relu(ops::linear(x, w, b))).backward(); };
+  step();
+  const std::vector<float> one_w = w.grad().to_vector(), one_b = b.grad().to_vector();
+  w.set_grad(Tensor());
+  b.set_grad(Tensor());
+  constexpr int kThreads = 4, kRepeats = 8;
+  on_threads(kThreads, [&](int) {
+    for (int r = 0; r < kRepeats; ++r) step();
+  });
+  const std::vector<float> all_w = w.grad().to_vector(), all_b = b.grad().to_vector();
+  const float n = kThreads * kRepeats;
+  for (size_t i = 0; i < one_w.size(); ++i)  // sums of 32 equal terms: exact up to the f32 rounding of each add
+    EXPECT_NEAR(all_w[i], n * one_w[i], 32 * 0x1p-24 * n * std::abs(one_w[i])) << "w.grad[" << i << "]";
+  for (size_t i = 0; i < one_b.size(); ++i)
+    EXPECT_NEAR(all_b[i], n * one_b[i], 32 * 0x1p-24 * n * std::abs(one_b[i])) << "b.grad[" << i << "]";
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The backward engine: topological order by an explicit stack (a 10,000-op chain cannot
 // overflow the C++ stack), gradients summed per node, saved tensors released as nodes run.
 #include <atomic>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -47,6 +48,7 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_out) {
   if (g.dtype() != var.dtype() || g.shape() != var.shape())
     MIXPREC_ASSERT(false, "gradient ", shape_str(g.shape()), " ", dtype_name(g.dtype()), " for leaf ",
                    shape_str(var.shape()), " ", dtype_name(var.dtype()));
+  std::unique_lock lock(mutex);
   if (!impl->grad) {
     // Steal the incoming buffer when nobody else holds it; otherwise copy. Either way the
     // bytes now count as gradients.
@@ -63,6 +65,7 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_out) {
     Tensor acc(impl->grad);
     kernels::add_inplace(acc, g);
   }
+  lock.unlock();  // a hook may start work that accumulates again (a bucket's reduction, say)
   if (impl->hooks)
     for (const auto& [id, hook] : impl->hooks->post_accumulate) hook(var);
   return {};
@@ -96,6 +99,11 @@ static std::shared_ptr<Node> edge_of(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return nullptr;
   detail::TensorImpl* impl = t.impl();
   if (impl->grad_fn) return impl->grad_fn;
+  // Threads that record ops on the same leaf (shared parameters, each thread its own forward) find
+  // or make its one AccumulateGrad under a lock, as PyTorch's AutogradMeta mutex does: the weak_ptr
+  // is read and written here only.
+  static std::mutex accumulator_mutex;
+  const std::lock_guard lock(accumulator_mutex);
   auto acc = impl->grad_accumulator.lock();
   if (!acc) {
     auto a = std::make_shared<AccumulateGrad>();

@@ -2,6 +2,7 @@
 // versions, and the gradient sink of a leaf.
 #pragma once
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "mixprec/autograd.h"
@@ -32,6 +33,7 @@ struct FunctionNode final : Node {
 // Sink for a leaf that requires grad: adds into leaf.grad (allocated as MemCategory::gradients).
 struct AccumulateGrad final : Node {
   std::weak_ptr<detail::TensorImpl> leaf;
+  std::mutex mutex;  // threads' backward passes into one shared leaf take turns writing its .grad
   std::vector<Tensor> apply(const Tensor& grad_out) override;
 };
 
