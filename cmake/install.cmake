@@ -18,7 +18,13 @@ set_target_properties(mixprec PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${
 # The installed CLI finds a shared libmixprec beside it (lib/), wherever the prefix is, and keeps
 # the directories of libraries outside the system's (the CUDA toolkit's) that it was linked with.
 file(RELATIVE_PATH _mixprec_bin_to_lib ${CMAKE_INSTALL_FULL_BINDIR} ${CMAKE_INSTALL_FULL_LIBDIR})
-set_target_properties(mixprec_cli PROPERTIES INSTALL_RPATH "$ORIGIN/${_mixprec_bin_to_lib}" INSTALL_RPATH_USE_LINK_PATH ON)
+# scripts/gpu/pack.sh sets MIXPREC_RELOCATABLE_RPATH ($ORIGIN/lib): that and nothing else, for a
+# bundle that carries its libraries to a machine laid out otherwise.
+if(DEFINED MIXPREC_RELOCATABLE_RPATH)
+  set_target_properties(mixprec_cli PROPERTIES INSTALL_RPATH "${MIXPREC_RELOCATABLE_RPATH}" INSTALL_RPATH_USE_LINK_PATH OFF)
+else()
+  set_target_properties(mixprec_cli PROPERTIES INSTALL_RPATH "$ORIGIN/${_mixprec_bin_to_lib}" INSTALL_RPATH_USE_LINK_PATH ON)
+endif()
 set_target_properties(mixprec PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)  # a shared libmixprec: the same
 
 install(TARGETS mixprec EXPORT mixprecTargets

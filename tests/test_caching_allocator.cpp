@@ -402,6 +402,43 @@ TEST_F(CachingAllocatorTest, EmptyCacheReleasesOnlyFullyFreeSegments) {
   EXPECT_GE(dev.syncs, 1);
 }
 
+// A CUDA graph's capture (cuda::Graph): the captured stream's allocations come from a pool of
+// their own, which reuses its own frees during the capture and hands nothing to eager work after
+// it; releasing the pool returns its fully free segments and leaves its live blocks alone.
+TEST_F(CachingAllocatorTest, CapturePoolsKeepTheirBlocksFromEagerWork) {
+  constexpr Stream kPool = 0x1001;  // what cuda::Graph passes: no stream has an odd handle
+  void* eager = get(kMiB);          // before the capture, on stream 1
+  put(eager, kMiB);
+  alloc->begin_pool(/*stream=*/1, kPool);
+  void* a = get(kMiB);  // stream 1 is captured: not the eager free block
+  EXPECT_NE(a, eager);
+  put(a, kMiB);
+  void* b = get(kMiB);  // the capture's own free block, as an eager step would reuse it
+  EXPECT_EQ(b, a);
+  void* kept = get(3 * kMiB);             // still live after the capture (a gradient the graph writes)
+  void* other = get(kMiB, /*stream=*/2);  // another stream is not captured
+  EXPECT_NE(other, a);
+  alloc->end_pool(1);
+  put(b, kMiB);                 // back to the pool, not to stream 1
+  EXPECT_EQ(get(kMiB), eager);  // eager work after the capture: its own block
+  void* c = get(kMiB);          // and never the pool's: a new segment, or stream 1's space
+  EXPECT_NE(c, b);
+  alloc->check_invariants();
+  const int frees_before = dev.raw_frees;
+  const int64_t reserved_before = st().reserved_bytes;
+  alloc->release_pool(kPool);                  // the graph is gone: a and b's segment goes back,
+  EXPECT_EQ(dev.raw_frees, frees_before + 1);  // `kept`'s stays while it is live
+  EXPECT_EQ(st().reserved_bytes, reserved_before - int64_t(kSmallSegmentBytes));
+  put(kept, 3 * kMiB);
+  alloc->release_pool(kPool);
+  EXPECT_EQ(dev.raw_frees, frees_before + 2);
+  EXPECT_EQ(st().reserved_bytes, reserved_before - int64_t(kSmallSegmentBytes + kMidSegmentBytes));
+  put(eager, kMiB);
+  put(c, kMiB);
+  put(other, kMiB);
+  alloc->check_invariants();
+}
+
 TEST_F(CachingAllocatorTest, ThreadsShareOneAllocator) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {

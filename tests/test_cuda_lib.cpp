@@ -197,7 +197,16 @@ TEST_P(CudaConv, ForwardAndBackwardMatchTheReference) {
   EXPECT_TRUE(got_y.device() == kGpu);
   EXPECT_TRUE(agree_within_bound(host(got_y), want_y, taps + 1, 0, "conv2d output"));
   EXPECT_TRUE(agree_within_bound(host(got.x), want.x, g.oc / g.groups * g.kh * g.kw, 0, "conv2d grad x"));
-  EXPECT_TRUE(agree_within_bound(host(got.weight), want.weight, g.n * g.oh * g.ow, 0, "conv2d grad weight"));
+  if (wt == t) {
+    EXPECT_TRUE(agree_within_bound(host(got.weight), want.weight, g.n * g.oh * g.ow, 0, "conv2d grad weight"));
+  } else {
+    // bf16 operands, f32 weight gradient: cuDNN 9.19 has no engine that writes f32 from bf16, so
+    // the gradient is formed in bf16 (f32 accumulation, one rounding) and widened, as PyTorch's
+    // autocast gives it: the bound is bf16's (kernels/cuda/conv.cpp, conv2d_backward).
+    EXPECT_EQ(got.weight.dtype(), wt);
+    EXPECT_TRUE(agree_within_bound(kernels::cast(host(got.weight), t), kernels::cast(want.weight, t), g.n * g.oh * g.ow,
+                                   0, "conv2d grad weight (bf16 bound)"));
+  }
   EXPECT_TRUE(agree_within_bound(host(got.bias), want.bias, g.n * g.oh * g.ow, 0, "conv2d grad bias"));
 }
 

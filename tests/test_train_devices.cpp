@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "kernels/shape.h"
 #include "mixprec/autocast.h"
 #include "mixprec/clip.h"
+#include "mixprec/cuda_stream.h"
 #include "mixprec/grad_scaler.h"
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
@@ -33,6 +35,7 @@ struct Loop {
   bool clip = false;
   int bad_step = -1;  // this step's first gradient is overwritten with bad_value
   double bad_value = INFINITY;
+  int capture_at = -1;  // CUDA: this step is captured into a cuda::Graph, and it and the later ones replay it
 };
 
 struct Outcome {
@@ -40,6 +43,7 @@ struct Outcome {
   std::vector<bool> stepped;
   double scale = 0;
   int64_t skipped = 0, steps = 0;
+  cuda::Graph::Nodes nodes;  // of the captured step (capture_at)
 };
 
 std::shared_ptr<nn::Module> make_model(const std::string& kind) {
@@ -72,12 +76,22 @@ Outcome run(const Loop& c, const Device& device, int64_t* count_copies = nullptr
   Generator data(3);
   Outcome out;
   int64_t copies_before = 0;
+  // The batch goes into the same device tensors every step, as a captured step needs (its replays
+  // read the memory the capture read).
+  Tensor x = Tensor::empty({8, 1, 8, 8}, pure ? DType::bf16 : DType::f32, device);
+  Tensor y = Tensor::empty({8}, DType::i64, device);
+  cuda::Graph graph;
   for (int step = 0; step < kSteps; ++step) {
     if (step == 1) copies_before = kernels::device_to_host_copies();
-    const Tensor x = Tensor::randn({8, 1, 8, 8}, data, pure ? DType::bf16 : DType::f32).to(device);
+    x.copy_(Tensor::randn({8, 1, 8, 8}, data, pure ? DType::bf16 : DType::f32).to(device));
     std::vector<int64_t> labels(8);
     for (int64_t& l : labels) l = int64_t(data.uniform_below(10));
-    const Tensor y = Tensor::from_vector(labels, {8}).to(device);
+    y.copy_(Tensor::from_vector(labels, {8}).to(device));
+    if (c.capture_at >= 0 && step > c.capture_at) {
+      graph.replay();
+      continue;
+    }
+    if (step == c.capture_at) graph.capture_begin(device.index);
     opt->zero_grad();
     Tensor loss;
     {
@@ -96,6 +110,11 @@ Outcome run(const Loop& c, const Device& device, int64_t* count_copies = nullptr
     }
     scaler.step(*opt);
     scaler.update();
+    if (step == c.capture_at) {
+      graph.capture_end();
+      out.nodes = graph.nodes();
+      graph.replay();  // the capture ran nothing: this is the captured step
+    }
   }
   if (count_copies) *count_copies = kernels::device_to_host_copies() - copies_before;
   for (const Tensor& p : model->parameters()) out.state.push_back(bytes_of(p.to(Device::cpu())));
@@ -153,6 +172,68 @@ TEST(TrainDevices, AnAmpFp16StepMakesNoDeviceToHostCopy) {
   const int64_t before = kernels::device_to_host_copies();
   (void)Tensor::scalar(1.0, DType::f32, Device::fenced()).item();
   EXPECT_EQ(kernels::device_to_host_copies() - before, 1);
+}
+
+// On a GPU. A training step captured into a CUDA graph: the capture fails on any wait for the GPU
+// (a .item(), a host copy), so capturing is the test that a step never stops the GPU, and replays
+// must give every bit that eager steps give (the scale, found_inf, step counts, the schedule and
+// the generator's offset all live on the device). The graph's node count is the step's launches.
+TEST(CudaTrain, CapturedStepsReplayBitIdenticalToEagerSteps) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+  const std::vector<Loop> loops = {
+      {"mlp", "fp32", "adamw", true},    {"mlp", "amp-bf16", "sgd", true}, {"mlp", "amp-fp16", "adamw", true},
+      {"cnn", "fp32", "sgd", true},      {"cnn", "amp-bf16", "adamw"},     {"cnn", "amp-fp16", "sgd", true},
+      {"mlp", "bf16-sr", "adamw", true}, {"cnn", "bf16-sr", "sgd"},
+  };
+  for (const Loop& c : loops) {
+    SCOPED_TRACE(c.model + " " + c.precision + " " + c.optimizer + (c.clip ? " clip" : ""));
+    Loop captured = c;
+    captured.capture_at = 2;
+    const Outcome eager = run(c, Device::cuda()), graph = run(captured, Device::cuda());
+    ASSERT_EQ(eager.state.size(), graph.state.size());
+    for (size_t i = 0; i < eager.state.size(); ++i) EXPECT_EQ(eager.state[i], graph.state[i]) << "tensor " << i;
+    EXPECT_EQ(eager.scale, graph.scale);
+    EXPECT_EQ(eager.skipped, graph.skipped);
+    EXPECT_EQ(eager.steps, graph.steps);
+    EXPECT_GT(graph.nodes.kernels, 0);
+    std::printf("[ kernels  ] %s %s %s%s: %lld kernels, %lld memcpys, %lld memsets, %lld other nodes per step\n",
+                c.model.c_str(), c.precision.c_str(), c.optimizer.c_str(), c.clip ? " clip" : "",
+                static_cast<long long>(graph.nodes.kernels), static_cast<long long>(graph.nodes.memcpys),
+                static_cast<long long>(graph.nodes.memsets), static_cast<long long>(graph.nodes.other));
+  }
+}
+
+TEST(CudaTrain, InjectedInfAndNaNSkipTheSameStepsAndBackOffTheSameScaleAsTheCpu) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+  for (double bad : {INFINITY, -INFINITY, NAN})
+    for (const char* model : {"mlp", "cnn"}) {
+      const Loop c{model, "amp-fp16", "adamw", /*clip=*/true, /*bad_step=*/3, bad};
+      SCOPED_TRACE(std::string(model) + " bad " + std::to_string(bad));
+      const Outcome cpu = run(c, Device::cpu()), gpu = run(c, Device::cuda());
+      EXPECT_EQ(gpu.skipped, 1);
+      EXPECT_EQ(gpu.skipped, cpu.skipped);
+      EXPECT_EQ(gpu.steps, cpu.steps);
+      EXPECT_EQ(gpu.scale, cpu.scale);
+    }
+}
+
+TEST(CudaTrain, AWaitForTheGpuInACapturedStepFailsTheCapture) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+  const Tensor t = Tensor::full({4}, 1.5, DType::f32, Device::cuda());
+  {
+    cuda::Graph g;
+    g.capture_begin();
+    const Tensor s = ops::sum(t);
+    EXPECT_THROW((void)s.item(), Error);  // a copy to the host that waits
+    try {
+      g.capture_end();
+      ADD_FAILURE() << "capture_end accepted a capture that waited for the GPU";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("capture"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(g.captured());
+  }
+  EXPECT_EQ(ops::sum(t).item(), 6.0);  // the stream works on, eagerly
 }
 
 TEST(TrainDevices, ErrorAtMinScaleSurfacesWhenTheStateIsRead) {

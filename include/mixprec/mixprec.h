@@ -7,6 +7,7 @@
 #include "mixprec/clip.h"
 #include "mixprec/convert.h"
 #include "mixprec/cpu.h"
+#include "mixprec/cuda_stream.h"
 #include "mixprec/data.h"
 #include "mixprec/device.h"
 #include "mixprec/diagnostics.h"

@@ -43,7 +43,8 @@ if [ "${1:-}" != --no-build ]; then
   mkdir -p "$build"
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMIXPREC_WERROR=ON \
     -DMIXPREC_CUDA=ON -DMIXPREC_CUDA_ARCHS=90 \
-    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN/lib' -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags \
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN/lib' '-DMIXPREC_RELOCATABLE_RPATH=$ORIGIN/lib' \
+    -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags -DMIXPREC_MPI=OFF \
     "-DCMAKE_CXX_FLAGS=-ffile-prefix-map=$root/=" "-DCMAKE_CUDA_FLAGS=-Xcompiler=-ffile-prefix-map=$root/=" \
     >"$build/configure.log" 2>&1 || {
     cat "$build/configure.log" >&2

@@ -8,14 +8,18 @@
 #              (always runs first: it is the record of which machine ran the rest)
 #   setup      unpack the bundle, find the CUDA libraries, check `mixprec --version` and `devices`;
 #              else build from source with the kit (MIXPREC_GPU_BUILD=auto|bundle|source)
-#   test       the CUDA suites (TEST_FILTER, default '*Cuda*:*_cuda_*': the Cuda suites and every op case on cuda): run/skipped/failed counts
-#   memcheck   the same suites under compute-sanitizer's memcheck (MEMCHECK_FILTER)
+#   test       the CUDA suites (TEST_FILTER, default '*Cuda*:*_cuda_*:*_cuda:CliDevices.*:DeviceTensors.*': the Cuda
+#              suites, every op and attention case on cuda, the CLI's device tests): run/skipped/failed counts;
+#              then the tests of a machine without a GPU, with the GPU hidden (NOGPU_FILTER)
+#   memcheck   the same suites under compute-sanitizer: memcheck, racecheck, synccheck, initcheck
+#              (SANITIZER_TOOLS; MEMCHECK_FILTER)
 #   train-gpu  mlp and cnn 5 epochs x fp32/amp-fp16/amp-bf16 x seeds 0,1,2 on the GPU
 #   train-cpu  the same runs on the CPU (the accuracy comparison; 16 cores, minutes)
 #   bench      bench/peers/torch_gpu.py: mixprec bench against PyTorch eager and torch.compile
-#   profile    mixprec bench --profile on the GPU (mlp, cnn 420/1000, gpt; amp-bf16 and fp32): each
+#   profile    mixprec bench --profile on the GPU (mlp, cnn 420/1000, gpt; amp-bf16, amp-fp16, fp32): each
 #              kernel's time (the profiler waits for the stream around each) against cuBLASLt's rate
 #   all        inventory setup test memcheck train-gpu bench (train-cpu apart: see docs/gpu.md)
+#   A+B        steps A and B at once, each under the same limit (memcheck+train-gpu: neither times anything)
 # Out ($OUT, at most 8 files come back): run.log (this output), summary.json, gpu-run.md (the
 # fragment for docs/gpu.md), logs.tar.xz (every step's log and raw results).
 # Env: RUN_BUDGET_S (560: the whole call, under the tool's 600 s), TRAIN_MODELS (mlp,cnn),
@@ -256,25 +260,21 @@ step_setup() {
   local mode=${MIXPREC_GPU_BUILD:-auto} versions_ok
   versions_ok=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(int(d["bundle_versions_ok"]), "; ".join(d["version_notes"]))' "$W/results/inventory.json")
   echo "MIXPREC_GPU_BUILD=$mode; the bundle's library versions: $([ "${versions_ok%% *}" = 1 ] && echo ok || echo "${versions_ok#? }")"
-  # auto: the bundle, unless its libraries' versions say it may not work; then the source build,
-  # and the bundle again as the last resort.
-  if [ "$mode" = bundle ] || { [ "$mode" = auto ] && [ "${versions_ok%% *}" = 1 ]; }; then
+  # auto: the bundle first, also where the runtime libraries are older than the ones it was built
+  # against (the note above says so, and the CUDA tests then show whether it works: a source build
+  # costs minutes of a lease that has 15); the source build when the bundle does not start.
+  if [ "$mode" != source ]; then
+    [ "${versions_ok%% *}" = 1 ] || log "runtime libraries older than the bundle's: trying the bundle first"
     use_bundle && return 0
     [ "$mode" = bundle ] && return 1
     log "the bundle does not run here: building from source"
-    build_from_source
-  else
-    [ "$mode" = auto ] && log "runtime libraries older than the bundle's: building from source"
-    build_from_source && return 0
-    [ "$mode" = source ] && return 1
-    log "the source build failed: trying the bundle anyway"
-    use_bundle
   fi
+  build_from_source
 }
 
 step_test() {
   need_binary
-  local filter=${TEST_FILTER:-*Cuda*:*_cuda_*}
+  local filter=${TEST_FILTER:-*Cuda*:*_cuda_*:*_cuda:CliDevices.*:DeviceTensors.*}
   gpu_present || echo "no GPU: the CUDA tests are expected to skip"
   # The tests find the source tree and the CLI through these (tests/test_paths.h).
   local rc=0
@@ -286,23 +286,51 @@ step_test() {
       echo "no test matched --gtest_filter=$filter"
       return 1
     }
+  # The tests of what a machine without a GPU says skip where there is one: run them again with
+  # the GPU hidden from the process (CUDA_VISIBLE_DEVICES=-1), so that none of the filter's tests
+  # goes unrun here.
+  if gpu_present; then
+    echo "== again with the GPU hidden: the tests that skip where there is one"
+    CUDA_VISIBLE_DEVICES=-1 MIXPREC_SOURCE_DIR=$root MIXPREC_CLI=$MIXPREC "$MIXPREC_TESTS" \
+      --gtest_filter="${NOGPU_FILTER:-*WithoutAGpu*:DeviceTensors.MissingGpuIsOneLine}" \
+      --gtest_output="json:$W/results/tests-gpu-hidden.json" || rc=$?
+  fi
   return $rc
 }
 
 step_memcheck() {
   need_gpu
   need_binary
-  local cs filter=${MEMCHECK_FILTER:-${TEST_FILTER:-*Cuda*:*_cuda_*}}
+  local cs filter=${MEMCHECK_FILTER:-${TEST_FILTER:-*Cuda*:*_cuda_*:*_cuda:CliDevices.*:DeviceTensors.*}}
   cs=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["tools"]["compute-sanitizer"]; print(t["path"] if t else "")' "$W/results/inventory.json")
   [ -n "$cs" ] || {
     echo "compute-sanitizer not found in the toolkit"
     return 1
   }
-  # --target-processes all: tests that start the CLI are checked too. The real binary, not the
-  # wrapper script, with the library path in the environment.
-  MIXPREC_SOURCE_DIR=$root MIXPREC_CLI=$MIXPREC LD_LIBRARY_PATH=$MIXPREC_LD_PATH \
-    "$cs" --tool memcheck --target-processes all --error-exitcode 99 --print-limit 50 \
-    "$MIXPREC_REAL_TESTS" --gtest_filter="$filter" --gtest_output="json:$W/results/memcheck-tests.json"
+  # Each tool over the suites, one after the other: memcheck (out-of-bounds and misaligned
+  # accesses, leaks), racecheck (shared-memory races in our block reductions), synccheck (barriers),
+  # initcheck (reads of device memory never written). --target-processes all: tests that start the
+  # CLI are checked too. The real binary, not the wrapper script, with the library path in the
+  # environment. --report-api-errors no: a failed CUDA call is the code's own check to make (each
+  # one's status is checked and thrown), and the suites provoke some on purpose (an allocation
+  # larger than the GPU, a capture that waits for the GPU); the tools look for memory errors.
+  # The tools after memcheck skip the suites of cuDNN's and cuBLASLt's own kernels (their shared
+  # memory is theirs; memcheck covers the accesses), SANITIZER_EXCLUDE: racecheck took 2 to 5 s
+  # per convolution case.
+  local tool rc=0 out f
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
+    echo "=== sanitizer $tool"
+    out=$W/results/memcheck-tests.json
+    f=$filter
+    if [ "$tool" != memcheck ]; then
+      out=$W/results/$tool-tests.json
+      f="$filter-${SANITIZER_EXCLUDE:-Gpu/CudaConv*:Gpu/CudaMatmul*:Gpu/CudaMatmulAccumulate*}"
+    fi
+    MIXPREC_SOURCE_DIR=$root MIXPREC_CLI=$MIXPREC LD_LIBRARY_PATH=$MIXPREC_LD_PATH \
+      "$cs" --tool "$tool" --target-processes all --report-api-errors no --error-exitcode 99 --print-limit 50 \
+      "$MIXPREC_REAL_TESTS" --gtest_filter="$f" --gtest_output="json:$out" || rc=$?
+  done
+  return $rc
 }
 
 # train DEVICE: bench/accuracy.py over the models, precisions and seeds; one JSON per model.
@@ -359,8 +387,11 @@ step_profile() {
   local model args p
   for model in mlp cnn gpt; do
     args=(--model "$model")
-    [ "$model" = cnn ] && args+=(--channels 420,1000 --batch-size 64)
-    for p in amp-bf16 fp32; do
+    # The bench step's configurations (bench/peers/torch_gpu.py): mlp 1024,1024 and cnn 420,1000
+    # at batch 512 and 256.
+    [ "$model" = mlp ] && args+=(--hidden 1024,1024 --batch-size 512)
+    [ "$model" = cnn ] && args+=(--channels 420,1000 --batch-size 256)
+    for p in ${PROFILE_PRECISIONS:-amp-bf16 amp-fp16 fp32}; do
       "$MIXPREC" bench "${args[@]}" --device cuda --precision "$p" --steps 10 --warmup 3 --profile \
         >"$W/results/profile-$model-$p.txt" || return 1
       head -2 "$W/results/profile-$model-$p.txt"
@@ -392,16 +423,23 @@ for s in "${steps[@]}"; do
   case $s in
   all) expanded+=(setup test memcheck train-gpu bench) ;;
   inventory) ;;
-  setup | test | memcheck | train-gpu | train-cpu | bench | profile) expanded+=("$s") ;;
   *)
-    echo "run.sh: unknown step '$s' (inventory setup test memcheck train-gpu train-cpu bench profile all)" >&2
-    exit 2
+    for part in ${s//+/ }; do
+      case $part in
+      setup | test | memcheck | train-gpu | train-cpu | bench | profile) ;;
+      *)
+        echo "run.sh: unknown step '$part' (inventory setup test memcheck train-gpu train-cpu bench profile all; A+B runs A and B at once)" >&2
+        exit 2
+        ;;
+      esac
+    done
+    expanded+=("$s")
     ;;
   esac
 done
 # Steps that need the binary set it up first, once, if the call did not name setup.
 if ! printf '%s\n' "${expanded[@]}" | grep -qx setup &&
-  printf '%s\n' "${expanded[@]}" | grep -qxE 'test|memcheck|train-gpu|train-cpu|bench|profile'; then
+  printf '%s\n' "${expanded[@]}" | tr + '\n' | grep -qxE 'test|memcheck|train-gpu|train-cpu|bench|profile'; then
   expanded=(inventory setup "${expanded[@]:1}")
 fi
 
@@ -422,28 +460,40 @@ main() {
       echo "{\"call\":\"$call_id\",\"step\":\"$s\",\"status\":\"not started\",\"rc\":null,\"seconds\":0,\"note\":\"budget spent\"}" >>"$W/steps.jsonl"
       continue
     fi
-    log "== $s (at most $((left - 10)) s)"
+    # A+B: the steps run at once (those that time nothing: memcheck beside train-gpu, say), each
+    # under the same limit, and are recorded one by one when all have ended.
+    local parts=(${s//+/ }) p pids=()
+    log "== ${parts[*]}$([ ${#parts[@]} -gt 1 ] && echo ' (at once)') (at most $((left - 10)) s)"
     t0=$(date +%s)
-    set +e
-    STEP_BUDGET_S=$((left - 10)) timeout -k 5 $((left - 10)) bash "$self" --step "$s" >"$W/logs/$s.log" 2>&1
-    rc=$?
-    set -e
-    secs=$(($(date +%s) - t0))
-    case $rc in
-    0) status=ok ;;
-    77) status=skipped ;;
-    124 | 137) status=timeout ;;
-    *) status=failed ;;
-    esac
-    note=$(grep -v '^[[:space:]]*$' "$W/logs/$s.log" | tail -1 | tr -d '"\\\000-\037' | cut -c1-200)
-    echo "{\"call\":\"$call_id\",\"step\":\"$s\",\"status\":\"$status\",\"rc\":$rc,\"seconds\":$secs,\"note\":\"$note\"}" >>"$W/steps.jsonl"
-    if [ $status = ok ]; then
-      log "$s: ok in ${secs} s"
-    else
-      log "$s: $status (exit $rc) after ${secs} s; the log ends:"
-      tail -15 "$W/logs/$s.log" | sed 's/^/    /'
-    fi
-    if [ "$s" = inventory ]; then grep -E '^(device|bundle|torch): ' "$W/logs/inventory.log" | sed 's/^/    /' || true; fi
+    for p in "${parts[@]}"; do
+      (
+        prc=0
+        STEP_BUDGET_S=$((left - 10)) timeout -k 5 $((left - 10)) bash "$self" --step "$p" >"$W/logs/$p.log" 2>&1 || prc=$?
+        echo $prc >"$W/logs/$p.rc"
+        echo $(($(date +%s) - t0)) >"$W/logs/$p.secs"
+      ) &
+      pids+=($!)
+    done
+    wait "${pids[@]}" || true
+    for p in "${parts[@]}"; do
+      rc=$(cat "$W/logs/$p.rc")
+      secs=$(cat "$W/logs/$p.secs")
+      case $rc in
+      0) status=ok ;;
+      77) status=skipped ;;
+      124 | 137) status=timeout ;;
+      *) status=failed ;;
+      esac
+      note=$(grep -v '^[[:space:]]*$' "$W/logs/$p.log" | tail -1 | tr -d '"\\\000-\037' | cut -c1-200)
+      echo "{\"call\":\"$call_id\",\"step\":\"$p\",\"status\":\"$status\",\"rc\":$rc,\"seconds\":$secs,\"note\":\"$note\"}" >>"$W/steps.jsonl"
+      if [ $status = ok ]; then
+        log "$p: ok in ${secs} s"
+      else
+        log "$p: $status (exit $rc) after ${secs} s; the log ends:"
+        tail -15 "$W/logs/$p.log" | sed 's/^/    /'
+      fi
+      if [ "$p" = inventory ]; then grep -E '^(device|bundle|torch): ' "$W/logs/inventory.log" | sed 's/^/    /' || true; fi
+    done
     finish
   done
   log "run.sh: done in $(($(date +%s) - started)) s"

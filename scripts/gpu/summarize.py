@@ -66,16 +66,26 @@ def gtest_counts(path):
 
 
 def memcheck(work):
+    """Per compute-sanitizer tool (the log's '=== sanitizer TOOL' sections): errors and tests."""
     log = os.path.join(work, "logs", "memcheck.log")
     if not os.path.exists(log):
         return None
     text = open(log, errors="replace").read()
-    counts = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", text)]
-    if not counts:  # skipped, or the sanitizer did not start: the step table says which
-        return None
-    r = {"processes_checked": len(counts), "errors": sum(counts) if counts else None,
-         "tests": gtest_counts(os.path.join(work, "results", "memcheck-tests.json"))}
-    return r
+    sections = re.split(r"^=== sanitizer (\w+)$", text, flags=re.M)
+    # Before any marker: an older run.sh's single memcheck run.
+    parts = [("memcheck", sections[0])] + list(zip(sections[1::2], sections[2::2]))
+    tools = {}
+    for tool, body in parts:
+        # "ERROR SUMMARY: N errors" (memcheck, synccheck, initcheck; not the "... were not printed"
+        # line after it) or racecheck's "RACECHECK SUMMARY: ... (N errors, M warnings)".
+        counts = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) errors?$", body, flags=re.M)]
+        counts += [int(n) for n in re.findall(r"RACECHECK SUMMARY: .*\((\d+) errors?,", body)]
+        if not counts:  # skipped, or the sanitizer did not start: the step table says which
+            continue
+        name = "memcheck-tests.json" if tool == "memcheck" else f"{tool}-tests.json"
+        tools[tool] = {"processes_checked": len(counts), "errors": sum(counts),
+                       "tests": gtest_counts(os.path.join(work, "results", name))}
+    return tools or None
 
 
 def train(work):
@@ -142,9 +152,13 @@ def bench_rows(b):
                     if isinstance(res.get("peak_bytes"), dict):
                         row["mixprec_peak"] = res["peak_bytes"]
                         row["mixprec_category_peak"] = res.get("category_peak_bytes")
-                    for k, v in res.items():  # whatever name the CLI gives its launch count
-                        if "launch" in k and isinstance(v, (int, float)):
-                            row["mixprec_launches_per_step"] = v
+                    launches = res.get("launches") or {}  # nodes of one step captured as a CUDA graph
+                    if isinstance(launches.get("kernels_per_step"), (int, float)):
+                        row["mixprec_launches_per_step"] = launches["kernels_per_step"]
+                        row["mixprec_memsets_per_step"] = launches.get("memsets_per_step")
+                        row["mixprec_memcpys_per_step"] = launches.get("memcpys_per_step")
+                    elif launches.get("error"):
+                        row["mixprec_launches_error"] = launches["error"]
                 elif res.get("max_memory_allocated") is not None:
                     row[f"{run['impl']}_max_memory_allocated"] = res["max_memory_allocated"]
                     if res.get("kernels_per_step") is not None:
@@ -197,10 +211,9 @@ def markdown(s):
             L.append("failed: " + ", ".join(f"`{n}`" for n in t["failed_names"][:30]))
         if t["skipped_names"]:
             L.append("skipped: " + ", ".join(f"`{n}`" for n in t["skipped_names"][:30]))
-    m = s.get("memcheck")
-    if m:
+    for tool, m in (s.get("memcheck") or {}).items():
         tests = m.get("tests") or {}
-        L += ["", f"**compute-sanitizer memcheck**: {fmt(m['errors'], 'd', '?')} errors in "
+        L += ["", f"**compute-sanitizer {tool}**: {fmt(m['errors'], 'd', '?')} errors in "
                   f"{m['processes_checked']} processes; {tests.get('run', '?')} tests run under it, "
                   f"{tests.get('failed', '?')} failed"]
     acc = s.get("accuracy")

@@ -81,6 +81,8 @@ void* CachingAllocator::allocate(size_t bytes, MemCategory cat) {
 
 void* CachingAllocator::allocate(size_t bytes, MemCategory cat, Stream stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!capture_pools_.empty())
+    if (auto it = capture_pools_.find(stream); it != capture_pools_.end()) stream = it->second;
   if (bytes > kMaxRequestBytes) {
     ++stats_.num_ooms;
     throw_oom(bytes, bytes, cat, bytes);
@@ -156,6 +158,22 @@ void CachingAllocator::record_stream(void* ptr, Stream stream) {
   if (stream == block->stream) return;  // its own stream orders the reuse already
   if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) == block->stream_uses.end())
     block->stream_uses.push_back(stream);
+}
+
+void CachingAllocator::begin_pool(Stream stream, Stream pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MIXPREC_ASSERT(capture_pools_.emplace(stream, pool).second, provider_->name(), ": a stream captured twice at once");
+}
+
+void CachingAllocator::end_pool(Stream stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  capture_pools_.erase(stream);
+}
+
+void CachingAllocator::release_pool(Stream pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  provider_->synchronize();  // a replay may still be running
+  release_free_segments(&pool);
 }
 
 MemoryStats CachingAllocator::stats() const {
@@ -282,11 +300,11 @@ void CachingAllocator::synchronize_and_free_events() {
 }
 
 // Returns every segment that is one free block (nothing of it live or pending) to the device.
-void CachingAllocator::release_free_segments() {
+void CachingAllocator::release_free_segments(const Stream* only) {
   for (FreeList* pool : {&small_pool_, &large_pool_}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* block = *it;
-      if (block->prev != nullptr || block->next != nullptr) {
+      if (block->prev != nullptr || block->next != nullptr || (only != nullptr && block->stream != *only)) {
         ++it;
         continue;
       }

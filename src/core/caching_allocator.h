@@ -86,6 +86,17 @@ class CachingAllocator final : public DeviceAllocator {
   void set_budget(int64_t bytes) override;  // 0 disables; counts reserved bytes (PyTorch's memory fraction)
   void empty_cache() override;              // waits for the device, returns every fully free segment
 
+  // CUDA graphs (mixprec/cuda_stream.h): while `stream` is captured, its allocations come from a
+  // pool of their own, keyed by `pool` (a value no stream has) in place of the stream, so that the
+  // blocks a graph's replays write are never handed to work outside the graph (PyTorch's private
+  // pools). Blocks freed during the capture go back to that pool, where the capture's later
+  // allocations reuse them as an eager step would. end_pool() ends the mapping; release_pool(),
+  // once nothing replays the graph any more, waits for the device and returns the pool's fully free
+  // segments (blocks still live stay in the pool, and their segments go with empty_cache()).
+  void begin_pool(Stream stream, Stream pool);
+  void end_pool(Stream stream);
+  void release_pool(Stream pool);
+
   // Checks the internal invariants (free lists, segment chains, byte counts); aborts with
   // file:line when one is broken. For tests: linear in the number of blocks.
   void check_invariants() const;
@@ -103,7 +114,7 @@ class CachingAllocator final : public DeviceAllocator {
   void free_block(Block* block);  // into its pool, merged with free neighbours
   void process_events();
   void synchronize_and_free_events();
-  void release_free_segments();
+  void release_free_segments(const Stream* only = nullptr);  // only: the segments of this stream or pool
   [[noreturn]] void throw_oom(size_t bytes, size_t size, MemCategory cat, size_t segment_bytes);
 
   std::unique_ptr<DeviceMemoryProvider> provider_;
@@ -114,6 +125,7 @@ class CachingAllocator final : public DeviceAllocator {
   std::vector<Block*> segments_;            // the first block of each segment (for the invariants)
   // Blocks freed while in use on other streams: per stream, (event, block) in recording order.
   std::map<Stream, std::deque<std::pair<DeviceMemoryProvider::Event, Block*>>> pending_;
+  std::map<Stream, Stream> capture_pools_;  // stream being captured -> the pool its allocations use
 };
 
 }  // namespace mixprec::detail

@@ -4,6 +4,7 @@
 
 #include <charconv>
 
+#include "mixprec/cuda_stream.h"
 #include "mixprec/error.h"
 
 namespace mixprec {
@@ -49,6 +50,23 @@ std::string toolkit_version() { return ""; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return "this mixprec was built without CUDA support"; }
 std::vector<DeviceProperties> devices() { return {}; }
+
+// Without CUDA a Graph can be made and destroyed; capturing throws (there is no GPU).
+struct Graph::Impl {};
+Graph::Graph() = default;
+Graph::~Graph() = default;
+void Graph::capture_begin(int device) {
+  require(Device::cuda(device));  // throws in a build without CUDA
+  throw Error("cuda::Graph: this mixprec was built without CUDA support");
+}
+void Graph::capture_end() { throw Error("cuda::Graph::capture_end without capture_begin"); }
+void Graph::replay() { throw Error("cuda::Graph::replay: nothing captured"); }
+bool Graph::captured() const { return false; }
+Graph::Nodes Graph::nodes() const { throw Error("cuda::Graph::nodes: nothing captured"); }
+std::vector<double> time_each(int device, int64_t, const std::function<void()>&) {
+  require(Device::cuda(device));  // throws in a build without CUDA
+  return {};
+}
 #endif
 
 }  // namespace cuda

@@ -79,7 +79,13 @@ class CudaDeviceProvider final : public DeviceMemoryProvider {
   void* raw_alloc(size_t bytes) override {
     DeviceGuard guard(device_);
     void* p = nullptr;
+    // cudaMalloc is not queued on a stream, so a capture (cuda::Graph) on this thread would count it
+    // as unsafe and fail; the block goes to the capture's own pool, so it is safe here (PyTorch's
+    // allocator relaxes the mode the same way).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode", name_);
     const cudaError_t err = cudaMalloc(&p, bytes);
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       return nullptr;

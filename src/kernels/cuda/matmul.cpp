@@ -272,9 +272,15 @@ bool lt_matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
       Preference pref;
       pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(dev.ws_bytes));
       // Split-K partial sums kept in the compute type (f32), never rounded to a 16-bit output
-      // in place: design decision 3 (accumulate in f32).
+      // in place: design decision 3 (accumulate in f32). With an epilogue, no split-K at all: the
+      // split-K algorithms cuBLASLt 13.1 picked for a bias epilogue on an H100 added the bias to
+      // the product already rounded to bf16/f16 (GPU run 2026-11-26: errors of half an ulp of the
+      // product, 3 to 4 ulps of the result, where bias and product nearly cancel; gone without
+      // split-K).
       pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-               uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
+               epilogue == CUBLASLT_EPILOGUE_DEFAULT
+                   ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+                   : uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE));
       pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
       pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b);
       pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d);
@@ -284,6 +290,9 @@ bool lt_matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
       int found = 0;
       const cublasStatus_t st =
           cublasLtMatmulAlgoGetHeuristic(dev.handle, desc.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
+      // A bias dtype the output does not take is CUBLAS_STATUS_INVALID_VALUE for some pairs (a bf16
+      // bias with an f32 output): the caller then casts the bias.
+      if (o.bias && o.bias->dtype() != dst.dtype() && st == CUBLAS_STATUS_INVALID_VALUE) return false;
       if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
         if (o.bias && o.bias->dtype() != dst.dtype()) return false;
         throw Error(mixprec::detail::concat("matmul on ", dst.device().str(), ": cuBLASLt has no algorithm for ",
@@ -346,13 +355,19 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
   }
   Tensor bias;
   if (o.bias) bias = kernels::contig(*o.bias);
+  // An f32 output takes an f32 bias (cuBLASLt refuses a bf16 bias there): cast once, here.
+  if (o.bias && dst.dtype() == DType::f32 && bias.dtype() != DType::f32) bias = kernels::cast(bias, DType::f32);
   MatmulOpts lo = o;
   lo.bias = o.bias ? &bias : nullptr;
   // GELU's aux output needs a leading dimension divisible by 8 (cublasLt.h,
   // CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD): otherwise the pre-activation in f32 through the bias
   // epilogue, stored as the aux output, and GELU by the activation family's kernel.
+  // With a 16-bit output, also cuBLASLt's GELU_AUX epilogues store the pre-activation rounded
+  // twice (the product to bf16/f16, then the sum with the bias: GPU run 2026-11-26, cuBLASLt 13.1
+  // on an H100), so this path serves every 16-bit GELU with its aux output too.
   const int64_t n = dst.size(r0 + 1);
-  if (o.gelu && o.gelu_input && n % 8 != 0) {
+  const bool narrow = dst.dtype() == DType::bf16 || dst.dtype() == DType::f16;
+  if (o.gelu && o.gelu_input && (n % 8 != 0 || narrow)) {
     Tensor pre = Tensor::empty(dst.shape(), DType::f32, dst.device());
     MatmulOpts po = o;
     po.gelu = false, po.gelu_input = nullptr, po.accumulate = false;
@@ -362,9 +377,10 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
     accumulate_into(dst, act, o.accumulate);
     return;
   }
-  if (o.accumulate && (o.relu || o.gelu)) {
-    // Ours: dst += act(product + bias); cuBLASLt's epilogue would act on product + dst. The
-    // activated product in f32, then one rounding of the sum into dst.
+  if (o.accumulate && (o.relu || o.gelu || (o.bias && narrow))) {
+    // Ours: dst += act(product + bias); cuBLASLt's epilogue would act on product + dst, and its
+    // 16-bit dst += product + bias rounds twice (GPU run 2026-11-26). The activated product in
+    // f32, then one rounding of the sum into dst.
     Tensor act = Tensor::empty(dst.shape(), DType::f32, dst.device());
     lo.accumulate = false;
     if (!lt_matmul(ac, bc, act, lo, va, vb)) {

@@ -1,8 +1,10 @@
 // GPU 2-d pooling (pool.h) over contiguous NCHW planes: max with argmax, average and adaptive
 // average, forward and backward. One thread per output (forward) or per input element (backward:
-// a gather over the windows that hold it, so no atomics and the same bits on every run); f32
-// accumulation (f64 for f64). The window rules are pool_window.h's: avg_window itself (host and
-// device); the max scan restated inline, as window_max takes a host lambda.
+// a gather over the windows that hold it, so no atomics and the same bits on every run), except
+// max pooling's backward over windows that tile the input: a scatter from each output, which
+// writes every input element once. Max pooling's index arithmetic is int32 where the tensors
+// allow it; f32 accumulation (f64 for f64). The window rules are pool_window.h's: avg_window
+// itself (host and device); the max scan restated inline, as window_max takes a host lambda.
 #include "kernels/cuda/common.cuh"
 #include "kernels/pool.h"
 #include "kernels/pool_window.h"
@@ -14,22 +16,42 @@ namespace {
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// The geometry in index type I: int32 where every index of the call fits (a 64-bit division is
+// several times the cost of a 32-bit one, and the index arithmetic is most of these kernels).
+template <class I>
+struct Geo {
+  I h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
+  explicit Geo(const PoolGeometry& g)
+      : h(I(g.h)),
+        w(I(g.w)),
+        oh(I(g.oh)),
+        ow(I(g.ow)),
+        kh(I(g.kh)),
+        kw(I(g.kw)),
+        sh(I(g.stride_h)),
+        sw(I(g.stride_w)),
+        ph(I(g.pad_h)),
+        pw(I(g.pad_w)),
+        dh(I(g.dil_h)),
+        dw(I(g.dil_w)) {}
+};
+
 // Output (p, oy, ox) of each plane p: the window's max as window_max scans it (a NaN propagates,
 // the last NaN wins; ties keep the first tap) and its tap ky * kw + kx.
-template <class T, class Arg>
-__global__ void max_forward_kernel(const T* x, PoolGeometry g, int64_t total, T* y, Arg* arg) {
+template <class T, class Arg, class I>
+__global__ void max_forward_kernel(const T* x, Geo<I> g, I total, T* y, Arg* arg) {
   using A = acc_t<T>;
-  for (int64_t i = global_thread(); i < total; i += grid_threads()) {
-    const int64_t ox = i % g.ow, oy = i / g.ow % g.oh, p = i / (g.ow * g.oh);
+  for (I i = I(global_thread()); i < total; i += I(grid_threads())) {
+    const I ox = i % g.ow, oy = i / g.ow % g.oh, p = i / (g.ow * g.oh);
     const T* plane = x + p * g.h * g.w;
     A best = A(0);
     T best_t = T{};
-    int64_t best_k = -1;
-    for (int64_t ky = 0; ky < g.kh; ++ky) {
-      const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dil_h;
+    I best_k = -1;
+    for (I ky = 0; ky < g.kh; ++ky) {
+      const I iy = oy * g.sh - g.ph + ky * g.dh;
       if (iy < 0 || iy >= g.h) continue;
-      for (int64_t kx = 0; kx < g.kw; ++kx) {
-        const int64_t ix = ox * g.stride_w - g.pad_w + kx * g.dil_w;
+      for (I kx = 0; kx < g.kw; ++kx) {
+        const I ix = ox * g.sw - g.pw + kx * g.dw;
         if (ix < 0 || ix >= g.w) continue;
         const T vt = plane[iy * g.w + ix];
         const A v = to_acc(vt);
@@ -46,27 +68,65 @@ __global__ void max_forward_kernel(const T* x, PoolGeometry g, int64_t total, T*
   }
 }
 
-// Input element (p, iy, ix): the sum of the outputs whose argmax is it.
-template <class T, class Arg>
-__global__ void max_backward_kernel(const T* gy, const Arg* arg, PoolGeometry g, int64_t total, T* gx) {
+// Input element (p, iy, ix): the sum of the outputs whose argmax is it. The outputs whose window
+// may hold it: oy from (iy + pad - (kh-1)*dil) / stride up to (iy + pad) / stride, the same in x;
+// each checked for the tap that lands on the element.
+template <class T, class Arg, class I>
+__global__ void max_backward_kernel(const T* gy, const Arg* arg, Geo<I> g, I total, T* gx) {
   using A = acc_t<T>;
-  for (int64_t i = global_thread(); i < total; i += grid_threads()) {
-    const int64_t ix = i % g.w, iy = i / g.w % g.h, p = i / (g.w * g.h);
-    const int64_t out_base = p * g.oh * g.ow;
+  for (I i = I(global_thread()); i < total; i += I(grid_threads())) {
+    const I ix = i % g.w, iy = i / g.w % g.h, p = i / (g.w * g.h);
+    const I out_base = p * g.oh * g.ow;
     A s = 0;
-    for (int64_t ky = 0; ky < g.kh; ++ky) {
-      const int64_t ty = iy + g.pad_h - ky * g.dil_h;  // oy * stride_h
-      if (ty < 0 || ty % g.stride_h != 0 || ty / g.stride_h >= g.oh) continue;
-      const int64_t oy = ty / g.stride_h;
-      for (int64_t kx = 0; kx < g.kw; ++kx) {
-        const int64_t tx = ix + g.pad_w - kx * g.dil_w;
-        if (tx < 0 || tx % g.stride_w != 0 || tx / g.stride_w >= g.ow) continue;
-        const int64_t o = out_base + oy * g.ow + tx / g.stride_w;
-        if (int64_t(arg[o]) == ky * g.kw + kx) s += to_acc(gy[o]);
+    for (I ky = 0; ky < g.kh; ++ky) {
+      const I ty = iy + g.ph - ky * g.dh;  // oy * stride_h
+      if (ty < 0) break;                   // larger ky only lowers ty
+      const I oy = ty / g.sh;
+      if (oy * g.sh != ty || oy >= g.oh) continue;
+      for (I kx = 0; kx < g.kw; ++kx) {
+        const I tx = ix + g.pw - kx * g.dw;
+        if (tx < 0) break;
+        const I ox = tx / g.sw;
+        if (ox * g.sw != tx || ox >= g.ow) continue;
+        const I o = out_base + oy * g.ow + ox;
+        if (I(arg[o]) == ky * g.kw + kx) s += to_acc(gy[o]);
       }
     }
     gx[i] = from_acc<T>(s);
   }
+}
+
+// Windows that tile the input without overlap (stride = window, no padding, no dilation: the
+// models' 2x2 pool): one thread per output writes its whole window, the gradient at the argmax
+// tap and zeros elsewhere, with two divisions per output instead of a gather's per input. Rows
+// and columns past the last window (h or w not a multiple of the stride) are zeroed apart.
+template <class T, class Arg, class I>
+__global__ void max_backward_tiled_kernel(const T* gy, const Arg* arg, Geo<I> g, I total, T* gx) {
+  for (I o = I(global_thread()); o < total; o += I(grid_threads())) {
+    const I ox = o % g.ow, oy = o / g.ow % g.oh, p = o / (g.ow * g.oh);
+    const I tap = I(arg[o]);
+    const T v = gy[o];
+    T* window = gx + p * g.h * g.w + (oy * g.kh) * g.w + ox * g.kw;
+    for (I ky = 0; ky < g.kh; ++ky)
+      for (I kx = 0; kx < g.kw; ++kx) window[ky * g.w + kx] = ky * g.kw + kx == tap ? v : T{};
+  }
+}
+
+bool tiles(const PoolGeometry& g) {
+  return !g.adaptive && g.stride_h == g.kh && g.stride_w == g.kw && g.pad_h == 0 && g.pad_w == 0 && g.dil_h == 1 &&
+         g.dil_w == 1 && g.oh * g.kh <= g.h && g.ow * g.kw <= g.w;
+}
+
+// Calls f(int32_t{}) where every index of the call fits in int32 with room to spare (the
+// grid-stride step adds up to the element count once more), else f(int64_t{}).
+template <class F>
+void dispatch_index(const PoolGeometry& g, F&& f) {
+  const int64_t most = std::max(g.n * g.c * g.h * g.w, g.n * g.c * g.oh * g.ow);
+  const int64_t reach = (g.kh * g.dil_h + g.pad_h + g.h) * (g.kw * g.dil_w + g.pad_w + g.w);
+  if (most < (int64_t(1) << 30) && reach < (int64_t(1) << 30))
+    f(int32_t{});
+  else
+    f(int64_t{});
 }
 
 template <class T>
@@ -135,9 +195,12 @@ MaxPoolResult max_pool2d_forward(const Tensor& x_in, const PoolGeometry& g) {
     using T = decltype(t);
     dispatch_arg(r.argmax.dtype(), [&](auto a) {
       using Arg = decltype(a);
-      max_forward_kernel<T, Arg><<<blocks_for(total), kThreads, 0, on.stream()>>>(
-          static_cast<const T*>(x.data_ptr()), g, total, static_cast<T*>(r.dst.data_ptr()),
-          static_cast<Arg*>(r.argmax.data_ptr()));
+      dispatch_index(g, [&](auto index) {
+        using I = decltype(index);
+        max_forward_kernel<T, Arg, I><<<blocks_for(total), kThreads, 0, on.stream()>>>(
+            static_cast<const T*>(x.data_ptr()), Geo<I>(g), I(total), static_cast<T*>(r.dst.data_ptr()),
+            static_cast<Arg*>(r.argmax.data_ptr()));
+      });
     });
   });
   MIXPREC_CUDA_CHECK_LAUNCH();
@@ -154,9 +217,23 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax_in, const 
     using T = decltype(t);
     dispatch_arg(argmax.dtype(), [&](auto a) {
       using Arg = decltype(a);
-      max_backward_kernel<T, Arg><<<blocks_for(total), kThreads, 0, on.stream()>>>(
-          static_cast<const T*>(gy.data_ptr()), static_cast<const Arg*>(argmax.data_ptr()), g, total,
-          static_cast<T*>(gx.data_ptr()));
+      dispatch_index(g, [&](auto index) {
+        using I = decltype(index);
+        const auto* gyp = static_cast<const T*>(gy.data_ptr());
+        const auto* argp = static_cast<const Arg*>(argmax.data_ptr());
+        auto* gxp = static_cast<T*>(gx.data_ptr());
+        if (tiles(g)) {
+          if (g.oh * g.kh != g.h || g.ow * g.kw != g.w)  // the rows and columns no window covers
+            MIXPREC_CUDA_CHECK(cudaMemsetAsync(gxp, 0, gx.nbytes(), on.stream()));
+          const int64_t outputs = g.n * g.c * g.oh * g.ow;
+          if (outputs > 0)
+            max_backward_tiled_kernel<T, Arg, I>
+                <<<blocks_for(outputs), kThreads, 0, on.stream()>>>(gyp, argp, Geo<I>(g), I(outputs), gxp);
+        } else {
+          max_backward_kernel<T, Arg, I>
+              <<<blocks_for(total), kThreads, 0, on.stream()>>>(gyp, argp, Geo<I>(g), I(total), gxp);
+        }
+      });
     });
   });
   MIXPREC_CUDA_CHECK_LAUNCH();
