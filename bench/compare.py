@@ -297,11 +297,14 @@ def summarise(a, runs):
     share = share_of_probe(ms)
     if share is not None:
         ratios.append(share)
-    # mixprec against each peer (torch_gpu.py has two: pytorch-eager, pytorch-compile).
-    for peer in [i for i in a.impls if i != "mixprec"] if "mixprec" in a.impls else []:
-        for p in a.precisions:
-            ratios.append(ratio(f"mixprec {p} vs {peer} {p} (x faster)",
-                                (peer, p), ("mixprec", p)))
+    # mixprec (and torch_gpu.py's mixprec-graph: --cuda-graph) against each peer (torch_gpu.py has
+    # two: pytorch-eager, pytorch-compile).
+    ours = [i for i in a.impls if i.startswith("mixprec")]
+    for mine in ours:
+        for peer in [i for i in a.impls if i not in ours]:
+            for p in a.precisions:
+                ratios.append(ratio(f"{mine} {p} vs {peer} {p} (x faster)",
+                                    (peer, p), (mine, p)))
     return {"per_impl": per, "ratios": [r for r in ratios if r is not None]}
 
 

@@ -143,6 +143,7 @@ TEST_F(Cli, RejectsBadFlagsBeforeWork) {
       {"train stray", "unexpected argument 'stray'"},
       {"sample --checkpoint x.st --top-k -1", "--top-k"},
       {"eval --json", "--checkpoint FILE is required"},
+      {"bench --hidden 8 --cuda-graph", "--cuda-graph replays a step's GPU work: it needs --device cuda"},
       {"frobnicate", "unknown command"},
   };
   for (const auto& [args, expect] : cases) {

@@ -24,7 +24,7 @@ struct BenchFlags {
   SessionFlags session;
   int64_t vocab_size = 81;  // Moby Dick's vocabulary after preprocessing (mixprec/text.h)
   int64_t steps = 30, warmup = 5;
-  bool profile = false, json = false;
+  bool profile = false, json = false, cuda_graph = false;
 };
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -138,6 +138,9 @@ Json launches_json(Session& s, const Tensor& x, const Tensor& y) {
 
 int cmd_bench(const Command& c, const BenchFlags& f) {
   SessionOptions opt = resolve_session(f.session, c);
+  MIXPREC_CHECK(!f.cuda_graph || opt.device.is_cuda(),
+                "--cuda-graph replays a step's GPU work: it needs --device cuda ",
+                "(or auto on a machine with a GPU), got --device ", opt.device.str());
   if (opt.model.is_gpt()) opt.model.vocab_size = f.vocab_size;
   const int64_t steps = f.steps, warmup = f.warmup;
 
@@ -181,7 +184,16 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
   for (int64_t i = 0; i < warmup; ++i) step();
   allocator::reset_peak(opt.device);
   std::vector<double> ms;
-  if (opt.device.is_cuda()) {
+  cuda::Graph graph;
+  if (f.cuda_graph) {
+    // The whole step (forward, backward, unscale, clip, optimizer, scale update) captured once
+    // after the warm-up and replayed: one launch a step. Its memory (the graph's pool) counts from
+    // the capture on. A step that waits for the GPU cannot be captured: the error says so.
+    graph.capture_begin(opt.device.index);
+    (void)train_step(s, x, y);
+    graph.capture_end();
+    ms = cuda::time_each(opt.device.index, steps, [&] { graph.replay(); });
+  } else if (opt.device.is_cuda()) {
     // On a GPU, CUDA events between steps and one wait at the end (the PyTorch peer's timing): the
     // host queues the next step while the GPU runs this one, as in training.
     ms = cuda::time_each(opt.device.index, steps, [&] { (void)train_step(s, x, y); });
@@ -204,6 +216,7 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
             {"world_size", world_size()},
             {"steps", steps},
             {"warmup", warmup}};
+  j["cuda_graph"] = f.cuda_graph;
   j["steps_per_s"] = {{"best", 1000.0 / best}, {"median", 1000.0 / median}};
   j["samples_per_s"] = {{"best", 1000.0 * double(opt.batch_size) / best},
                         {"median", 1000.0 * double(opt.batch_size) / median}};
@@ -236,7 +249,16 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
     j["profile"] = p;
     if (world_rank() == 0 && !f.json) print_profile(j);
   }
-  if (opt.device.is_cuda()) j["launches"] = launches_json(s, x, y);
+  if (f.cuda_graph) {
+    const cuda::Graph::Nodes n = graph.nodes();  // the replayed step's own graph
+    j["launches"] = {{"kernels_per_step", n.kernels},
+                     {"memcpys_per_step", n.memcpys},
+                     {"memsets_per_step", n.memsets},
+                     {"other_nodes_per_step", n.other},
+                     {"graph_launches_per_step", 1}};
+  } else if (opt.device.is_cuda()) {
+    j["launches"] = launches_json(s, x, y);
+  }
   if (world_rank() == 0 && (!f.profile || f.json)) std::printf("%s\n", j.dump().c_str());  // one object for the job
   return 0;
 }
@@ -251,6 +273,9 @@ std::function<int()> declare_bench(Command& c) {
          "then profile as many steps: per kernel and phase, its time, GFLOP/s and oneDNN implementation, against the "
          "host's matmul rate (a table; with --json, the object's \"profile\")");
   c.flag("json", f->json, "with --profile, print the JSON object instead of the table (without: always the object)");
+  c.flag("cuda-graph", f->cuda_graph,
+         "with --device cuda: capture one whole step as a CUDA graph after the warm-up and time its replays (one "
+         "launch a step)");
   add_session_flags(c, f->session);
   c.group("gpt model (--model gpt)", {"gpt"});
   c.integer("vocab-size", f->vocab_size, 1, 1 << 24, "random tokens below V (81: Moby Dick's vocabulary)");

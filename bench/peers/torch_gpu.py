@@ -79,7 +79,8 @@ def parse_args(argv=None):
                    help="MODEL[:WIDTHS]@BATCH ... (default: mlp@512 cnn:420,1000@256)")
     p.add_argument("--precisions", default=",".join(PRECISIONS))
     p.add_argument("--modes", default="eager,compile", help="PyTorch modes: eager, compile")
-    p.add_argument("--impls", default="mixprec,pytorch", help="mixprec and/or pytorch")
+    p.add_argument("--impls", default="mixprec,pytorch",
+                   help="mixprec, mixprec-graph (the CLI with --cuda-graph: one graph launch a step), pytorch")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="default: cuda where torch sees a GPU, else cpu")
     p.add_argument("--mixprec", default="build/mixprec", help="the CLI (relative: to the repo root)")
@@ -98,7 +99,7 @@ def parse_args(argv=None):
     a.modes = [s for s in a.modes.split(",") if s]
     a.impls = [s for s in a.impls.split(",") if s]
     bad = [x for x in a.precisions if x not in PRECISIONS] + [x for x in a.modes if x not in ("eager", "compile")] \
-        + [x for x in a.impls if x not in ("mixprec", "pytorch")]
+        + [x for x in a.impls if x not in ("mixprec", "mixprec-graph", "pytorch")]
     if bad:
         p.error(f"unknown precision, mode or impl: {bad}")
     if a.steps < 1 or a.repeats < 1 or a.warmup < 0:
@@ -326,9 +327,9 @@ def main(argv=None):
     a = parse_args(argv)
     env = setup_torch(a)
     t_start = time.perf_counter()
-    impls = (["mixprec"] if "mixprec" in a.impls else []) + \
+    impls = [i for i in ("mixprec", "mixprec-graph") if i in a.impls] + \
         [f"pytorch-{m}" for m in a.modes if "pytorch" in a.impls]
-    if "mixprec" in a.impls and not os.access(a.mixprec, os.X_OK):
+    if any(i.startswith("mixprec") for i in a.impls) and not os.access(a.mixprec, os.X_OK):
         print(f"torch_gpu.py: mixprec CLI not found: {a.mixprec} (--mixprec PATH, or --impls pytorch)",
               file=sys.stderr)
         return 2
@@ -350,12 +351,12 @@ def main(argv=None):
                 for impl in impls:
                     t0 = time.perf_counter()
                     key = (cfg.name, prec, impl)
-                    if impl == "mixprec":
+                    if impl.startswith("mixprec"):
                         if key in mixprec_failed:
                             continue
                         try:
-                            out = compare.run_command(mixprec_command(a, cfg, prec), f"mixprec {cfg.name} {prec}",
-                                                      a.timeout)
+                            cmd = mixprec_command(a, cfg, prec) + (["--cuda-graph"] if impl == "mixprec-graph" else [])
+                            out = compare.run_command(cmd, f"{impl} {cfg.name} {prec}", a.timeout)
                             res = out["result"]
                         except compare.RunError as e:
                             mixprec_failed.add(key)

@@ -365,7 +365,7 @@ step_train-cpu() { train cpu; }
 
 step_bench() {
   need_gpu # RUN_WITHOUT_GPU=1: the PyTorch side on the CPU, a smoke test (give BENCH_ARGS small configs)
-  local impls=mixprec,pytorch mixprec_args=() remaining
+  local impls=mixprec,mixprec-graph,pytorch mixprec_args=() remaining
   if [ -f "$W/env.sh" ]; then
     need_binary
     mixprec_args=(--mixprec "$MIXPREC")

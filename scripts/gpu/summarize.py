@@ -135,12 +135,13 @@ def bench_rows(b):
         ratios = {r["name"]: r for r in s["ratios"]}
         for prec in b["config"]["precisions"]:
             row = {"config": cfg, "precision": prec}
-            for impl in ("mixprec", "pytorch-eager", "pytorch-compile"):
+            for impl in ("mixprec", "mixprec-graph", "pytorch-eager", "pytorch-compile"):
                 if (impl, prec) in per:
                     row[f"{impl}_ms"] = per[(impl, prec)]["step_ms_median"]
-                r = ratios.get(f"mixprec {prec} vs {impl} {prec} (x faster)")
-                if r:
-                    row[f"mixprec_vs_{impl}"] = r["median"]
+                for mine in ("mixprec", "mixprec-graph"):
+                    r = ratios.get(f"{mine} {prec} vs {impl} {prec} (x faster)")
+                    if r:
+                        row[f"{mine}_vs_{impl}"] = r["median"]
                 sp = ratios.get(f"{impl} {prec} speedup over {impl} fp32")
                 if sp:
                     row[f"{impl}_speedup_over_fp32"] = sp["median"]
@@ -230,13 +231,15 @@ def markdown(s):
     b = s.get("bench")
     if b:
         L += ["", "**Step time** (ms, median over interleaved repeats; mixprec vs PyTorch: x faster, > 1 is "
-                  "mixprec ahead)", "",
-              "| config | precision | mixprec | PyTorch eager | torch.compile | vs eager | vs compile | "
-              "amp speed-up mixprec / eager |", "|---|---|---|---|---|---|---|---|"]
+                  "mixprec ahead; graph: `mixprec bench --cuda-graph`)", "",
+              "| config | precision | mixprec | mixprec graph | PyTorch eager | torch.compile | vs eager | "
+              "graph vs eager | vs compile | amp speed-up mixprec / eager |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in b:
             L.append(f"| {r['config']} | {r['precision']} | {fmt(r.get('mixprec_ms'), '.3f')} | "
+                     f"{fmt(r.get('mixprec-graph_ms'), '.3f')} | "
                      f"{fmt(r.get('pytorch-eager_ms'), '.3f')} | {fmt(r.get('pytorch-compile_ms'), '.3f')} | "
-                     f"{fmt(r.get('mixprec_vs_pytorch-eager'))} | {fmt(r.get('mixprec_vs_pytorch-compile'))} | "
+                     f"{fmt(r.get('mixprec_vs_pytorch-eager'))} | {fmt(r.get('mixprec-graph_vs_pytorch-eager'))} | "
+                     f"{fmt(r.get('mixprec_vs_pytorch-compile'))} | "
                      f"{fmt(r.get('mixprec_speedup_over_fp32'))} / {fmt(r.get('pytorch-eager_speedup_over_fp32'))} |")
         L += ["", "**Peak GPU memory of the step** (MiB; mixprec by category, PyTorch "
                   "`max_memory_allocated` less what was allocated before the model) and kernels per step", "",
