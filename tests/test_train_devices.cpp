@@ -236,6 +236,30 @@ TEST(CudaTrain, AWaitForTheGpuInACapturedStepFailsTheCapture) {
   EXPECT_EQ(ops::sum(t).item(), 6.0);  // the stream works on, eagerly
 }
 
+// Dropout's random offset advances on the host, so a replay would repeat the captured mask: a
+// capture refuses it with one line instead of replaying wrong masks silently (docs/gpu.md).
+TEST(CudaTrain, DropoutInACaptureIsRefusedNotRepeated) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+  const Tensor x = Tensor::full({64}, 1.0, DType::f32, Device::cuda());
+  Generator gen(3);
+  (void)ops::dropout(x, 0.5, /*training=*/true, &gen);  // eager: fine
+  {
+    cuda::Graph g;
+    g.capture_begin();
+    const Tensor y = ops::add(x, x);  // captured: the graph is not empty
+    try {
+      (void)ops::dropout(y, 0.5, /*training=*/true, &gen);
+      ADD_FAILURE() << "dropout was captured";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("dropout in a CUDA graph capture"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+    g.capture_end();  // what was captured before the refusal is a valid graph
+  }
+  EXPECT_EQ(ops::sum(ops::dropout(x, 0.0, /*training=*/true, &gen)).item(), 64.0);  // eager again
+}
+
 TEST(TrainDevices, ErrorAtMinScaleSurfacesWhenTheStateIsRead) {
   nn::Linear lin(4, 2);
   lin.to(Device::fenced());

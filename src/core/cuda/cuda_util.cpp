@@ -36,6 +36,14 @@ cudaStream_t current_stream(int index) {
   return g_streams[size_t(index)];
 }
 
+void refuse_in_capture(cudaStream_t stream, const char* what) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MIXPREC_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  MIXPREC_CHECK(status == cudaStreamCaptureStatusNone, what,
+                " in a CUDA graph capture: its random offset advances on the host, so every replay would draw the "
+                "same mask; capture a step without dropout");
+}
+
 StreamGuard::StreamGuard(int index, cudaStream_t s) : index_(index), prev_(tl_override.at(size_t(index))) {
   tl_override[size_t(index)] = s;
 }

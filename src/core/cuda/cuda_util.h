@@ -51,4 +51,10 @@ class StreamGuard {
 // The stream of a tensor's device.
 inline cudaStream_t stream_of(const Tensor& t) { return current_stream(t.device().index); }
 
+// Throws mixprec::Error (one line naming `what`) when `stream` is being captured into a CUDA graph:
+// for work whose random offset advances on the host (dropout, attention's dropout), which every
+// replay would repeat with the same mask. (PyTorch keeps the offset on the device for graphs;
+// here that is still to come: docs/gpu.md.)
+void refuse_in_capture(cudaStream_t stream, const char* what);
+
 }  // namespace mixprec::cuda::detail

@@ -219,6 +219,7 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
                      Tensor::empty({q.size(0), q.size(1), z.tq}, acc_dtype(q.dtype())), Tensor()};
   if (f.out.numel() == 0) return f;
   const Launch on(q);
+  if (p.dropout > 0.0) mixprec::cuda::detail::refuse_in_capture(on.stream(), "attention dropout");
   dispatch_floating(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;

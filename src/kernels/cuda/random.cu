@@ -43,6 +43,7 @@ void launch_dropout(Tensor& mask, double p, uint64_t seed, uint64_t stream, uint
 Tensor dropout_mask(const Shape& shape, DType dtype, double p, Generator& gen) {
   MIXPREC_CHECK(is_floating(dtype), "dropout: ", dtype_name(dtype), " is not a floating dtype");
   Tensor mask = Tensor::empty(shape, dtype);
+  mixprec::cuda::detail::refuse_in_capture(mixprec::cuda::detail::stream_of(mask), "dropout");
   const int64_t n = mask.numel();
   // The reservation advances the host's offset as on the CPU (the offset moves to the device
   // with the rest of the step's state: issue 17, item 5).
