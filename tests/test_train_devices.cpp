@@ -176,8 +176,9 @@ TEST(TrainDevices, AnAmpFp16StepMakesNoDeviceToHostCopy) {
 
 // On a GPU. A training step captured into a CUDA graph: the capture fails on any wait for the GPU
 // (a .item(), a host copy), so capturing is the test that a step never stops the GPU, and replays
-// must give every bit that eager steps give (the scale, found_inf, step counts, the schedule and
-// the generator's offset all live on the device). The graph's node count is the step's launches.
+// must give every bit that eager steps give (the scale, found_inf, the step counts, the lr and the
+// stochastic-rounding stream, keyed by the device's step count, all live on the device; dropout
+// is refused in a capture, below). The graph's node count is the step's launches.
 TEST(CudaTrain, CapturedStepsReplayBitIdenticalToEagerSteps) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
   const std::vector<Loop> loops = {
