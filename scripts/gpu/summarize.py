@@ -194,8 +194,11 @@ def markdown(s):
     tools = inv.get("tools", {})
     L = [f"### GPU run {s['date']} — {dev}", "",
          f"- commit `{s['commit']}`{' (uncommitted changes)' if s.get('dirty') else ''}"
-         f"{' (from the pack: no git there)' if s.get('commit_from') != 'git' else ''}; mixprec from: "
-         f"{s.get('built_how') or 'not set up'}",
+         f"{' (from the pack: no git there)' if s.get('commit_from') != 'git' else ''}"
+         # The device tool's copy of .git can lag the tree it sends (2026-11-26: its HEAD was a
+         # commit of the day before): the bundle's own commit, recorded by pack.sh, says what was built.
+         f"{'; the bundle was packed at `' + s['bundle_commit'] + '`' if s.get('bundle_commit') and s.get('bundle_commit') != s['commit'] else ''}"
+         f"; mixprec from: {s.get('built_how') or 'not set up'}",
          f"- {inv.get('os', '?')}, glibc {inv.get('glibc', '?')}; nvcc {((tools.get('nvcc') or {}).get('version')) or '-'}; "
          f"cuDNN {libs.get('libcudnn', {}).get('version', '-')}, cuBLASLt {libs.get('libcublasLt', {}).get('version', '-')}, "
          f"cudart {libs.get('libcudart', {}).get('version', '-')}; PyTorch {tc.get('torch', '-')} "
