@@ -117,23 +117,32 @@ void print_profile(const Json& j) {
   }
 }
 
-// One more step captured into a CUDA graph (nothing runs): its nodes are what one step launches,
-// cuBLASLt's and cuDNN's kernels included. The capture fails if the step waits for the GPU, and
-// the object then says why. Last: the session's host-side state has seen a step that never ran.
-Json launches_json(Session& s, const Tensor& x, const Tensor& y) {
-  cuda::Graph graph;
-  try {
-    graph.capture_begin(s.opt.device.index);
-    (void)train_step(s, x, y);
-    graph.capture_end();
-  } catch (const Error& e) {
-    return {{"error", e.what()}};
-  }
+// One training step captured into `graph` (nothing runs): throws mixprec::Error if the step waits
+// for the GPU. The session's host-side state has then seen a step that has not run yet.
+void capture_step(cuda::Graph& graph, Session& s, const Tensor& x, const Tensor& y) {
+  graph.capture_begin(s.opt.device.index);
+  (void)train_step(s, x, y);
+  graph.capture_end();
+}
+
+// What one run of a captured step launches, cuBLASLt's and cuDNN's kernels included.
+Json launches_of(const cuda::Graph& graph) {
   const cuda::Graph::Nodes n = graph.nodes();
   return {{"kernels_per_step", n.kernels},
           {"memcpys_per_step", n.memcpys},
           {"memsets_per_step", n.memsets},
           {"other_nodes_per_step", n.other}};
+}
+
+// Without --cuda-graph: one more step captured (last: it never runs), or why it cannot be.
+Json launches_json(Session& s, const Tensor& x, const Tensor& y) {
+  cuda::Graph graph;
+  try {
+    capture_step(graph, s, x, y);
+  } catch (const Error& e) {
+    return {{"error", e.what()}};
+  }
+  return launches_of(graph);
 }
 
 int cmd_bench(const Command& c, const BenchFlags& f) {
@@ -189,9 +198,7 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
     // The whole step (forward, backward, unscale, clip, optimizer, scale update) captured once
     // after the warm-up and replayed: one launch a step. Its memory (the graph's pool) counts from
     // the capture on. A step that waits for the GPU cannot be captured: the error says so.
-    graph.capture_begin(opt.device.index);
-    (void)train_step(s, x, y);
-    graph.capture_end();
+    capture_step(graph, s, x, y);
     ms = cuda::time_each(opt.device.index, steps, [&] { graph.replay(); });
   } else if (opt.device.is_cuda()) {
     // On a GPU, CUDA events between steps and one wait at the end (the PyTorch peer's timing): the
@@ -250,12 +257,8 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
     if (world_rank() == 0 && !f.json) print_profile(j);
   }
   if (f.cuda_graph) {
-    const cuda::Graph::Nodes n = graph.nodes();  // the replayed step's own graph
-    j["launches"] = {{"kernels_per_step", n.kernels},
-                     {"memcpys_per_step", n.memcpys},
-                     {"memsets_per_step", n.memsets},
-                     {"other_nodes_per_step", n.other},
-                     {"graph_launches_per_step", 1}};
+    j["launches"] = launches_of(graph);  // the replayed step's own graph
+    j["launches"]["graph_launches_per_step"] = 1;
   } else if (opt.device.is_cuda()) {
     j["launches"] = launches_json(s, x, y);
   }

@@ -25,7 +25,6 @@ struct Graph::Impl {
   cudaGraphExec_t exec = nullptr;
   // The allocator pool's key: the Impl's address with the low bit set, which no stream handle has.
   uintptr_t pool() const { return reinterpret_cast<uintptr_t>(this) | 1u; }
-  bool pool_used = false;
 
   void drop_graph() {
     if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
@@ -49,11 +48,9 @@ Graph::~Graph() {
     ::mixprec::detail::cuda_caching_allocator(g.device).end_pool(reinterpret_cast<uintptr_t>(g.stream));
   }
   g.drop_graph();
-  if (g.pool_used) {
-    try {
-      ::mixprec::detail::cuda_caching_allocator(g.device).release_pool(g.pool());
-    } catch (const Error&) {  // a broken device: its memory is gone with it
-    }
+  try {  // device >= 0: a capture began, so the pool exists
+    ::mixprec::detail::cuda_caching_allocator(g.device).release_pool(g.pool());
+  } catch (const Error&) {  // a broken device: its memory is gone with it
   }
 }
 
@@ -69,7 +66,6 @@ void Graph::capture_begin(int device) {
   g.stream = detail::current_stream(device);
   auto& alloc = ::mixprec::detail::cuda_caching_allocator(device);
   alloc.begin_pool(reinterpret_cast<uintptr_t>(g.stream), g.pool());
-  g.pool_used = true;
   const cudaError_t err = cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal);
   if (err != cudaSuccess) {
     alloc.end_pool(reinterpret_cast<uintptr_t>(g.stream));

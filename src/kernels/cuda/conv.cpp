@@ -18,6 +18,7 @@
 #include "kernels/matmul.h"
 #include "kernels/reduce.h"
 #include "kernels/shape.h"
+#include "mixprec/cuda_stream.h"
 
 namespace mixprec::kernels::cuda {
 namespace {
@@ -413,36 +414,20 @@ bool execute(const Plan& p, int index, const std::vector<void*>& ptrs, bool may_
 void run_best(Candidates& c, int index, const std::vector<void*>& ptrs) {
   const std::lock_guard<std::mutex> lock(c.mu);
   if (!c.timed && c.plans.size() > 1) {
-    cudaStream_t stream = mixprec::cuda::detail::current_stream(index);
-    cudaEvent_t start = nullptr, stop = nullptr;
-    MIXPREC_CUDA_CHECK(cudaEventCreate(&start));
-    MIXPREC_CUDA_CHECK(cudaEventCreate(&stop));
     size_t best = c.plans.size();
-    float best_ms = 0;
-    try {
-      for (size_t i = 0; i < c.plans.size(); ++i) {
-        try {
-          if (!execute(*c.plans[i], index, ptrs, /*may_fail=*/true)) continue;  // also the warm-up
-        } catch (const OutOfMemory&) {
-          throw;
-        } catch (const Error&) {  // an engine that fails to run these tensors: not a candidate
-          continue;
-        }
-        MIXPREC_CUDA_CHECK(cudaEventRecord(start, stream));
-        for (int r = 0; r < 2; ++r) execute(*c.plans[i], index, ptrs);
-        MIXPREC_CUDA_CHECK(cudaEventRecord(stop, stream));
-        MIXPREC_CUDA_CHECK(cudaEventSynchronize(stop));
-        float ms = 0;
-        MIXPREC_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        if (best == c.plans.size() || ms < best_ms) best = i, best_ms = ms;
+    double best_ms = 0;
+    for (size_t i = 0; i < c.plans.size(); ++i) {
+      try {
+        if (!execute(*c.plans[i], index, ptrs, /*may_fail=*/true)) continue;  // also the warm-up
+      } catch (const OutOfMemory&) {
+        throw;
+      } catch (const Error&) {  // an engine that fails to run these tensors: not a candidate
+        continue;
       }
-    } catch (...) {
-      (void)cudaEventDestroy(start);
-      (void)cudaEventDestroy(stop);
-      throw;
+      double ms = 0;
+      for (double t : mixprec::cuda::time_each(index, 2, [&] { execute(*c.plans[i], index, ptrs); })) ms += t;
+      if (best == c.plans.size() || ms < best_ms) best = i, best_ms = ms;
     }
-    (void)cudaEventDestroy(start);
-    (void)cudaEventDestroy(stop);
     MIXPREC_CHECK(best < c.plans.size(), "conv2d on cuda:", index, ": no cuDNN engine's workspace fits in memory");
     c.plans = {c.plans[best]};
   }
