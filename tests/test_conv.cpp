@@ -103,6 +103,11 @@ std::vector<Sizes> fast_cases() {
        {.stride = 2, .padding = {2, 1}, .dilation = {1, 2}}},
       {"first_layer_1ch_5x5", {5, 1, 11, 17}, {13, 1, 5, 5}, {.stride = {1, 2}, .padding = 2}},
       {"1x1", {2, 32, 7, 7}, {48, 32, 1, 1}, {}},
+      // From 16 images a bf16 weight gradient runs as a forward convolution, and with stride 1 the
+      // input gradient too (ConvFast.Bf16GradientsRunAsForwardConvolutions...): padding on both
+      // sides, on one, and none.
+      {"batch16_3x3_pad1", {16, 8, 7, 6}, {12, 8, 3, 3}, {.padding = 1}},
+      {"batch17_5x3_pad_1x0", {17, 6, 9, 8}, {10, 6, 5, 3}, {.padding = {1, 0}}},
       {"wide", {2, 64, 10, 10}, {96, 64, 3, 3}, {.padding = 1}},
   };
 }
@@ -285,6 +290,55 @@ TEST(ConvFast, FirstLayerBf16WeightGradientRunsMixprecsKernelWhereOneDnnHasOnlyI
   for (const auto& r : profile::rows())
     if (r.kernel == "conv2d_backward") ran = r.impl == "mixprec:small_k_wgrad";
   EXPECT_TRUE(ran);
+}
+
+// bf16 gradients of a stride-1 convolution run as forward convolutions (the input gradient with
+// the flipped, transposed weight, the weight gradient with the images as channels: cpu/conv.cpp),
+// which oneDNN runs faster than its backward kernels on the AVX512-BF16 kind; both paths agree
+// with the reference within the bound of an f32 sum, and a stride-2 layer keeps the backward ones.
+TEST(ConvFast, Bf16GradientsRunAsForwardConvolutionsWhereTheGeometryAllows) {
+  if (!kernels::cpu::has_avx512_bf16() && !kernels::cpu::has_amx_bf16())
+    GTEST_SKIP() << "no bf16 convolutions on this CPU (neither AVX512-BF16 nor AMX-BF16)";
+  struct Restore {
+    ~Restore() {
+      kernels::cpu::set_conv_dgrad_as_forward(true);
+      kernels::cpu::set_conv_wgrad_as_forward(true);
+    }
+  } restore;
+  auto impl_of = [](const Tensor& x, const Tensor& w, const Tensor& gy, const Conv2dOptions& o) {
+    BackendGuard guard(kernels::Backend::cpu);
+    Tensor xl = x.clone().set_requires_grad(), wl = w.clone().set_requires_grad();
+    profile::start();
+    ops::conv2d(xl, wl, Tensor(), o).backward(gy);
+    profile::stop();
+    std::string impl;
+    for (const auto& r : profile::rows())
+      if (r.kernel == "conv2d_backward") impl = r.impl;
+    return impl;
+  };
+  Generator g(21);
+  const DType t = DType::bf16;
+  const Tensor x = convtest::rand(g, {16, 24, 9, 9}, t), w = convtest::rand(g, {32, 24, 3, 3}, t, -0.5, 0.5);
+  const Tensor b = convtest::rand(g, {32}, t), gy = convtest::rand(g, {16, 32, 9, 9}, t);
+  const Conv2dOptions o{.padding = 1};
+  const ConvRun ref = conv_run(x, w, b, gy, o, kernels::Backend::ref);
+  const ConvRun abs = conv_run(convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(b), convtest::abs_of(gy), o,
+                               kernels::Backend::ref);
+  for (bool rewrite : {true, false}) {
+    SCOPED_TRACE(rewrite ? "as forward convolutions" : "oneDNN's backward kernels");
+    kernels::cpu::set_conv_dgrad_as_forward(rewrite);
+    kernels::cpu::set_conv_wgrad_as_forward(rewrite);
+    const std::string impl = impl_of(x, w, gy, o);
+    EXPECT_EQ(impl.find("dgrad_as_fwd") != std::string::npos, rewrite) << impl;
+    EXPECT_EQ(impl.find("wgrad_as_fwd") != std::string::npos, rewrite) << impl;
+    const ConvRun fast = conv_run(x, w, b, gy, o, kernels::Backend::cpu);
+    EXPECT_TRUE(convtest::close_accumulated(fast.gx, ref.gx, abs.gx, 32 * 9, "backward data"));
+    EXPECT_TRUE(convtest::close_accumulated(fast.gw, ref.gw, abs.gw, 16 * 81, "backward weights"));
+    EXPECT_TRUE(convtest::close_accumulated(fast.gb, ref.gb, abs.gb, 16 * 81, "bias gradient"));
+  }
+  const Tensor gy2 = convtest::rand(g, {16, 32, 5, 5}, t);
+  const std::string strided = impl_of(x, w, gy2, {.stride = 2, .padding = 1});
+  EXPECT_EQ(strided.find("_as_fwd"), std::string::npos) << strided;
 }
 
 TEST(ConvFast, OnePrimitivePerShapeAndOneWeightReorderPerVersion) {

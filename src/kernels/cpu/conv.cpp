@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -138,6 +140,17 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Descs& d, bool has_bi
   return F::primitive_desc(desc, attr, dnnl_engine());
 }
 
+// The forward convolution whose output is the weight gradient of g (stride 1, no dilation, one
+// group): the images' channels are its batch, the images its input channels, grad_y's planes its
+// kernels ([OC, N, OH, OW]) and the weight's taps its output positions, padded as g.
+ConvGeometry wgrad_geometry(const ConvGeometry& g) {
+  ConvGeometry f = g;
+  f.n = g.c, f.c = g.n;
+  f.kh = g.oh, f.kw = g.ow;
+  f.oh = g.kh, f.ow = g.kw;
+  return f;
+}
+
 // oneDNN (OpenMP runtime) sizes a primitive's thread team when it is created.
 struct SingleThreadScope {
   int prev = omp_get_max_threads();
@@ -179,6 +192,22 @@ ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
     e.inputs.push_back(operand(DNNL_ARG_WEIGHTS, d.user_wei, pd.weights_desc(), true));
     if (key.has_bias) e.inputs.push_back(operand(DNNL_ARG_BIAS, d.user_bias, pd.bias_desc(), true));
     e.outputs.push_back(operand(DNNL_ARG_DST, d.user_dst, pd.dst_desc(), false));
+  } else if (key.pass == ConvPass::weights_as_forward) {
+    // Operands read and written in place through strides: x as [C, N, H, W], grad_y as
+    // [OC, N, OH, OW], the f32 gradient [OC, C, KH, KW] written as [C, OC, KH, KW].
+    const ConvGeometry f = wgrad_geometry(g);
+    Descs df = descs(f, key.t, false, DType::f32);
+    df.dst = act_md(f.n, f.oc, f.oh, f.ow, DType::f32, Tag::any);
+    df.user_src = memory::desc({f.n, f.c, f.h, f.w}, to_dnnl(key.t), {g.h * g.w, g.c * g.h * g.w, g.w, 1});
+    df.user_wei = memory::desc({f.oc, f.c, f.kh, f.kw}, to_dnnl(key.t), {g.oh * g.ow, g.oc * g.oh * g.ow, g.ow, 1});
+    df.user_dst =
+        memory::desc({f.n, f.oc, f.oh, f.ow}, memory::data_type::f32, {g.kh * g.kw, g.c * g.kh * g.kw, g.kw, 1});
+    auto pd = forward_pd(df, false, attr);
+    e.pd = pd;
+    e.prim = dnnl::convolution_forward(pd);
+    e.inputs.push_back(operand(DNNL_ARG_SRC, df.user_src, pd.src_desc(), true));
+    e.inputs.push_back(operand(DNNL_ARG_WEIGHTS, df.user_wei, pd.weights_desc(), true));
+    e.outputs.push_back(operand(DNNL_ARG_DST, df.user_dst, pd.dst_desc(), false));
   } else if (key.pass == ConvPass::backward_data) {
     using B = dnnl::convolution_backward_data;
     const auto hint = forward_pd(d, false, attr);
@@ -479,7 +508,109 @@ bool small_k_wgrad(const ConvGeometry& g, DType t) {
   return e != nullptr && std::string_view(e->impl).starts_with("x64:gemm");
 }
 
+// ---- backward-data as a forward convolution ----
+
+// For a stride-1, undilated, one-group convolution with padding at most k - 1 on each side, the
+// input gradient is the forward convolution of grad_y with the weight transposed (O <-> I) and
+// flipped in both spatial axes, padded k - 1 - p: the same products and sums as backward-data.
+// oneDNN 2.6's bf16 forward kernel runs them faster than its backward-data kernel on the AVX512-BF16
+// kind (docs/conv.md: 196-203 against 221-233 ms for the 420 -> 1000 layer at batch 64, 2 threads);
+// in f32 the two are equal, so f32 keeps backward-data. MIXPREC_CONV_DGRAD=native turns it off.
+std::atomic<bool>& dgrad_as_forward_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("MIXPREC_CONV_DGRAD");
+    return !(env && std::string_view(env) == "native");
+  }()};
+  return on;
+}
+
+std::atomic<bool>& wgrad_as_forward_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("MIXPREC_CONV_WGRAD");
+    return !(env && std::string_view(env) == "native");
+  }()};
+  return on;
+}
+
+// bf16, one group, stride 1, no dilation, padding at most k - 1 on each side: what both rewrites need.
+bool rewritable(const ConvGeometry& g, DType t) {
+  if (t != DType::bf16 || g.groups != 1) return false;
+  if (g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1) return false;
+  const int64_t pad_r_h = g.oh - 1 + g.kh - g.h - g.pad_h, pad_r_w = g.ow - 1 + g.kw - g.w - g.pad_w;
+  auto in_range = [](int64_t p, int64_t k) { return p >= 0 && p <= k - 1; };
+  return in_range(g.pad_h, g.kh) && in_range(g.pad_w, g.kw) && in_range(pad_r_h, g.kh) && in_range(pad_r_w, g.kw);
+}
+
+bool dgrad_as_forward(const ConvGeometry& g, DType t) {
+  return dgrad_as_forward_flag().load() && rewritable(g, t) && g.c > kFirstLayerChannels && g.oc > kFirstLayerChannels;
+}
+
+// The weight gradient as a forward convolution (wgrad_geometry): the same products, summed by a
+// kernel whose threads own their outputs, against oneDNN 2.6's backward-weights split over the
+// batch (one single-threaded primitive per thread and f32 partials summed after): 213-221 ms
+// against 236-261 for the 420 -> 1000 layer at batch 64 (docs/conv.md). Its input channels are the
+// batch: from 16 images, so that the blocked kernel has whole channel blocks to work on.
+bool wgrad_as_forward(const ConvGeometry& g, DType t) {
+  return wgrad_as_forward_flag().load() && rewritable(g, t) && g.n >= 16 && g.c > kFirstLayerChannels;
+}
+
+// The forward convolution that computes g's input gradient (its right padding, k - 1 - g's, follows
+// from the sizes in descs()).
+ConvGeometry dgrad_geometry(const ConvGeometry& g) {
+  ConvGeometry f = g;
+  f.c = g.oc, f.h = g.oh, f.w = g.ow;
+  f.oc = g.c, f.oh = g.h, f.ow = g.w;
+  f.pad_h = g.kh - 1 - g.pad_h, f.pad_w = g.kw - 1 - g.pad_w;
+  return f;
+}
+
+// w [OC, C, KH, KW] (16-bit) -> [C, OC, KH, KW], each kernel reversed in both axes.
+Tensor flipped_transposed(const Tensor& w, const ConvGeometry& g) {
+  const MemoryScope scope(MemCategory::workspace);
+  Tensor out = Tensor::empty({g.c, g.oc, g.kh, g.kw}, w.dtype());
+  const auto* src = static_cast<const uint16_t*>(w.data_ptr());
+  auto* dst = static_cast<uint16_t*>(out.data_ptr());
+  const int64_t taps = g.kh * g.kw;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < g.c; ++i)
+    for (int64_t o = 0; o < g.oc; ++o) {
+      const uint16_t* s = src + (o * g.c + i) * taps;
+      uint16_t* d = dst + (i * g.oc + o) * taps;
+      for (int64_t k = 0; k < taps; ++k) d[k] = s[taps - 1 - k];
+    }
+  return out;
+}
+
+// The bias gradient: grad_y [N, OC, OH, OW] (f32 or bf16) summed over N, OH and OW in f32 (each
+// channel's planes in order, each plane's sum in eight partial sums), rounded once into bias.
+void bias_gradient(const Tensor& grad_y, const ConvGeometry& g, Tensor& bias) {
+  const int64_t plane = g.oh * g.ow;
+  std::vector<float> sums(size_t(g.oc));
+  const bool bf16 = grad_y.dtype() == DType::bf16;
+  const auto* y16 = static_cast<const uint16_t*>(grad_y.data_ptr());
+  const auto* y32 = static_cast<const float*>(grad_y.data_ptr());
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < g.oc; ++o) {
+    float total = 0.f;
+    for (int64_t n = 0; n < g.n; ++n) {
+      const int64_t at = (n * g.oc + o) * plane;
+      float part[8] = {};
+      int64_t i = 0;
+      for (; i + 8 <= plane; i += 8)
+        for (int l = 0; l < 8; ++l) part[l] += bf16 ? bf16_to_f32(y16[at + i + l]) : y32[at + i + l];
+      float s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+      for (; i < plane; ++i) s += bf16 ? bf16_to_f32(y16[at + i]) : y32[at + i];
+      total += s;
+    }
+    sums[size_t(o)] = total;
+  }
+  convert(sums.data(), DType::f32, bias.data_ptr(), bias.dtype(), size_t(g.oc));
+}
+
 }  // namespace
+
+void set_conv_dgrad_as_forward(bool on) { dgrad_as_forward_flag().store(on); }
+void set_conv_wgrad_as_forward(bool on) { wgrad_as_forward_flag().store(on); }
 
 bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                     Tensor& dst) {
@@ -522,15 +653,22 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
   }
   if (t != DType::f32 && !(t == DType::bf16 && bf16_ok())) return false;
   if (need_b && out.bias.dtype() != DType::f32 && out.bias.dtype() != t) return false;
-  // The bias gradient rides on backward-weights; alone (frozen weight) it is a plain reduction.
-  const bool fused_bias = need_b && need_w;
-  // The weight gradient: mixprec's kernel for a short bf16 contraction, oneDNN's split over the
-  // batch, or one oneDNN primitive (bw).
+  // The weight gradient: mixprec's kernel for a short bf16 contraction, a forward convolution (wf),
+  // oneDNN's backward-weights split over the batch, or one oneDNN primitive (bw).
   const bool small_k = need_w && x.dtype() == t && small_k_wgrad(g, t);
-  const bool split = need_w && !small_k && split_wgrad(g);
-  const bool one_primitive = need_w && !small_k && !split;
-  ConvEntry hold_d, hold_w;
-  const ConvEntry* bd = need_x ? entry(g, t, false, DType::f32, false, ConvPass::backward_data, hold_d) : nullptr;
+  ConvEntry hold_d, hold_w, hold_wf;
+  const ConvEntry* wf = need_w && !small_k && x.dtype() == t && wgrad_as_forward(g, t)
+                            ? entry(g, t, false, DType::f32, false, ConvPass::weights_as_forward, hold_wf)
+                            : nullptr;
+  const bool split = need_w && !small_k && !wf && split_wgrad(g);
+  const bool one_primitive = need_w && !small_k && !wf && !split;
+  // The bias gradient rides on backward-weights; otherwise (frozen weight, or the weight gradient
+  // as a forward convolution) it is a plain reduction.
+  const bool fused_bias = need_b && need_w && !wf;
+  const bool as_forward = need_x && dgrad_as_forward(g, t);
+  const ConvEntry* bd = !need_x      ? nullptr
+                        : as_forward ? entry(dgrad_geometry(g), t, false, DType::f32, false, ConvPass::forward, hold_d)
+                                     : entry(g, t, false, DType::f32, false, ConvPass::backward_data, hold_d);
   const bool wgrad_f32 = need_w && out.weight.dtype() == DType::f32 && t == DType::bf16;
   if (need_w && out.weight.dtype() != t && !wgrad_f32) return false;
   const ConvEntry* bw = one_primitive ? entry(g, t, fused_bias, need_b ? out.bias.dtype() : DType::f32, false,
@@ -547,16 +685,28 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
       return false;
   }
   CallState cs;
-  if (need_x) execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {out.x.data_ptr()}, cs);
+  if (wf) {
+    // The primitive writes f32; a bf16 gradient is rounded once from it.
+    const bool direct = out.weight.dtype() == DType::f32;
+    WorkspaceBuffer staging(direct ? 0 : size_t(out.weight.numel()) * sizeof(float));
+    void* dw = direct ? out.weight.data_ptr() : staging.data();
+    profile::detail::note_impl("wgrad_as_fwd");
+    execute(*wf, {{x.data_ptr()}, {grad_y.data_ptr()}}, {dw}, cs);
+    if (!direct) convert(dw, DType::f32, out.weight.data_ptr(), out.weight.dtype(), size_t(out.weight.numel()));
+  }
+  if (need_x && as_forward) {
+    const Tensor flipped = flipped_transposed(weight, g);
+    profile::detail::note_impl("dgrad_as_fwd");
+    execute(*bd, {{grad_y.data_ptr()}, {flipped.data_ptr()}}, {out.x.data_ptr()}, cs);
+  } else if (need_x) {
+    execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {out.x.data_ptr()}, cs);
+  }
   if (one_primitive) {
     std::vector<void*> outs{out.weight.data_ptr()};
     if (fused_bias) outs.push_back(out.bias.data_ptr());
     execute(*bw, {{x.data_ptr()}, {grad_y.data_ptr()}}, outs, cs);
   }
-  if (need_b && !fused_bias) {
-    Tensor s = kernels::sum(grad_y, {0, 2, 3}, false, out.bias.dtype());
-    kernels::copy(s, out.bias);
-  }
+  if (need_b && !fused_bias) bias_gradient(grad_y, g, out.bias);
   return true;
 }
 

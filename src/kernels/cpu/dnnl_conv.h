@@ -10,7 +10,9 @@
 
 namespace mixprec::kernels::cpu {
 
-enum class ConvPass { forward, backward_data, backward_weights };
+// weights_as_forward: the weight gradient as a forward convolution (cpu/conv.cpp, wgrad_geometry),
+// keyed by the layer's own geometry.
+enum class ConvPass { forward, backward_data, backward_weights, weights_as_forward };
 
 // The oneDNN implementation a pass of this convolution runs, e.g. "brgconv:avx512_core_amx_bf16"
 // (creates and caches the primitive; "" when oneDNN has none and the reference runs instead).
@@ -22,6 +24,12 @@ std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass);
 // kernel. Needs AVX-512 (every CPU with bf16 convolutions has it).
 constexpr int64_t kSmallKTaps = 32;
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out);
+
+// Whether a bf16 backward-data that can run as the forward convolution of grad_y with the flipped,
+// transposed weight does (default on; MIXPREC_CONV_DGRAD=native starts it off): cpu/conv.cpp.
+void set_conv_dgrad_as_forward(bool on);
+// The same for the weight gradient (MIXPREC_CONV_WGRAD=native starts it off): cpu/conv.cpp.
+void set_conv_wgrad_as_forward(bool on);
 
 // The convolution primitive cache (one entry per shape, dtype, bias/ReLU flags and pass).
 CacheStats conv_cache_stats();
