@@ -69,6 +69,39 @@ TEST_F(CliDevices, FencedTrainingGivesTheCpuLossesBitForBit) {
     }
 }
 
+// --deterministic: two processes give the same losses bit for bit, on the CPU with two threads and
+// on a GPU where there is one (where each convolution then runs cuDNN's first deterministic engine
+// instead of the fastest timed one, which may differ from process to process).
+TEST_F(CliDevices, DeterministicRunsRepeatBitForBit) {
+  std::vector<std::string> devices = {"cpu"};
+  if (mixprec::cuda::device_count() > 0) devices.emplace_back("cuda");
+  for (const std::string& device : devices)
+    for (const char* precision : {"fp32", "amp-bf16"}) {
+      SCOPED_TRACE(device + " " + precision);
+      auto run = [&](const std::string& name) {
+        const fs::path m = dir_ / (name + ".jsonl");
+        const RunResult r = run_cli("train --data " + dir_.string() + " --threads 2 --model cnn-bn --precision " +
+                                        precision + " --device " + device + " --deterministic --epochs 1 " +
+                                        "--batch-size 50 --log-every 1 --metrics " + m.string(),
+                                    dir_);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        std::vector<std::string> lines;
+        bool flagged = false;
+        std::ifstream f(m);
+        for (std::string line; std::getline(f, line);) {
+          const nlohmann::ordered_json j = nlohmann::ordered_json::parse(line);
+          if (j.at("event") == "step") lines.push_back(j.at("loss").dump());
+          if (j.at("event") == "summary") flagged = j.at("deterministic").get<bool>();
+        }
+        EXPECT_TRUE(flagged) << "the summary does not say the run was deterministic";
+        return lines;
+      };
+      const std::vector<std::string> a = run(device + "-a"), b = run(device + "-b");
+      ASSERT_EQ(a.size(), 8u);
+      EXPECT_EQ(a, b);
+    }
+}
+
 // Off the CPU the losses are read in runs (at metrics and progress lines, and at each epoch's end):
 // every logged step still gets its own loss, in order.
 TEST_F(CliDevices, DeferredLossReadsReportEveryLoggedStep) {

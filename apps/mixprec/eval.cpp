@@ -10,6 +10,7 @@
 #include "evaluate.h"
 #include "metrics.h"
 #include "mixprec/checkpoint.h"
+#include "mixprec/deterministic.h"
 #include "mixprec/error.h"
 #include "mixprec/io.h"
 #include "mixprec/text.h"
@@ -49,10 +50,12 @@ struct EvalFlags {
   GptEvalFlags gpt;
   bool json = false;
   int64_t threads = 0;
+  bool deterministic = false;
 };
 
 int cmd_eval(Command& c, const EvalFlags& e) {
   silence_follower_rank();  // under mpirun the batches are shared out (evaluate.h); rank 0 prints
+  use_deterministic_algorithms(e.deterministic);
   const std::string& path = e.checkpoint;
   const io::SafetensorsFile f = io::load_safetensors(path);
   if (f.metadata.count("model") && f.metadata.at("model") == "gpt")
@@ -138,6 +141,7 @@ std::function<int()> declare_eval(Command& c) {
   add_device_flag(c, e->device);
   c.flag("json", e->json, "print one JSON object");
   add_threads_flag(c, e->threads);
+  add_deterministic_flag(c, e->deterministic);
   c.group("the model, for a file that does not name it (a PyTorch state_dict)");
   add_model_flags(c, e->model);
   c.group("gpt model (--model gpt)", {"gpt"});

@@ -77,6 +77,7 @@ Json summary_event(const Session& s, int64_t steps, double wall_seconds, double 
             {"wall_seconds", wall_seconds},
             {"samples_per_s", samples_per_s},
             {"test_accuracy", test_accuracy}};
+  j["deterministic"] = s.opt.deterministic;
   j["world_size"] = world_size();  // the ranks of an mpirun job (samples_per_s is the job's); 1 alone
   j["skipped_steps"] = s.scaler->num_skipped_steps();
   j["final_scale"] = s.scaler->get_scale();

@@ -15,6 +15,7 @@
 #include "mixprec/autocast.h"
 #include "mixprec/autograd.h"
 #include "mixprec/checkpoint.h"
+#include "mixprec/deterministic.h"
 #include "mixprec/error.h"
 #include "mixprec/io.h"
 #include "mixprec/random.h"
@@ -81,6 +82,7 @@ int64_t draw_token(const std::vector<float>& logits, double temperature, int64_t
 struct SampleFlags {
   std::string checkpoint, prompt = "\n", device = "cpu", precision;
   int64_t tokens = 500, top_k = 200, seed = 1337, threads = 0;
+  bool deterministic = false;
   double temperature = 0.8;
 };
 
@@ -97,6 +99,7 @@ int cmd_sample(const Command& c, const SampleFlags& s) {
   const int threads = int(c.has("threads") ? s.threads : available_cores());
 
   omp_set_num_threads(threads);
+  use_deterministic_algorithms(s.deterministic);
   const GptCheckpoint g = load_gpt(f, path, precision, device);
   std::vector<int64_t> idx = g.vocab.encode(data::decode_utf8(prompt, "--prompt"), "--prompt");
   MIXPREC_CHECK(!idx.empty(), "--prompt is empty: the model needs at least one character to continue");
@@ -168,6 +171,7 @@ std::function<int()> declare_sample(Command& c) {
   add_device_flag(c, s->device);
   c.choice("precision", s->precision, precision_choices(), "run the model in this precision", "the checkpoint's");
   add_threads_flag(c, s->threads);
+  add_deterministic_flag(c, s->deterministic);
   return [s, &c] { return cmd_sample(c, *s); };
 }
 

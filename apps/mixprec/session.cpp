@@ -15,6 +15,7 @@
 #include "mixprec/autograd.h"
 #include "mixprec/clip.h"
 #include "mixprec/cpu.h"
+#include "mixprec/deterministic.h"
 #include "mixprec/error.h"
 #include "mixprec/profile.h"
 
@@ -160,6 +161,12 @@ void add_threads_flag(Command& c, int64_t& threads) {
   c.integer("threads", threads, 1, 1024, "CPU threads", "the available cores, " + std::to_string(available_cores()));
 }
 
+void add_deterministic_flag(Command& c, bool& deterministic) {
+  c.flag("deterministic", deterministic,
+         "the same bits on every rerun: on a GPU each convolution takes cuDNN's first deterministic engine instead of "
+         "the fastest timed one (cudnn.benchmark off); the CPU is deterministic at a fixed --threads either way");
+}
+
 void add_session_flags(Command& c, SessionFlags& f, bool with_precision) {
   add_device_flag(c, f.device);
   if (with_precision)
@@ -196,6 +203,7 @@ void add_session_flags(Command& c, SessionFlags& f, bool with_precision) {
          /*lo_open=*/true);
   c.integer("seed", f.seed, 0, INT64_MAX, "seeds the weights, the shuffling and dropout");
   add_threads_flag(c, f.threads);
+  add_deterministic_flag(c, f.deterministic);
   c.size("memory-limit", f.memory_limit,
          "the allocator's budget on the device: an allocation past it fails with out of memory");
   c.group("data parallelism (under mpirun -np N; docs/distributed.md)");
@@ -303,6 +311,7 @@ SessionOptions resolve_session(const SessionFlags& f, const Command& c) {
   o.seed = uint64_t(f.seed);
   o.threads = int(c.has("threads") ? f.threads : available_cores());
   o.memory_limit = f.memory_limit;
+  o.deterministic = f.deterministic;
   o.reduce_dtype = f.reduce_dtype;
   o.zero = int(f.zero);
   return o;
@@ -311,6 +320,7 @@ SessionOptions resolve_session(const SessionFlags& f, const Command& c) {
 Session make_session(const SessionOptions& opt) {
   if (opt.memory_limit > 0) allocator::set_budget(opt.memory_limit, opt.device);
   omp_set_num_threads(opt.threads);
+  use_deterministic_algorithms(opt.deterministic);
   default_generator().manual_seed(opt.seed);
   Session s;
   s.opt = opt;

@@ -33,6 +33,7 @@ struct SessionOptions {
   int64_t batch_size = 512;
   uint64_t seed = 0;
   int threads = 1;
+  bool deterministic = false;  // use_deterministic_algorithms (make_session sets it)
   // ---- mixed precision ----
   std::string loss_scale = "none";  // dynamic | static:N | none (resolved from the preset)
   amp::GradScalerOptions scaler;    // enabled unless loss_scale is none
@@ -70,6 +71,7 @@ struct SessionFlags {
   double clip_grad_value = 0, clip_grad_norm = 0, loss_weight = 1;
   int64_t seed = 0, threads = 0;
   int64_t memory_limit = 0;  // bytes; 0: none
+  bool deterministic = false;
   std::string reduce_dtype = "f32";
   int64_t zero = 0;
 };
@@ -81,6 +83,8 @@ void add_model_flags(Command& c, ModelFlags& f);
 void add_session_flags(Command& c, SessionFlags& f, bool with_precision = true);
 void add_device_flag(Command& c, std::string& device);
 void add_threads_flag(Command& c, int64_t& threads);
+// --deterministic (mixprec/deterministic.h); the command calls use_deterministic_algorithms.
+void add_deterministic_flag(Command& c, bool& deterministic);
 // The model the flags describe; a flag of another model is refused (check_model_flags).
 ModelSpec resolve_model(const ModelFlags& f, const Command& c);
 // The model a checkpoint's metadata names (its flags: model, hidden, channels, the gpt's shape).

@@ -9,6 +9,7 @@
 #include "mixprec/cpu.h"
 #include "mixprec/cuda_stream.h"
 #include "mixprec/data.h"
+#include "mixprec/deterministic.h"
 #include "mixprec/device.h"
 #include "mixprec/diagnostics.h"
 #if MIXPREC_WITH_MPI  // data parallelism: built where MPI is found (CMake MIXPREC_MPI)

@@ -19,6 +19,7 @@
 #include "kernels/reduce.h"
 #include "kernels/shape.h"
 #include "mixprec/cuda_stream.h"
+#include "mixprec/deterministic.h"
 
 namespace mixprec::kernels::cuda {
 namespace {
@@ -99,6 +100,7 @@ struct Candidates {
   std::mutex mu;                             // run_best: one thread times them
   std::vector<std::shared_ptr<Plan>> plans;  // in the heuristics' order; one once timed
   bool timed = false;
+  bool deterministic = false;  // never timed: the first plan that runs is kept
 };
 struct Plan {
   std::shared_ptr<Desc> plan;
@@ -117,10 +119,11 @@ struct GraphKey {
   int64_t n, c, h, w, oc, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups;
   int x_type, w_type, y_type, bias_type;  // bias_type -1: no bias in the graph
   bool relu, tf32;
+  bool deterministic;  // use_deterministic_algorithms: deterministic engines only, the heuristics' first, untimed
   uint32_t align_x, align_w, align_y, align_b;
   auto tie() const {
     return std::tie(device, pass, n, c, h, w, oc, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups, x_type, w_type,
-                    y_type, bias_type, relu, tf32, align_x, align_w, align_y, align_b);
+                    y_type, bias_type, relu, tf32, deterministic, align_x, align_w, align_y, align_b);
   }
   bool operator<(const GraphKey& o) const { return tie() < o.tie(); }
 };
@@ -186,8 +189,9 @@ cudnnBackendAttributeName_t plan_handle_attr() {
 }
 
 // Whether an engine's numerical notes fit our rules: accumulation in f32 (no reduced-precision
-// reduction, no inputs rounded down), no TF32 for f32 data unless allowed.
-bool engine_allowed(const Desc& cfg, bool f32_data, bool tf32) {
+// reduction, no inputs rounded down), no TF32 for f32 data unless allowed, and under
+// use_deterministic_algorithms nothing cuDNN calls non-deterministic.
+bool engine_allowed(const Desc& cfg, bool f32_data, bool tf32, bool deterministic) {
   Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   cudnnBackendDescriptor_t e = engine.get();
   int64_t got = 0;
@@ -202,6 +206,7 @@ bool engine_allowed(const Desc& cfg, bool f32_data, bool tf32) {
         notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
       return false;
     if (f32_data && !tf32 && notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE) return false;
+    if (deterministic && notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return false;
   }
   return true;
 }
@@ -345,7 +350,7 @@ std::vector<std::shared_ptr<Plan>> build_plans(const GraphKey& k, cudnnHandle_t 
     MIXPREC_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfg_handles.data()));
     for (int64_t i = 0; i < std::min(got, count) && out.size() < kMaxCandidates; ++i) {
-      if (!engine_allowed(*cfgs[size_t(i)], f32_data, k.tf32)) continue;
+      if (!engine_allowed(*cfgs[size_t(i)], f32_data, k.tf32, k.deterministic)) continue;
       auto plan = std::make_shared<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
       set_handle(*plan, plan_handle_attr(), handle);
       plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[size_t(i)]);
@@ -374,6 +379,7 @@ std::shared_ptr<Candidates> plans_for(const GraphKey& k) {
   if (it == dev.plans.end()) {
     auto c = std::make_shared<Candidates>();
     c->plans = build_plans(k, dev.handle);
+    c->deterministic = k.deterministic;
     it = dev.plans.emplace(k, c).first;
   }
   return it->second;
@@ -410,9 +416,26 @@ bool execute(const Plan& p, int index, const std::vector<void*>& ptrs, bool may_
 // tensors (PyTorch's cudnn.benchmark; every pass writes its output with beta 0, so a rerun gives
 // the same bits), the fastest is kept, and it runs last so that the output is its own. A
 // candidate whose workspace does not fit is dropped. A capture (cuda::Graph) cannot time: warm up
-// eagerly first, as with PyTorch.
+// eagerly first, as with PyTorch. Deterministic candidates are not timed: the first in the
+// heuristics' order that runs is kept (cudnn.benchmark off), the same engine in every process.
 void run_best(Candidates& c, int index, const std::vector<void*>& ptrs) {
   const std::lock_guard<std::mutex> lock(c.mu);
+  if (!c.timed && c.deterministic) {
+    while (!c.plans.empty()) {
+      try {
+        if (execute(*c.plans.front(), index, ptrs, /*may_fail=*/true)) break;
+      } catch (const OutOfMemory&) {
+        throw;
+      } catch (const Error&) {  // an engine that fails to run these tensors: the next one
+      }
+      c.plans.erase(c.plans.begin());
+    }
+    MIXPREC_CHECK(!c.plans.empty(), "conv2d on cuda:", index,
+                  ": no deterministic cuDNN engine runs this convolution in the memory left");
+    c.plans.resize(1);
+    c.timed = true;
+    return;  // the kept plan has just written the output
+  }
   if (!c.timed && c.plans.size() > 1) {
     size_t best = c.plans.size();
     double best_ms = 0;
@@ -447,6 +470,7 @@ GraphKey key_of(const ConvGeometry& g, Pass pass, const Tensor& x, const Tensor&
   k.y_type = int(cudnn_type(y.dtype()));
   k.bias_type = -1;
   k.tf32 = allow_tf32();
+  k.deterministic = deterministic_algorithms();
   k.align_x = alignment(x.data_ptr());
   k.align_w = alignment(w.data_ptr());
   k.align_y = alignment(y.data_ptr());
