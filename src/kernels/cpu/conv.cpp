@@ -532,9 +532,9 @@ std::atomic<bool>& wgrad_as_forward_flag() {
   return on;
 }
 
-// bf16, one group, stride 1, no dilation, padding at most k - 1 on each side: what both rewrites need.
-bool rewritable(const ConvGeometry& g, DType t) {
-  if (t != DType::bf16 || g.groups != 1) return false;
+// One group, stride 1, no dilation, padding at most k - 1 on each side: what both rewrites need.
+bool rewritable(const ConvGeometry& g) {
+  if (g.groups != 1) return false;
   if (g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1) return false;
   const int64_t pad_r_h = g.oh - 1 + g.kh - g.h - g.pad_h, pad_r_w = g.ow - 1 + g.kw - g.w - g.pad_w;
   auto in_range = [](int64_t p, int64_t k) { return p >= 0 && p <= k - 1; };
@@ -542,16 +542,19 @@ bool rewritable(const ConvGeometry& g, DType t) {
 }
 
 bool dgrad_as_forward(const ConvGeometry& g, DType t) {
-  return dgrad_as_forward_flag().load() && rewritable(g, t) && g.c > kFirstLayerChannels && g.oc > kFirstLayerChannels;
+  return t == DType::bf16 && dgrad_as_forward_flag().load() && rewritable(g) && g.c > kFirstLayerChannels &&
+         g.oc > kFirstLayerChannels;
 }
 
 // The weight gradient as a forward convolution (wgrad_geometry): the same products, summed by a
 // kernel whose threads own their outputs, against oneDNN 2.6's backward-weights split over the
-// batch (one single-threaded primitive per thread and f32 partials summed after): 213-221 ms
-// against 236-261 for the 420 -> 1000 layer at batch 64 (docs/conv.md). Its input channels are the
+// batch (one single-threaded primitive per thread and f32 partials summed after). bf16: 213-221 ms
+// against 236-261 for the 420 -> 1000 layer at batch 64; f32: as fast (the fp32 step 1473 against
+// 1476 ms), without the per-thread partial gradients (docs/conv.md). Its input channels are the
 // batch: from 16 images, so that the blocked kernel has whole channel blocks to work on.
 bool wgrad_as_forward(const ConvGeometry& g, DType t) {
-  return wgrad_as_forward_flag().load() && rewritable(g, t) && g.n >= 16 && g.c > kFirstLayerChannels;
+  return (t == DType::bf16 || t == DType::f32) && wgrad_as_forward_flag().load() && rewritable(g) && g.n >= 16 &&
+         g.c > kFirstLayerChannels;
 }
 
 // The forward convolution that computes g's input gradient (its right padding, k - 1 - g's, follows
@@ -684,16 +687,19 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
     else if (!backward_weights_split(grad_y, x, g, wgrads))
       return false;
   }
-  CallState cs;
   if (wf) {
-    // The primitive writes f32; a bf16 gradient is rounded once from it.
+    // The primitive writes f32; a bf16 gradient is rounded once from it. Its own call state: its
+    // reordered x and grad_y are freed before the input gradient reorders grad_y its own way (held
+    // together, they cost the 420->1000 cnn a fifth of its largest batch in 1 GiB).
+    CallState wcs;
     const bool direct = out.weight.dtype() == DType::f32;
     WorkspaceBuffer staging(direct ? 0 : size_t(out.weight.numel()) * sizeof(float));
     void* dw = direct ? out.weight.data_ptr() : staging.data();
     profile::detail::note_impl("wgrad_as_fwd");
-    execute(*wf, {{x.data_ptr()}, {grad_y.data_ptr()}}, {dw}, cs);
+    execute(*wf, {{x.data_ptr()}, {grad_y.data_ptr()}}, {dw}, wcs);
     if (!direct) convert(dw, DType::f32, out.weight.data_ptr(), out.weight.dtype(), size_t(out.weight.numel()));
   }
+  CallState cs;
   if (need_x && as_forward) {
     const Tensor flipped = flipped_transposed(weight, g);
     profile::detail::note_impl("dgrad_as_fwd");
