@@ -237,28 +237,51 @@ TEST(CudaTrain, AWaitForTheGpuInACapturedStepFailsTheCapture) {
   EXPECT_EQ(ops::sum(t).item(), 6.0);  // the stream works on, eagerly
 }
 
-// Dropout's random offset advances on the host, so a replay would repeat the captured mask: a
-// capture refuses it with one line instead of replaying wrong masks silently (docs/gpu.md).
-TEST(CudaTrain, DropoutInACaptureIsRefusedNotRepeated) {
+// Dropout in a CUDA graph draws through the graph's device offsets (PyTorch's Philox state for
+// graphs): each replay draws the masks the same eager call would, a replay after eager draws picks
+// up where they left the generator, and the generator's host offset ends where eager calls leave
+// it. Attention's dropout is still refused in a capture, with one line (docs/gpu.md).
+TEST(CudaTrain, DropoutInACaptureDrawsWhatEagerCallsDraw) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
-  const Tensor x = Tensor::full({64}, 1.0, DType::f32, Device::cuda());
-  Generator gen(3);
-  (void)ops::dropout(x, 0.5, /*training=*/true, &gen);  // eager: fine
-  {
-    cuda::Graph g;
-    g.capture_begin();
-    const Tensor y = ops::add(x, x);  // captured: the graph is not empty
-    try {
-      (void)ops::dropout(y, 0.5, /*training=*/true, &gen);
-      ADD_FAILURE() << "dropout was captured";
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find("dropout in a CUDA graph capture"), std::string::npos) << msg;
-      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  const Tensor x = Tensor::full({1000}, 1.0, DType::f32, Device::cuda());
+  Generator eager(3), captured(3);
+  auto masks = [&](Generator& gen) {  // one "step": two draws of different sizes (alignment moves)
+    const Tensor a = ops::dropout(x, 0.5, /*training=*/true, &gen);
+    const Tensor b = ops::dropout(ops::slice(x, 0, 0, 13), 0.25, /*training=*/true, &gen);
+    return std::make_pair(a, b);
+  };
+  cuda::Graph g;
+  g.capture_begin();
+  const auto out = masks(captured);
+  g.capture_end();
+  EXPECT_EQ(captured.offset(), eager.offset()) << "the capture moved the generator";
+  for (int replay = 0; replay < 4; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    if (replay == 2) {  // eager draws between replays, from both generators
+      (void)ops::dropout(x, 0.5, true, &eager);
+      (void)ops::dropout(x, 0.5, true, &captured);
     }
-    g.capture_end();  // what was captured before the refusal is a valid graph
+    g.replay();
+    const auto want = masks(eager);
+    EXPECT_EQ(bytes_of(out.first), bytes_of(want.first));
+    EXPECT_EQ(bytes_of(out.second), bytes_of(want.second));
+    EXPECT_EQ(captured.offset(), eager.offset());
   }
-  EXPECT_EQ(ops::sum(ops::dropout(x, 0.0, /*training=*/true, &gen)).item(), 64.0);  // eager again
+  EXPECT_NE(bytes_of(out.first), bytes_of(masks(eager).first));  // masks do change from step to step
+
+  const Tensor q = Tensor::full({1, 1, 4, 8}, 0.5, DType::f32, Device::cuda());
+  cuda::Graph h;
+  h.capture_begin();
+  (void)ops::add(q, q);  // captured: the graph is not empty
+  try {
+    (void)ops::scaled_dot_product_attention(q, q, q, {.dropout = 0.5, .gen = &captured});
+    ADD_FAILURE() << "attention's dropout was captured";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("attention dropout in a CUDA graph capture"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  h.capture_end();  // what was captured before the refusal is a valid graph
 }
 
 TEST(TrainDevices, ErrorAtMinScaleSurfacesWhenTheStateIsRead) {

@@ -30,6 +30,8 @@ class Generator {
   uint64_t seed() const { return seed_; }
   uint64_t stream() const { return stream_; }
   uint64_t offset() const { return offset_; }
+  // Moves to word `offset` of this stream (a CUDA graph's replay advances its generators this way).
+  void set_offset(uint64_t offset) { offset_ = offset; }
 
   // A generator with the same seed, a stream derived from (this stream, key), offset 0.
   Generator split(uint64_t key) const;

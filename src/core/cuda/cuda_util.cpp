@@ -40,8 +40,9 @@ void refuse_in_capture(cudaStream_t stream, const char* what) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   MIXPREC_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   MIXPREC_CHECK(status == cudaStreamCaptureStatusNone, what,
-                " in a CUDA graph capture: its random offset advances on the host, so every replay would draw the "
-                "same mask; capture a step without dropout");
+                " in a CUDA graph capture: its random offset would be fixed when queued, so every replay would draw "
+                "the same mask; capture a step without it (or capture with cuda::Graph: dropout then draws through "
+                "the graph's device offsets)");
 }
 
 StreamGuard::StreamGuard(int index, cudaStream_t s) : index_(index), prev_(tl_override.at(size_t(index))) {

@@ -17,12 +17,36 @@ namespace mixprec::cuda {
 
 using detail::DeviceGuard;
 
+namespace {
+
+uint64_t block_of(uint64_t offset) { return (offset + 3) / 4; }  // Generator::reserve's first block
+
+// The generators a graph's captured work draws from (detail::captured_offset): host offsets (words)
+// at their first draw in the capture and at its end; `bases` holds each one's first block for the
+// replay under way on the device; `next` is the host offset the last replay left, and `synced` says
+// the device base matches it (an eager draw in between, or the first replay, sets it anew).
+struct GraphDraws {
+  struct Drawn {
+    Generator* gen;
+    uint64_t start, end, next;
+    bool synced;
+  };
+  cudaStream_t stream = nullptr;
+  std::vector<Drawn> drawn;
+  Tensor bases;  // u64 [kMaxGraphGenerators] on the device (i64 bits), made before the capture
+};
+
+thread_local GraphDraws* tl_capture = nullptr;  // those of the Graph capturing on this thread, if any
+
+}  // namespace
+
 struct Graph::Impl {
   int device = -1;
   cudaStream_t stream = nullptr;
   bool capturing = false;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  GraphDraws draws;
   // The allocator pool's key: the Impl's address with the low bit set, which no stream handle has.
   uintptr_t pool() const { return reinterpret_cast<uintptr_t>(this) | 1u; }
 
@@ -41,6 +65,8 @@ Graph::~Graph() {
   if (g.device < 0) return;
   DeviceGuard guard(g.device);
   if (g.capturing) {  // destroyed mid-capture (an exception in the captured code): end it, keep nothing
+    if (tl_capture == &g.draws) tl_capture = nullptr;
+    for (const GraphDraws::Drawn& d : g.draws.drawn) d.gen->set_offset(d.start);
     cudaGraph_t partial = nullptr;
     (void)cudaStreamEndCapture(g.stream, &partial);
     if (partial != nullptr) (void)cudaGraphDestroy(partial);
@@ -64,6 +90,10 @@ void Graph::capture_begin(int device) {
   DeviceGuard guard(device);
   g.device = device;
   g.stream = detail::current_stream(device);
+  if (!g.draws.bases.defined())
+    g.draws.bases = Tensor::zeros({detail::kMaxGraphGenerators}, DType::i64, Device::cuda(device));
+  g.draws.drawn.clear();
+  g.draws.stream = g.stream;
   auto& alloc = ::mixprec::detail::cuda_caching_allocator(device);
   alloc.begin_pool(reinterpret_cast<uintptr_t>(g.stream), g.pool());
   const cudaError_t err = cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal);
@@ -72,14 +102,35 @@ void Graph::capture_begin(int device) {
     detail::throw_cuda_error(err, "cudaStreamBeginCapture", __FILE__, __LINE__);
   }
   g.capturing = true;
+  tl_capture = &g.draws;
 }
 
 void Graph::capture_end() {
   Impl& g = *impl_;
   MIXPREC_CHECK(g.capturing, "cuda::Graph::capture_end without capture_begin");
   DeviceGuard guard(g.device);
+  if (tl_capture == &g.draws) tl_capture = nullptr;
+  // The captured work's last kernel advances the Philox bases by what one replay draws; the
+  // generators go back to where the capture found them (the captured work has not run).
+  std::vector<uint64_t> inc;
+  std::vector<GraphDraws::Drawn>& drawn = g.draws.drawn;
+  for (GraphDraws::Drawn& d : drawn) {
+    d.end = d.gen->offset();
+    inc.push_back(block_of(d.end) - block_of(d.start));
+  }
+  cudaError_t advance = cudaSuccess;
+  if (!drawn.empty()) {
+    try {
+      detail::advance_graph_offsets(g.stream, static_cast<uint64_t*>(g.draws.bases.data_ptr()), inc.data(),
+                                    int(inc.size()));
+    } catch (const Error&) {
+      advance = cudaErrorUnknown;
+    }
+  }
+  for (const GraphDraws::Drawn& d : drawn) d.gen->set_offset(d.start);
   cudaGraph_t graph = nullptr;
-  const cudaError_t err = cudaStreamEndCapture(g.stream, &graph);
+  cudaError_t err = cudaStreamEndCapture(g.stream, &graph);
+  if (err == cudaSuccess && advance != cudaSuccess) err = advance;
   g.capturing = false;
   ::mixprec::detail::cuda_caching_allocator(g.device).end_pool(reinterpret_cast<uintptr_t>(g.stream));
   if (err != cudaSuccess || graph == nullptr) {
@@ -102,7 +153,24 @@ void Graph::replay() {
   Impl& g = *impl_;
   MIXPREC_CHECK(g.exec != nullptr, "cuda::Graph::replay: nothing captured");
   DeviceGuard guard(g.device);
-  MIXPREC_CUDA_CHECK(cudaGraphLaunch(g.exec, detail::current_stream(g.device)));
+  cudaStream_t stream = detail::current_stream(g.device);
+  auto* bases = static_cast<uint64_t*>(g.draws.bases.data_ptr());
+  for (size_t i = 0; i < g.draws.drawn.size(); ++i) {
+    GraphDraws::Drawn& d = g.draws.drawn[i];
+    const uint64_t now = d.gen->offset();
+    if (!d.synced || now != d.next) {
+      // The first replay, or eager draws since the last one: the device base from the host's offset.
+      // (From pageable memory: the copy takes the value before it returns.)
+      const uint64_t first = block_of(now);
+      MIXPREC_CUDA_CHECK(cudaMemcpyAsync(bases + i, &first, sizeof first, cudaMemcpyHostToDevice, stream));
+    }
+    // What the eager work would leave: its draws begin at block_of(now) as they began at
+    // block_of(start) in the capture.
+    d.next = 4 * block_of(now) + (d.end - 4 * block_of(d.start));
+    d.gen->set_offset(d.next);
+    d.synced = true;
+  }
+  MIXPREC_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
 }
 
 bool Graph::captured() const { return impl_->exec != nullptr; }
@@ -166,5 +234,25 @@ std::vector<double> time_each(int device, int64_t n, const std::function<void()>
   destroy();
   return ms;
 }
+
+namespace detail {
+
+CapturedOffset captured_offset(cudaStream_t stream, Generator& gen, const char* what) {
+  GraphDraws* g = tl_capture;
+  if (g == nullptr || g->stream != stream) {
+    refuse_in_capture(stream, what);  // captured by someone else's capture: its replays could not advance
+    return {};
+  }
+  size_t slot = 0;
+  while (slot < g->drawn.size() && g->drawn[slot].gen != &gen) ++slot;
+  if (slot == g->drawn.size()) {
+    MIXPREC_CHECK(slot < size_t(kMaxGraphGenerators), what, " in a CUDA graph capture: more than ", kMaxGraphGenerators,
+                  " generators drawn from in one graph");
+    g->drawn.push_back({&gen, gen.offset(), 0, 0, false});
+  }
+  return {static_cast<const uint64_t*>(g->bases.data_ptr()) + slot, block_of(g->drawn[slot].start)};
+}
+
+}  // namespace detail
 
 }  // namespace mixprec::cuda
