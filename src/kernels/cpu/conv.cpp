@@ -668,10 +668,12 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
   // The bias gradient rides on backward-weights; otherwise (frozen weight, or the weight gradient
   // as a forward convolution) it is a plain reduction.
   const bool fused_bias = need_b && need_w && !wf;
-  const bool as_forward = need_x && dgrad_as_forward(g, t);
-  const ConvEntry* bd = !need_x      ? nullptr
-                        : as_forward ? entry(dgrad_geometry(g), t, false, DType::f32, false, ConvPass::forward, hold_d)
-                                     : entry(g, t, false, DType::f32, false, ConvPass::backward_data, hold_d);
+  // The input gradient: a forward convolution of the flipped weight, else oneDNN's backward-data.
+  const ConvEntry* bd = need_x && dgrad_as_forward(g, t)
+                            ? entry(dgrad_geometry(g), t, false, DType::f32, false, ConvPass::forward, hold_d)
+                            : nullptr;
+  const bool as_forward = bd != nullptr;
+  if (need_x && !bd) bd = entry(g, t, false, DType::f32, false, ConvPass::backward_data, hold_d);
   const bool wgrad_f32 = need_w && out.weight.dtype() == DType::f32 && t == DType::bf16;
   if (need_w && out.weight.dtype() != t && !wgrad_f32) return false;
   const ConvEntry* bw = one_primitive ? entry(g, t, fused_bias, need_b ? out.bias.dtype() : DType::f32, false,
