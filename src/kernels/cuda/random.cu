@@ -10,14 +10,14 @@ namespace mixprec::kernels::cuda {
 namespace {
 
 // One thread per Philox block: elements 4b .. 4b+3 from the words of block first + b, where in a
-// CUDA graph (base not null) `first` is relative to the replay's base block on the device. `keep`
+// CUDA graph (graph_base not null) `first` is relative to the replay's base block on the device. `keep`
 // and `zero` are the two mask values, already rounded to the dtype on the host (U: the unsigned
 // integer of the element's size), so the bits are the CPU's.
 template <class U>
-__global__ void dropout_mask_kernel(U* dst, int64_t n, uint64_t seed, uint64_t stream, const uint64_t* base,
+__global__ void dropout_mask_kernel(U* dst, int64_t n, uint64_t seed, uint64_t stream, const uint64_t* graph_base,
                                     uint64_t first, double p, U keep, U zero) {
   const int64_t blocks = (n + 3) / 4;
-  if (base != nullptr) first += *base;
+  if (graph_base != nullptr) first += *graph_base;
   for (int64_t b = global_thread(); b < blocks; b += grid_threads()) {
     const detail::PhiloxWords w = detail::philox_block(seed, stream, first + uint64_t(b));
     const int64_t base = b * 4;
