@@ -1,6 +1,8 @@
 // Fast CPU convolution (kernels::cpu::conv2d_*, see dnnl_conv.h): oneDNN for NCHW tensors, f32 and
 // bf16 (AMX where present), f16 through f32. Primitives take oneDNN's preferred layouts; the user's
 // NCHW/OIHW buffers are reordered in and out around them, weights once per version via the weight cache.
+// Stride-1 layers take their weight gradient (bf16, f32) and bf16 input gradient as forward
+// convolutions, which oneDNN 2.6 runs faster than its backward kernels (docs/conv.md, item 3).
 #include "kernels/cpu/dnnl_conv.h"
 #include "kernels/reduce.h"
 
