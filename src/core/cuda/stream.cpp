@@ -23,13 +23,14 @@ uint64_t block_of(uint64_t offset) { return (offset + 3) / 4; }  // Generator::r
 
 // The generators a graph's captured work draws from (detail::captured_offset): host offsets (words)
 // at their first draw in the capture and at its end; `bases` holds each one's first block for the
-// replay under way on the device; `next` is the host offset the last replay left, and `synced` says
-// the device base matches it (an eager draw in between, or the first replay, sets it anew).
+// replay under way on the device; `next` is the host offset the last replay left (kUnreplayed
+// before the first): the device base matches it, and a generator found elsewhere (eager draws in
+// between, or the first replay) sets the base anew.
+constexpr uint64_t kUnreplayed = ~uint64_t(0);
 struct GraphDraws {
   struct Drawn {
     Generator* gen;
     uint64_t start, end, next;
-    bool synced;
   };
   cudaStream_t stream = nullptr;
   std::vector<Drawn> drawn;
@@ -158,7 +159,7 @@ void Graph::replay() {
   for (size_t i = 0; i < g.draws.drawn.size(); ++i) {
     GraphDraws::Drawn& d = g.draws.drawn[i];
     const uint64_t now = d.gen->offset();
-    if (!d.synced || now != d.next) {
+    if (now != d.next) {
       // The first replay, or eager draws since the last one: the device base from the host's offset.
       // (From pageable memory: the copy takes the value before it returns.)
       const uint64_t first = block_of(now);
@@ -168,7 +169,6 @@ void Graph::replay() {
     // block_of(start) in the capture.
     d.next = 4 * block_of(now) + (d.end - 4 * block_of(d.start));
     d.gen->set_offset(d.next);
-    d.synced = true;
   }
   MIXPREC_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
 }
@@ -248,7 +248,7 @@ CapturedOffset captured_offset(cudaStream_t stream, Generator& gen, const char* 
   if (slot == g->drawn.size()) {
     MIXPREC_CHECK(slot < size_t(kMaxGraphGenerators), what, " in a CUDA graph capture: more than ", kMaxGraphGenerators,
                   " generators drawn from in one graph");
-    g->drawn.push_back({&gen, gen.offset(), 0, 0, false});
+    g->drawn.push_back({&gen, gen.offset(), 0, kUnreplayed});
   }
   return {static_cast<const uint64_t*>(g->bases.data_ptr()) + slot, block_of(g->drawn[slot].start)};
 }

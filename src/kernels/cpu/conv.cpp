@@ -518,19 +518,16 @@ bool small_k_wgrad(const ConvGeometry& g, DType t) {
 // oneDNN 2.6's bf16 forward kernel runs them faster than its backward-data kernel on the AVX512-BF16
 // kind (docs/conv.md: 196-203 against 221-233 ms for the 420 -> 1000 layer at batch 64, 2 threads);
 // in f32 the two are equal, so f32 keeps backward-data. MIXPREC_CONV_DGRAD=native turns it off.
+bool native_asked(const char* env_var) {
+  const char* env = std::getenv(env_var);
+  return env != nullptr && std::string_view(env) == "native";
+}
 std::atomic<bool>& dgrad_as_forward_flag() {
-  static std::atomic<bool> on{[] {
-    const char* env = std::getenv("MIXPREC_CONV_DGRAD");
-    return !(env && std::string_view(env) == "native");
-  }()};
+  static std::atomic<bool> on{!native_asked("MIXPREC_CONV_DGRAD")};
   return on;
 }
-
 std::atomic<bool>& wgrad_as_forward_flag() {
-  static std::atomic<bool> on{[] {
-    const char* env = std::getenv("MIXPREC_CONV_WGRAD");
-    return !(env && std::string_view(env) == "native");
-  }()};
+  static std::atomic<bool> on{!native_asked("MIXPREC_CONV_WGRAD")};
   return on;
 }
 

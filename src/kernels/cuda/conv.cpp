@@ -412,6 +412,18 @@ bool execute(const Plan& p, int index, const std::vector<void*>& ptrs, bool may_
   return true;
 }
 
+// Runs candidate p once: false when its workspace does not fit or the engine fails to run these
+// tensors (not a candidate then); any other out-of-memory propagates.
+bool try_candidate(const Plan& p, int index, const std::vector<void*>& ptrs) {
+  try {
+    return execute(p, index, ptrs, /*may_fail=*/true);
+  } catch (const OutOfMemory&) {
+    throw;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 // Runs the fastest of `c`'s plans. On the first run with several, each is timed on these very
 // tensors (PyTorch's cudnn.benchmark; every pass writes its output with beta 0, so a rerun gives
 // the same bits), the fastest is kept, and it runs last so that the output is its own. A
@@ -421,15 +433,7 @@ bool execute(const Plan& p, int index, const std::vector<void*>& ptrs, bool may_
 void run_best(Candidates& c, int index, const std::vector<void*>& ptrs) {
   const std::lock_guard<std::mutex> lock(c.mu);
   if (!c.timed && c.deterministic) {
-    while (!c.plans.empty()) {
-      try {
-        if (execute(*c.plans.front(), index, ptrs, /*may_fail=*/true)) break;
-      } catch (const OutOfMemory&) {
-        throw;
-      } catch (const Error&) {  // an engine that fails to run these tensors: the next one
-      }
-      c.plans.erase(c.plans.begin());
-    }
+    while (!c.plans.empty() && !try_candidate(*c.plans.front(), index, ptrs)) c.plans.erase(c.plans.begin());
     MIXPREC_CHECK(!c.plans.empty(), "conv2d on cuda:", index,
                   ": no deterministic cuDNN engine runs this convolution in the memory left");
     c.plans.resize(1);
@@ -440,13 +444,7 @@ void run_best(Candidates& c, int index, const std::vector<void*>& ptrs) {
     size_t best = c.plans.size();
     double best_ms = 0;
     for (size_t i = 0; i < c.plans.size(); ++i) {
-      try {
-        if (!execute(*c.plans[i], index, ptrs, /*may_fail=*/true)) continue;  // also the warm-up
-      } catch (const OutOfMemory&) {
-        throw;
-      } catch (const Error&) {  // an engine that fails to run these tensors: not a candidate
-        continue;
-      }
+      if (!try_candidate(*c.plans[i], index, ptrs)) continue;  // also the warm-up
       double ms = 0;
       for (double t : mixprec::cuda::time_each(index, 2, [&] { execute(*c.plans[i], index, ptrs); })) ms += t;
       if (best == c.plans.size() || ms < best_ms) best = i, best_ms = ms;
