@@ -275,6 +275,10 @@ TEST_P(CudaPool, MaxAndAverageMatchTheReference) {
     EXPECT_EQ(host(got.argmax).to_vector_i64(), want.argmax.to_vector_i64());
     EXPECT_TRUE(agree_within_bound(host(kernels::max_pool2d_backward(gyg, got.argmax, g)), want_gx, window, 0,
                                    "max_pool2d grad"));
+    // The form that reads the input again (max_pool2d after a ReLU): the same winners, and the
+    // backward is a gather, so the same bits.
+    EXPECT_EQ(host(kernels::max_pool2d_backward_from_input(gyg, xg, g)).to_vector_f64(),
+              host(kernels::max_pool2d_backward(gyg, got.argmax, g)).to_vector_f64());
   }
   if (g.dil_h == 1 || g.adaptive) {
     Tensor want_y, want_gx;

@@ -5,8 +5,10 @@
 
 #include <string>
 
+#include "autograd/nodes.h"
 #include "conv_test_util.h"
 #include "gradcheck.h"
+#include "mixprec/allocator.h"
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
 
@@ -48,6 +50,28 @@ TEST(PoolGradcheck, MaxPool) {
     EXPECT_TRUE(testing::gradcheck("max_pool2d/" + c.name,
                                    [&](const std::vector<Tensor>& x) { return ops::max_pool2d(x[0], c.k, c.o); },
                                    {distinct(g, c.x)}));
+  }
+}
+
+// After a ReLU the pool's backward reads the ReLU's saved output instead of an argmax
+// (PoolFromInput below): the same cases through that path. Values i*0.37 - 0.9 (shuffled): none
+// at the ReLU's kink, some below it.
+TEST(PoolGradcheck, MaxPoolAfterRelu) {
+  const std::vector<PoolCase> cases = {
+      {"2x2", {2, 3, 6, 6}, 2, {}},
+      {"3x3_stride1_overlap", {1, 2, 5, 5}, 3, {.stride = 1}},
+      {"3x3_stride2_pad1", {1, 2, 7, 6}, 3, {.stride = 2, .padding = 1}},
+      {"dilation2_ceil", {1, 2, 7, 7}, 2, {.stride = 2, .dilation = 2, .ceil_mode = true}},
+  };
+  for (const PoolCase& c : cases) {
+    Generator g(4);
+    const Tensor x = distinct(g, c.x);
+    std::vector<double> v = x.to_vector_f64();
+    for (double& e : v) e -= 0.9;
+    EXPECT_TRUE(
+        testing::gradcheck("relu/max_pool2d/" + c.name,
+                           [&](const std::vector<Tensor>& in) { return ops::max_pool2d(ops::relu(in[0]), c.k, c.o); },
+                           {Tensor::from_vector(v, c.x, DType::f64).set_requires_grad()}));
   }
 }
 
@@ -183,6 +207,131 @@ TEST(PoolFast, MaxPool2x2TiesAndNaNsPickWhatTheReferencePicks) {
         fast.y, ref.y, [](size_t) { return 0.0; }, "forward"));
     EXPECT_TRUE(convtest::close(
         fast.gx, ref.gx, [](size_t) { return 0.0; }, "backward"));
+  }
+}
+
+// ---- the input read again instead of an argmax ----
+
+kernels::PoolGeometry max_geometry(const Shape& x, int64_t k, int64_t stride, int64_t pad, int64_t dil) {
+  kernels::PoolGeometry g;
+  g.n = x[0], g.c = x[1], g.h = x[2], g.w = x[3];
+  g.kh = g.kw = k, g.stride_h = g.stride_w = stride, g.pad_h = g.pad_w = pad, g.dil_h = g.dil_w = dil;
+  g.oh = (g.h + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+  g.ow = (g.w + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+  return g;
+}
+
+// kernels::max_pool2d_backward_from_input finds the winners the forward found: its gradient is
+// the argmax form's bit for bit, on both CPU backends and in every dtype, through the 2x2 vector
+// kernel (rows of 40 inputs: 16 outputs and a tail of 4), overlapping, padded and dilated windows,
+// and a window of 289 taps (i64 argmax). Values from {-1, 0, 1, 2, NaN}: ties and NaNs common.
+// (Where windows overlap the backends' sums round differently: PoolFast bounds that.)
+TEST(PoolFromInput, BackwardEqualsTheArgmaxFormBitForBit) {
+  const std::vector<std::pair<std::string, kernels::PoolGeometry>> cases = {
+      {"2x2", max_geometry({2, 3, 7, 40}, 2, 2, 0, 1)},     {"3x3s1", max_geometry({1, 2, 9, 11}, 3, 1, 0, 1)},
+      {"3x3s2p1", max_geometry({1, 2, 7, 6}, 3, 2, 1, 1)},  {"2x2d2", max_geometry({1, 2, 7, 7}, 2, 1, 0, 2)},
+      {"17x17", max_geometry({1, 2, 17, 18}, 17, 1, 0, 1)},
+  };
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (const auto& [name, g] : cases) {
+      SCOPED_TRACE(name + " " + std::string(dtype_name(t)));
+      Generator gen(31);
+      std::vector<double> v(size_t(g.n * g.c * g.h * g.w));
+      for (double& e : v) {
+        const uint64_t r = gen.next_u64() % 9;
+        e = r == 8 ? NAN : double(r % 4) - 1.0;
+      }
+      const Tensor x = Tensor::from_vector(v, {g.n, g.c, g.h, g.w}, t);
+      const Tensor gy = convtest::rand(gen, {g.n, g.c, g.oh, g.ow}, t);
+      std::vector<double> first;
+      for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu}) {
+        const kernels::BackendGuard guard(be);
+        const kernels::MaxPoolResult r = kernels::max_pool2d_forward(x, g);
+        EXPECT_EQ(r.argmax.dtype(), g.kh * g.kw > 256 ? DType::i64 : DType::u8);
+        const std::vector<double> want = kernels::max_pool2d_backward(gy, r.argmax, g).to_vector_f64();
+        const std::vector<double> got = kernels::max_pool2d_backward_from_input(gy, x, g).to_vector_f64();
+        EXPECT_EQ(got, want) << (be == kernels::Backend::cpu ? "cpu" : "ref");
+        // Without overlap every input gets at most one term: the backends agree exactly too.
+        if (first.empty()) {
+          first = got;
+        } else if (name == "2x2") {
+          EXPECT_EQ(got, first) << "the fast kernel against the reference";
+        }
+      }
+    }
+  }
+}
+
+// Live activation bytes a forward leaves (outputs and what backward keeps), inputs made before.
+template <class F>
+int64_t held_by(F&& forward) {
+  const MemoryScope act(MemCategory::activations);
+  const int64_t before = allocator::stats().live_bytes[size_t(MemCategory::activations)];
+  const Tensor y = forward();
+  return allocator::stats().live_bytes[size_t(MemCategory::activations)] - before;
+}
+
+// After a ReLU, whose backward keeps its output anyway, max_pool2d keeps no argmax: the forward
+// leaves the ReLU's output and the pool's and nothing else. On a leaf (nobody keeps the input) the
+// argmax, one byte per output, is kept. The gradient is the argmax form's, through the ReLU's mask.
+TEST(PoolFromInput, AfterAReluTheForwardKeepsNoArgmax) {
+  for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu}) {
+    for (DType t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(be == kernels::Backend::cpu ? "cpu " : "ref ") + std::string(dtype_name(t)));
+      const kernels::BackendGuard guard(be);
+      Generator gen(5);
+      const Shape xs{2, 4, 8, 16}, ys{2, 4, 4, 8};  // 1024 and 256 elements: whole 64-byte blocks
+      const int64_t es = int64_t(dtype_size(t));
+      Tensor x, gy;
+      {
+        const MemoryScope data(MemCategory::data);
+        x = convtest::rand(gen, xs, t).set_requires_grad();
+        gy = convtest::rand(gen, ys, t);
+      }
+      Tensor a, y;
+      EXPECT_EQ(held_by([&] {
+                  a = ops::relu(x);
+                  y = ops::max_pool2d(a, 2);
+                  return y;
+                }),
+                (1024 + 256) * es);
+      EXPECT_TRUE(autograd::kept_by_grad_fn(a));
+      y.backward(gy);
+
+      Tensor leaf = a.detach().clone().set_requires_grad();
+      Tensor y_leaf;
+      EXPECT_EQ(held_by([&] { return y_leaf = ops::max_pool2d(leaf, 2); }), 256 * es + 256);
+      y_leaf.backward(gy);
+      EXPECT_EQ(y.to_vector_f64(), y_leaf.to_vector_f64());
+      const std::vector<double> av = a.to_vector_f64(), gl = leaf.grad().to_vector_f64();
+      std::vector<double> want(av.size());
+      for (size_t i = 0; i < av.size(); ++i) want[i] = av[i] > 0 ? gl[i] : 0.0;
+      EXPECT_EQ(x.grad().to_vector_f64(), want);
+    }
+  }
+}
+
+// What counts as kept: a ReLU's output and a fused conv-ReLU's, at the version they were saved;
+// not a leaf, not an addition's output (its backward keeps nothing), not a ReLU output written
+// in place since (the pool then keeps its argmax, and the ReLU's backward refuses as before).
+TEST(PoolFromInput, KeptMeansSavedByTheProducerAtThisVersion) {
+  Generator gen(6);
+  const Tensor x = convtest::rand(gen, {1, 2, 6, 6}, DType::f32).set_requires_grad();
+  const Tensor w = convtest::rand(gen, {3, 2, 3, 3}, DType::f32).set_requires_grad();
+  EXPECT_FALSE(autograd::kept_by_grad_fn(x));
+  EXPECT_TRUE(autograd::kept_by_grad_fn(ops::relu(x)));
+  EXPECT_TRUE(autograd::kept_by_grad_fn(ops::conv2d(x, w, Tensor(), {.padding = 1, .relu = true})));
+  EXPECT_FALSE(autograd::kept_by_grad_fn(ops::conv2d(x, w, Tensor(), {.padding = 1})));
+  EXPECT_FALSE(autograd::kept_by_grad_fn(ops::add(x, x)));
+  Tensor a = ops::relu(x);
+  {
+    const autograd::NoGradGuard no_grad;
+    a.fill_(1.0);
+  }
+  EXPECT_FALSE(autograd::kept_by_grad_fn(a));
+  {
+    const autograd::NoGradGuard no_grad;
+    EXPECT_FALSE(autograd::kept_by_grad_fn(ops::relu(x))) << "no graph, nothing kept";
   }
 }
 

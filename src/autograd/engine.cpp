@@ -1,5 +1,6 @@
 // The backward engine: topological order by an explicit stack (a 10,000-op chain cannot
 // overflow the C++ stack), gradients summed per node, saved tensors released as nodes run.
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -38,6 +39,14 @@ std::vector<Tensor> FunctionNode::apply(const Tensor& grad_out) {
                   "backward does this)");
   saved.clear();  // checked; the lambda holds what it needs and may free some of it early
   return fn(grad_out, *this);
+}
+
+bool kept_by_grad_fn(const Tensor& t) {
+  if (!t.defined() || !t.storage()) return false;
+  const auto* node = dynamic_cast<const FunctionNode*>(t.grad_fn().get());
+  if (node == nullptr) return false;
+  return std::any_of(node->saved.begin(), node->saved.end(),
+                     [&](const SavedVersion& s) { return s.storage == t.storage() && s.version == t.version(); });
 }
 
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_out) {

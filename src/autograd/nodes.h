@@ -37,4 +37,9 @@ struct AccumulateGrad final : Node {
   std::vector<Tensor> apply(const Tensor& grad_out) override;
 };
 
+// True when t's bytes are already kept for the backward of the op that made t (its grad_fn
+// saved t's storage, at t's version): another backward may read t without holding more memory
+// than the graph already holds (max_pool2d after a ReLU reads its input instead of an argmax).
+bool kept_by_grad_fn(const Tensor& t);
+
 }  // namespace mixprec::autograd

@@ -23,12 +23,17 @@ struct MaxPoolResult {
 };
 MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g);  // -> [n,c,h,w]
+// The same gradient from the pool's input x instead of a stored argmax: each window's winner is
+// found again by the forward's scan (window_max: first of equal maxima, last NaN), so the result
+// is the argmax form's bit for bit. For an input that is kept for another backward anyway.
+Tensor max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
 
 namespace ref {
 MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g);
+Tensor max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
 }  // namespace ref
@@ -36,6 +41,7 @@ Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
 namespace cpu {
 bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& out);
 bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g, Tensor& grad_x);
+bool max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g, Tensor& grad_x);
 bool avg_pool2d_forward(const Tensor& x, const PoolGeometry& g, Tensor& dst);
 bool avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g, Tensor& grad_x);
 }  // namespace cpu

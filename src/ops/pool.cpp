@@ -1,5 +1,7 @@
-// Pooling (autocast class keep): max_pool2d (argmax kept for backward, one byte per output for
-// windows up to 256 elements), avg_pool2d and adaptive_avg_pool2d, over [N, C, H, W] or [C, H, W].
+// Pooling (autocast class keep): max_pool2d (for backward it keeps its input where the op before
+// keeps it anyway, else the argmax, one byte per output for windows up to 256 elements),
+// avg_pool2d and adaptive_avg_pool2d, over [N, C, H, W] or [C, H, W].
+#include "autograd/nodes.h"
 #include "ops/common.h"
 
 namespace mixprec::ops {
@@ -53,7 +55,19 @@ Tensor max_pool2d(const Tensor& x_in, IntPair kernel_size, const Pool2dOptions& 
     amp::autocast(OpId::max_pool2d, {&x});
     check_floating(x, "max_pool2d");
     const kernels::PoolGeometry g = pool_geometry("max_pool2d", x, kernel_size, o, true);
-    kernels::MaxPoolResult r = kernels::max_pool2d_forward(kernels::contig(x.detach()), g);
+    const Tensor xd = kernels::contig(x.detach());
+    kernels::MaxPoolResult r = kernels::max_pool2d_forward(xd, g);
+    // An input the op before keeps for its own backward (a ReLU's output, a fused conv-ReLU's) is
+    // read again rather than an argmax saved: the backward finds the same winners, and the step
+    // holds no byte per output for the pool. Otherwise the argmax is kept (1 byte per output).
+    if (xd.storage() == x.storage() && autograd::kept_by_grad_fn(x)) {
+      return autograd::record(
+          r.dst, "max_pool2d", {x},
+          [xd, g](const Tensor& gy, const autograd::Node&) {
+            return std::vector<Tensor>{kernels::max_pool2d_backward_from_input(kernels::contig(gy), xd, g)};
+          },
+          {xd});
+    }
     const Tensor argmax = r.argmax;
     return autograd::record(r.dst, "max_pool2d", {x}, [argmax, g](const Tensor& gy, const autograd::Node&) {
       return std::vector<Tensor>{kernels::max_pool2d_backward(kernels::contig(gy), argmax, g)};

@@ -37,51 +37,77 @@ inline ChunkMasks chunk_masks(int64_t outputs) {
   return {first(inputs), first(inputs > 16 ? inputs - 16 : 0), first(outputs)};
 }
 
-// The CNNs' 2x2/2 max pool over one output row, 16 outputs per step (masked loads for the last
-// step: the nets' rows are 14 and 7 outputs wide). A pairwise tournament that picks what the
-// sequential scan picks: the first of equal maxima, the last NaN.
-__attribute__((target("avx512f"))) void max_row_2x2_avx512(const float* r0, const float* r1, int64_t ow, float* out,
-                                                           uint8_t* arg) {
+// The winners of 16 (or `m.out`'s) 2x2 windows whose rows start at r0 and r1: the maxima and
+// their window positions (0..3). A pairwise tournament that picks what the sequential scan picks:
+// the first of equal maxima, the last NaN.
+struct Winners2x2 {
+  __m512 max;
+  __m512i k;
+};
+__attribute__((target("avx512f"))) inline Winners2x2 winners_2x2(const float* r0, const float* r1,
+                                                                 const ChunkMasks& m) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2);
+  const __m512 lo0 = _mm512_maskz_loadu_ps(m.in_lo, r0), hi0 = _mm512_maskz_loadu_ps(m.in_hi, r0 + 16);
+  const __m512 lo1 = _mm512_maskz_loadu_ps(m.in_lo, r1), hi1 = _mm512_maskz_loadu_ps(m.in_hi, r1 + 16);
+  const __m512 a = _mm512_permutex2var_ps(lo0, even, hi0), b = _mm512_permutex2var_ps(lo0, odd, hi0);
+  const __m512 c = _mm512_permutex2var_ps(lo1, even, hi1), d = _mm512_permutex2var_ps(lo1, odd, hi1);
+  const __mmask16 top_b = beats(b, a), bottom_d = beats(d, c);
+  const __m512 top = _mm512_mask_blend_ps(top_b, a, b), bottom = _mm512_mask_blend_ps(bottom_d, c, d);
+  const __mmask16 use_bottom = beats(bottom, top);
+  return {_mm512_mask_blend_ps(use_bottom, top, bottom),
+          _mm512_mask_blend_epi32(use_bottom, _mm512_maskz_mov_epi32(top_b, one),
+                                  _mm512_add_epi32(two, _mm512_maskz_mov_epi32(bottom_d, one)))};
+}
+
+// Each output's gradient g on the input its window position k names, zeros on the other three:
+// rows g0 and g1 of the chunk's 2 x 32 inputs (windows do not overlap).
+__attribute__((target("avx512f"))) inline void route_2x2(__m512 g, __m512i k, const ChunkMasks& m, float* g0,
+                                                         float* g1) {
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  __m512 v[4];
+  for (int j = 0; j < 4; ++j) v[j] = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(k, _mm512_set1_epi32(j)), g);
+  _mm512_mask_storeu_ps(g0, m.in_lo, _mm512_permutex2var_ps(v[0], lo, v[1]));
+  _mm512_mask_storeu_ps(g0 + 16, m.in_hi, _mm512_permutex2var_ps(v[0], hi, v[1]));
+  _mm512_mask_storeu_ps(g1, m.in_lo, _mm512_permutex2var_ps(v[2], lo, v[3]));
+  _mm512_mask_storeu_ps(g1 + 16, m.in_hi, _mm512_permutex2var_ps(v[2], hi, v[3]));
+}
+
+// The CNNs' 2x2/2 max pool over one output row, 16 outputs per step (masked loads for the last
+// step: the nets' rows are 14 and 7 outputs wide).
+__attribute__((target("avx512f"))) void max_row_2x2_avx512(const float* r0, const float* r1, int64_t ow, float* out,
+                                                           uint8_t* arg) {
   for (int64_t ox = 0; ox < ow; ox += 16) {
     const ChunkMasks m = chunk_masks(std::min<int64_t>(16, ow - ox));
-    const __m512 lo0 = _mm512_maskz_loadu_ps(m.in_lo, r0 + 2 * ox),
-                 hi0 = _mm512_maskz_loadu_ps(m.in_hi, r0 + 2 * ox + 16);
-    const __m512 lo1 = _mm512_maskz_loadu_ps(m.in_lo, r1 + 2 * ox),
-                 hi1 = _mm512_maskz_loadu_ps(m.in_hi, r1 + 2 * ox + 16);
-    const __m512 a = _mm512_permutex2var_ps(lo0, even, hi0), b = _mm512_permutex2var_ps(lo0, odd, hi0);
-    const __m512 c = _mm512_permutex2var_ps(lo1, even, hi1), d = _mm512_permutex2var_ps(lo1, odd, hi1);
-    const __mmask16 top_b = beats(b, a), bottom_d = beats(d, c);
-    const __m512 top = _mm512_mask_blend_ps(top_b, a, b), bottom = _mm512_mask_blend_ps(bottom_d, c, d);
-    const __mmask16 use_bottom = beats(bottom, top);
-    _mm512_mask_storeu_ps(out + ox, m.out, _mm512_mask_blend_ps(use_bottom, top, bottom));
-    const __m512i k = _mm512_mask_blend_epi32(use_bottom, _mm512_maskz_mov_epi32(top_b, one),
-                                              _mm512_add_epi32(two, _mm512_maskz_mov_epi32(bottom_d, one)));
-    _mm512_mask_cvtepi32_storeu_epi8(arg + ox, m.out, k);
+    const Winners2x2 w = winners_2x2(r0 + 2 * ox, r1 + 2 * ox, m);
+    _mm512_mask_storeu_ps(out + ox, m.out, w.max);
+    _mm512_mask_cvtepi32_storeu_epi8(arg + ox, m.out, w.k);
   }
 }
 
-// Backward of the above: windows do not overlap, so each output's gradient lands on one of its
-// four inputs and the other three get 0. Writes rows 2*oy and 2*oy+1.
+// Backward of the above from the stored argmax. Writes rows 2*oy and 2*oy+1.
 __attribute__((target("avx512f"))) void max_row_2x2_backward_avx512(const float* gy, const uint8_t* arg, int64_t ow,
                                                                     float* g0, float* g1) {
-  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   for (int64_t ox = 0; ox < ow; ox += 16) {
     const int64_t count = std::min<int64_t>(16, ow - ox);
     const ChunkMasks m = chunk_masks(count);
     alignas(16) uint8_t karg[16] = {};
     std::memcpy(karg, arg + ox, size_t(count));
-    const __m512 g = _mm512_maskz_loadu_ps(m.out, gy + ox);
     const __m512i k = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(karg)));
-    __m512 v[4];
-    for (int j = 0; j < 4; ++j) v[j] = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(k, _mm512_set1_epi32(j)), g);
-    _mm512_mask_storeu_ps(g0 + 2 * ox, m.in_lo, _mm512_permutex2var_ps(v[0], lo, v[1]));
-    _mm512_mask_storeu_ps(g0 + 2 * ox + 16, m.in_hi, _mm512_permutex2var_ps(v[0], hi, v[1]));
-    _mm512_mask_storeu_ps(g1 + 2 * ox, m.in_lo, _mm512_permutex2var_ps(v[2], lo, v[3]));
-    _mm512_mask_storeu_ps(g1 + 2 * ox + 16, m.in_hi, _mm512_permutex2var_ps(v[2], hi, v[3]));
+    route_2x2(_mm512_maskz_loadu_ps(m.out, gy + ox), k, m, g0 + 2 * ox, g1 + 2 * ox);
+  }
+}
+
+// Backward from the input rows r0, r1 instead: the winners found again, routed at once.
+__attribute__((target("avx512f"))) void max_row_2x2_backward_from_input_avx512(const float* r0, const float* r1,
+                                                                               const float* gy, int64_t ow, float* g0,
+                                                                               float* g1) {
+  for (int64_t ox = 0; ox < ow; ox += 16) {
+    const ChunkMasks m = chunk_masks(std::min<int64_t>(16, ow - ox));
+    const Winners2x2 w = winners_2x2(r0 + 2 * ox, r1 + 2 * ox, m);
+    route_2x2(_mm512_maskz_loadu_ps(m.out, gy + ox), w.k, m, g0 + 2 * ox, g1 + 2 * ox);
   }
 }
 
@@ -151,6 +177,43 @@ bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolG
       max_plane_backward_fast(gy, argmax.data<int64_t>() + p * out_plane, g, gx.data());
     store_f32(grad_x, p * in_plane, in_plane, gx.data());
   });
+  return true;
+}
+
+bool max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g, Tensor& grad_x) {
+  if (!f32_compute(grad_y.dtype()) || !grad_y.is_contiguous() || !f32_compute(x.dtype()) || !x.is_contiguous())
+    return false;
+  const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow, planes = g.n * g.c;
+  const bool small = g.argmax_dtype() == DType::u8;
+  const bool fused = is_2x2_stride2(g) && mixprec::cpu::has_avx512f();
+  // Per plane: the winners again, by the forward's kernel, into a plane-sized argmax; then the
+  // argmax form's backward (the 2x2/2 pool routes each chunk's winners at once, no argmax at all).
+  // No argmax exists for more than one plane per thread.
+#pragma omp parallel
+  {
+    std::vector<float> x_buf, gy_buf;
+    std::vector<float> best(static_cast<size_t>(out_plane)), gx(static_cast<size_t>(in_plane));
+    std::vector<uint8_t> arg8(small ? static_cast<size_t>(out_plane) : 0);
+    std::vector<int64_t> arg64(small ? 0 : static_cast<size_t>(out_plane));
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < planes; ++p) {
+      const float* src = in_f32(x, p * in_plane, in_plane, x_buf);
+      const float* gy = in_f32(grad_y, p * out_plane, out_plane, gy_buf);
+      std::fill(gx.begin(), gx.end(), 0.f);
+      if (fused) {
+        for (int64_t oy = 0; oy < g.oh; ++oy)
+          max_row_2x2_backward_from_input_avx512(src + 2 * oy * g.w, src + (2 * oy + 1) * g.w, gy + oy * g.ow, g.ow,
+                                                 gx.data() + 2 * oy * g.w, gx.data() + (2 * oy + 1) * g.w);
+      } else if (small) {
+        max_plane(src, g, best.data(), arg8.data());
+        max_plane_backward_fast(gy, arg8.data(), g, gx.data());
+      } else {
+        max_plane(src, g, best.data(), arg64.data());
+        max_plane_backward_fast(gy, arg64.data(), g, gx.data());
+      }
+      store_f32(grad_x, p * in_plane, in_plane, gx.data());
+    }
+  }
   return true;
 }
 

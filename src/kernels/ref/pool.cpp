@@ -32,6 +32,18 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Poo
   return Tensor::from_vector(gx, {g.n, g.c, g.h, g.w}, grad_y.dtype());
 }
 
+Tensor max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g) {
+  const std::vector<double> gy = grad_y.to_vector_f64(), xv = x.to_vector_f64();
+  const int64_t planes = g.n * g.c, out_plane = g.oh * g.ow;
+  std::vector<double> gx(size_t(planes * g.h * g.w), 0.0), best(static_cast<size_t>(out_plane));
+  std::vector<int64_t> arg(static_cast<size_t>(out_plane));
+  for (int64_t p = 0; p < planes; ++p) {
+    max_plane_forward(xv.data() + p * g.h * g.w, g, best.data(), arg.data());
+    max_plane_backward(gy.data() + p * out_plane, arg.data(), g, gx.data() + p * g.h * g.w);
+  }
+  return Tensor::from_vector(gx, {g.n, g.c, g.h, g.w}, grad_y.dtype());
+}
+
 Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
   const std::vector<double> xv = x.to_vector_f64();
   const int64_t planes = g.n * g.c;
