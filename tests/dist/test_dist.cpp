@@ -3,6 +3,7 @@
 // 1 process x B (losses, gradient norms, bit-identical replicas), GradScaler agreement when one
 // rank overflows, and ZeRO-1 (state halved, same losses). Also passes as one process (size 1).
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
@@ -116,6 +117,24 @@ TEST(ProcessGroup, Collectives) {
   pg().barrier();
   Tensor bad = Tensor::zeros({2}, DType::bf16);
   EXPECT_THROW(pg().all_reduce(bad), Error);
+}
+
+// Under Open MPI the group asks libnbc for its ring all-reduce before MPI_Init (process_group.cpp,
+// prefer_ring_allreduce; the default, a binomial tree below 4 ranks, adds every bucket on rank 0):
+// the MPI library's own value of the setting, read through MPI_T.
+TEST(ProcessGroup, OpenMpiRunsTheRingAllReduce) {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) GTEST_SKIP() << "not started by Open MPI's launcher";
+  ASSERT_GE(pg().size(), 1);  // the group (and MPI) made first, as a program's first use does
+  int provided = 0;
+  ASSERT_EQ(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided), MPI_SUCCESS);
+  int index = -1, count = 0, value = -1;
+  ASSERT_EQ(MPI_T_cvar_get_index("coll_libnbc_iallreduce_algorithm", &index), MPI_SUCCESS);
+  MPI_T_cvar_handle handle{};
+  ASSERT_EQ(MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count), MPI_SUCCESS);
+  ASSERT_EQ(MPI_T_cvar_read(handle, &value), MPI_SUCCESS);
+  MPI_T_cvar_handle_free(&handle);
+  MPI_T_finalize();
+  EXPECT_EQ(value, 1) << "1: ring";
 }
 
 // The must-show: 2 ranks x B/2 against 1 process x B, fp32, 50 steps of SGD with momentum.
