@@ -104,6 +104,8 @@ struct DataParallelStats {
 // With a GradScaler, every rank's inf/NaN flag is reduced with MAX (attach), so all ranks skip the
 // same steps and keep the same scale. One reducing backward per step (micro-batches: set_grad_sync);
 // a second one before the step is refused. Gradients of parameters no backward reached are reduced as zeros.
+// Read the gradients after sync_gradients(), not between backward and it: a bucket that holds one
+// f32 gradient is all-reduced in that gradient's own bytes (no packing copy), in flight until then.
 class DataParallel {
  public:
   DataParallel(nn::Module& model, optim::Optimizer& opt, DataParallelOptions o = {},

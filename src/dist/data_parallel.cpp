@@ -23,6 +23,9 @@ struct Bucket {
   std::vector<int64_t> offsets;  // each one's first element in `wire`
   int64_t numel = 0;
   Tensor wire;  // f32 or bf16 [numel]: packed gradients, then their sum
+  // A bucket of one parameter whose gradient is a contiguous f32 CPU tensor, on an f32 wire: the
+  // all-reduce runs in the gradient's own bytes (no packing copy), `wire` unused. Set per launch.
+  Tensor direct;
   MPI_Request req = MPI_REQUEST_NULL;
   size_t ready = 0;  // parameters whose gradient this backward has delivered
 };
@@ -117,6 +120,19 @@ void DataParallel::Impl::on_grad(size_t i) {
 void DataParallel::Impl::launch(Bucket& b, bool from_backward) {
   const auto t0 = Clock::now();
   const DType wire_t = b.wire.dtype();
+  b.direct = Tensor();
+  if (b.params.size() == 1 && wire_t == DType::f32) {
+    const Tensor g = params[b.params[0]].grad();
+    if (g.defined() && g.dtype() == DType::f32 && g.device().is_cpu() && g.is_contiguous()) b.direct = g;
+  }
+  if (b.direct.defined()) {
+    detail::check(
+        MPI_Iallreduce(MPI_IN_PLACE, b.direct.data_ptr(), int(b.numel), MPI_FLOAT, MPI_SUM, detail::comm(), &b.req),
+        "DataParallel gradient all-reduce");
+    stats.wire_bytes += int64_t(b.direct.nbytes());
+    (from_backward ? stats.buckets_in_backward : stats.buckets_after) += 1;
+    return;
+  }
   char* dst = static_cast<char*>(b.wire.data_ptr());
   for (size_t j = 0; j < b.params.size(); ++j) {
     const Tensor& p = params[b.params[j]];
@@ -365,6 +381,15 @@ void DataParallel::Impl::sync() {
     // through a row of averages.
     // (Scratch through the allocator, as workspace: the memory budget sees it.)
     for (Bucket& b : buckets) {
+      if (b.direct.defined()) {  // the sum is in the gradient already: averaged in place
+        float* d = b.direct.data<float>();
+        for (int64_t e = 0; e < b.numel; ++e) d[e] /= world;
+        b.direct.bump_version();
+        Tensor p = params[b.params[0]];
+        if (!p.grad().defined() || p.grad().storage() != b.direct.storage()) p.set_grad(b.direct);  // zero_grad since
+        b.direct = Tensor();
+        continue;
+      }
       const float* sum = nullptr;
       Tensor wide;
       if (b.wire.dtype() == DType::f32) {
