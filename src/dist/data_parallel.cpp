@@ -68,6 +68,7 @@ struct DataParallel::Impl {
 
   void on_grad(size_t i);
   void launch(Bucket& b, bool from_backward);
+  void pack(Bucket& b);  // the gradients into b.wire, in the wire's dtype
   void progress();
   void fill_shard_grads();
   void all_gather_params();
@@ -125,14 +126,19 @@ void DataParallel::Impl::launch(Bucket& b, bool from_backward) {
     const Tensor g = params[b.params[0]].grad();
     if (g.defined() && g.dtype() == DType::f32 && g.device().is_cpu() && g.is_contiguous()) b.direct = g;
   }
-  if (b.direct.defined()) {
-    detail::check(
-        MPI_Iallreduce(MPI_IN_PLACE, b.direct.data_ptr(), int(b.numel), MPI_FLOAT, MPI_SUM, detail::comm(), &b.req),
-        "DataParallel gradient all-reduce");
-    stats.wire_bytes += int64_t(b.direct.nbytes());
-    (from_backward ? stats.buckets_in_backward : stats.buckets_after) += 1;
-    return;
-  }
+  if (!b.direct.defined()) pack(b);
+  stats.pack_s += seconds_since(t0);
+  const bool bf16 = wire_t == DType::bf16;
+  void* buf = b.direct.defined() ? b.direct.data_ptr() : b.wire.data_ptr();
+  detail::check(MPI_Iallreduce(MPI_IN_PLACE, buf, int(b.numel), bf16 ? MPI_UINT16_T : MPI_FLOAT,
+                               bf16 ? detail::bf16_sum_op() : MPI_SUM, detail::comm(), &b.req),
+                "DataParallel gradient all-reduce");
+  stats.wire_bytes += b.numel * int64_t(dtype_size(wire_t));
+  (from_backward ? stats.buckets_in_backward : stats.buckets_after) += 1;
+}
+
+void DataParallel::Impl::pack(Bucket& b) {
+  const DType wire_t = b.wire.dtype();
   char* dst = static_cast<char*>(b.wire.data_ptr());
   for (size_t j = 0; j < b.params.size(); ++j) {
     const Tensor& p = params[b.params[j]];
@@ -146,13 +152,6 @@ void DataParallel::Impl::launch(Bucket& b, bool from_backward) {
     if (!g.is_contiguous()) g = g.clone();
     convert(g.data_ptr(), g.dtype(), at, wire_t, size_t(g.numel()));
   }
-  stats.pack_s += seconds_since(t0);
-  const bool bf16 = wire_t == DType::bf16;
-  detail::check(MPI_Iallreduce(MPI_IN_PLACE, b.wire.data_ptr(), int(b.numel), bf16 ? MPI_UINT16_T : MPI_FLOAT,
-                               bf16 ? detail::bf16_sum_op() : MPI_SUM, detail::comm(), &b.req),
-                "DataParallel gradient all-reduce");
-  stats.wire_bytes += int64_t(b.wire.nbytes());
-  (from_backward ? stats.buckets_in_backward : stats.buckets_after) += 1;
 }
 
 void DataParallel::Impl::progress() {
@@ -381,18 +380,11 @@ void DataParallel::Impl::sync() {
     // through a row of averages.
     // (Scratch through the allocator, as workspace: the memory budget sees it.)
     for (Bucket& b : buckets) {
-      if (b.direct.defined()) {  // the sum is in the gradient already: averaged in place
-        float* d = b.direct.data<float>();
-        for (int64_t e = 0; e < b.numel; ++e) d[e] /= world;
-        b.direct.bump_version();
-        Tensor p = params[b.params[0]];
-        if (!p.grad().defined() || p.grad().storage() != b.direct.storage()) p.set_grad(b.direct);  // zero_grad since
-        b.direct = Tensor();
-        continue;
-      }
       const float* sum = nullptr;
       Tensor wide;
-      if (b.wire.dtype() == DType::f32) {
+      if (b.direct.defined()) {
+        sum = b.direct.data<float>();  // the sum is in the gradient itself: averaged in place below
+      } else if (b.wire.dtype() == DType::f32) {
         sum = b.wire.data<float>();
       } else {
         MemoryScope scope(MemCategory::workspace);
@@ -423,6 +415,7 @@ void DataParallel::Impl::sync() {
         }
         g.bump_version();
       }
+      b.direct = Tensor();
     }
     stats.pack_s += seconds_since(t1);
   }

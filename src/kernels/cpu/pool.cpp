@@ -191,10 +191,11 @@ bool max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const
   // No argmax exists for more than one plane per thread.
 #pragma omp parallel
   {
-    std::vector<float> x_buf, gy_buf;
-    std::vector<float> best(static_cast<size_t>(out_plane)), gx(static_cast<size_t>(in_plane));
-    std::vector<uint8_t> arg8(small ? static_cast<size_t>(out_plane) : 0);
-    std::vector<int64_t> arg64(small ? 0 : static_cast<size_t>(out_plane));
+    // The plane's maxima and argmax: only where the winners are not routed at once.
+    const size_t scan = fused ? 0 : static_cast<size_t>(out_plane);
+    std::vector<float> x_buf, gy_buf, gx(static_cast<size_t>(in_plane)), best(scan);
+    std::vector<uint8_t> arg8(small ? scan : 0);
+    std::vector<int64_t> arg64(small ? 0 : scan);
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < planes; ++p) {
       const float* src = in_f32(x, p * in_plane, in_plane, x_buf);
