@@ -144,6 +144,50 @@ INSTANTIATE_TEST_SUITE_P(Gpu, CudaMatmulAccumulate, ::testing::ValuesIn(if_gpu([
                          }())));
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaMatmulAccumulate);
 
+// A long reduction into a small output, the shape of the cnn's classifier: where cuBLASLt takes
+// split-K (an f32 output, or a 16-bit one through an f32 product: kernels/cuda/matmul.cpp), with
+// every epilogue.
+using LongParam = std::tuple<DType, Epi>;
+class CudaMatmulLongReduction : public ::testing::TestWithParam<LongParam> {};
+
+TEST_P(CudaMatmulLongReduction, MatchesTheReference) {
+  const auto [t, epi] = GetParam();
+  const int64_t m = 64, k = 12288, n = 16;
+  Generator g(0x5b1 + int(t) * 3 + int(epi) * 17);
+  const auto [a_cpu, a_gpu] = operand({m, k}, t, View::contiguous, g);
+  const auto [b_cpu, b_gpu] = operand({k, n}, t, View::contiguous, g);
+  const Tensor bias_cpu = nonzero_values({n}, t, false, g), bias_gpu = bias_cpu.to(kGpu);
+  kernels::MatmulOpts o;
+  o.relu = epi == Epi::relu || epi == Epi::bias_relu;
+  o.gelu = epi == Epi::gelu_aux;
+  const bool with_bias = epi == Epi::bias || epi == Epi::bias_relu || epi == Epi::gelu_aux;
+  Tensor want = Tensor::empty({m, n}, t), want_aux = Tensor::empty({m, n}, t);
+  {
+    const kernels::BackendGuard ref(kernels::Backend::ref);
+    kernels::MatmulOpts r = o;
+    r.bias = with_bias ? &bias_cpu : nullptr;
+    r.gelu_input = o.gelu ? &want_aux : nullptr;
+    kernels::matmul(a_cpu, b_cpu, want, r);
+  }
+  Tensor got = poisoned({m, n}, t), got_aux = poisoned({m, n}, t);
+  o.bias = with_bias ? &bias_gpu : nullptr;
+  o.gelu_input = o.gelu ? &got_aux : nullptr;
+  kernels::matmul(a_gpu, b_gpu, got, o);
+  EXPECT_TRUE(agree_within_bound(host(got), want, k + 1, o.gelu ? 1 : 0, "long matmul"));
+  if (o.gelu) {
+    EXPECT_TRUE(agree_within_bound(host(got_aux), want_aux, k + 1, 0, "long matmul gelu input"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, CudaMatmulLongReduction, ::testing::ValuesIn(if_gpu([] {
+                           std::vector<LongParam> p;
+                           for (DType dt : {DType::f32, DType::bf16, DType::f16})
+                             for (Epi e : {Epi::none, Epi::bias, Epi::bias_relu, Epi::relu, Epi::gelu_aux})
+                               p.emplace_back(dt, e);
+                           return p;
+                         }())));
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaMatmulLongReduction);
+
 // --------------------------------------------------------------------------------------- conv
 
 struct ConvCase {

@@ -46,7 +46,7 @@ def gtest_counts(path):
     d = load(path)
     if d is None:
         return None
-    c = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "failed_names": [], "skipped_names": [],
+    c = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "failed_names": [], "skipped_names": [], "passed_names": [],
          "suites": sorted({s["name"] for s in d.get("testsuites", [])}), "seconds": d.get("time")}
     for suite in d.get("testsuites", []):
         for t in suite.get("testsuite", []):
@@ -62,6 +62,7 @@ def gtest_counts(path):
                 c["skipped_names"].append(name)
             else:
                 c["passed"] += 1
+                c["passed_names"].append(name)
     return c
 
 
@@ -215,6 +216,10 @@ def markdown(s):
             L.append("failed: " + ", ".join(f"`{n}`" for n in t["failed_names"][:30]))
         if t["skipped_names"]:
             L.append("skipped: " + ", ".join(f"`{n}`" for n in t["skipped_names"][:30]))
+        h = s.get("tests_gpu_hidden")
+        if h:
+            L.append(f"with the GPU hidden (`CUDA_VISIBLE_DEVICES=-1`): {h['run']} run, {h['passed']} passed, "
+                     f"{h['failed']} failed, {h['skipped']} skipped")
     for tool, m in (s.get("memcheck") or {}).items():
         tests = m.get("tests") or {}
         L += ["", f"**compute-sanitizer {tool}**: {fmt(m['errors'], 'd', '?')} errors in "
@@ -262,7 +267,11 @@ def markdown(s):
         L += ["", "not run in the bench: " + "; ".join(f"{k}: {v.splitlines()[0][:120]}"
                                                       for k, v in s["bench_skipped"].items())]
     files = s.get("cuda_sources", [])
-    ran = bool(t and t["run"] and not t["failed"] and not t["skipped"] and inv.get("gpus"))
+    # A test skipped because there is a GPU (a no-GPU test) counts where it passed with the GPU hidden.
+    hidden = s.get("tests_gpu_hidden") or {}
+    hidden_passed = set(hidden.get("passed_names", []))
+    ran = bool(t and t["run"] and not t["failed"] and inv.get("gpus")
+               and all(n in hidden_passed for n in t["skipped_names"]))
     L += ["", f"**CUDA sources at this commit** ({len(files)}): "
               + ("all ran on the GPU through the CUDA tests above" if ran else "not shown to run on a GPU by this run"),
           ""] + [f"- `{f}`" for f in files]
@@ -298,7 +307,8 @@ def main():
         "date": __import__("datetime").datetime.now(__import__("datetime").timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit, "commit_from": commit_from, "dirty": bool(dirty), "bundle_commit": manifest.get("commit"),
         "built_how": built_how, "steps": steps(a.work), "inventory": load(os.path.join(res, "inventory.json")),
-        "tests": gtest_counts(os.path.join(res, "tests.json")), "memcheck": memcheck(a.work),
+        "tests": gtest_counts(os.path.join(res, "tests.json")),
+        "tests_gpu_hidden": gtest_counts(os.path.join(res, "tests-gpu-hidden.json")), "memcheck": memcheck(a.work),
         "train": tr, "accuracy": accuracy_rows(tr), "train_epochs": int(os.environ.get("TRAIN_EPOCHS", "5")),
         "bench": bench_rows(bench), "bench_environment": bench and bench.get("environment"),
         "bench_complete": bench and bench.get("complete"), "bench_skipped": bench and bench.get("skipped"),

@@ -3,6 +3,7 @@
 // a workspace per stream from our allocator, the heuristic's algorithm cached per problem.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -272,13 +273,15 @@ bool lt_matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
       Preference pref;
       pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(dev.ws_bytes));
       // Split-K partial sums kept in the compute type (f32), never rounded to a 16-bit output
-      // in place: design decision 3 (accumulate in f32). With an epilogue, no split-K at all: the
-      // split-K algorithms cuBLASLt 13.1 picked for a bias epilogue on an H100 added the bias to
-      // the product already rounded to bf16/f16 (GPU run 2026-11-26: errors of half an ulp of the
-      // product, 3 to 4 ulps of the result, where bias and product nearly cancel; gone without
-      // split-K).
+      // in place: design decision 3 (accumulate in f32). A 16-bit output with an epilogue gets no
+      // split-K at all: the split-K algorithms cuBLASLt 13.1 picked for a bias epilogue on an H100
+      // added the bias to the product already rounded to bf16/f16 (GPU run 2026-11-26: errors of
+      // half an ulp of the product, 3 to 4 ulps of the result, where bias and product nearly
+      // cancel; gone without split-K). matmul() routes the long reductions that need split-K there
+      // through an f32 output.
+      const bool narrow_out = out_t == CUDA_R_16BF || out_t == CUDA_R_16F;
       pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-               epilogue == CUBLASLT_EPILOGUE_DEFAULT
+               epilogue == CUBLASLT_EPILOGUE_DEFAULT || !narrow_out
                    ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
                    : uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE));
       pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
@@ -388,6 +391,21 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
       MIXPREC_ASSERT(lt_matmul(ac, bc, act, lo, va, vb), "matmul: f32 bias");
     }
     accumulate_into(dst, act, true);
+    return;
+  }
+  // A long reduction into a small 16-bit output with an epilogue (the cnn's classifier: [256, 49000]
+  // @ [49000, 10] + bias) needs split-K to fill the GPU, which lt_matmul allows only for an f32
+  // output: without it that matmul took 0.92 ms of a 6.4 ms amp cnn step (7.6 ms of the fp32 one,
+  // whose f32 output now takes split-K directly; GPU run 2026-11-27). The product and epilogue in
+  // f32, then one rounding into dst: the f32 temporary is small where this applies.
+  const int64_t m = dst.size(r0);
+  if (narrow && (o.bias || o.relu || o.gelu) && k >= 2048 && k >= 8 * std::max(m, n)) {
+    Tensor wide = Tensor::empty(dst.shape(), DType::f32, dst.device());
+    lo.accumulate = false;
+    if (o.bias && bias.dtype() != DType::f32) bias = kernels::cast(bias, DType::f32);
+    MIXPREC_CHECK(lt_matmul(ac, bc, wide, lo, va, vb), "matmul on ", dst.device().str(),
+                  ": cuBLASLt has no algorithm with an f32 bias");
+    accumulate_into(dst, wide, o.accumulate);
     return;
   }
   if (!lt_matmul(ac, bc, dst, lo, va, vb)) {
