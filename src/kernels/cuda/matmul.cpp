@@ -273,15 +273,15 @@ bool lt_matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
       Preference pref;
       pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(dev.ws_bytes));
       // Split-K partial sums kept in the compute type (f32), never rounded to a 16-bit output
-      // in place: design decision 3 (accumulate in f32). A 16-bit output with an epilogue gets no
-      // split-K at all: the split-K algorithms cuBLASLt 13.1 picked for a bias epilogue on an H100
-      // added the bias to the product already rounded to bf16/f16 (GPU run 2026-11-26: errors of
-      // half an ulp of the product, 3 to 4 ulps of the result, where bias and product nearly
-      // cancel; gone without split-K). matmul() routes the long reductions that need split-K there
-      // through an f32 output.
-      const bool narrow_out = out_t == CUDA_R_16BF || out_t == CUDA_R_16F;
+      // in place: design decision 3 (accumulate in f32). With an epilogue, no split-K at all: the
+      // split-K algorithms cuBLASLt 13.1 picked for a bias epilogue on an H100 added the bias to
+      // the product already rounded to bf16/f16 (GPU run 2026-11-26: errors of half an ulp of the
+      // product, 3 to 4 ulps of the result, where bias and product nearly cancel; gone without
+      // split-K), and with an f32 output a captured step no longer gave the eager step's bits
+      // (GPU run 2026-11-27, the test cnn's classifier). matmul() gives the long reductions that
+      // need split-K their epilogue apart.
       pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-               epilogue == CUBLASLT_EPILOGUE_DEFAULT || !narrow_out
+               epilogue == CUBLASLT_EPILOGUE_DEFAULT
                    ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
                    : uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE));
       pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
@@ -362,13 +362,30 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
   if (o.bias && dst.dtype() == DType::f32 && bias.dtype() != DType::f32) bias = kernels::cast(bias, DType::f32);
   MatmulOpts lo = o;
   lo.bias = o.bias ? &bias : nullptr;
+  // A long reduction into a small output (the cnn's classifier: [256, 49000] @ [49000, 10] + bias)
+  // needs split-K to fill the GPU, which lt_matmul allows only without an epilogue: with the bias
+  // epilogue that matmul took 7.6 ms of a 36.5 ms fp32 cnn step and 0.9 of a 6.4 ms amp one on an
+  // H100 (GPU run 2026-11-27). There the product alone in f32, then bias, activation and one
+  // rounding into dst as separate passes over the output, small where this applies.
+  const int64_t m = dst.size(r0), n = dst.size(r0 + 1);
+  if ((o.bias || o.relu || o.gelu) && k >= 2048 && k >= 8 * std::max(m, n)) {
+    Tensor wide = Tensor::empty(dst.shape(), DType::f32, dst.device());
+    MatmulOpts po;
+    po.trans_a = o.trans_a, po.trans_b = o.trans_b;
+    MIXPREC_ASSERT(lt_matmul(ac, bc, wide, po, va, vb), "matmul: plain f32 product");
+    if (o.bias) wide = kernels::binary(BinaryOp::add, wide, kernels::cast(bias, DType::f32));
+    if (o.gelu_input) kernels::copy(wide, *o.gelu_input);
+    if (o.relu) wide = kernels::activation(Activation::relu, wide);
+    if (o.gelu) wide = kernels::activation(Activation::gelu_tanh, wide);
+    accumulate_into(dst, wide, o.accumulate);
+    return;
+  }
   // GELU's aux output needs a leading dimension divisible by 8 (cublasLt.h,
   // CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD): otherwise the pre-activation in f32 through the bias
   // epilogue, stored as the aux output, and GELU by the activation family's kernel.
   // With a 16-bit output, also cuBLASLt's GELU_AUX epilogues store the pre-activation rounded
   // twice (the product to bf16/f16, then the sum with the bias: GPU run 2026-11-26, cuBLASLt 13.1
   // on an H100), so this path serves every 16-bit GELU with its aux output too.
-  const int64_t n = dst.size(r0 + 1);
   const bool narrow = dst.dtype() == DType::bf16 || dst.dtype() == DType::f16;
   if (o.gelu && o.gelu_input && (n % 8 != 0 || narrow)) {
     Tensor pre = Tensor::empty(dst.shape(), DType::f32, dst.device());
@@ -391,21 +408,6 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
       MIXPREC_ASSERT(lt_matmul(ac, bc, act, lo, va, vb), "matmul: f32 bias");
     }
     accumulate_into(dst, act, true);
-    return;
-  }
-  // A long reduction into a small 16-bit output with an epilogue (the cnn's classifier: [256, 49000]
-  // @ [49000, 10] + bias) needs split-K to fill the GPU, which lt_matmul allows only for an f32
-  // output: without it that matmul took 0.92 ms of a 6.4 ms amp cnn step (7.6 ms of the fp32 one,
-  // whose f32 output now takes split-K directly; GPU run 2026-11-27). The product and epilogue in
-  // f32, then one rounding into dst: the f32 temporary is small where this applies.
-  const int64_t m = dst.size(r0);
-  if (narrow && (o.bias || o.relu || o.gelu) && k >= 2048 && k >= 8 * std::max(m, n)) {
-    Tensor wide = Tensor::empty(dst.shape(), DType::f32, dst.device());
-    lo.accumulate = false;
-    if (o.bias && bias.dtype() != DType::f32) bias = kernels::cast(bias, DType::f32);
-    MIXPREC_CHECK(lt_matmul(ac, bc, wide, lo, va, vb), "matmul on ", dst.device().str(),
-                  ": cuBLASLt has no algorithm with an f32 bias");
-    accumulate_into(dst, wide, o.accumulate);
     return;
   }
   if (!lt_matmul(ac, bc, dst, lo, va, vb)) {
