@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "mixprec/convert.h"
@@ -261,6 +262,23 @@ TEST(Convert, ScalarMatchesReferenceOnRandomPatterns) {
 
 // ---- bulk vs scalar, bit for bit ----
 
+// Runs body once for each vectorised conversion path this CPU has (the fastest, and on an
+// AVX512-BF16 CPU also the AVX-512F integer path of CPUs without it), naming it in failures.
+// Without AVX-512F the bulk conversions are the scalar loops: nothing to compare, so it skips.
+template <class Body>
+void for_each_bulk_path(Body body) {
+  const auto paths = detail::bulk_conversion_paths();
+  if (paths.empty()) GTEST_SKIP() << "no AVX-512F: the bulk conversions are the scalar reference itself";
+  struct Restore {
+    ~Restore() { detail::set_conversion_path(detail::ConversionPath::best); }
+  } restore;
+  for (const auto path : paths) {
+    SCOPED_TRACE(std::string("bulk path ") + detail::conversion_path_name(path));
+    detail::set_conversion_path(path);
+    body();
+  }
+}
+
 // Bulk against scalar on gen(i), i in [0, n), in blocks small enough that each bulk call
 // runs single-threaded inside this test's own parallel loop.
 template <class Gen>
@@ -288,18 +306,22 @@ void expect_bulk_matches_scalar(uint64_t n, Gen gen) {
 // 257th pattern (odd stride: low mantissa bits and SIMD lanes all vary), plus the full
 // binades below, which hold every class where the instructions could differ from RNE.
 TEST(Convert, BulkMatchesScalarOnF32Patterns) {
-  const char* env = std::getenv("MIXPREC_EXHAUSTIVE");
-  const uint64_t stride = env && env[0] == '1' ? 1 : kSanitized ? 4099 : 257;
-  expect_bulk_matches_scalar((uint64_t(1) << 32) / stride, [=](uint64_t i) { return uint32_t(i * stride); });
+  for_each_bulk_path([&] {
+    const char* env = std::getenv("MIXPREC_EXHAUSTIVE");
+    const uint64_t stride = env && env[0] == '1' ? 1 : kSanitized ? 4099 : 257;
+    expect_bulk_matches_scalar((uint64_t(1) << 32) / stride, [=](uint64_t i) { return uint32_t(i * stride); });
+  });
 }
 
 // f32 denormals (VCVTNEPS2BF16 reads them as zero: the fix-up path), NaN payloads, the
 // smallest normals, and the f16 underflow, subnormal/normal and overflow binades.
 TEST(Convert, BulkMatchesScalarOnBoundaryBinades) {
-  Binades b{{0, 1, 101, 102, 112, 113, 142, 255}};
-  expect_bulk_matches_scalar(b.size(), b);
-  auto specials = special_bits();
-  expect_bulk_matches_scalar(specials.size(), [&](uint64_t i) { return specials[i]; });
+  for_each_bulk_path([&] {
+    Binades b{{0, 1, 101, 102, 112, 113, 142, 255}};
+    expect_bulk_matches_scalar(b.size(), b);
+    auto specials = special_bits();
+    expect_bulk_matches_scalar(specials.size(), [&](uint64_t i) { return specials[i]; });
+  });
 }
 
 TEST(Convert, BulkHalfToF32MatchesScalarForAllPatterns) {
@@ -317,80 +339,84 @@ TEST(Convert, BulkHalfToF32MatchesScalarForAllPatterns) {
 // Users often run with FTZ/DAZ set for speed: the bulk path must not change its results.
 // n stays below the parallel threshold so the work runs on this thread, under this MXCSR.
 TEST(Convert, BulkIgnoresFtzDazAndRoundingMode) {
-  // f32 denormals, the f16 underflow binade, the f16 subnormal/normal boundary and the
-  // smallest f32 normals; ~60k elements, below convert.cpp's 2^16 parallel threshold.
-  std::vector<uint32_t> bits;
-  for (uint32_t m = 0; m < (1u << 23); m += 557)
-    for (uint32_t exp : {0u, 1u, 102u, 112u}) bits.push_back((exp << 23) | m);
-  for (size_t i = 0; i < bits.size(); i += 3) bits[i] |= 0x80000000u;
-  for (uint32_t u : special_bits()) bits.push_back(u);
-  std::vector<float> src(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) src[i] = bits_to_f32(bits[i]);
-  std::vector<uint16_t> all16(65536);
-  for (uint32_t h = 0; h < 65536; ++h) all16[h] = uint16_t(h);
+  for_each_bulk_path([&] {
+    // f32 denormals, the f16 underflow binade, the f16 subnormal/normal boundary and the
+    // smallest f32 normals; ~60k elements, below convert.cpp's 2^16 parallel threshold.
+    std::vector<uint32_t> bits;
+    for (uint32_t m = 0; m < (1u << 23); m += 557)
+      for (uint32_t exp : {0u, 1u, 102u, 112u}) bits.push_back((exp << 23) | m);
+    for (size_t i = 0; i < bits.size(); i += 3) bits[i] |= 0x80000000u;
+    for (uint32_t u : special_bits()) bits.push_back(u);
+    std::vector<float> src(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) src[i] = bits_to_f32(bits[i]);
+    std::vector<uint16_t> all16(65536);
+    for (uint32_t h = 0; h < 65536; ++h) all16[h] = uint16_t(h);
 
-  const unsigned saved = _mm_getcsr();
-  for (unsigned mode : {0x8040u, 0x8040u | _MM_ROUND_TOWARD_ZERO, 0x8040u | _MM_ROUND_UP}) {
-    _mm_setcsr((saved & ~0xe040u) | mode);  // FTZ (bit 15), DAZ (bit 6), rounding (13-14)
-    std::vector<uint16_t> bf(src.size()), h(src.size());
-    std::vector<float> from_bf(65536), from_h(65536);
-    convert_f32_to_bf16(src.data(), bf.data(), src.size());
-    convert_f32_to_f16(src.data(), h.data(), src.size());
-    convert_bf16_to_f32(all16.data(), from_bf.data(), 32768);
-    convert_bf16_to_f32(all16.data() + 32768, from_bf.data() + 32768, 32768);
-    convert_f16_to_f32(all16.data(), from_h.data(), 32768);
-    convert_f16_to_f32(all16.data() + 32768, from_h.data() + 32768, 32768);
-    _mm_setcsr(saved);  // compare (and let gtest run) under the default MXCSR
-    for (size_t i = 0; i < src.size(); ++i) {
-      ASSERT_EQ(bf[i], f32_to_bf16(src[i])) << std::hex << bits[i] << " mode " << mode;
-      ASSERT_EQ(h[i], f32_to_f16(src[i])) << std::hex << bits[i] << " mode " << mode;
+    const unsigned saved = _mm_getcsr();
+    for (unsigned mode : {0x8040u, 0x8040u | _MM_ROUND_TOWARD_ZERO, 0x8040u | _MM_ROUND_UP}) {
+      _mm_setcsr((saved & ~0xe040u) | mode);  // FTZ (bit 15), DAZ (bit 6), rounding (13-14)
+      std::vector<uint16_t> bf(src.size()), h(src.size());
+      std::vector<float> from_bf(65536), from_h(65536);
+      convert_f32_to_bf16(src.data(), bf.data(), src.size());
+      convert_f32_to_f16(src.data(), h.data(), src.size());
+      convert_bf16_to_f32(all16.data(), from_bf.data(), 32768);
+      convert_bf16_to_f32(all16.data() + 32768, from_bf.data() + 32768, 32768);
+      convert_f16_to_f32(all16.data(), from_h.data(), 32768);
+      convert_f16_to_f32(all16.data() + 32768, from_h.data() + 32768, 32768);
+      _mm_setcsr(saved);  // compare (and let gtest run) under the default MXCSR
+      for (size_t i = 0; i < src.size(); ++i) {
+        ASSERT_EQ(bf[i], f32_to_bf16(src[i])) << std::hex << bits[i] << " mode " << mode;
+        ASSERT_EQ(h[i], f32_to_f16(src[i])) << std::hex << bits[i] << " mode " << mode;
+      }
+      for (uint32_t k = 0; k < 65536; ++k) {
+        ASSERT_EQ(f32_to_bits(from_bf[k]), f32_to_bits(bf16_to_f32(uint16_t(k)))) << k;
+        ASSERT_EQ(f32_to_bits(from_h[k]), f32_to_bits(f16_to_f32(uint16_t(k)))) << k;
+      }
     }
-    for (uint32_t k = 0; k < 65536; ++k) {
-      ASSERT_EQ(f32_to_bits(from_bf[k]), f32_to_bits(bf16_to_f32(uint16_t(k)))) << k;
-      ASSERT_EQ(f32_to_bits(from_h[k]), f32_to_bits(f16_to_f32(uint16_t(k)))) << k;
-    }
-  }
+  });
 }
 
 // Lengths around the 16-lane width and the parallel threshold, at aligned and odd offsets;
 // the guard elements after dst must survive (masked tails must not write past n).
 TEST(Convert, BulkTailsAndOffsets) {
-  const auto specials = special_bits();
-  uint64_t state = 7;
-  for (size_t n : {size_t(0), size_t(1), size_t(15), size_t(16), size_t(17), size_t(1000), (size_t(1) << 17) + 3}) {
-    for (size_t off : {size_t(0), size_t(1)}) {
-      constexpr size_t kGuard = 40;
-      std::vector<float> src(off + n + kGuard);
-      for (size_t i = 0; i < src.size(); ++i) {
-        uint64_t r = splitmix64(state);
-        // Mix random patterns, denormals and specials so every lane position meets each.
-        uint32_t u = r % 4 == 0   ? uint32_t(r >> 32) & 0x807fffffu
-                     : r % 4 == 1 ? specials[(r >> 8) % specials.size()]
-                                  : uint32_t(r >> 32);
-        src[i] = bits_to_f32(u);
-      }
-      std::vector<uint16_t> h(off + n + kGuard, 0xabcd), bf(off + n + kGuard, 0xabcd);
-      convert_f32_to_f16(src.data() + off, h.data() + off, n);
-      convert_f32_to_bf16(src.data() + off, bf.data() + off, n);
-      std::vector<float> back_h(off + n + kGuard, -7.0f), back_bf(off + n + kGuard, -7.0f);
-      convert_f16_to_f32(h.data() + off, back_h.data() + off, n);
-      convert_bf16_to_f32(bf.data() + off, back_bf.data() + off, n);
-      for (size_t i = 0; i < off + n + kGuard; ++i) {
-        bool inside = i >= off && i < off + n;
-        if (!inside) {
-          ASSERT_EQ(h[i], 0xabcd) << "n=" << n << " i=" << i;
-          ASSERT_EQ(bf[i], 0xabcd) << "n=" << n << " i=" << i;
-          ASSERT_EQ(back_h[i], -7.0f) << "n=" << n << " i=" << i;
-          ASSERT_EQ(back_bf[i], -7.0f) << "n=" << n << " i=" << i;
-          continue;
+  for_each_bulk_path([&] {
+    const auto specials = special_bits();
+    uint64_t state = 7;
+    for (size_t n : {size_t(0), size_t(1), size_t(15), size_t(16), size_t(17), size_t(1000), (size_t(1) << 17) + 3}) {
+      for (size_t off : {size_t(0), size_t(1)}) {
+        constexpr size_t kGuard = 40;
+        std::vector<float> src(off + n + kGuard);
+        for (size_t i = 0; i < src.size(); ++i) {
+          uint64_t r = splitmix64(state);
+          // Mix random patterns, denormals and specials so every lane position meets each.
+          uint32_t u = r % 4 == 0   ? uint32_t(r >> 32) & 0x807fffffu
+                       : r % 4 == 1 ? specials[(r >> 8) % specials.size()]
+                                    : uint32_t(r >> 32);
+          src[i] = bits_to_f32(u);
         }
-        ASSERT_EQ(h[i], f32_to_f16(src[i])) << "n=" << n << " i=" << i;
-        ASSERT_EQ(bf[i], f32_to_bf16(src[i])) << "n=" << n << " i=" << i;
-        ASSERT_EQ(f32_to_bits(back_h[i]), f32_to_bits(f16_to_f32(h[i]))) << "n=" << n;
-        ASSERT_EQ(f32_to_bits(back_bf[i]), f32_to_bits(bf16_to_f32(bf[i]))) << "n=" << n;
+        std::vector<uint16_t> h(off + n + kGuard, 0xabcd), bf(off + n + kGuard, 0xabcd);
+        convert_f32_to_f16(src.data() + off, h.data() + off, n);
+        convert_f32_to_bf16(src.data() + off, bf.data() + off, n);
+        std::vector<float> back_h(off + n + kGuard, -7.0f), back_bf(off + n + kGuard, -7.0f);
+        convert_f16_to_f32(h.data() + off, back_h.data() + off, n);
+        convert_bf16_to_f32(bf.data() + off, back_bf.data() + off, n);
+        for (size_t i = 0; i < off + n + kGuard; ++i) {
+          bool inside = i >= off && i < off + n;
+          if (!inside) {
+            ASSERT_EQ(h[i], 0xabcd) << "n=" << n << " i=" << i;
+            ASSERT_EQ(bf[i], 0xabcd) << "n=" << n << " i=" << i;
+            ASSERT_EQ(back_h[i], -7.0f) << "n=" << n << " i=" << i;
+            ASSERT_EQ(back_bf[i], -7.0f) << "n=" << n << " i=" << i;
+            continue;
+          }
+          ASSERT_EQ(h[i], f32_to_f16(src[i])) << "n=" << n << " i=" << i;
+          ASSERT_EQ(bf[i], f32_to_bf16(src[i])) << "n=" << n << " i=" << i;
+          ASSERT_EQ(f32_to_bits(back_h[i]), f32_to_bits(f16_to_f32(h[i]))) << "n=" << n;
+          ASSERT_EQ(f32_to_bits(back_bf[i]), f32_to_bits(bf16_to_f32(bf[i]))) << "n=" << n;
+        }
       }
     }
-  }
+  });
 }
 
 TEST(Convert, ScalarOnlySwitchGivesSameBits) {
@@ -400,10 +426,10 @@ TEST(Convert, ScalarOnlySwitchGivesSameBits) {
   std::vector<uint16_t> fast_bf(src.size()), fast_h(src.size()), slow_bf(src.size()), slow_h(src.size());
   convert_f32_to_bf16(src.data(), fast_bf.data(), src.size());
   convert_f32_to_f16(src.data(), fast_h.data(), src.size());
-  EXPECT_FALSE(detail::set_scalar_conversions_only(true));
+  EXPECT_EQ(detail::set_conversion_path(detail::ConversionPath::scalar), detail::ConversionPath::best);
   convert_f32_to_bf16(src.data(), slow_bf.data(), src.size());
   convert_f32_to_f16(src.data(), slow_h.data(), src.size());
-  EXPECT_TRUE(detail::set_scalar_conversions_only(false));
+  EXPECT_EQ(detail::set_conversion_path(detail::ConversionPath::best), detail::ConversionPath::scalar);
   EXPECT_EQ(fast_bf, slow_bf);
   EXPECT_EQ(fast_h, slow_h);
 }

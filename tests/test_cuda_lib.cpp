@@ -417,13 +417,16 @@ TEST_P(CudaNorm, BatchAndLayerNormMatchTheReference) {
   EXPECT_TRUE(agree_within_bound(host(hgot.weight), hwant.weight, 2 * shape[0], 1, "layer_norm grad weight from x̂"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, CudaNorm, ::testing::ValuesIn(if_gpu([] {
-                           std::vector<NormParam> p;
-                           // inner 64 (16-byte vectors), inner 15 (scalar), 1-d-ish [N, C]
-                           for (const Shape& s : {Shape{4, 3, 8, 8}, Shape{5, 6, 3, 5}, Shape{32, 7}})
-                             for (DType dt : {DType::f32, DType::bf16, DType::f16}) p.emplace_back(s, dt);
-                           return p;
-                         }())));
+INSTANTIATE_TEST_SUITE_P(
+    Gpu, CudaNorm, ::testing::ValuesIn(if_gpu([] {
+      std::vector<NormParam> p;
+      // inner 64 (16-byte vectors), inner 15 (scalar), 1-d-ish [N, C]; layer norm's weight and bias
+      // gradients over 300 rows (5 chunks of 64 rows, the last partial) of 75 columns (3 tiles of
+      // 32, the last partial), and over 1000 rows of 128 (the char GPT's width)
+      for (const Shape& s : {Shape{4, 3, 8, 8}, Shape{5, 6, 3, 5}, Shape{32, 7}, Shape{300, 3, 5, 5}, Shape{1000, 128}})
+        for (DType dt : {DType::f32, DType::bf16, DType::f16}) p.emplace_back(s, dt);
+      return p;
+    }())));
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaNorm);
 
 }  // namespace

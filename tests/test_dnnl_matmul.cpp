@@ -398,7 +398,7 @@ std::vector<MatmulArgs> mlp_products(Combo d) {
 // The MLP's three training products must reach the fast kernels (oneDNN's brgemm), on any host
 // kind we run on; bf16 only where the host computes in bf16 (AVX512-BF16 or AMX-BF16): without
 // either, oneDNN emulates bf16 through f32 in gemm:jit (an AVX-512 Xeon without BF16, 2026-11-27),
-// and `--precision auto` runs fp32 there.
+// so mixprec's matmul widens bf16 to f32 there instead (ProfileHost.Bf16WithoutNativeBf16RunsOneDnnsF32Kernels).
 TEST(DnnlMatmul, MlpProductsUseFastKernels) {
   const bool native_bf16 = has_avx512_bf16() || has_amx_bf16();
   if (!native_bf16) std::printf("[ skipped  ] bf16 products: neither AVX512-BF16 nor AMX-BF16 on this host\n");

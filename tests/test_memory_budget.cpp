@@ -16,7 +16,6 @@
 #include "mixprec/allocator.h"
 #include "mixprec/autocast.h"
 #include "mixprec/clip.h"
-#include "mixprec/cpu.h"
 #include "mixprec/error.h"
 #include "mixprec/grad_scaler.h"
 #include "mixprec/memory_budget.h"
@@ -315,15 +314,6 @@ TEST(MemoryBudget, CountedPeakIsTheResidentGrowthOfALargeStep) {
   GTEST_SKIP() << "resident memory under a sanitizer includes its shadow memory and quarantine";
 #endif
   for (DType t : {DType::f32, DType::bf16}) {
-    if (t == DType::bf16 && !cpu::has_avx512_bf16() && !cpu::has_amx_bf16()) {
-      // oneDNN's bf16 GEMM without AVX512-BF16 or AMX (gemm:jit, converting to f32) packs into
-      // buffers of its own, outside the user scratchpad: 131 MiB resident beyond the counted peak
-      // on an AVX-512 Xeon without BF16 (2026-11-27). `--precision auto` runs fp32 there.
-      std::printf(
-          "[ skipped  ] bf16: this host has neither AVX512-BF16 nor AMX-BF16, and oneDNN's emulated "
-          "bf16 GEMM allocates outside the allocator\n");
-      continue;
-    }
     const ResidentGrowth g = measure_step(t);
     if (g.counted == 0) GTEST_SKIP() << "this kernel has no resettable VmHWM (/proc/self/clear_refs)";
     ASSERT_GT(g.counted, int64_t(64) << 20) << "the step is too small to tell";

@@ -7,6 +7,7 @@
 
 #include "kernels/backend.h"
 #include "mixprec/autograd.h"
+#include "mixprec/cpu.h"
 #include "mixprec/ops.h"
 #include "mixprec/profile.h"
 #include "mixprec/random.h"
@@ -108,6 +109,46 @@ TEST_P(Profile, ConvAndCausalAttentionFlopsFromTheirShapes) {
   const double attention = 2.0 * (2 * 3) * 10 * (8 + 8);          // S = Q K^T and O = P V
   EXPECT_EQ(sum_flops("forward", "attention_forward"), attention);
   EXPECT_EQ(sum_flops("backward", "attention_backward"), 2 * attention);
+}
+
+// A host without AVX512-BF16 or AMX-BF16 (an AVX-512 Xeon, 2026-11-27) has no oneDNN bf16 kernel
+// worth the name: its bf16 GEMM is gemm:jit converting to f32 (the MLP's amp-bf16 step took 2.7x
+// its fp32 step) and it has no bf16 convolution at all. There bf16 matmuls and convolutions widen
+// to f32, run oneDNN's f32 kernels, and round once on store, as f16 does on every CPU.
+TEST(ProfileHost, Bf16WithoutNativeBf16RunsOneDnnsF32Kernels) {
+  if (cpu::has_avx512_bf16() || cpu::has_amx_bf16())
+    GTEST_SKIP() << "this host computes bf16 natively (DnnlMatmul.Bf16ProductsUseTheHostsMatrixUnit asserts how)";
+  const kernels::BackendGuard backend(kernels::Backend::cpu);
+  Generator gen(4);
+  const Tensor x = Tensor::randn({64, 256}, gen, DType::bf16).set_requires_grad();
+  const Tensor w = Tensor::randn({128, 256}, gen, DType::bf16).set_requires_grad();
+  const Tensor img = Tensor::randn({4, 16, 12, 12}, gen, DType::bf16).set_requires_grad();
+  const Tensor k = Tensor::randn({32, 16, 3, 3}, gen, DType::bf16).set_requires_grad();
+  std::vector<profile::Row> rows;
+  {
+    const Profiling on;
+    ops::sum(ops::linear(x, w)).backward();
+    ops::Conv2dOptions o;
+    o.padding = 1;
+    ops::sum(ops::conv2d(img, k, Tensor(), o)).backward();
+    rows = profile::rows();
+  }
+  int seen = 0;
+  for (const auto& r : rows) {
+    const bool matmul = r.kernel == "matmul";
+    if (!matmul && r.kernel.rfind("conv2d_", 0) != 0) continue;
+    ++seen;
+    EXPECT_EQ(r.dtype, "bf16") << r.kernel;
+    // oneDNN's f32 kernels: brgemm for the products, a JIT or brgemm convolution; never its
+    // emulated bf16 GEMM, a bf16 kernel, or mixprec's reference loops.
+    if (matmul) {
+      EXPECT_EQ(r.impl.rfind("brg:", 0), 0u) << r.phase << " matmul: " << r.impl;
+    }
+    EXPECT_EQ(r.impl.find("gemm"), std::string::npos) << r.phase << " " << r.kernel << ": " << r.impl;
+    EXPECT_EQ(r.impl.find("bf16"), std::string::npos) << r.phase << " " << r.kernel << ": " << r.impl;
+    EXPECT_FALSE(r.impl.empty() || r.impl.rfind("ref", 0) == 0) << r.phase << " " << r.kernel << ": " << r.impl;
+  }
+  EXPECT_EQ(seen, 4);  // matmul and conv2d, forward and backward
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Profile, ::testing::Values(kernels::Backend::cpu, kernels::Backend::ref),

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "mixprec/dtype.h"
 
@@ -47,9 +48,14 @@ void convert_f16_to_f32(const uint16_t* src, float* dst, size_t n);
 void convert(const void* src, DType src_t, void* dst, DType dst_t, size_t n);
 
 namespace detail {
-// Test hook: force the scalar path for bulk conversions (tests compare the two); returns the
-// old value.
-bool set_scalar_conversions_only(bool on);
+// Test hooks: which code the bulk conversions run (tests compare each with the scalar reference).
+// best: the fastest this CPU has; avx512f: f32 -> bf16 in AVX-512F integer lanes even where
+// AVX512-BF16 is there (the code of CPUs without it); scalar: the reference loops.
+enum class ConversionPath { best, avx512f, scalar };
+ConversionPath set_conversion_path(ConversionPath path);  // returns the old one
+// The vectorised paths this CPU can run (none without AVX-512F), and a name for each.
+std::vector<ConversionPath> bulk_conversion_paths();
+const char* conversion_path_name(ConversionPath path);
 }  // namespace detail
 
 }  // namespace mixprec

@@ -552,10 +552,13 @@ bool dgrad_as_forward(const ConvGeometry& g, DType t) {
 // batch (one single-threaded primitive per thread and f32 partials summed after). bf16: 213-221 ms
 // against 236-261 for the 420 -> 1000 layer at batch 64; f32: as fast (the fp32 step 1473 against
 // 1476 ms), without the per-thread partial gradients (docs/conv.md). Its input channels are the
-// batch: from 16 images, so that the blocked kernel has whole channel blocks to work on.
+// batch: from 16 images, so that the blocked kernel has whole channel blocks to work on. Not in f32
+// on a host without AVX512-BF16 or AMX-BF16 (where bf16 also computes in f32): on an AVX-512 Xeon
+// without them (Cascade Lake, 2026-11-27) the split ran the wide cnn's fp32 step in 1465-1998 ms
+// against 1822-2347 with the rewrite, three alternating pairs.
 bool wgrad_as_forward(const ConvGeometry& g, DType t) {
-  return (t == DType::bf16 || t == DType::f32) && wgrad_as_forward_flag().load() && rewritable(g) && g.n >= 16 &&
-         g.c > kFirstLayerChannels;
+  return (t == DType::bf16 || (t == DType::f32 && bf16_ok())) && wgrad_as_forward_flag().load() && rewritable(g) &&
+         g.n >= 16 && g.c > kFirstLayerChannels;
 }
 
 // The forward convolution that computes g's input gradient (its right padding, k - 1 - g's, follows

@@ -175,21 +175,54 @@ __global__ void ln_backward_x_kernel(const T* gy, const T* x, int64_t cols, cons
   }
 }
 
-// Thread j: grad_weight[j] = sum_r dy * xhat and grad_bias[j] = sum_r dy, down column j (threads
-// of a warp read neighbouring columns; no atomics, so the same bits on every run).
+// grad_weight[j] = sum_r dy * x̂ and grad_bias[j] = sum_r dy, in two passes with no atomics (the
+// same bits on every run). Pass 1: block (column tile, chunk) sums kLnChunk rows of kLnCols
+// columns, kLnRowThreads threads down each column (a warp reads 32 neighbouring columns of a row),
+// their f32 sums combined in f64 in thread order into one partial per column and chunk. Pass 2:
+// thread j adds column j's partials in chunk order. The single pass it replaces, one thread per
+// column walking every row, took 0.3 ms per layer norm of the char GPT's step on an H100 (2.7 of
+// its 8.9 ms in amp-bf16): 128 threads for the whole GPU.
+constexpr int kLnCols = 32, kLnRowThreads = 8, kLnChunk = 64;
+constexpr int64_t kMaxGridY = 65535;
+
 template <class T>
-__global__ void ln_backward_params_kernel(const T* gy, const T* x, int64_t rows, int64_t cols, const acc_t<T>* mean,
-                                          const acc_t<T>* rstd, acc_t<T>* gw, acc_t<T>* gb) {
+__global__ void ln_backward_params_partial_kernel(const T* gy, const T* x, int64_t rows, int64_t cols,
+                                                  const acc_t<T>* mean, const acc_t<T>* rstd, double* part_w,
+                                                  double* part_b) {
   using A = acc_t<T>;
-  for (int64_t j = global_thread(); j < cols; j += grid_threads()) {
-    A sw = 0, sb = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const A dy = to_acc(gy[r * cols + j]);
-      sw += dy * (mean ? (to_acc(x[r * cols + j]) - mean[r]) * rstd[r] : to_acc(x[r * cols + j]));
-      sb += dy;
+  __shared__ double sw[kLnRowThreads][kLnCols], sb[kLnRowThreads][kLnCols];
+  const int64_t j = int64_t(blockIdx.x) * kLnCols + threadIdx.x;
+  const int64_t chunks = (rows + kLnChunk - 1) / kLnChunk;
+  for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
+    const int64_t end = min(rows, (c + 1) * kLnChunk);
+    A w = 0, b = 0;
+    if (j < cols)
+      for (int64_t r = c * kLnChunk + threadIdx.y; r < end; r += kLnRowThreads) {
+        const A dy = to_acc(gy[r * cols + j]), xv = to_acc(x[r * cols + j]);
+        w += dy * (mean ? (xv - mean[r]) * rstd[r] : xv);
+        b += dy;
+      }
+    __syncthreads();  // the previous chunk's sums have been read
+    sw[threadIdx.y][threadIdx.x] = double(w);
+    sb[threadIdx.y][threadIdx.x] = double(b);
+    __syncthreads();
+    if (threadIdx.y == 0 && j < cols) {
+      double tw = 0, tb = 0;
+      for (int k = 0; k < kLnRowThreads; ++k) tw += sw[k][threadIdx.x], tb += sb[k][threadIdx.x];
+      part_w[c * cols + j] = tw;
+      part_b[c * cols + j] = tb;
     }
-    if (gw) gw[j] = sw;
-    if (gb) gb[j] = sb;
+  }
+}
+
+template <class A>
+__global__ void ln_backward_params_sum_kernel(const double* part_w, const double* part_b, int64_t chunks, int64_t cols,
+                                              A* gw, A* gb) {
+  for (int64_t j = global_thread(); j < cols; j += grid_threads()) {
+    double w = 0, b = 0;
+    for (int64_t c = 0; c < chunks; ++c) w += part_w[c * cols + j], b += part_b[c * cols + j];
+    if (gw) gw[j] = A(w);
+    if (gb) gb[j] = A(b);
   }
 }
 
@@ -321,7 +354,7 @@ Tensor layer_norm_forward(const Tensor& x_in, const Tensor& weight_in, const Ten
     dispatch_floating(xhat.dtype(), [&](auto u) {
       using U = decltype(u);
       ln_forward_kernel<T, U><<<unsigned(rows), kThreads, 0, on.stream()>>>(src, cols, eps, w, b, dst, m, rs,
-                                                                             static_cast<U*>(xhat.data_ptr()));
+                                                                            static_cast<U*>(xhat.data_ptr()));
     });
   });
   MIXPREC_CUDA_CHECK_LAUNCH();
@@ -353,8 +386,15 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Te
         MIXPREC_CUDA_CHECK_LAUNCH();
       }
       if (need_weight || need_bias) {
-        ln_backward_params_kernel<T><<<blocks_for(cols), kThreads, 0, on.stream()>>>(
-            g, src, rows, cols, m, rs, need_weight ? static_cast<A*>(out.weight.data_ptr()) : nullptr,
+        const int64_t chunks = (rows + kLnChunk - 1) / kLnChunk;
+        const Tensor part = Tensor::empty({2, chunks, cols}, DType::f64, x.device());
+        double* pw = static_cast<double*>(part.data_ptr());
+        const dim3 grid(unsigned((cols + kLnCols - 1) / kLnCols), unsigned(std::min(chunks, kMaxGridY)));
+        ln_backward_params_partial_kernel<T>
+            <<<grid, dim3(kLnCols, kLnRowThreads), 0, on.stream()>>>(g, src, rows, cols, m, rs, pw, pw + chunks * cols);
+        MIXPREC_CUDA_CHECK_LAUNCH();
+        ln_backward_params_sum_kernel<A><<<blocks_for(cols), kThreads, 0, on.stream()>>>(
+            pw, pw + chunks * cols, chunks, cols, need_weight ? static_cast<A*>(out.weight.data_ptr()) : nullptr,
             need_bias ? static_cast<A*>(out.bias.data_ptr()) : nullptr);
         MIXPREC_CUDA_CHECK_LAUNCH();
       }
