@@ -118,6 +118,46 @@ TEST(Kernels, CopyOfAStridedViewFallsBackCorrectly) {
   }
 }
 
+// A transpose made contiguous: the fast copy reads kTile x kTile tiles along the source's
+// unit-stride dim and writes along the destination's rows (cpu/shape.cpp, copy_tiles). Bit for bit
+// the reference, for every dtype pair it takes (one dtype of 1, 2, 4 or 8 bytes; f32 to and from
+// the 16-bit floats), partial tiles on both sides, the unit-stride dim before and after an outer
+// dim, and a destination whose rows are wider than the copy (its gaps untouched).
+TEST(Kernels, CopyOfATransposeRunsInTilesLikeTheReference) {
+  Generator g(3);
+  struct View {
+    Shape base;
+    int64_t d0, d1;  // base.transpose(d0, d1) is the source
+  };
+  const std::vector<View> views = {{{70, 45}, 0, 1}, {{3, 33, 40}, 1, 2}, {{33, 3, 40}, 0, 2}, {{64, 32}, 0, 1}};
+  std::vector<std::pair<DType, DType>> pairs = {
+      {DType::f64, DType::f64}, {DType::i64, DType::i64}, {DType::u8, DType::u8}};
+  for (DType a : kDTypes)
+    for (DType b : kDTypes)
+      if (a == b || a == DType::f32 || b == DType::f32) pairs.emplace_back(a, b);
+  for (const View& v : views)
+    for (const auto& [st, dt] : pairs) {
+      std::vector<float> vals = uniform(g, shape_numel(v.base), 0, 200);
+      if (st != DType::u8 && st != DType::i64)
+        for (size_t i = 0; i < vals.size(); i += 7) vals[i] = -vals[i] * 1e-3f;
+      const Tensor src = make(vals, v.base, st).detach().transpose(v.d0, v.d1);
+      const std::string what =
+          std::string(dtype_name(st)) + " -> " + std::string(dtype_name(dt)) + " " + shape_str(src.shape());
+      Shape wide = src.shape();
+      wide.back() += 5;
+      Tensor fast_wide = Tensor::full(wide, 7.0, dt), ref_wide = Tensor::full(wide, 7.0, dt);
+      Tensor fast = fast_wide.slice(src.dim() - 1, 0, src.size(-1)),
+             ref = ref_wide.slice(src.dim() - 1, 0, src.size(-1));
+      ASSERT_TRUE(kernels::cpu::copy(src, fast)) << what;
+      kernels::ref::copy(src, ref);
+      EXPECT_TRUE(bit_equal(fast_wide, ref_wide)) << what;
+    }
+  // Too thin for tiles (fewer than 8 along either dim): declined, the reference runs.
+  const Tensor thin = make(uniform(g, 35, -2, 2), {5, 7}, DType::f32).detach().transpose(0, 1);
+  Tensor out = Tensor::empty({7, 5}, DType::f32);
+  EXPECT_FALSE(kernels::cpu::copy(thin, out));
+}
+
 // ---------------------------------------------------------------- binary
 
 const std::vector<kernels::BinaryOp> kBinaryOps = {kernels::BinaryOp::add, kernels::BinaryOp::sub,
