@@ -286,6 +286,19 @@ step_test() {
       echo "no test matched --gtest_filter=$filter"
       return 1
     }
+  # A captured step that does not replay the eager step's bits: once more without split-K in any
+  # cuBLASLt matmul (MIXPREC_CUBLASLT_SPLIT_K=0, a diagnostic only: its result is logged, the
+  # failure stands), so the run itself says whether split-K is the cause.
+  if [ "$rc" != 0 ] && python3 -c 'import json,sys
+r = json.load(open(sys.argv[1]))
+sys.exit(0 if any(t.get("failures") for s in r["testsuites"] for t in s["testsuite"]
+                  if t["name"] == "CapturedStepsReplayBitIdenticalToEagerSteps") else 1)' "$W/results/tests.json"; then
+    echo "== CudaTrain.CapturedStepsReplayBitIdenticalToEagerSteps failed: again with MIXPREC_CUBLASLT_SPLIT_K=0"
+    MIXPREC_CUBLASLT_SPLIT_K=0 MIXPREC_SOURCE_DIR=$root MIXPREC_CLI=$MIXPREC "$MIXPREC_TESTS" \
+      --gtest_filter='CudaTrain.CapturedStepsReplayBitIdenticalToEagerSteps' \
+      --gtest_output="json:$W/results/tests-no-split-k.json" && echo "== it passes without split-K" ||
+      echo "== it fails without split-K too"
+  fi
   # The tests of what a machine without a GPU says skip where there is one: run them again with
   # the GPU hidden from the process (CUDA_VISIBLE_DEVICES=-1), so that none of the filter's tests
   # goes unrun here.

@@ -4,7 +4,9 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -101,6 +103,16 @@ void* workspace(LtDevice& d, cudaStream_t s, const Device& dev) {
 }
 
 // The largest power of two (at most 16 bytes, what the fastest kernels ask) dividing the address.
+// MIXPREC_CUBLASLT_SPLIT_K=0 forbids split-K everywhere: a diagnostic for the GPU runs (does a
+// difference in bits between a captured and an eager step come from split-K?), read once.
+bool split_k_allowed() {
+  static const bool on = [] {
+    const char* v = std::getenv("MIXPREC_CUBLASLT_SPLIT_K");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
 uint32_t alignment(const void* p) {
   const auto v = reinterpret_cast<uintptr_t>(p);
   uint32_t a = 16;
@@ -281,7 +293,7 @@ bool lt_matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
       // (GPU run 2026-11-27, the test cnn's classifier). matmul() gives the long reductions that
       // need split-K their epilogue apart.
       pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-               epilogue == CUBLASLT_EPILOGUE_DEFAULT
+               epilogue == CUBLASLT_EPILOGUE_DEFAULT && split_k_allowed()
                    ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
                    : uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE));
       pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
