@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <tuple>
 
 #include "core/cuda/cuda_util.h"
