@@ -102,7 +102,6 @@ void* workspace(LtDevice& d, cudaStream_t s, const Device& dev) {
   return it->second.data_ptr();
 }
 
-// The largest power of two (at most 16 bytes, what the fastest kernels ask) dividing the address.
 // MIXPREC_CUBLASLT_SPLIT_K=0 forbids split-K everywhere: a diagnostic for the GPU runs (does a
 // difference in bits between a captured and an eager step come from split-K?), read once.
 bool split_k_allowed() {
@@ -113,6 +112,7 @@ bool split_k_allowed() {
   return on;
 }
 
+// The largest power of two (at most 16 bytes, what the fastest kernels ask) dividing the address.
 uint32_t alignment(const void* p) {
   const auto v = reinterpret_cast<uintptr_t>(p);
   uint32_t a = 16;
