@@ -366,7 +366,10 @@ TEST(ConvFast, F32WeightGradientPathFollowsTheHostKind) {
     if (t == DType::bf16 && native_bf16) continue;  // Bf16GradientsRunAsForwardConvolutions... covers it
     const std::string impl = impl_of(t);
     EXPECT_EQ(impl.find("wgrad_as_fwd") != std::string::npos, native_bf16) << dtype_name(t) << ": " << impl;
-    EXPECT_EQ(impl.find("bf16"), std::string::npos) << dtype_name(t) << ": " << impl;
+    // Without a bf16 unit, bf16 runs oneDNN's f32 kernels (no bf16 implementation name).
+    if (!native_bf16) {
+      EXPECT_EQ(impl.find("bf16"), std::string::npos) << dtype_name(t) << ": " << impl;
+    }
   }
 }
 
