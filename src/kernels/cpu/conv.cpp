@@ -392,9 +392,8 @@ void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector
     if (e.outputs[i].reorder) run_reorder(e.outputs[i], staged[i], memory(e.outputs[i].user, dnnl_engine(), out[i]));
 }
 
-bool bf16_ok() { return has_avx512_bf16() || has_amx_bf16(); }
 // A 16-bit dtype oneDNN has no convolution for on this host: computed in f32 (conv2d_forward).
-bool emulated_16bit(DType t) { return t == DType::f16 || (t == DType::bf16 && !bf16_ok()); }
+bool emulated_16bit(DType t) { return t == DType::f16 || (t == DType::bf16 && !native_bf16()); }
 
 bool shapes_ok(const ConvGeometry& g) {
   return g.n > 0 && g.c > 0 && g.oc > 0 && g.oh > 0 && g.ow > 0 && g.h > 0 && g.w > 0;
@@ -557,7 +556,7 @@ bool dgrad_as_forward(const ConvGeometry& g, DType t) {
 // without them (Cascade Lake, 2026-11-27) the split ran the wide cnn's fp32 step in 1465-1998 ms
 // against 1822-2347 with the rewrite, three alternating pairs.
 bool wgrad_as_forward(const ConvGeometry& g, DType t) {
-  return (t == DType::bf16 || (t == DType::f32 && bf16_ok())) && wgrad_as_forward_flag().load() && rewritable(g) &&
+  return (t == DType::bf16 || (t == DType::f32 && native_bf16())) && wgrad_as_forward_flag().load() && rewritable(g) &&
          g.n >= 16 && g.c > kFirstLayerChannels;
 }
 
@@ -631,7 +630,7 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
     kernels::copy(dst32, dst);
     return true;
   }
-  if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && bf16_ok())) return false;
+  if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && native_bf16())) return false;
   if (bias.defined() && bias.dtype() != DType::f32 && bias.dtype() != x.dtype()) return false;
   ConvEntry holder;
   const ConvEntry* e =
@@ -661,7 +660,7 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
     if (need_b) kernels::copy(o32.bias, out.bias);
     return true;
   }
-  if (t != DType::f32 && !(t == DType::bf16 && bf16_ok())) return false;
+  if (t != DType::f32 && !(t == DType::bf16 && native_bf16())) return false;
   if (need_b && out.bias.dtype() != DType::f32 && out.bias.dtype() != t) return false;
   // The weight gradient: mixprec's kernel for a short bf16 contraction, a forward convolution (wf),
   // oneDNN's backward-weights split over the batch, or one oneDNN primitive (bw).

@@ -39,6 +39,7 @@ dnnl::primitive_attr user_scratchpad_attr() {
 
 bool has_avx512_bf16() { return mixprec::cpu::has_avx512_bf16(); }
 bool has_amx_bf16() { return mixprec::cpu::has_amx_bf16(); }
+bool native_bf16() { return has_avx512_bf16() || has_amx_bf16(); }
 
 std::string dnnl_isa_name() {
   using isa = dnnl::cpu_isa;

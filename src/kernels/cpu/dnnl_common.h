@@ -34,6 +34,9 @@ dnnl::primitive_attr user_scratchpad_attr();
 // CPU features (mixprec/cpu.h: cpuid and XCR0, hardware and OS support both required).
 bool has_avx512_bf16();
 bool has_amx_bf16();
+// Whether oneDNN computes in bf16 on this CPU (AVX512-BF16 or AMX-BF16). Without either its bf16
+// matmul is an emulation through f32 and it has no bf16 convolution: the kernels widen to f32.
+bool native_bf16();
 // The ISA oneDNN dispatches to, e.g. "avx512_core_amx" (ONEDNN_MAX_CPU_ISA can lower it).
 std::string dnnl_isa_name();
 

@@ -10,11 +10,6 @@
 #include "kernels/shape.h"
 
 namespace mixprec::kernels::cpu {
-namespace {
-
-bool native_bf16() { return has_avx512_bf16() || has_amx_bf16(); }
-
-}  // namespace
 
 bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) {
   const DType t = a.dtype();
