@@ -14,7 +14,8 @@ first floor(90%) of the tokens train, the rest validation. Batch rows start at
 validation batch j row b: i = j * 32 + b, split 1, seed 0.
 Model: nanoGPT's names (transformer.wte, .wpe, .h.<i>.ln_1/.attn.c_attn/.attn.c_proj/.ln_2/
 .mlp.c_fc/.mlp.c_proj, .ln_f, lm_head tied to wte), GELU tanh, GPT-2 initialisation. Torch 1.13
-has no scaled_dot_product_attention: attention is written out.
+has no scaled_dot_product_attention: attention is written out there; a newer torch (the GPU
+machine's) runs its fused F.scaled_dot_product_attention, the peer at its best.
 """
 
 import argparse
@@ -146,10 +147,14 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         hd = C // self.n_head
         q, k, v = (t.view(B, T, self.n_head, hd).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, H, T, T)
-        att = att.masked_fill(self.mask[:T, :T], float("-inf"))
-        att = self.attn_dropout(F.softmax(att, dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0: its fused (flash) attention
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_dropout.p if self.training else 0.0,
+                                               is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, H, T, T)
+            att = att.masked_fill(self.mask[:T, :T], float("-inf"))
+            y = self.attn_dropout(F.softmax(att, dim=-1)) @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -207,7 +212,7 @@ class GPT(nn.Module):
         B, T = idx.shape  # idx is (B, T) int64
         if T > self.config.block_size:
             raise ValueError(f"sequence of {T} longer than the block size {self.config.block_size}")
-        pos = torch.arange(T, dtype=torch.long)
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)

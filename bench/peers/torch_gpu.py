@@ -46,6 +46,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import compare  # noqa: E402  (bench/compare.py: run_command, parse_result, summarise)
+import gpt  # noqa: E402  (the char GPT, nanoGPT's names: the peer of --model gpt)
 import models  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -55,7 +56,11 @@ MIXPREC_CMD = ("{mixprec} bench {device_flag} --model {model} {widths} --precisi
                "--batch-size {batch} --steps {steps} --warmup {warmup} --optimizer adamw --lr {lr} "
                "--weight-decay 0")
 DEVICE_FLAG = {"cuda": "--device cuda", "cpu": ""}  # the CPU is the CLI's default device
-LR = {"mlp": 1e-3, "cnn": 2e-3, "cnn-bn": 1e-3}  # the CLI's AdamW recipes (apps/mixprec/models.cpp)
+LR = {"mlp": 1e-3, "cnn": 2e-3, "cnn-bn": 1e-3, "gpt": 1e-3}  # the CLI's AdamW recipes (apps/mixprec/models.cpp)
+# gpt widths: LAYERS,HEADS,D_MODEL,BLOCK,VOCAB (the CLI's gpt defaults; GPT-2 124M: 12,12,768,1024,50304).
+# Its recipe as the CLI's: AdamW betas (0.9, 0.95), gradients clipped to norm 1 (unscaled first).
+GPT_FIELDS = ("layers", "heads", "d-model", "block-size", "vocab-size")
+GPT_CLIP = 1.0
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16")
 AMP_DTYPE = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
 
@@ -64,10 +69,16 @@ def parse_config(spec):
     """'mlp@512', 'mlp:1024,1024@512', 'cnn:420,1000@256' -> namespace(model, widths, batch, name)."""
     name, _, batch = spec.partition("@")
     model, _, widths = name.partition(":")
-    if model not in models.MODELS or not batch.isdigit():
-        raise argparse.ArgumentTypeError(f"config {spec!r}: expected MODEL[:WIDTHS]@BATCH, MODEL in {models.MODELS}")
+    if model not in models.MODELS + ("gpt",) or not batch.isdigit():
+        raise argparse.ArgumentTypeError(f"config {spec!r}: expected MODEL[:WIDTHS]@BATCH, MODEL in "
+                                         f"{models.MODELS + ('gpt',)}")
     if not widths:
-        widths = {"mlp": "1024,1024", "cnn": "8,16"}.get(model, "")
+        widths = {"mlp": "1024,1024", "cnn": "8,16", "gpt": "4,4,128,128,81"}.get(model, "")
+    if model == "gpt":
+        v = widths.split(",")
+        if len(v) != len(GPT_FIELDS) or not all(x.isdigit() and int(x) > 0 for x in v) or int(v[2]) % int(v[1]):
+            raise argparse.ArgumentTypeError(f"config {spec!r}: gpt takes {','.join(GPT_FIELDS).upper()} (positive, "
+                                             "D_MODEL a multiple of HEADS)")
     return types.SimpleNamespace(model=model, widths=widths, batch=int(batch),
                                  name=f"{model}{'-' + widths.replace(',', '-') if widths else ''}@{batch}")
 
@@ -76,7 +87,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", type=parse_config,
                    default=[parse_config("mlp@512"), parse_config("cnn:420,1000@256")],
-                   help="MODEL[:WIDTHS]@BATCH ... (default: mlp@512 cnn:420,1000@256)")
+                   help="MODEL[:WIDTHS]@BATCH ... (default: mlp@512 cnn:420,1000@256; gpt's WIDTHS: "
+                        "LAYERS,HEADS,D_MODEL,BLOCK,VOCAB, default 4,4,128,128,81)")
     p.add_argument("--precisions", default=",".join(PRECISIONS))
     p.add_argument("--modes", default="eager,compile", help="PyTorch modes: eager, compile")
     p.add_argument("--impls", default="mixprec,pytorch",
@@ -158,15 +170,23 @@ class TorchRun:
         if mode == "compile" and not hasattr(torch, "compile"):
             raise Unsupported(f"torch.compile (torch {torch.__version__} has none)")
         torch.manual_seed(a.seed)
-        kw = {"hidden": cfg.widths} if cfg.model == "mlp" else {"channels": cfg.widths} if cfg.model == "cnn" else {}
-        self.model = models.build(cfg.model, **kw).to(self.device)
+        self.clip = None
+        betas = (0.9, 0.999)
+        if cfg.model == "gpt":
+            layers, heads, d, block, vocab = map(int, cfg.widths.split(","))
+            self.model = gpt.GPT(gpt.GPTConfig(vocab_size=vocab, block_size=block, n_layer=layers, n_head=heads,
+                                               n_embd=d)).to(self.device)
+            self.clip, betas = GPT_CLIP, (0.9, 0.95)
+        else:
+            kw = {"hidden": cfg.widths} if cfg.model == "mlp" else {"channels": cfg.widths} if cfg.model == "cnn" else {}
+            self.model = models.build(cfg.model, **kw).to(self.device)
         self.model.train()
         params = list(self.model.parameters())
         try:
-            self.opt = torch.optim.AdamW(params, lr=LR[cfg.model], weight_decay=0.0, fused=True)
+            self.opt = torch.optim.AdamW(params, lr=LR[cfg.model], betas=betas, weight_decay=0.0, fused=True)
             self.fused = True
         except (TypeError, RuntimeError) as e:  # torch < 2.0 has no fused=; < 2.4 none on the CPU
-            self.opt = torch.optim.AdamW(params, lr=LR[cfg.model], weight_decay=0.0)
+            self.opt = torch.optim.AdamW(params, lr=LR[cfg.model], betas=betas, weight_decay=0.0)
             self.fused = False
             self.notes.append(f"AdamW not fused ({str(e).splitlines()[0][:80]})")
         self.scaler = None
@@ -174,21 +194,31 @@ class TorchRun:
             self.scaler = (torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler")
                            else torch.cuda.amp.GradScaler())
         g = torch.Generator(device=self.device).manual_seed(a.seed + 1)
-        self.x = torch.randn(cfg.batch, 1, 28, 28, device=self.device, generator=g)
-        self.y = torch.randint(0, 10, (cfg.batch,), device=self.device, generator=g)
+        if cfg.model == "gpt":  # random tokens, as `mixprec bench --model gpt`
+            self.x = torch.randint(0, vocab, (cfg.batch, block), device=self.device, generator=g)
+            self.y = torch.randint(0, vocab, (cfg.batch * block,), device=self.device, generator=g)
+        else:
+            self.x = torch.randn(cfg.batch, 1, 28, 28, device=self.device, generator=g)
+            self.y = torch.randint(0, 10, (cfg.batch,), device=self.device, generator=g)
         self.forward = torch.compile(self.model) if mode == "compile" else self.model
         self.peak_bytes = self.reserved_bytes = self.launches = None
 
     def step(self):
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast(device_type=self.device, dtype=self.dtype or torch.bfloat16, enabled=self.amp):
-            loss = F.cross_entropy(self.forward(self.x), self.y)
+            out = self.forward(self.x)
+            loss = F.cross_entropy(out.view(-1, out.shape[-1]), self.y)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
+            if self.clip:
+                self.scaler.unscale_(self.opt)  # found_inf stays on the device
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)  # foreach on CUDA by default
             self.scaler.step(self.opt)  # fused AdamW: reads found_inf on the device, no .item()
             self.scaler.update()
         else:
             loss.backward()
+            if self.clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)  # foreach on CUDA by default
             self.opt.step()
 
     def time_steps(self, steps):
@@ -265,7 +295,10 @@ class Unsupported(Exception):
 
 
 def mixprec_command(a, cfg, precision):
-    widths = {"mlp": f"--hidden {cfg.widths}", "cnn": f"--channels {cfg.widths}"}.get(cfg.model, "")
+    if cfg.model == "gpt":
+        widths = " ".join(f"--{k} {v}" for k, v in zip(GPT_FIELDS, cfg.widths.split(",")))
+    else:
+        widths = {"mlp": f"--hidden {cfg.widths}", "cnn": f"--channels {cfg.widths}"}.get(cfg.model, "")
     line = a.mixprec_cmd.format(mixprec=shlex.quote(a.mixprec), device_flag=DEVICE_FLAG[a.device], model=cfg.model,
                                 widths=widths, precision=precision, batch=cfg.batch, steps=a.steps,
                                 warmup=a.warmup, lr=LR[cfg.model])
