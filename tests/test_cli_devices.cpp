@@ -133,6 +133,27 @@ TEST_F(CliDevices, AMissingDeviceIsOneLine) {
   }
 }
 
+// The seeds' experiment on a GPU (the wide cnn under a limit where fp32 fits a few hundred): every
+// preset finds its batch. A convolution whose cuDNN engines all want more workspace than the limit
+// leaves is out of memory, as any allocation past the limit: the search goes smaller. (It was an
+// error that ended the search, first seen on the H100 on 2026-11-27 at 3, 4 and 6 GiB.) Without a
+// GPU there is nothing to run: the CPU's search is CliCompare.MaxBatchFindsABatchPerPrecision.
+TEST_F(CliDevices, MaxBatchOnTheGpuSearchesPastConvolutionsThatDoNotFit) {
+  if (mixprec::cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << mixprec::cuda::unavailable_reason();
+  const RunResult r = run_cli(
+      "max-batch --device cuda --model cnn --channels 420,1000 --memory-limit 3GiB "
+      "--max-batch 2048 --precisions fp32,amp-fp16 --json",
+      dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.at("precisions").size(), 2u);
+  for (const nlohmann::json& p : j.at("precisions")) {
+    EXPECT_GT(p.at("batch").get<int64_t>(), 0) << p;
+    EXPECT_LE(p.at("peak_bytes").get<int64_t>(), int64_t(3) << 30) << p;
+  }
+  EXPECT_GT(j.at("precisions")[1].at("ratio").get<double>(), 1.0) << j.dump();
+}
+
 TEST_F(CliDevices, AutoTakesTheGpuWhereThereIsOne) {
   const RunResult r = run_cli("bench --device auto --hidden 16 --batch-size 8 --steps 2 --warmup 1", dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -6,14 +6,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernels/conv.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
 #include "kernels/pool.h"
 #include "kernels/shape.h"
+#include "mixprec/allocator.h"
 #include "op_cases.h"
 #include "tensor_bytes.h"
 
@@ -270,6 +274,73 @@ INSTANTIATE_TEST_SUITE_P(Gpu, CudaConv, ::testing::ValuesIn(if_gpu([] {
                            return p;
                          }())));
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaConv);
+
+// A convolution under a budget that leaves no room past its output: an engine without workspace
+// runs it, or it is OutOfMemory, never another error (max-batch's search goes smaller on
+// OutOfMemory alone: on 2026-11-27 "no cuDNN engine's workspace fits" ended it); with the budget
+// lifted, the same call times its engines again and runs. Forward with bias + ReLU, and backward.
+class CudaConvMemory : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaConvMemory, NoWorkspaceThatFitsIsOutOfMemoryAndTheNextCallRuns) {
+  const DType t = GetParam();
+  const ConvCase c{2, 64, 8, 8, 128, 3, 1, 1, 1, 1, true, true};
+  const kernels::ConvGeometry g = geometry(c);
+  Generator gen(0xb0d6e7 + int(t));
+  const Tensor x = nonzero_values(g.x_shape(), t, false, gen), w = nonzero_values(g.w_shape(), t, false, gen);
+  const Tensor b = nonzero_values({g.oc}, t, false, gen), gy = nonzero_values(g.y_shape(), t, false, gen);
+  const int64_t taps = g.c * g.kh * g.kw;
+  Tensor want_y;
+  kernels::ConvGrads want;
+  {
+    const kernels::BackendGuard ref(kernels::Backend::ref);
+    want_y = kernels::conv2d_forward(x, w, b, g, true);
+    want = kernels::conv2d_backward(gy, x, w, g, true, true, false, t, t);
+  }
+  const Tensor xg = x.to(kGpu), wg = w.to(kGpu), bg = b.to(kGpu), gyg = gy.to(kGpu);
+  struct Unbudgeted {
+    ~Unbudgeted() { allocator::set_budget(0, kGpu); }
+  } unbudgeted;
+  auto check = [&](const char* what, const std::function<void()>& pass) {
+    SCOPED_TRACE(what);
+    // The budget at what is reserved, every cached byte taken but the outputs' blocks: the
+    // outputs fit, a workspace does not.
+    allocator::empty_cache(kGpu);
+    std::vector<Tensor> outputs{Tensor::empty(g.y_shape(), t, kGpu), Tensor::empty(g.x_shape(), t, kGpu),
+                                Tensor::empty(g.w_shape(), t, kGpu)},
+        fillers;
+    allocator::set_budget(allocator::stats(kGpu).reserved_bytes, kGpu);
+    for (int64_t n = allocator::stats(kGpu).reserved_bytes - allocator::stats(kGpu).allocated_bytes; n >= 512;) {
+      try {
+        fillers.push_back(Tensor::empty({n}, DType::u8, kGpu));
+      } catch (const OutOfMemory&) {
+        n /= 2;
+      }
+    }
+    outputs.clear();
+    try {
+      pass();  // an engine without workspace: its result is checked as any
+    } catch (const OutOfMemory& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+    } catch (const Error& e) {
+      ADD_FAILURE() << "expected OutOfMemory or a result, got: " << e.what();
+    }
+    allocator::set_budget(0, kGpu);
+    fillers.clear();
+    pass();
+  };
+  check("forward", [&] {
+    EXPECT_TRUE(agree_within_bound(host(kernels::conv2d_forward(xg, wg, bg, g, true)), want_y, taps + 1, 0, "y"));
+  });
+  check("backward", [&] {
+    const kernels::ConvGrads got = kernels::conv2d_backward(gyg, xg, wg, g, true, true, false, t, t);
+    EXPECT_TRUE(agree_within_bound(host(got.x), want.x, g.oc * g.kh * g.kw, 0, "grad x"));
+    EXPECT_TRUE(agree_within_bound(host(got.weight), want.weight, g.n * g.oh * g.ow, 0, "grad weight"));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, CudaConvMemory,
+                         ::testing::ValuesIn(if_gpu<DType>({DType::f32, DType::bf16, DType::f16})));
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaConvMemory);
 
 // --------------------------------------------------------------------------------------- pool
 

@@ -412,44 +412,69 @@ bool execute(const Plan& p, int index, const std::vector<void*>& ptrs, bool may_
   return true;
 }
 
-// Runs candidate p once: false when its workspace does not fit or the engine fails to run these
-// tensors (not a candidate then); any other out-of-memory propagates.
-bool try_candidate(const Plan& p, int index, const std::vector<void*>& ptrs) {
+// What running one candidate came to.
+enum class Tried { ran, no_memory, refused };
+
+// Runs candidate p once: no_memory when its workspace does not fit, refused when the engine fails
+// to run these tensors (not a candidate then, either way); any other out-of-memory propagates.
+Tried try_candidate(const Plan& p, int index, const std::vector<void*>& ptrs) {
   try {
-    return execute(p, index, ptrs, /*may_fail=*/true);
+    return execute(p, index, ptrs, /*may_fail=*/true) ? Tried::ran : Tried::no_memory;
   } catch (const OutOfMemory&) {
     throw;
   } catch (const Error&) {
-    return false;
+    return Tried::refused;
   }
+}
+
+// No candidate ran: out of memory when one at least was left out for its workspace alone (the
+// convolution does not fit; a caller such as max-batch's search takes that as any other
+// allocation that fails), else the engines' refusal.
+[[noreturn]] void no_candidate_ran(int index, bool for_memory, const char* what) {
+  if (for_memory) {
+    throw OutOfMemory(mixprec::detail::concat("conv2d on cuda:", index, ": out of memory: no ", what,
+                                              "cuDNN engine's workspace fits in the memory left"));
+  }
+  throw Error(mixprec::detail::concat("conv2d on cuda:", index, ": no ", what, "cuDNN engine runs this convolution"));
 }
 
 // Runs the fastest of `c`'s plans. On the first run with several, each is timed on these very
 // tensors (PyTorch's cudnn.benchmark; every pass writes its output with beta 0, so a rerun gives
 // the same bits), the fastest is kept, and it runs last so that the output is its own. A
-// candidate whose workspace does not fit is dropped. A capture (cuda::Graph) cannot time: warm up
-// eagerly first, as with PyTorch. Deterministic candidates are not timed: the first in the
-// heuristics' order that runs is kept (cudnn.benchmark off), the same engine in every process.
+// candidate whose workspace does not fit is dropped; when none fits, OutOfMemory (the convolution
+// does not fit: the next call, with more memory free, times them all again). A capture (cuda::Graph) cannot time: warm
+// up eagerly first, as with PyTorch. Deterministic candidates are not timed: the first in the heuristics' order that
+// runs is kept (cudnn.benchmark off), the same engine in every process.
 void run_best(Candidates& c, int index, const std::vector<void*>& ptrs) {
   const std::lock_guard<std::mutex> lock(c.mu);
+  bool no_memory = false;  // a candidate was left out for its workspace
   if (!c.timed && c.deterministic) {
-    while (!c.plans.empty() && !try_candidate(*c.plans.front(), index, ptrs)) c.plans.erase(c.plans.begin());
-    MIXPREC_CHECK(!c.plans.empty(), "conv2d on cuda:", index,
-                  ": no deterministic cuDNN engine runs this convolution in the memory left");
-    c.plans.resize(1);
-    c.timed = true;
-    return;  // the kept plan has just written the output
+    // The first that runs; one left out for its workspace stays a candidate of a later call.
+    for (size_t i = 0; i < c.plans.size(); ++i) {
+      const Tried t = try_candidate(*c.plans[i], index, ptrs);
+      if (t == Tried::ran) {
+        c.plans = {c.plans[i]};
+        c.timed = true;
+        return;  // the kept plan has just written the output
+      }
+      if (t == Tried::no_memory) no_memory = true;
+    }
+    no_candidate_ran(index, no_memory, "deterministic ");
   }
   if (!c.timed && c.plans.size() > 1) {
     size_t best = c.plans.size();
     double best_ms = 0;
     for (size_t i = 0; i < c.plans.size(); ++i) {
-      if (!try_candidate(*c.plans[i], index, ptrs)) continue;  // also the warm-up
+      const Tried t = try_candidate(*c.plans[i], index, ptrs);  // also the warm-up
+      if (t != Tried::ran) {
+        no_memory = no_memory || t == Tried::no_memory;
+        continue;
+      }
       double ms = 0;
-      for (double t : mixprec::cuda::time_each(index, 2, [&] { execute(*c.plans[i], index, ptrs); })) ms += t;
+      for (double e : mixprec::cuda::time_each(index, 2, [&] { execute(*c.plans[i], index, ptrs); })) ms += e;
       if (best == c.plans.size() || ms < best_ms) best = i, best_ms = ms;
     }
-    MIXPREC_CHECK(best < c.plans.size(), "conv2d on cuda:", index, ": no cuDNN engine's workspace fits in memory");
+    if (best == c.plans.size()) no_candidate_ran(index, no_memory, "");
     c.plans = {c.plans[best]};
   }
   c.timed = true;
