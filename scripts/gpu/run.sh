@@ -18,6 +18,9 @@
 #   bench      bench/peers/torch_gpu.py: mixprec bench against PyTorch eager and torch.compile
 #   profile    mixprec bench --profile on the GPU (mlp, cnn 420/1000, gpt; amp-bf16, amp-fp16, fp32): each
 #              kernel's time (the profiler waits for the stream around each) against cuBLASLt's rate
+#   max-batch  the seeds' experiment: `mixprec max-batch --device cuda` on cnn 420,1000 and
+#              bench/peers/torch_max_batch.py under the same limit(s) (MAXBATCH_LIMITS, 3GiB), each
+#              precision's largest batch and its ratio to fp32's, side by side
 #   all        inventory setup test memcheck train-gpu bench (train-cpu apart: see docs/gpu.md)
 #   A+B        steps A and B at once, each under the same limit (memcheck+train-gpu: neither times anything)
 # Out ($OUT, at most 8 files come back): run.log (this output), summary.json, gpu-run.md (the
@@ -25,6 +28,7 @@
 # Env: RUN_BUDGET_S (560: the whole call, under the tool's 600 s), TRAIN_MODELS (mlp,cnn),
 #   TRAIN_PRECISIONS (fp32,amp-fp16,amp-bf16), TRAIN_SEEDS (0,1,2), TRAIN_EPOCHS (5),
 #   CNN_CHANNELS (32,64), BENCH_ARGS (extra torch_gpu.py flags), TORCH_PYTHON (python3),
+#   MAXBATCH_LIMITS (3GiB; comma-separated), MAXBATCH_PRECISIONS (fp32,amp-fp16,amp-bf16,half-bf16),
 #   RUN_WITHOUT_GPU=1 (run the GPU steps on a machine without one: dry runs), FRESH=1 (drop the
 #   results that earlier calls left on a warm machine; they are otherwise summarised together).
 set -euo pipefail
@@ -413,6 +417,39 @@ step_profile() {
   done
 }
 
+step_max-batch() {
+  need_gpu
+  need_binary
+  local l rc=0 prec=${MAXBATCH_PRECISIONS:-fp32,amp-fp16,amp-bf16,half-bf16}
+  local limits=${MAXBATCH_LIMITS:-3GiB}
+  for l in ${limits//,/ }; do
+    echo "== limit $l"
+    "$MIXPREC" max-batch --device cuda --model cnn --channels 420,1000 --memory-limit "$l" --precisions "$prec" \
+      --json >"$W/results/maxbatch-mixprec-$l.json" || rc=1
+    "$TORCH_PYTHON" "$root/bench/peers/torch_max_batch.py" --model cnn --channels 420,1000 --memory-limit "$l" \
+      --precisions "$prec" --json >"$W/results/maxbatch-pytorch-$l.json" || rc=1
+    python3 - "$W/results/maxbatch-mixprec-$l.json" "$W/results/maxbatch-pytorch-$l.json" <<'PY' || rc=1
+import json, sys
+def load(p):
+    try:
+        return {r["precision"]: r for r in json.load(open(p))["precisions"]}
+    except Exception as e:  # a side that failed: its column stays empty
+        print(f"{p}: {e}")
+        return {}
+m, t = load(sys.argv[1]), load(sys.argv[2])
+print("| precision | mixprec batch | ratio | peak MiB | PyTorch batch | ratio | reserved peak MiB |")
+print("|---|---|---|---|---|---|---|")
+for p in list(m) + [p for p in t if p not in m]:
+    a, b = m.get(p, {}), t.get(p, {})
+    f = lambda r, k, d=1: (f"{r[k] / d:.2f}" if isinstance(r.get(k), float) else
+                           f"{r[k] / d:.1f}" if d != 1 and r.get(k) is not None else str(r.get(k, "-")))
+    print(f"| {p} | {f(a, 'batch')} | {f(a, 'ratio')} | {f(a, 'peak_bytes', 2**20)} | {f(b, 'batch')} | "
+          f"{f(b, 'ratio')} | {f(b, 'max_memory_reserved', 2**20)} |")
+PY
+  done
+  return $rc
+}
+
 # ---------------------------------------------------------------------------------------------
 # One step in its own process: `run.sh --step NAME` (the driver below calls this under timeout).
 case ${1:-} in
@@ -440,9 +477,9 @@ for s in "${steps[@]}"; do
   *)
     for part in ${s//+/ }; do
       case $part in
-      setup | test | memcheck | train-gpu | train-cpu | bench | profile) ;;
+      setup | test | memcheck | train-gpu | train-cpu | bench | profile | max-batch) ;;
       *)
-        echo "run.sh: unknown step '$part' (inventory setup test memcheck train-gpu train-cpu bench profile all; A+B runs A and B at once)" >&2
+        echo "run.sh: unknown step '$part' (inventory setup test memcheck train-gpu train-cpu bench profile max-batch all; A+B runs A and B at once)" >&2
         exit 2
         ;;
       esac
@@ -453,7 +490,7 @@ for s in "${steps[@]}"; do
 done
 # Steps that need the binary set it up first, once, if the call did not name setup.
 if ! printf '%s\n' "${expanded[@]}" | grep -qx setup &&
-  printf '%s\n' "${expanded[@]}" | tr + '\n' | grep -qxE 'test|memcheck|train-gpu|train-cpu|bench|profile'; then
+  printf '%s\n' "${expanded[@]}" | tr + '\n' | grep -qxE 'test|memcheck|train-gpu|train-cpu|bench|profile|max-batch'; then
   expanded=(inventory setup "${expanded[@]:1}")
 fi
 
