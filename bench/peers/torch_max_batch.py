@@ -180,7 +180,7 @@ def run(a):
         out["precisions"].append(row)
         print(f"torch_max_batch.py: {prec}: batch {batch} ({attempts} attempts, {row['seconds']} s)", file=sys.stderr,
               flush=True)
-        del trainer
+        trainer = None  # its model and optimizer go before the next precision's
     base = out["precisions"][0]["batch"]
     for row in out["precisions"]:
         row["ratio"] = row["batch"] / base if base else None
