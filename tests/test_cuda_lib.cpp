@@ -359,6 +359,8 @@ const std::vector<kernels::PoolGeometry>& pool_cases() {
     win(7, 5, 3, 2, 1, 1, true);    // overlapping, padded
     win(9, 8, 3, 1, 1, 1, false);   // stride 1: every input in nine windows; pad not counted
     win(11, 10, 3, 2, 1, 2, true);  // dilation 2 (max only: avg ignores dilation)
+    win(5, 7, 2, 2, 0, 1, true);    // tiles, with a row and a column that no window covers
+    win(9, 6, 3, 3, 0, 1, true);    // 3x3 tiles
     auto adaptive = [&](int64_t h, int64_t w, int64_t oh, int64_t ow) {
       kernels::PoolGeometry g;
       g.n = 2, g.c = 3, g.h = h, g.w = w, g.oh = oh, g.ow = ow, g.adaptive = true;

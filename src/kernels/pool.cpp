@@ -35,10 +35,9 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Poo
 Tensor max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g) {
   const DeviceScope on({&grad_y, &x});
 #ifdef MIXPREC_WITH_CUDA
-  // The GPU finds the winners with its forward kernel (a transient argmax, one byte per output,
-  // freed on return) and routes the gradient with its backward kernel: the same two kernels as
-  // the argmax form, so the same result.
-  if (on.cuda()) return cuda::max_pool2d_backward(grad_y, cuda::max_pool2d_forward(x, g).argmax, g);
+  // The GPU finds the winners with the forward's own scan (kernels/cuda/pool.cu), so the result
+  // is the argmax form's.
+  if (on.cuda()) return cuda::max_pool2d_backward_from_input(grad_y, x, g);
 #endif
   if (use_fast()) {
     Tensor gx = Tensor::empty({g.n, g.c, g.h, g.w}, grad_y.dtype());

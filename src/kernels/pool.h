@@ -50,6 +50,7 @@ namespace cuda {
 // src/kernels/cuda/pool.cu: the same contracts as the dispatch functions above.
 MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g);
+Tensor max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
 }  // namespace cuda
