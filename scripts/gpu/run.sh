@@ -16,7 +16,7 @@
 #   train-gpu  mlp and cnn 5 epochs x fp32/amp-fp16/amp-bf16 x seeds 0,1,2 on the GPU
 #   train-cpu  the same runs on the CPU (the accuracy comparison; 16 cores, minutes)
 #   bench      bench/peers/torch_gpu.py: mixprec bench against PyTorch eager and torch.compile
-#   profile    mixprec bench --profile on the GPU (mlp, cnn 420/1000, gpt; amp-bf16, amp-fp16, fp32): each
+#   profile    mixprec bench --profile on the GPU (mlp, cnn 420/1000 and 32/64, gpt; amp-bf16, amp-fp16, fp32): each
 #              kernel's time (the profiler waits for the stream around each) against cuBLASLt's rate
 #   max-batch  the seeds' experiment: `mixprec max-batch --device cuda` on cnn 420,1000 and
 #              bench/peers/torch_max_batch.py under the same limit(s) (MAXBATCH_LIMITS, 3GiB), each
@@ -403,12 +403,15 @@ step_profile() {
   need_gpu
   need_binary
   local model args p
-  for model in mlp cnn gpt; do
-    args=(--model "$model")
-    # The bench step's configurations (bench/peers/torch_gpu.py): mlp 1024,1024 and cnn 420,1000
-    # at batch 512 and 256.
-    [ "$model" = mlp ] && args+=(--hidden 1024,1024 --batch-size 512)
-    [ "$model" = cnn ] && args+=(--channels 420,1000 --batch-size 256)
+  for model in mlp cnn cnn-small gpt; do
+    # The bench step's configurations (bench/peers/torch_gpu.py): mlp 1024,1024 at batch 512, cnn
+    # 420,1000 and 32,64 at batch 256, the char gpt.
+    case $model in
+    mlp) args=(--model mlp --hidden 1024,1024 --batch-size 512) ;;
+    cnn) args=(--model cnn --channels 420,1000 --batch-size 256) ;;
+    cnn-small) args=(--model cnn --channels 32,64 --batch-size 256) ;;
+    *) args=(--model "$model") ;;
+    esac
     for p in ${PROFILE_PRECISIONS:-amp-bf16 amp-fp16 fp32}; do
       "$MIXPREC" bench "${args[@]}" --device cuda --precision "$p" --steps 10 --warmup 3 --profile \
         >"$W/results/profile-$model-$p.txt" || return 1
