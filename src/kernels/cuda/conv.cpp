@@ -442,9 +442,10 @@ Tried try_candidate(const Plan& p, int index, const std::vector<void*>& ptrs) {
 // tensors (PyTorch's cudnn.benchmark; every pass writes its output with beta 0, so a rerun gives
 // the same bits), the fastest is kept, and it runs last so that the output is its own. A
 // candidate whose workspace does not fit is dropped; when none fits, OutOfMemory (the convolution
-// does not fit: the next call, with more memory free, times them all again). A capture (cuda::Graph) cannot time: warm
-// up eagerly first, as with PyTorch. Deterministic candidates are not timed: the first in the heuristics' order that
-// runs is kept (cudnn.benchmark off), the same engine in every process.
+// does not fit: the next call, with more memory free, times them all again). A capture
+// (cuda::Graph) cannot time: warm up eagerly first, as with PyTorch. Deterministic candidates are
+// not timed: the first in the heuristics' order that runs is kept (cudnn.benchmark off), the same
+// engine in every process.
 void run_best(Candidates& c, int index, const std::vector<void*>& ptrs) {
   const std::lock_guard<std::mutex> lock(c.mu);
   bool no_memory = false;  // a candidate was left out for its workspace
