@@ -12,7 +12,7 @@
 #              suites, every op and attention case on cuda, the CLI's device tests): run/skipped/failed counts;
 #              then the tests of a machine without a GPU, with the GPU hidden (NOGPU_FILTER)
 #   memcheck   the same suites under compute-sanitizer: memcheck, racecheck, synccheck, initcheck
-#              (SANITIZER_TOOLS; MEMCHECK_FILTER)
+#              (SANITIZER_TOOLS; MEMCHECK_FILTER, MEMCHECK_EXCLUDE)
 #   train-gpu  mlp and cnn 5 epochs x fp32/amp-fp16/amp-bf16 x seeds 0,1,2 on the GPU
 #   train-cpu  the same runs on the CPU (the accuracy comparison; 16 cores, minutes)
 #   bench      bench/peers/torch_gpu.py: mixprec bench against PyTorch eager and torch.compile
@@ -339,7 +339,9 @@ step_memcheck() {
   for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
     echo "=== sanitizer $tool"
     out=$W/results/memcheck-tests.json
-    f=$filter
+    # memcheck leaves out the GPU max-batch search (the wide cnn stepped a dozen times at batches
+    # of hundreds, each new batch timing every cuDNN engine: minutes under the tool), MEMCHECK_EXCLUDE.
+    f="$filter-${MEMCHECK_EXCLUDE:-CliDevices.MaxBatch*}"
     if [ "$tool" != memcheck ]; then
       out=$W/results/$tool-tests.json
       f="$filter-${SANITIZER_EXCLUDE:-Gpu/CudaConv*:Gpu/CudaMatmul*:CliDevices.*}"
