@@ -14,14 +14,16 @@ namespace mixprec::kernels {
 
 // Calls f(ky, kx, iy, ix) for every tap of output (oy, ox)'s window that lands inside the input
 // (taps on the padding are skipped), in row-major tap order. Geometry: PoolGeometry or
-// ConvGeometry (the same field names).
+// ConvGeometry (the same field names; int64_t indices), or the CUDA pool kernels' Geo (int32 where
+// the call allows): the index type is the geometry's.
 template <class Geometry, class F>
-inline void for_each_tap(const Geometry& g, int64_t oy, int64_t ox, F&& f) {
-  for (int64_t ky = 0; ky < g.kh; ++ky) {
-    const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dil_h;
+MIXPREC_HOST_DEVICE inline void for_each_tap(const Geometry& g, decltype(g.h) oy, decltype(g.h) ox, F&& f) {
+  using I = decltype(g.h);
+  for (I ky = 0; ky < g.kh; ++ky) {
+    const I iy = oy * g.stride_h - g.pad_h + ky * g.dil_h;
     if (iy < 0 || iy >= g.h) continue;
-    for (int64_t kx = 0; kx < g.kw; ++kx) {
-      const int64_t ix = ox * g.stride_w - g.pad_w + kx * g.dil_w;
+    for (I kx = 0; kx < g.kw; ++kx) {
+      const I ix = ox * g.stride_w - g.pad_w + kx * g.dil_w;
       if (ix < 0 || ix >= g.w) continue;
       f(ky, kx, iy, ix);
     }

@@ -4,8 +4,9 @@
 // max pooling's backward over windows that tile the input: a scatter from each output, which
 // writes every input element once, and there from the input itself where the pool follows a ReLU.
 // Max pooling's index arithmetic is int32 where the tensors allow it; f32 accumulation (f64 for
-// f64). The window rules are pool_window.h's: avg_window itself (host and device); the max scan
-// restated once (window_winner), as window_max takes a host lambda.
+// f64). The window rules are pool_window.h's: avg_window and for_each_tap themselves (host and
+// device); the max scan's comparison restated once (window_winner), as window_max is host-only
+// (std::isnan, std::numeric_limits).
 #include "kernels/cuda/common.cuh"
 #include "kernels/pool.h"
 #include "kernels/pool_window.h"
@@ -19,9 +20,10 @@ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? 
 
 // The geometry in index type I: int32 where every index of the call fits (a 64-bit division is
 // several times the cost of a 32-bit one, and the index arithmetic is most of these kernels).
+// PoolGeometry's field names, so pool_window.h's for_each_tap walks it too.
 template <class I>
 struct Geo {
-  I h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
+  I h, w, oh, ow, kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
   explicit Geo(const PoolGeometry& g)
       : h(I(g.h)),
         w(I(g.w)),
@@ -29,12 +31,12 @@ struct Geo {
         ow(I(g.ow)),
         kh(I(g.kh)),
         kw(I(g.kw)),
-        sh(I(g.stride_h)),
-        sw(I(g.stride_w)),
-        ph(I(g.pad_h)),
-        pw(I(g.pad_w)),
-        dh(I(g.dil_h)),
-        dw(I(g.dil_w)) {}
+        stride_h(I(g.stride_h)),
+        stride_w(I(g.stride_w)),
+        pad_h(I(g.pad_h)),
+        pad_w(I(g.pad_w)),
+        dil_h(I(g.dil_h)),
+        dil_w(I(g.dil_w)) {}
 };
 
 // The winner of output (oy, ox)'s window in `plane`, as window_max scans it (a NaN propagates,
@@ -47,21 +49,15 @@ __device__ __forceinline__ I window_winner(const T* plane, const Geo<I>& g, I oy
   A best = A(0);
   best_t = T{};
   I best_k = -1;
-  for (I ky = 0; ky < g.kh; ++ky) {
-    const I iy = oy * g.sh - g.ph + ky * g.dh;
-    if (iy < 0 || iy >= g.h) continue;
-    for (I kx = 0; kx < g.kw; ++kx) {
-      const I ix = ox * g.sw - g.pw + kx * g.dw;
-      if (ix < 0 || ix >= g.w) continue;
-      const T vt = plane[iy * g.w + ix];
-      const A v = to_acc(vt);
-      if (best_k < 0 || v > best || v != v) {
-        best = v;
-        best_t = vt;
-        best_k = ky * g.kw + kx;
-      }
+  for_each_tap(g, oy, ox, [&](I ky, I kx, I iy, I ix) {
+    const T vt = plane[iy * g.w + ix];
+    const A v = to_acc(vt);
+    if (best_k < 0 || v > best || v != v) {
+      best = v;
+      best_t = vt;
+      best_k = ky * g.kw + kx;
     }
-  }
+  });
   return best_k;
 }
 
@@ -89,15 +85,15 @@ __global__ void max_backward_kernel(const T* gy, const Arg* arg, Geo<I> g, I tot
     const I out_base = p * g.oh * g.ow;
     A s = 0;
     for (I ky = 0; ky < g.kh; ++ky) {
-      const I ty = iy + g.ph - ky * g.dh;  // oy * stride_h
-      if (ty < 0) break;                   // larger ky only lowers ty
-      const I oy = ty / g.sh;
-      if (oy * g.sh != ty || oy >= g.oh) continue;
+      const I ty = iy + g.pad_h - ky * g.dil_h;  // oy * stride_h
+      if (ty < 0) break;                         // larger ky only lowers ty
+      const I oy = ty / g.stride_h;
+      if (oy * g.stride_h != ty || oy >= g.oh) continue;
       for (I kx = 0; kx < g.kw; ++kx) {
-        const I tx = ix + g.pw - kx * g.dw;
+        const I tx = ix + g.pad_w - kx * g.dil_w;
         if (tx < 0) break;
-        const I ox = tx / g.sw;
-        if (ox * g.sw != tx || ox >= g.ow) continue;
+        const I ox = tx / g.stride_w;
+        if (ox * g.stride_w != tx || ox >= g.ow) continue;
         const I o = out_base + oy * g.ow + ox;
         if (I(arg[o]) == ky * g.kw + kx) s += to_acc(gy[o]);
       }
@@ -106,34 +102,36 @@ __global__ void max_backward_kernel(const T* gy, const Arg* arg, Geo<I> g, I tot
   }
 }
 
-// Windows that tile the input without overlap (stride = window, no padding, no dilation: the
-// models' 2x2 pool): one thread per output writes its whole window, the gradient at the argmax
-// tap and zeros elsewhere, with two divisions per output instead of a gather's per input. Rows
-// and columns past the last window (h or w not a multiple of the stride) are zeroed apart.
-template <class T, class Arg, class I>
-__global__ void max_backward_tiled_kernel(const T* gy, const Arg* arg, Geo<I> g, I total, T* gx) {
-  for (I o = I(global_thread()); o < total; o += I(grid_threads())) {
-    const I ox = o % g.ow, oy = o / g.ow % g.oh, p = o / (g.ow * g.oh);
-    const I tap = I(arg[o]);
-    const T v = gy[o];
-    T* window = gx + p * g.h * g.w + (oy * g.kh) * g.w + ox * g.kw;
-    for (I ky = 0; ky < g.kh; ++ky)
-      for (I kx = 0; kx < g.kw; ++kx) window[ky * g.w + kx] = ky * g.kw + kx == tap ? v : T{};
-  }
-}
-
-// The tiled backward from the pool's input (max pooling after a ReLU, whose output is kept
-// anyway): one thread per output finds its window's winner in x again and writes the window, the
-// gradient at the winner and zeros elsewhere. One pass over x, gy and gx, where the forward kernel
-// (a transient argmax) and the tiled scatter took two launches and twice the reads: 0.75 ms of the
-// wide cnn's 5.5 ms amp step on the H100 (2026-11-27), against about 0.13 ms for the bytes.
+// Where the winner of output o's window is, for the tiled backward: the forward's argmax...
+template <class Arg, class I>
+struct TapFromArgmax {
+  const Arg* arg;
+  __device__ I operator()(I o, I /*p*/, I /*oy*/, I /*ox*/) const { return I(arg[o]); }
+};
+// ...or found again in the pool's input x by the forward's own scan (max pooling after a ReLU,
+// whose output is kept anyway): one pass over x instead of the forward kernel's transient argmax
+// and a second launch, which took 0.75 ms of the wide cnn's 5.5 ms amp step on the H100
+// (2026-11-27), against about 0.13 ms for the bytes.
 template <class T, class I>
-__global__ void max_backward_from_input_tiled_kernel(const T* gy, const T* x, Geo<I> g, I total, T* gx) {
-  for (I o = I(global_thread()); o < total; o += I(grid_threads())) {
-    const I ox = o % g.ow, oy = o / g.ow % g.oh, p = o / (g.ow * g.oh);
+struct TapFromInput {
+  const T* x;
+  Geo<I> g;
+  __device__ I operator()(I /*o*/, I p, I oy, I ox) const {
     T best_t;
     const I found = window_winner(x + p * g.h * g.w, g, oy, ox, best_t);
-    const I tap = found < 0 ? 0 : found;  // as the forward's argmax (no padding here: never)
+    return found < 0 ? 0 : found;  // as the forward's argmax (no padding here: never)
+  }
+};
+
+// Windows that tile the input without overlap (stride = window, no padding, no dilation: the
+// models' 2x2 pool): one thread per output writes its whole window, the gradient at the winning
+// tap (tap_of) and zeros elsewhere, with two divisions per output instead of a gather's per input.
+// Rows and columns past the last window (h or w not a multiple of the stride) are zeroed apart.
+template <class T, class I, class TapOf>
+__global__ void max_backward_tiled_kernel(const T* gy, TapOf tap_of, Geo<I> g, I total, T* gx) {
+  for (I o = I(global_thread()); o < total; o += I(grid_threads())) {
+    const I ox = o % g.ow, oy = o / g.ow % g.oh, p = o / (g.ow * g.oh);
+    const I tap = tap_of(o, p, oy, ox);
     const T v = gy[o];
     T* window = gx + p * g.h * g.w + (oy * g.kh) * g.w + ox * g.kw;
     for (I ky = 0; ky < g.kh; ++ky)
@@ -144,6 +142,17 @@ __global__ void max_backward_from_input_tiled_kernel(const T* gy, const T* x, Ge
 bool tiles(const PoolGeometry& g) {
   return !g.adaptive && g.stride_h == g.kh && g.stride_w == g.kw && g.pad_h == 0 && g.pad_w == 0 && g.dil_h == 1 &&
          g.dil_w == 1 && g.oh * g.kh <= g.h && g.ow * g.kw <= g.w;
+}
+
+// The tiled backward into gx ([n, c, h, w], gx_bytes): the uncovered rows and columns zeroed, then
+// every window written.
+template <class T, class I, class TapOf>
+void launch_tiled(const T* gy, TapOf tap_of, const PoolGeometry& g, T* gx, size_t gx_bytes, cudaStream_t stream) {
+  if (g.oh * g.kh != g.h || g.ow * g.kw != g.w) MIXPREC_CUDA_CHECK(cudaMemsetAsync(gx, 0, gx_bytes, stream));
+  const int64_t outputs = g.n * g.c * g.oh * g.ow;
+  if (outputs > 0)
+    max_backward_tiled_kernel<T, I>
+        <<<blocks_for(outputs), kThreads, 0, stream>>>(gy, tap_of, Geo<I>(g), I(outputs), gx);
 }
 
 // Calls f(int32_t{}) where every index of the call fits in int32 with room to spare (the
@@ -252,12 +261,7 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax_in, const 
         const auto* argp = static_cast<const Arg*>(argmax.data_ptr());
         auto* gxp = static_cast<T*>(gx.data_ptr());
         if (tiles(g)) {
-          if (g.oh * g.kh != g.h || g.ow * g.kw != g.w)  // the rows and columns no window covers
-            MIXPREC_CUDA_CHECK(cudaMemsetAsync(gxp, 0, gx.nbytes(), on.stream()));
-          const int64_t outputs = g.n * g.c * g.oh * g.ow;
-          if (outputs > 0)
-            max_backward_tiled_kernel<T, Arg, I>
-                <<<blocks_for(outputs), kThreads, 0, on.stream()>>>(gyp, argp, Geo<I>(g), I(outputs), gxp);
+          launch_tiled<T, I>(gyp, TapFromArgmax<Arg, I>{argp}, g, gxp, gx.nbytes(), on.stream());
         } else {
           max_backward_kernel<T, Arg, I>
               <<<blocks_for(total), kThreads, 0, on.stream()>>>(gyp, argp, Geo<I>(g), I(total), gxp);
@@ -279,18 +283,14 @@ Tensor max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x_in, 
   const Tensor gy = kernels::contig(grad_y);
   const Launch on(gy);
   Tensor gx = Tensor::empty({g.n, g.c, g.h, g.w}, gy.dtype(), gy.device());
-  const int64_t outputs = g.n * g.c * g.oh * g.ow;
   if (gx.numel() == 0) return gx;
-  if (g.oh * g.kh != g.h || g.ow * g.kw != g.w)  // the rows and columns no window covers
-    MIXPREC_CUDA_CHECK(cudaMemsetAsync(gx.data_ptr(), 0, gx.nbytes(), on.stream()));
-  if (outputs == 0) return gx;
   dispatch_floating(gy.dtype(), [&](auto t) {
     using T = decltype(t);
     dispatch_index(g, [&](auto index) {
       using I = decltype(index);
-      max_backward_from_input_tiled_kernel<T, I><<<blocks_for(outputs), kThreads, 0, on.stream()>>>(
-          static_cast<const T*>(gy.data_ptr()), static_cast<const T*>(x.data_ptr()), Geo<I>(g), I(outputs),
-          static_cast<T*>(gx.data_ptr()));
+      launch_tiled<T, I>(static_cast<const T*>(gy.data_ptr()),
+                         TapFromInput<T, I>{static_cast<const T*>(x.data_ptr()), Geo<I>(g)}, g,
+                         static_cast<T*>(gx.data_ptr()), gx.nbytes(), on.stream());
     });
   });
   MIXPREC_CUDA_CHECK_LAUNCH();
