@@ -1,6 +1,7 @@
 // scaled_dot_product_attention's kernels, deeper than the op cases: the fused CPU kernel (and the
 // CUDA one where a GPU exists) against the f64 reference on shapes that cut the 64-row blocks
-// (T = 1, T not a multiple of 64, head dims 16/32/64/80, causal with Tq != Tk, dropout), large
+// (T = 1, T not a multiple of 64, head dims 16/32/64/80, causal with Tq != Tk, full with Tk > Tq,
+// dropout; on a GPU, bf16 and f16 at 16/32/64 without dropout are the tensor-core kernels), large
 // logits, the saved bytes (linear in T for the fused kernel, quadratic for the reference), and the
 // op's error lines.
 #include <gtest/gtest.h>
@@ -34,7 +35,7 @@ void PrintTo(const Shape4& s, std::ostream* os) {
 const std::vector<Shape4> kShapes = {
     {1, 2, 1, 1, 16, 16, false, 0.0},    {2, 1, 65, 65, 32, 32, true, 0.0},   {1, 2, 130, 70, 64, 64, true, 0.0},
     {1, 1, 70, 130, 80, 80, true, 0.0},  {2, 2, 128, 128, 32, 32, true, 0.0}, {1, 1, 33, 200, 16, 24, false, 0.2},
-    {1, 2, 150, 150, 32, 32, true, 0.1},
+    {1, 2, 150, 150, 32, 32, true, 0.1}, {1, 2, 47, 190, 64, 64, false, 0.0},
 };
 
 struct Result {

@@ -9,14 +9,24 @@
 // as attention's backward at 256 GFLOP/s, 65% of the char GPT's step): the kernels are compiled
 // for the common head dims E = Ev of 16, 32 (the char model) and 64 (GPT-2), fully unrolled, and
 // once for any other (E = 0: run-time dims, arrays of kMaxDim); dispatch_dim picks.
+//
+// bf16 and f16 at those head dims without dropout (the training case) take the tensor-core
+// kernels of attention_mma.cu instead, where the build has code for the device (sm_80 or later);
+// these kernels serve f32, f64, dropout and every other head dim.
 #include <cmath>
 #include <type_traits>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace mixprec::kernels::cuda {
 namespace {
+
+using attn::min64;
+using attn::Sizes;
+using attn::View;
+using attn::view_of;
 
 constexpr int kRows = 64;     // threads per block: rows of the side a thread owns
 constexpr int kTile = 32;     // rows of the other side per shared-memory tile
@@ -30,34 +40,6 @@ __device__ __forceinline__ int dim_of(int64_t runtime) {
 // Arrays for a row: E elements, or kMaxDim for the run-time dims.
 template <int E>
 constexpr int kArray = E != 0 ? E : kMaxDim;
-
-// A [B, H, T, E] view of any strides.
-template <class T>
-struct View {
-  const T* p;
-  int64_t heads, sb, sh, st, se;
-  __device__ acc_t<T> at(int64_t bh, int64_t t, int64_t e) const {
-    return to_acc(p[(bh / heads) * sb + (bh % heads) * sh + t * st + e * se]);
-  }
-};
-template <class T>
-View<T> view_of(const Tensor& x) {
-  return {
-      static_cast<const T*>(x.data_ptr()), x.size(1), x.strides()[0], x.strides()[1], x.strides()[2], x.strides()[3]};
-}
-
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-// Dynamic shared memory above the default 48 KiB must be asked for, kernel by kernel.
-template <class Kernel>
-void allow_shared(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    MIXPREC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
-struct Sizes {
-  int64_t bh, tq, tk, e, ev;
-};
 
 template <class A>
 __device__ A drop_factor(const AttentionParams& p, int64_t bh, int64_t i, int64_t j, const Sizes& z) {
@@ -282,6 +264,7 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
   if (f.out.numel() == 0) return f;
   const Launch on(q);
   if (p.dropout > 0.0) mixprec::cuda::detail::refuse_in_capture(on.stream(), "attention dropout");
+  if (attn::mma_forward(q, k, v, p, z, f)) return f;
   dispatch_floating(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -309,6 +292,7 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
     g.dv.zero_();
     return g;
   }
+  if (attn::mma_backward(q, k, v, fwd, grad_out, p, z, g)) return g;
   const Tensor dsum = Tensor::empty({z.bh * z.tq}, fwd.lse.dtype());
   const Launch on(q);
   dispatch_floating(q.dtype(), [&](auto tag) {

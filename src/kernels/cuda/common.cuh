@@ -214,6 +214,13 @@ class Launch {
   cudaStream_t stream_;
 };
 
+// Dynamic shared memory above the default 48 KiB must be asked for, kernel by kernel.
+template <class Kernel>
+void allow_shared(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    MIXPREC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
 // ----------------------------------------------------------------------------- block reductions
 
 struct SumOp {
