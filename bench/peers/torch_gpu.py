@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import compare  # noqa: E402  (bench/compare.py: run_command, parse_result, summarise)
 import gpt  # noqa: E402  (the char GPT, nanoGPT's names: the peer of --model gpt)
 import models  # noqa: E402
+from recipes import ADAMW_LR  # noqa: E402  (the CLI's AdamW learning rates)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -56,7 +57,6 @@ MIXPREC_CMD = ("{mixprec} bench {device_flag} --model {model} {widths} --precisi
                "--batch-size {batch} --steps {steps} --warmup {warmup} --optimizer adamw --lr {lr} "
                "--weight-decay 0")
 DEVICE_FLAG = {"cuda": "--device cuda", "cpu": ""}  # the CPU is the CLI's default device
-LR = {"mlp": 1e-3, "cnn": 2e-3, "cnn-bn": 1e-3, "gpt": 1e-3}  # the CLI's AdamW recipes (apps/mixprec/models.cpp)
 # gpt widths: LAYERS,HEADS,D_MODEL,BLOCK,VOCAB (the CLI's gpt defaults; GPT-2 124M: 12,12,768,1024,50304).
 # Its recipe as the CLI's: AdamW betas (0.9, 0.95), gradients clipped to norm 1 (unscaled first).
 GPT_FIELDS = ("layers", "heads", "d-model", "block-size", "vocab-size")
@@ -183,10 +183,10 @@ class TorchRun:
         self.model.train()
         params = list(self.model.parameters())
         try:
-            self.opt = torch.optim.AdamW(params, lr=LR[cfg.model], betas=betas, weight_decay=0.0, fused=True)
+            self.opt = torch.optim.AdamW(params, lr=ADAMW_LR[cfg.model], betas=betas, weight_decay=0.0, fused=True)
             self.fused = True
         except (TypeError, RuntimeError) as e:  # torch < 2.0 has no fused=; < 2.4 none on the CPU
-            self.opt = torch.optim.AdamW(params, lr=LR[cfg.model], betas=betas, weight_decay=0.0)
+            self.opt = torch.optim.AdamW(params, lr=ADAMW_LR[cfg.model], betas=betas, weight_decay=0.0)
             self.fused = False
             self.notes.append(f"AdamW not fused ({str(e).splitlines()[0][:80]})")
         self.scaler = None
@@ -301,7 +301,7 @@ def mixprec_command(a, cfg, precision):
         widths = {"mlp": f"--hidden {cfg.widths}", "cnn": f"--channels {cfg.widths}"}.get(cfg.model, "")
     line = a.mixprec_cmd.format(mixprec=shlex.quote(a.mixprec), device_flag=DEVICE_FLAG[a.device], model=cfg.model,
                                 widths=widths, precision=precision, batch=cfg.batch, steps=a.steps,
-                                warmup=a.warmup, lr=LR[cfg.model])
+                                warmup=a.warmup, lr=ADAMW_LR[cfg.model])
     return shlex.split(line)
 
 

@@ -29,8 +29,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from recipes import ADAMW_LR  # noqa: E402  (the CLI's AdamW learning rates)
+
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "half-bf16")
-LR = {"mlp": 1e-3, "cnn": 2e-3}  # the CLI's AdamW recipes (as torch_gpu.py)
 MAX_RUNS_PER_SIZE = 3  # as kMaxRunsPerSize in src/core/memory_budget.cpp
 
 
@@ -91,7 +92,7 @@ class Trainer:
             params = self.masters
         else:
             params = list(self.model.parameters())
-        self.opt = torch.optim.AdamW(params, lr=LR[a.model], weight_decay=0.0, fused=True)
+        self.opt = torch.optim.AdamW(params, lr=ADAMW_LR[a.model], weight_decay=0.0, fused=True)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "amp-fp16" else None
         self.input_dtype = torch.bfloat16 if precision == "half-bf16" else torch.float32
 
