@@ -21,6 +21,9 @@
 #   max-batch  the seeds' experiment: `mixprec max-batch --device cuda` on cnn 420,1000 and
 #              bench/peers/torch_max_batch.py under the same limit(s) (MAXBATCH_LIMITS, 3GiB), each
 #              precision's largest batch and its ratio to fp32's, side by side
+#   initcheck-probe  which buffer initcheck's reads inside cuBLASLt hit: the captured-step test
+#              (PROBE_FILTER) under initcheck with MIXPREC_TRACE_CUBLASLT=1, the addresses mapped to
+#              the traced operands by scripts/gpu/initcheck_map.py (results/initcheck-map.txt)
 #   all        inventory setup test memcheck train-gpu bench (train-cpu apart: see docs/gpu.md)
 #   A+B        steps A and B at once, each under the same limit (memcheck+train-gpu: neither times anything)
 # Out ($OUT, at most 8 files come back): run.log (this output), summary.json, gpu-run.md (the
@@ -353,6 +356,25 @@ step_memcheck() {
   return $rc
 }
 
+step_initcheck-probe() {
+  need_gpu
+  need_binary
+  local cs log=$W/results/initcheck-probe.log rc=0
+  cs=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["tools"]["compute-sanitizer"]; print(t["path"] if t else "")' "$W/results/inventory.json")
+  [ -n "$cs" ] || {
+    echo "compute-sanitizer not found in the toolkit"
+    return 1
+  }
+  # Every report printed (the map needs the addresses); the trace's lines land in the same log.
+  MIXPREC_TRACE_CUBLASLT=1 MIXPREC_SOURCE_DIR=$root MIXPREC_CLI=$MIXPREC LD_LIBRARY_PATH=$MIXPREC_LD_PATH \
+    "$cs" --tool initcheck --report-api-errors no --print-limit 100000 --show-backtrace no \
+    "$MIXPREC_REAL_TESTS" --gtest_filter="${PROBE_FILTER:-CudaTrain.CapturedStepsReplayBitIdenticalToEagerSteps}" \
+    >"$log" 2>&1 || rc=$?
+  tail -5 "$log"
+  python3 "$root/scripts/gpu/initcheck_map.py" "$log" | tee "$W/results/initcheck-map.txt"
+  return $rc
+}
+
 # train DEVICE: bench/accuracy.py over the models, precisions and seeds; one JSON per model.
 train() {
   local dev=$1 flags=() rc=0
@@ -482,9 +504,9 @@ for s in "${steps[@]}"; do
   *)
     for part in ${s//+/ }; do
       case $part in
-      setup | test | memcheck | train-gpu | train-cpu | bench | profile | max-batch) ;;
+      setup | test | memcheck | train-gpu | train-cpu | bench | profile | max-batch | initcheck-probe) ;;
       *)
-        echo "run.sh: unknown step '$part' (inventory setup test memcheck train-gpu train-cpu bench profile max-batch all; A+B runs A and B at once)" >&2
+        echo "run.sh: unknown step '$part' (inventory setup test memcheck train-gpu train-cpu bench profile max-batch initcheck-probe all; A+B runs A and B at once)" >&2
         exit 2
         ;;
       esac
@@ -495,7 +517,7 @@ for s in "${steps[@]}"; do
 done
 # Steps that need the binary set it up first, once, if the call did not name setup.
 if ! printf '%s\n' "${expanded[@]}" | grep -qx setup &&
-  printf '%s\n' "${expanded[@]}" | tr + '\n' | grep -qxE 'test|memcheck|train-gpu|train-cpu|bench|profile|max-batch'; then
+  printf '%s\n' "${expanded[@]}" | tr + '\n' | grep -qxE 'test|memcheck|train-gpu|train-cpu|bench|profile|max-batch|initcheck-probe'; then
   expanded=(inventory setup "${expanded[@]:1}")
 fi
 

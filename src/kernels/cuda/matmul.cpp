@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -110,6 +111,26 @@ bool split_k_allowed() {
     return v == nullptr || std::string_view(v) != "0";
   }();
   return on;
+}
+
+// MIXPREC_TRACE_CUBLASLT=1 prints one line per cublasLtMatmul to stderr: its operands' addresses
+// and column-major extents, the workspace's, and whether the stream was capturing. A diagnostic for
+// the GPU runs (scripts/gpu/run.sh's initcheck-probe maps initcheck's addresses to the buffers);
+// read once.
+bool trace_cublaslt() {
+  static const bool on = [] {
+    const char* v = std::getenv("MIXPREC_TRACE_CUBLASLT");
+    return v != nullptr && std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+// "name ptr rows cols ld batch batch_stride element_bytes" of one column-major operand.
+void trace_operand(const char* name, const void* p, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+                   int64_t batch_stride, size_t element_bytes) {
+  std::fprintf(stderr, " %s %p %lld %lld %lld %lld %lld %zu", name, p, static_cast<long long>(rows),
+               static_cast<long long>(cols), static_cast<long long>(ld), static_cast<long long>(batch),
+               static_cast<long long>(batch_stride), element_bytes);
 }
 
 // The largest power of two (at most 16 bytes, what the fastest kernels ask) dividing the address.
@@ -323,6 +344,21 @@ bool lt_matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
   const double alpha64 = 1.0, beta64 = o.accumulate ? 1.0 : 0.0;
   const void* alpha = t == DType::f64 ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* beta = t == DType::f64 ? static_cast<const void*>(&beta64) : &beta32;
+  if (trace_cublaslt()) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MIXPREC_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    std::fprintf(stderr, "cublasLt: m %lld n %lld k %lld epilogue %u beta %d capture %d", static_cast<long long>(m),
+                 static_cast<long long>(n), static_cast<long long>(k), epilogue, o.accumulate ? 1 : 0,
+                 capture == cudaStreamCaptureStatusActive ? 1 : 0);
+    trace_operand("A", b.data_ptr(), lt_a.rows, lt_a.cols, lt_a.ld, batch, lt_a.batch_stride, dtype_size(b.dtype()));
+    trace_operand("B", a.data_ptr(), lt_b.rows, lt_b.cols, lt_b.ld, batch, lt_b.batch_stride, dtype_size(a.dtype()));
+    trace_operand("D", dst.data_ptr(), n, m, n, batch, m * n, dtype_size(dst.dtype()));
+    if (o.bias) trace_operand("bias", o.bias->data_ptr(), n, 1, n, 1, 0, dtype_size(o.bias->dtype()));
+    if (o.gelu_input)
+      trace_operand("aux", o.gelu_input->data_ptr(), n, m, n, batch, m * n, dtype_size(o.gelu_input->dtype()));
+    trace_operand("workspace", ws, int64_t(dev.ws_bytes), 1, int64_t(dev.ws_bytes), 1, 0, 1);
+    std::fprintf(stderr, "\n");
+  }
   MIXPREC_CUBLAS_CHECK(cublasLtMatmul(dev.handle, desc.h, alpha, b.data_ptr(), la.h, a.data_ptr(), lb.h, beta,
                                       dst.data_ptr(), ld.h, dst.data_ptr(), ld.h, &algo, ws, dev.ws_bytes, stream));
   return true;
