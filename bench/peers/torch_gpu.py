@@ -8,7 +8,9 @@ Each run's figure is its median step time; the summary per config is bench/compa
 (min/median/max over repeats, ratios pair-wise within a repeat). The PyTorch side follows the issue:
 the same model (bench/peers/models.py, the CLI's layers), batch and precision; fp32 with TF32 off;
 amp-fp16 with GradScaler, amp-bf16 without; fused AdamW (no per-step host sync in GradScaler.step);
-cudnn.benchmark; data generated on the GPU once; no per-step .item(). Steps are timed with CUDA
+cudnn.benchmark; data generated on the GPU once; no per-step .item(); the cnns also in channels-last
+memory (modes eager-cl, compile-cl: PyTorch's fastest convolution layout on tensor cores is often
+NHWC). Steps are timed with CUDA
 events recorded between steps and read after one synchronize. Peak memory is
 torch.cuda.max_memory_allocated over the timed steps of the run's first repeat (its peak reset after
 the warm-up, as `mixprec bench` resets its own) less what was allocated before its model was built:
@@ -60,6 +62,10 @@ DEVICE_FLAG = {"cuda": "--device cuda", "cpu": ""}  # the CPU is the CLI's defau
 # gpt widths: LAYERS,HEADS,D_MODEL,BLOCK,VOCAB (the CLI's gpt defaults; GPT-2 124M: 12,12,768,1024,50304).
 # Its recipe as the CLI's: AdamW betas (0.9, 0.95), gradients clipped to norm 1 (unscaled first).
 GPT_FIELDS = ("layers", "heads", "d-model", "block-size", "vocab-size")
+# PyTorch's modes: eager; torch.compile by default and in max-autotune; eager and compiled with the
+# cnns' model and input in channels-last memory (PyTorch at its best where that is faster: the
+# issue's peer), which Inductor may also choose by itself for convolutions (layout optimisation).
+MODES = ("eager", "compile", "eager-cl", "compile-cl", "compile-max")
 GPT_CLIP = 1.0
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16")
 AMP_DTYPE = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
@@ -90,7 +96,9 @@ def parse_args(argv=None):
                    help="MODEL[:WIDTHS]@BATCH ... (default: mlp@512 cnn:420,1000@256; gpt's WIDTHS: "
                         "LAYERS,HEADS,D_MODEL,BLOCK,VOCAB, default 4,4,128,128,81)")
     p.add_argument("--precisions", default=",".join(PRECISIONS))
-    p.add_argument("--modes", default="eager,compile", help="PyTorch modes: eager, compile")
+    p.add_argument("--modes", default="eager,compile",
+                   help=f"PyTorch modes: {', '.join(MODES)} (-cl: channels-last model and input, cnns only; "
+                        "compile-max: torch.compile's max-autotune, minutes of tuning per configuration)")
     p.add_argument("--impls", default="mixprec,pytorch",
                    help="mixprec, mixprec-graph (the CLI with --cuda-graph: one graph launch a step), pytorch")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
@@ -110,7 +118,7 @@ def parse_args(argv=None):
     a.precisions = [s for s in a.precisions.split(",") if s]
     a.modes = [s for s in a.modes.split(",") if s]
     a.impls = [s for s in a.impls.split(",") if s]
-    bad = [x for x in a.precisions if x not in PRECISIONS] + [x for x in a.modes if x not in ("eager", "compile")] \
+    bad = [x for x in a.precisions if x not in PRECISIONS] + [x for x in a.modes if x not in MODES] \
         + [x for x in a.impls if x not in ("mixprec", "mixprec-graph", "pytorch")]
     if bad:
         p.error(f"unknown precision, mode or impl: {bad}")
@@ -167,7 +175,10 @@ class TorchRun:
         self.dtype = AMP_DTYPE.get(precision)
         if self.device == "cpu" and precision == "amp-fp16":
             raise Unsupported("amp-fp16 on the CPU (no GradScaler or fp16 autocast for the CPU in this torch)")
-        if mode == "compile" and not hasattr(torch, "compile"):
+        channels_last = mode.endswith("-cl")
+        if channels_last and cfg.model not in ("cnn", "cnn-bn"):
+            raise Unsupported(f"{mode}: channels-last is for the cnns' convolutions")
+        if mode.startswith("compile") and not hasattr(torch, "compile"):
             raise Unsupported(f"torch.compile (torch {torch.__version__} has none)")
         torch.manual_seed(a.seed)
         self.clip = None
@@ -180,6 +191,8 @@ class TorchRun:
         else:
             kw = {"hidden": cfg.widths} if cfg.model == "mlp" else {"channels": cfg.widths} if cfg.model == "cnn" else {}
             self.model = models.build(cfg.model, **kw).to(self.device)
+        if channels_last:  # before the optimizer sees the parameters
+            self.model = self.model.to(memory_format=torch.channels_last)
         self.model.train()
         params = list(self.model.parameters())
         try:
@@ -200,7 +213,14 @@ class TorchRun:
         else:
             self.x = torch.randn(cfg.batch, 1, 28, 28, device=self.device, generator=g)
             self.y = torch.randint(0, 10, (cfg.batch,), device=self.device, generator=g)
-        self.forward = torch.compile(self.model) if mode == "compile" else self.model
+        if channels_last:
+            self.x = self.x.contiguous(memory_format=torch.channels_last)
+        if mode == "compile-max":
+            self.forward = torch.compile(self.model, mode="max-autotune")
+        elif mode.startswith("compile"):
+            self.forward = torch.compile(self.model)
+        else:
+            self.forward = self.model
         self.peak_bytes = self.reserved_bytes = self.launches = None
 
     def step(self):
