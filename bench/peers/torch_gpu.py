@@ -347,6 +347,25 @@ def summarise(a, runs, impls):
     return out
 
 
+# Dense bf16 (= fp16) tensor-core peaks in FLOP/s by device name, without sparsity (NVIDIA's data
+# sheets): the denominator of model FLOP utilisation, as the issue asks, for every precision.
+BF16_PEAK = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12))
+
+
+def bf16_peak(gpu_name):
+    return next((flops for key, flops in BF16_PEAK if key in (gpu_name or "")), None)
+
+
+def gpt_flops_per_token(widths):
+    """nanoGPT's estimate_mfu: 6 N + 12 L H Q T model FLOPs per token (forward and backward), N the
+    parameters without the position embedding (the head is tied to the token embedding), attention
+    counted over the whole block (not halved for the causal mask)."""
+    layers, heads, d, block, vocab = map(int, widths.split(","))
+    per_layer = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (4 * d * d + 4 * d) + (4 * d * d + d)
+    n = vocab * d + layers * per_layer + 2 * d
+    return 6 * n + 12 * layers * heads * (d // heads) * block, n
+
+
 def peak_of(result):
     """PyTorch's max_memory_allocated figure, or the total of mixprec's peak_bytes."""
     if result.get("max_memory_allocated") is not None:
@@ -355,7 +374,7 @@ def peak_of(result):
     return pb.get("total") if isinstance(pb, dict) else None
 
 
-def print_tables(a, runs, summaries):
+def print_tables(a, runs, summaries, env=None):
     for cfg in a.configs:
         s = summaries.get(cfg.name)
         if not s:
@@ -374,6 +393,17 @@ def print_tables(a, runs, summaries):
                   f"{row['step_ms_max']:8.3f} {peak_s} {kern_s}")
         for r in s["ratios"]:
             print(f"  {r['name']:<52} {r['median']:6.2f}  ({r['min']:.2f}-{r['max']:.2f})")
+        if cfg.model == "gpt":
+            per_token, n = gpt_flops_per_token(cfg.widths)
+            tokens = cfg.batch * int(cfg.widths.split(",")[3])
+            peak = bf16_peak((env or {}).get("gpu"))
+            print(f"  throughput ({n / 1e6:.2f}M parameters, {per_token / 1e9:.2f} GFLOP per token by nanoGPT's count; "
+                  f"MFU against the dense bf16 peak, {peak / 1e12:.0f} TFLOP/s)" if peak else
+                  f"  throughput ({n / 1e6:.2f}M parameters; no bf16 peak known for this device: no MFU)")
+            for row in s["per_impl"]:
+                tok_s = tokens * 1000.0 / row["step_ms_median"]
+                mfu = f"  MFU {100 * per_token * tok_s / peak:5.1f}%" if peak else ""
+                print(f"  {row['impl']:<16} {row['precision']:<9} {tok_s:12,.0f} tokens/s{mfu}")
 
 
 def main(argv=None):
@@ -451,7 +481,7 @@ def main(argv=None):
 
     summaries = summarise(a, runs, impls)
     write_json(a, env, runs, skipped, summaries, error is None, error)
-    print_tables(a, runs, summaries)
+    print_tables(a, runs, summaries, env)
     for k, why in skipped.items():
         print(f"not run: {k}: {why.splitlines()[0]}")
     for note in sorted({f"{r['impl']}: {n}" for r in runs for n in r["result"].get("notes", [])}):
