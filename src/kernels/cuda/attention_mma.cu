@@ -89,7 +89,7 @@ bool mma_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
     const auto dkv_kernel = backward_dkv_kernel<T, E>;
     const Launch on(q);
     if (!has_code()) return false;
-    const Tensor dsum = Tensor::empty({z.bh * z.tq}, DType::f32);
+    const Tensor dsum = Tensor::empty({z.bh * z.tq}, DType::f32, q.device());
     const float* lse = static_cast<const float*>(fwd.lse.data_ptr());
     float* ds = static_cast<float*>(dsum.data_ptr());
     allow_shared(dq_kernel, Layout<E>::kBackwardDq);
