@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "error_norms.h"
 #include "error_text.h"
 #include "kernels/kernels.h"
 #include "mixprec/allocator.h"
@@ -53,21 +54,6 @@ Result run(const std::vector<Tensor>& in, DType t, const Shape4& s, kernels::Bac
   o.backward(in[3].to(t).to(device));
   return {{o.detach().to(Device::cpu()), x[0].grad().to(Device::cpu()), x[1].grad().to(Device::cpu()),
            x[2].grad().to(Device::cpu())}};
-}
-
-struct Err {
-  double max = 0, rms = 0;
-};
-Err error_of(const Tensor& got, const Tensor& truth) {
-  const std::vector<double> g = got.to_vector_f64(), w = truth.to_vector_f64();
-  Err e;
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double d = std::fabs(g[i] - w[i]);
-    e.max = std::max(e.max, std::isnan(d) ? INFINITY : d);
-    e.rms += d * d;
-  }
-  e.rms = std::sqrt(e.rms / double(std::max<size_t>(g.size(), 1)));
-  return e;
 }
 
 double unit_roundoff(DType t) { return t == DType::bf16 ? 0x1p-8 : t == DType::f16 ? 0x1p-11 : 0x1p-24; }

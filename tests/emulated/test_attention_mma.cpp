@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "error_norms.h"  // tests/
 #include "kernels/attention.h"
 #include "mixprec/random.h"
 
@@ -64,11 +65,11 @@ Result run_emulated(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
                               static_cast<float*>(lse.data_ptr()), z, p);
   });
   const float* lse_p = static_cast<const float*>(lse.data_ptr());
-  emulated::launch(blocks(z.tq), unsigned(z.bh), mma::kThreads, mma::smem, L::kBackwardDq, [&] {
+  emulated::launch(blocks(z.tq), unsigned(z.bh), mma::kThreads, mma::smem, L::kBackward, [&] {
     mma::backward_dq_kernel<T, E>(view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(out), view_of<T>(go), lse_p,
                                   static_cast<float*>(dsum.data_ptr()), static_cast<T*>(dq.data_ptr()), z, p);
   });
-  emulated::launch(blocks(z.tk), unsigned(z.bh), mma::kThreads, mma::smem, L::kBackwardDkv, [&] {
+  emulated::launch(blocks(z.tk), unsigned(z.bh), mma::kThreads, mma::smem, L::kBackward, [&] {
     mma::backward_dkv_kernel<T, E>(view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(go), lse_p,
                                    static_cast<const float*>(dsum.data_ptr()), static_cast<T*>(dk.data_ptr()),
                                    static_cast<T*>(dv.data_ptr()), z, p);
@@ -80,21 +81,6 @@ Result run_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   const kernels::AttentionForward f = kernels::ref::attention_forward(q, k, v, p);
   const kernels::AttentionGrads g = kernels::ref::attention_backward(q, k, v, f, go, p);
   return {{f.out, g.dq, g.dk, g.dv, f.lse}};
-}
-
-struct Err {
-  double max = 0, rms = 0;
-};
-Err error_of(const Tensor& got, const Tensor& truth) {
-  const std::vector<double> g = got.to_vector_f64(), w = truth.to_vector_f64();
-  Err e;
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double d = std::fabs(g[i] - w[i]);
-    e.max = std::max(e.max, std::isnan(d) ? INFINITY : d);
-    e.rms += d * d;
-  }
-  e.rms = std::sqrt(e.rms / double(std::max<size_t>(g.size(), 1)));
-  return e;
 }
 
 using Param = std::tuple<Case, DType>;

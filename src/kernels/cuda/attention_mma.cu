@@ -92,13 +92,13 @@ bool mma_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
     const Tensor dsum = Tensor::empty({z.bh * z.tq}, DType::f32, q.device());
     const float* lse = static_cast<const float*>(fwd.lse.data_ptr());
     float* ds = static_cast<float*>(dsum.data_ptr());
-    allow_shared(dq_kernel, Layout<E>::kBackwardDq);
-    dq_kernel<<<grid_of(z.tq, z.bh), kThreads, Layout<E>::kBackwardDq, on.stream()>>>(
+    allow_shared(dq_kernel, Layout<E>::kBackward);
+    dq_kernel<<<grid_of(z.tq, z.bh), kThreads, Layout<E>::kBackward, on.stream()>>>(
         view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(fwd.out), view_of<T>(grad_out), lse, ds,
         static_cast<T*>(dst.dq.data_ptr()), z, p);
     MIXPREC_CUDA_CHECK_LAUNCH();
-    allow_shared(dkv_kernel, Layout<E>::kBackwardDkv);
-    dkv_kernel<<<grid_of(z.tk, z.bh), kThreads, Layout<E>::kBackwardDkv, on.stream()>>>(
+    allow_shared(dkv_kernel, Layout<E>::kBackward);
+    dkv_kernel<<<grid_of(z.tk, z.bh), kThreads, Layout<E>::kBackward, on.stream()>>>(
         view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(grad_out), lse, ds, static_cast<T*>(dst.dk.data_ptr()),
         static_cast<T*>(dst.dv.data_ptr()), z, p);
     MIXPREC_CUDA_CHECK_LAUNCH();

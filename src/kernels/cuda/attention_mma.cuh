@@ -47,11 +47,30 @@ struct Layout {
   static constexpr size_t kScores = size_t(kRows) * kLdS * 4;
   static constexpr size_t kProbs = size_t(kRows) * kLdP * 2;
   static constexpr size_t kOut = size_t(kRows) * kLdO * 4;
-  // forward: q, k, v; s; p; o.  dQ: q, go, k, v; s, dp; ds.  dK/dV: k, v, q, go; st, dpt; pt, dst; lse, D.
+  // forward: q, k, v; s; p; o.  backward: BackwardShared's.
   static constexpr size_t kForward = 3 * kHalfTile + kScores + kProbs + kOut;
-  static constexpr size_t kBackwardDq = 4 * kHalfTile + 2 * kScores + kProbs;
-  static constexpr size_t kBackwardDkv = 4 * kHalfTile + 2 * kScores + 2 * kProbs + 2 * kTile * 4;
+  static constexpr size_t kBackward = 4 * kHalfTile + 2 * kScores + 2 * kProbs + 2 * kTile * 4;
   static_assert(kHalfTile % 32 == 0 && kScores % 32 == 0 && kProbs % 32 == 0 && kOut % 32 == 0);
+};
+
+// The backward kernels' shared memory: four 16-bit row tiles (the block's own two, the staged
+// other side's two), two f32 score tiles, two 16-bit probability tiles and two f32 rows of kTile
+// (the dK/dV kernel's lse and D; the dQ kernel leaves them and the second probability tile unused).
+template <class T, int E>
+struct BackwardShared {
+  T* own[2];
+  T* other[2];
+  float* scores[2];
+  T* probs[2];
+  float* rows[2];
+  __device__ explicit BackwardShared(unsigned char* smem) {
+    constexpr int ld = Layout<E>::kLdH;
+    T* h = reinterpret_cast<T*>(smem);
+    own[0] = h, own[1] = h + kRows * ld, other[0] = h + 2 * kRows * ld, other[1] = other[0] + kTile * ld;
+    scores[0] = reinterpret_cast<float*>(other[1] + kTile * ld), scores[1] = scores[0] + kRows * kLdS;
+    probs[0] = reinterpret_cast<T*>(scores[1] + kRows * kLdS), probs[1] = probs[0] + kRows * kLdP;
+    rows[0] = reinterpret_cast<float*>(probs[1] + kRows * kLdP), rows[1] = rows[0] + kTile;
+  }
 };
 
 template <class T>
@@ -221,13 +240,9 @@ __global__ void __launch_bounds__(kThreads)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using L = Layout<E>;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* qs = reinterpret_cast<T*>(smem);
-  T* gs = qs + kRows * L::kLdH;
-  T* ks = gs + kRows * L::kLdH;
-  T* vs = ks + kTile * L::kLdH;
-  float* s = reinterpret_cast<float*>(vs + kTile * L::kLdH);
-  float* dp = s + kRows * kLdS;
-  T* dss = reinterpret_cast<T*>(dp + kRows * kLdS);
+  const BackwardShared<T, E> sh(smem);
+  T *qs = sh.own[0], *gs = sh.own[1], *ks = sh.other[0], *vs = sh.other[1], *dss = sh.probs[0];
+  float *s = sh.scores[0], *dp = sh.scores[1];
   const int warp = int(threadIdx.x / 32);
   const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kRows;
   const RowHalf me;
@@ -282,16 +297,9 @@ __global__ void __launch_bounds__(kThreads)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using L = Layout<E>;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* ks = reinterpret_cast<T*>(smem);
-  T* vs = ks + kRows * L::kLdH;
-  T* qs = vs + kRows * L::kLdH;
-  T* gs = qs + kTile * L::kLdH;
-  float* st = reinterpret_cast<float*>(gs + kTile * L::kLdH);
-  float* dpt = st + kRows * kLdS;
-  T* pt = reinterpret_cast<T*>(dpt + kRows * kLdS);
-  T* dst = pt + kRows * kLdP;
-  float* lse_s = reinterpret_cast<float*>(dst + kRows * kLdP);
-  float* d_s = lse_s + kTile;
+  const BackwardShared<T, E> sh(smem);
+  T *ks = sh.own[0], *vs = sh.own[1], *qs = sh.other[0], *gs = sh.other[1], *pt = sh.probs[0], *dst = sh.probs[1];
+  float *st = sh.scores[0], *dpt = sh.scores[1], *lse_s = sh.rows[0], *d_s = sh.rows[1];
   const int warp = int(threadIdx.x / 32);
   const int64_t bh = blockIdx.y, j0 = int64_t(blockIdx.x) * kRows;
   const RowHalf me;
