@@ -318,15 +318,22 @@ sys.exit(0 if any(t.get("failures") for s in r["testsuites"] for t in s["testsui
   return $rc
 }
 
+# compute-sanitizer's path from the inventory; fails with a line where the toolkit has none.
+sanitizer_path() {
+  local cs
+  cs=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["tools"]["compute-sanitizer"]; print(t["path"] if t else "")' "$W/results/inventory.json")
+  [ -n "$cs" ] || {
+    echo "compute-sanitizer not found in the toolkit" >&2
+    return 1
+  }
+  echo "$cs"
+}
+
 step_memcheck() {
   need_gpu
   need_binary
   local cs filter=${MEMCHECK_FILTER:-${TEST_FILTER:-*Cuda*:*_cuda_*:*_cuda:CliDevices.*:DeviceTensors.*}}
-  cs=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["tools"]["compute-sanitizer"]; print(t["path"] if t else "")' "$W/results/inventory.json")
-  [ -n "$cs" ] || {
-    echo "compute-sanitizer not found in the toolkit"
-    return 1
-  }
+  cs=$(sanitizer_path) || return 1
   # Each tool over the suites, one after the other: memcheck (out-of-bounds and misaligned
   # accesses, leaks), racecheck (shared-memory races in our block reductions), synccheck (barriers),
   # initcheck (reads of device memory never written). --target-processes all: tests that start the
@@ -360,11 +367,7 @@ step_initcheck-probe() {
   need_gpu
   need_binary
   local cs log=$W/results/initcheck-probe.log rc=0
-  cs=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["tools"]["compute-sanitizer"]; print(t["path"] if t else "")' "$W/results/inventory.json")
-  [ -n "$cs" ] || {
-    echo "compute-sanitizer not found in the toolkit"
-    return 1
-  }
+  cs=$(sanitizer_path) || return 1
   # Every report printed (the map needs the addresses); the trace's lines land in the same log.
   MIXPREC_TRACE_CUBLASLT=1 MIXPREC_SOURCE_DIR=$root MIXPREC_CLI=$MIXPREC LD_LIBRARY_PATH=$MIXPREC_LD_PATH \
     "$cs" --tool initcheck --report-api-errors no --print-limit 100000 --show-backtrace no \

@@ -103,25 +103,25 @@ void* workspace(LtDevice& d, cudaStream_t s, const Device& dev) {
   return it->second.data_ptr();
 }
 
-// MIXPREC_CUBLASLT_SPLIT_K=0 forbids split-K everywhere: a diagnostic for the GPU runs (does a
-// difference in bits between a captured and an eager step come from split-K?), read once.
+// A diagnostic switch of the GPU runs in the environment: `unset` when the variable is absent,
+// off when it is "0", on otherwise.
+bool env_switch(const char* name, bool unset) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? unset : std::string_view(v) != "0";
+}
+
+// MIXPREC_CUBLASLT_SPLIT_K=0 forbids split-K everywhere (does a difference in bits between a
+// captured and an eager step come from split-K?), read once.
 bool split_k_allowed() {
-  static const bool on = [] {
-    const char* v = std::getenv("MIXPREC_CUBLASLT_SPLIT_K");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool on = env_switch("MIXPREC_CUBLASLT_SPLIT_K", true);
   return on;
 }
 
 // MIXPREC_TRACE_CUBLASLT=1 prints one line per cublasLtMatmul to stderr: its operands' addresses
-// and column-major extents, the workspace's, and whether the stream was capturing. A diagnostic for
-// the GPU runs (scripts/gpu/run.sh's initcheck-probe maps initcheck's addresses to the buffers);
-// read once.
+// and column-major extents, the workspace's, and whether the stream was capturing
+// (scripts/gpu/run.sh's initcheck-probe maps initcheck's addresses to the buffers), read once.
 bool trace_cublaslt() {
-  static const bool on = [] {
-    const char* v = std::getenv("MIXPREC_TRACE_CUBLASLT");
-    return v != nullptr && std::string_view(v) != "0";
-  }();
+  static const bool on = env_switch("MIXPREC_TRACE_CUBLASLT", false);
   return on;
 }
 
