@@ -9,6 +9,7 @@
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/norm.h"
 #include "mixprec/convert.h"
+#include "mixprec/cpu.h"
 
 namespace mixprec::kernels::cpu {
 namespace {
@@ -26,14 +27,17 @@ Nci nci(const Tensor& x, int64_t channels) { return {x.size(0), channels, x.nume
 bool usable(const Tensor& t) { return !t.defined() || (f32_compute(t.dtype()) && t.is_contiguous()); }
 
 // Reductions over one plane with 16 independent f32 lanes: the compiler vectorises them without
-// reassociating a single sum (no -ffast-math), and the lanes shorten the dependency chain.
+// reassociating a single sum (no -ffast-math), and the lanes shorten the dependency chain. Always
+// inlined, so a caller compiled for AVX-512 (layer norm's rows below) runs them in 512-bit lanes
+// with the same results as the baseline build's: the lanes fix the order of every sum.
+#define MIXPREC_LANES [[gnu::always_inline]] inline
 constexpr int kLanes = 16;
-inline float lanes_total(const float* acc) {
+MIXPREC_LANES float lanes_total(const float* acc) {
   float s = 0.f;
   for (int j = 0; j < kLanes; ++j) s += acc[j];
   return s;
 }
-inline float plane_sum(const float* p, int64_t n) {
+MIXPREC_LANES float plane_sum(const float* p, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
@@ -41,7 +45,7 @@ inline float plane_sum(const float* p, int64_t n) {
   for (; i < n; ++i) acc[0] += p[i];
   return lanes_total(acc);
 }
-inline float plane_sum_sq_dev(const float* p, int64_t n, float mu) {
+MIXPREC_LANES float plane_sum_sq_dev(const float* p, int64_t n, float mu) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
@@ -50,7 +54,7 @@ inline float plane_sum_sq_dev(const float* p, int64_t n, float mu) {
   return lanes_total(acc);
 }
 // sum(gy) and sum(gy * (x - mu)) in one pass.
-inline void plane_sums_backward(const float* gy, const float* x, int64_t n, float mu, float& s, float& sx) {
+MIXPREC_LANES void plane_sums_backward(const float* gy, const float* x, int64_t n, float mu, float& s, float& sx) {
   float a[kLanes] = {}, b[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
@@ -64,6 +68,84 @@ inline void plane_sums_backward(const float* gy, const float* x, int64_t n, floa
   }
   s = lanes_total(a), sx = lanes_total(b);
 }
+// Layer norm's rows, written once in lanes and compiled twice: for AVX-512 (512-bit lanes) and
+// for the baseline x86-64, chosen at run time; both give the same bits.
+struct LayerNormRow {
+  const float* w;
+  const float* b;  // forward only
+  int64_t cols;
+};
+// y = (x - mean) * rstd * w + b, and x̂ = (x - mean) * rstd where xh is given.
+MIXPREC_LANES void layer_norm_row(const LayerNormRow& a, const float* x, double eps, float* y, float* xh, float& mu,
+                                  float& inv) {
+  const int64_t n = a.cols;
+  mu = float(double(plane_sum(x, n)) / double(n));
+  inv = float(1.0 / std::sqrt(double(plane_sum_sq_dev(x, n, mu)) / double(n) + eps));
+  for (int64_t j = 0; j < n; ++j) y[j] = (x[j] - mu) * inv * a.w[j] + a.b[j];
+  if (xh)
+    for (int64_t j = 0; j < n; ++j) xh[j] = (x[j] - mu) * inv;
+}
+// The gradients of one row: x̂ (recomputed, or x itself when it is x̂ already), dweight and dbias
+// added into the thread's f64 sums, and dx = rstd (g - mean(g) - x̂ mean(g x̂)) with g = dy w where
+// dx is given.
+template <bool kNormalized>
+MIXPREC_LANES void layer_norm_row_backward(const LayerNormRow& a, const float* gy, const float* x, float mu, float rs,
+                                           float* xhat, double* gw, double* gb, float* dx) {
+  const int64_t n = a.cols;
+  float sg[kLanes] = {}, sgx[kLanes] = {};
+  auto term = [&](int64_t j, int l) {
+    const float xh = kNormalized ? x[j] : (x[j] - mu) * rs;
+    const float g = gy[j] * a.w[j];
+    xhat[j] = xh;
+    sg[l] += g;
+    sgx[l] += g * xh;
+  };
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) term(j + l, l);
+  for (; j < n; ++j) term(j, 0);
+  for (j = 0; j < n; ++j) {
+    gw[j] += double(gy[j] * xhat[j]);
+    gb[j] += double(gy[j]);
+  }
+  if (!dx) return;
+  const float mean_g = lanes_total(sg) / float(n), mean_gx = lanes_total(sgx) / float(n);
+  for (j = 0; j < n; ++j) dx[j] = rs * (gy[j] * a.w[j] - mean_g - xhat[j] * mean_gx);
+}
+
+using LayerNormRowFn = void (*)(const LayerNormRow&, const float*, double, float*, float*, float&, float&);
+using LayerNormRowBackwardFn = void (*)(const LayerNormRow&, const float*, const float*, float, float, float*, double*,
+                                        double*, float*);
+#define MIXPREC_AVX512 __attribute__((target("avx512f")))
+MIXPREC_AVX512 void layer_norm_row_avx512(const LayerNormRow& a, const float* x, double eps, float* y, float* xh,
+                                          float& mu, float& inv) {
+  layer_norm_row(a, x, eps, y, xh, mu, inv);
+}
+void layer_norm_row_baseline(const LayerNormRow& a, const float* x, double eps, float* y, float* xh, float& mu,
+                             float& inv) {
+  layer_norm_row(a, x, eps, y, xh, mu, inv);
+}
+template <bool kNormalized>
+MIXPREC_AVX512 void layer_norm_row_backward_avx512(const LayerNormRow& a, const float* gy, const float* x, float mu,
+                                                   float rs, float* xhat, double* gw, double* gb, float* dx) {
+  layer_norm_row_backward<kNormalized>(a, gy, x, mu, rs, xhat, gw, gb, dx);
+}
+template <bool kNormalized>
+void layer_norm_row_backward_baseline(const LayerNormRow& a, const float* gy, const float* x, float mu, float rs,
+                                      float* xhat, double* gw, double* gb, float* dx) {
+  layer_norm_row_backward<kNormalized>(a, gy, x, mu, rs, xhat, gw, gb, dx);
+}
+#undef MIXPREC_AVX512
+
+LayerNormRowFn layer_norm_row_fn() {
+  return mixprec::cpu::has_avx512f() ? &layer_norm_row_avx512 : &layer_norm_row_baseline;
+}
+LayerNormRowBackwardFn layer_norm_row_backward_fn(bool normalized) {
+  if (mixprec::cpu::has_avx512f())
+    return normalized ? &layer_norm_row_backward_avx512<true> : &layer_norm_row_backward_avx512<false>;
+  return normalized ? &layer_norm_row_backward_baseline<true> : &layer_norm_row_backward_baseline<false>;
+}
+
 // Where plane results go: straight into an f32 destination, else into buf for a rounding store.
 inline float* out_plane(Tensor& dst, int64_t begin, std::vector<float>& buf) {
   return dst.dtype() == DType::f32 ? dst.data<float>() + begin : buf.data();
@@ -198,23 +280,19 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   const int64_t rows = x.size(0), cols = x.size(1);
   const std::vector<float> w = values_or(weight, cols, 1.f), b = values_or(bias, cols, 0.f);
   std::vector<float> m(static_cast<size_t>(rows)), rs(static_cast<size_t>(rows));
+  const LayerNormRow row{w.data(), b.data(), cols};
+  const LayerNormRowFn row_fn = layer_norm_row_fn();
 #pragma omp parallel
   {
     std::vector<float> in, out(static_cast<size_t>(cols)), xh(xhat.defined() ? size_t(cols) : 0);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const float* src = in_f32(x, r * cols, cols, in);
-      // Two passes, each over 16 f32 lanes (vectorised; the row is short: a transformer's width).
-      const float mu = float(double(plane_sum(src, cols)) / double(cols));
-      const float inv = float(1.0 / std::sqrt(double(plane_sum_sq_dev(src, cols, mu)) / double(cols) + eps));
-      for (int64_t j = 0; j < cols; ++j) out[size_t(j)] = (src[j] - mu) * inv * w[size_t(j)] + b[size_t(j)];
-      store_f32(dst, r * cols, cols, out.data());
-      if (!xh.empty()) {
-        for (int64_t j = 0; j < cols; ++j) xh[size_t(j)] = (src[j] - mu) * inv;
-        store_f32(xhat_dst, r * cols, cols, xh.data());
-      }
-      m[size_t(r)] = mu;
-      rs[size_t(r)] = inv;
+      float* y = out_plane(dst, r * cols, out);
+      float* xh_row = xh.empty() ? nullptr : out_plane(xhat_dst, r * cols, xh);
+      row_fn(row, src, eps, y, xh_row, m[size_t(r)], rs[size_t(r)]);
+      finish_plane(dst, r * cols, cols, y);
+      if (xh_row) finish_plane(xhat_dst, r * cols, cols, xh_row);
     }
   }
   mean = Tensor::from_vector(m, {rows}, DType::f32);
@@ -235,6 +313,8 @@ bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
   if (need_x) out.x = Tensor::empty(x.shape(), grad_y.dtype());
   // Per-thread partial sums of dweight/dbias, combined in thread order: deterministic.
   std::vector<std::vector<double>> gw_parts(static_cast<size_t>(omp_get_max_threads())), gb_parts(gw_parts.size());
+  const LayerNormRow row{w.data(), nullptr, cols};
+  const LayerNormRowBackwardFn row_fn = layer_norm_row_backward_fn(normalized);
 #pragma omp parallel
   {
     std::vector<float> gbuf, xbuf, ob(static_cast<size_t>(cols)), xhat(static_cast<size_t>(cols));
@@ -246,21 +326,9 @@ bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
     for (int64_t r = 0; r < rows; ++r) {
       const float* gy = in_f32(grad_y, r * cols, cols, gbuf);
       const float* xv = in_f32(x, r * cols, cols, xbuf);
-      float mean_g = 0.f, mean_g_xhat = 0.f;
-      for (int64_t j = 0; j < cols; ++j) {
-        xhat[size_t(j)] = normalized ? xv[j] : (xv[j] - m[size_t(r)]) * rs[size_t(r)];
-        const float g = gy[j] * w[size_t(j)];
-        mean_g += g;
-        mean_g_xhat += g * xhat[size_t(j)];
-        gw_t[size_t(j)] += double(gy[j] * xhat[size_t(j)]);
-        gb_t[size_t(j)] += double(gy[j]);
-      }
-      if (!need_x) continue;
-      mean_g /= float(cols);
-      mean_g_xhat /= float(cols);
-      for (int64_t j = 0; j < cols; ++j)
-        ob[size_t(j)] = rs[size_t(r)] * (gy[j] * w[size_t(j)] - mean_g - xhat[size_t(j)] * mean_g_xhat);
-      store_f32(out.x, r * cols, cols, ob.data());
+      float* dx = need_x ? out_plane(out.x, r * cols, ob) : nullptr;
+      row_fn(row, gy, xv, m[size_t(r)], rs[size_t(r)], xhat.data(), gw_t.data(), gb_t.data(), dx);
+      if (dx) finish_plane(out.x, r * cols, cols, dx);
     }
   }
   std::vector<double> gw(size_t(cols), 0.0), gb(size_t(cols), 0.0);

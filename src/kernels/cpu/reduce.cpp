@@ -35,18 +35,27 @@ bool sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, Tensor
     for (double v : partial) s += v;
     acc[0] = float(s);
   } else {
-    // Column sums: each thread owns a range of columns and walks the rows.
-    const int64_t cb = std::max<int64_t>(16, std::min<int64_t>(kBlock, cols));
-    const int64_t nb = (cols + cb - 1) / cb;
+    // Column sums over chunks of rows, each chunk's in f32, the chunks combined in f64 in order:
+    // the chunks keep both threads busy when the columns are few (a bias gradient: [B T, C]), and
+    // their size depends on the rows alone, so the result does not depend on the thread count.
+    const int64_t chunk = std::max<int64_t>(64, (rows + 63) / 64), chunks = (rows + chunk - 1) / chunk;
+    const int64_t cb = std::min(kBlock, cols), nb = (cols + cb - 1) / cb;
+    std::vector<float> part(size_t(chunks * cols), 0.f);
 #pragma omp parallel for schedule(static) if (rows * cols >= (1 << 15))
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t c0 = b * cb, len = std::min(cb, cols - c0);
+    for (int64_t task = 0; task < chunks * nb; ++task) {
+      const int64_t r0 = (task / nb) * chunk, r1 = std::min(rows, r0 + chunk);
+      const int64_t c0 = (task % nb) * cb, len = std::min(cb, cols - c0);
+      float* a = part.data() + (task / nb) * cols + c0;
       float buf[kBlock];
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = r0; r < r1; ++r) {
         const float* v = in_f32(x.data_ptr(), t, r * cols + c0, len, buf);
-        for (int64_t i = 0; i < len; ++i) acc[size_t(c0 + i)] += v[i];
+        for (int64_t i = 0; i < len; ++i) a[i] += v[i];
       }
     }
+    std::vector<double> total(size_t(cols), 0.0);
+    for (int64_t k = 0; k < chunks; ++k)
+      for (int64_t c = 0; c < cols; ++c) total[size_t(c)] += part[size_t(k * cols + c)];
+    for (int64_t c = 0; c < cols; ++c) acc[size_t(c)] = float(total[size_t(c)]);
   }
   (void)keepdim;
   convert(acc.data(), DType::f32, dst.data_ptr(), dst.dtype(), acc.size());

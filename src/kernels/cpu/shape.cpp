@@ -2,7 +2,10 @@
 // conversions between f32, bf16 and f16; strided views with a contiguous last dim row by row;
 // views whose unit-stride dim is another one (a transpose) in tiles; everything else falls back
 // to the reference.
+#include <omp.h>
+
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/shape.h"
@@ -29,19 +32,36 @@ bool copy_rows(const Tensor& src, Tensor& dst) {
   const char* s = static_cast<const char*>(src.data_ptr());
   char* d = static_cast<char*>(dst.data_ptr());
   const Shape &shape = src.shape(), &sst = src.strides(), &dst_st = dst.strides();
-#pragma omp parallel for schedule(static) if (n >= (int64_t(1) << 15))
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t so = 0, doff = 0, rest = r;
-    for (int64_t k = nd - 2; k >= 0; --k) {
-      const int64_t i = rest % shape[size_t(k)];
+  if (rows == 0) return true;
+    // Each thread a range of rows, walked with an odometer over the leading dims: the offsets of
+    // its first row from one division per dim, then additions (a division per dim and row cost more
+    // than a 128-byte row's copy).
+#pragma omp parallel if (n >= (int64_t(1) << 15))
+  {
+    const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t r0 = rows * id / threads, r1 = rows * (id + 1) / threads;
+    std::vector<int64_t> idx(size_t(nd - 1), 0);
+    int64_t so = 0, doff = 0;
+    for (int64_t k = nd - 2, rest = r0; k >= 0; --k) {
+      idx[size_t(k)] = rest % shape[size_t(k)];
       rest /= shape[size_t(k)];
-      so += i * sst[size_t(k)];
-      doff += i * dst_st[size_t(k)];
+      so += idx[size_t(k)] * sst[size_t(k)];
+      doff += idx[size_t(k)] * dst_st[size_t(k)];
     }
-    if (st == dt)
-      std::memcpy(d + doff * ds, s + so * ss, size_t(inner * ss));
-    else
-      convert(s + so * ss, st, d + doff * ds, dt, size_t(inner));
+    for (int64_t r = r0; r < r1; ++r) {
+      if (st == dt)
+        std::memcpy(d + doff * ds, s + so * ss, size_t(inner * ss));
+      else
+        convert(s + so * ss, st, d + doff * ds, dt, size_t(inner));
+      for (int64_t k = nd - 2; k >= 0; --k) {  // the next row's offsets
+        so += sst[size_t(k)];
+        doff += dst_st[size_t(k)];
+        if (++idx[size_t(k)] < shape[size_t(k)]) break;
+        so -= shape[size_t(k)] * sst[size_t(k)];
+        doff -= shape[size_t(k)] * dst_st[size_t(k)];
+        idx[size_t(k)] = 0;
+      }
+    }
   }
   return true;
 }
