@@ -15,8 +15,10 @@
 
 #include "error_norms.h"
 #include "error_text.h"
+#include "kernels/cpu/attention_tile.h"
 #include "kernels/kernels.h"
 #include "mixprec/allocator.h"
+#include "mixprec/cpu.h"
 #include "mixprec/ops.h"
 #include "op_cases.h"
 
@@ -241,6 +243,29 @@ TEST(Attention, PackedQkvIsTheAttentionOfItsThreeViews) {
             }),
             "scaled_dot_product_attention: packed qkv must be [B, T, 3 C] with C a multiple of the 3 heads, got [2, "
             "5, 24]");
+}
+
+// The tiles' transpose (f32 through registers in 16 x 16 blocks, masked at the edges; 16-bit
+// element by element) against its definition, on sizes around the blocks' edges, with row strides
+// wider than the rows: every element lands in place and nothing past the rows is written.
+TEST(AttentionTiles, TransposeMatchesItsDefinition) {
+  if (!mixprec::cpu::has_avx512f()) GTEST_SKIP() << "no AVX-512 on this host: the fused CPU attention does not run";
+  auto check = [](auto zero) {
+    using E = decltype(zero);
+    for (int64_t rows : {1, 15, 16, 17, 64, 70})
+      for (int64_t cols : {1, 8, 16, 33}) {
+        const int64_t ld_src = cols + 3, ld_dst = rows + 5;
+        std::vector<E> src(size_t(rows * ld_src)), dst(size_t(cols * ld_dst), E(-1));
+        for (size_t i = 0; i < src.size(); ++i) src[i] = E(i % 4093);
+        kernels::cpu::attn::transpose(src.data(), ld_src, rows, cols, dst.data(), ld_dst);
+        for (int64_t c = 0; c < cols; ++c)
+          for (int64_t r = 0; r < ld_dst; ++r)
+            ASSERT_EQ(dst[size_t(c * ld_dst + r)], r < rows ? src[size_t(r * ld_src + c)] : E(-1))
+                << sizeof(E) * 8 << "-bit, " << rows << " x " << cols << ", row " << r << " col " << c;
+      }
+  };
+  check(0.f);
+  check(uint16_t(0));
 }
 
 }  // namespace

@@ -54,14 +54,18 @@ struct AttentionForward {
   Tensor out, lse, probs;
 };
 struct AttentionGrads {
-  Tensor dq, dk, dv;  // contiguous, in the dtypes of q, k, v
+  Tensor dq, dk, dv;  // in the dtypes of q, k, v; contiguous unless written into given views
 };
 
 AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p);
 // grad_out: [B, H, Tq, Ev] in the output's dtype. Uses fwd.probs where the forward kept them, else
-// recomputes the probabilities block by block from fwd.lse.
+// recomputes the probabilities block by block from fwd.lse. `into`: views of q's, k's and v's
+// shapes and dtypes on their device (the thirds of a packed qkv's gradient) that receive the
+// gradients, which are then returned: the fused CPU kernel writes its rows there, the others
+// copy.
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& fwd,
-                                  const Tensor& grad_out, const AttentionParams& p);
+                                  const Tensor& grad_out, const AttentionParams& p,
+                                  const AttentionGrads* into = nullptr);
 
 namespace ref {
 AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p);
@@ -72,6 +76,8 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
 namespace cpu {  // false where the case is not supported (f64, no AVX-512)
 bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                        AttentionForward& dst);
+// dst's tensors that are given with q's, k's, v's shapes and dtypes and unit-stride rows are
+// written in place; the others are allocated contiguous.
 bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& fwd,
                         const Tensor& grad_out, const AttentionParams& p, AttentionGrads& dst);
 }  // namespace cpu

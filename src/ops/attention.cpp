@@ -54,9 +54,10 @@ Tensor packed_part(const Tensor& qkv, int64_t heads, int64_t i) {
   return qkv.slice(2, i * c, (i + 1) * c).reshape({b, t, heads, c / heads}).transpose(1, 2);
 }
 
-// The attention of the detached views qd, kd, vd, recorded as the op on `inputs`; its backward
-// runs the kernels' backward and `grads` turns dq, dk, dv into the inputs' gradients. `saved`: the
-// tensors the views read (undefined ones are skipped), checked unchanged at backward with the output.
+// The attention of the detached views qd, kd, vd, recorded as the op on `inputs`; at backward,
+// `grads` is called with the kernels' backward (a function of where dq, dk, dv go: null, or views
+// to write them into) and returns the inputs' gradients. `saved`: the tensors the views read
+// (undefined ones are skipped), checked unchanged at backward with the output.
 template <class Grads>
 Tensor attention(const Tensor& qd, const Tensor& kd, const Tensor& vd, const AttentionOptions& o,
                  const std::vector<Tensor>& inputs, const std::array<Tensor, 3>& saved, Grads grads) {
@@ -68,7 +69,9 @@ Tensor attention(const Tensor& qd, const Tensor& kd, const Tensor& vd, const Att
   const Tensor saved_out = fwd.out;
   return autograd::record(out, kOp, inputs,
                           [qd, kd, vd, fwd, p, grads](const Tensor& g, const autograd::Node&) {
-                            return grads(kernels::attention_backward(qd, kd, vd, fwd, g, p));
+                            return grads([&](const kernels::AttentionGrads* into) {
+                              return kernels::attention_backward(qd, kd, vd, fwd, g, p, into);
+                            });
                           },
                           {saved[0], saved[1], saved[2], saved_out});
 }
@@ -80,7 +83,8 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   Tensor q = q_in, k = k_in, v = v_in;
   amp::autocast(OpId::scaled_dot_product_attention, {&q, &k, &v});
   const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
-  return attention(qd, kd, vd, o, {q, k, v}, {qd, kd, vd}, [](const kernels::AttentionGrads& d) {
+  return attention(qd, kd, vd, o, {q, k, v}, {qd, kd, vd}, [](const auto& backward) {
+    const kernels::AttentionGrads d = backward(nullptr);
     return std::vector<Tensor>{d.dq, d.dk, d.dv};
   });
 }
@@ -95,17 +99,19 @@ Tensor packed_qkv_attention(const Tensor& qkv_in, int64_t heads, const Attention
                 shape_str(qkv.shape()));
   const Tensor base = qkv.detach();
   const Shape shape = qkv.shape();
+  const DType dtype = base.dtype();
+  const Device device = base.device();
   return attention(packed_part(base, heads, 0), packed_part(base, heads, 1), packed_part(base, heads, 2), o, {qkv},
-                   {base, Tensor(), Tensor()}, [heads, shape](const kernels::AttentionGrads& d) {
-                     // The three parts cover the gradient: each written once into its view, no zero
-                     // fill and no sum of three qkv-sized gradients.
-                     Tensor dqkv = Tensor::empty(shape, d.dq.dtype(), d.dq.device());
-                     const Tensor* parts[3] = {&d.dq, &d.dk, &d.dv};
-                     for (int64_t i = 0; i < 3; ++i) {
-                       Tensor view = packed_part(dqkv, heads, i);
-                       MIXPREC_ASSERT(view.storage() == dqkv.storage(), "packed qkv: a part is not a view");
-                       kernels::copy(*parts[i], view);
-                     }
+                   {base, Tensor(), Tensor()}, [heads, shape, dtype, device](const auto& backward) {
+                     // The three parts cover the gradient: each written once into its view (by the
+                     // kernel itself where it can), no zero fill and no sum of three qkv-sized
+                     // gradients.
+                     const Tensor dqkv = Tensor::empty(shape, dtype, device);
+                     const kernels::AttentionGrads into{packed_part(dqkv, heads, 0), packed_part(dqkv, heads, 1),
+                                                        packed_part(dqkv, heads, 2)};
+                     for (const Tensor* part : {&into.dq, &into.dk, &into.dv})
+                       MIXPREC_ASSERT(part->storage() == dqkv.storage(), "packed qkv: a part is not a view");
+                     (void)backward(&into);
                      return std::vector<Tensor>{dqkv};
                    });
 }

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -28,20 +29,20 @@ using attn::round_up;
 
 constexpr int64_t kBr = 64, kBc = 64;  // queries and keys per block: a 64 x 64 f32 tile is 16 KiB (L1)
 
-// Rows of a [B, H, T, E] view of any strides.
+// Rows of a [B, H, T, E] view of any strides (the inputs, and the gradients written into views).
 struct Rows {
-  const char* base;
+  char* base;
   DType t;
   int64_t h_count, sb, sh, st, se;
   explicit Rows(const Tensor& x)
-      : base(static_cast<const char*>(x.data_ptr())),
+      : base(static_cast<char*>(x.data_ptr())),
         t(x.dtype()),
         h_count(x.size(1)),
         sb(x.strides()[0]),
         sh(x.strides()[1]),
         st(x.strides()[2]),
         se(x.strides()[3]) {}
-  const char* row(int64_t bh, int64_t i) const {
+  char* row(int64_t bh, int64_t i) const {
     return base + size_t((bh / h_count) * sb + (bh % h_count) * sh + i * st) * dtype_size(t);
   }
 };
@@ -157,15 +158,17 @@ MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t li
   }
 }
 
-// rows x n f32 values (row r at src + r * ld, times factor[r] or f) -> dtype t at dst, contiguous;
-// one conversion for the block. tmp holds rows x n f32 and may be src itself (n <= ld).
+// rows x n f32 values (row r at src + r * ld, times factor[r] or f) -> rows i0 .. i0 + rows of
+// head bh of dst (dtype t, unit-stride rows); one conversion for the block where its rows are
+// contiguous. tmp holds rows x n f32 and may be src itself (n <= ld).
 void store_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const float* factor, float f, float* tmp,
-                void* dst, DType t) {
+                const Rows& dst, int64_t bh, int64_t i0) {
   for (int64_t r = 0; r < rows; ++r) {
     const float fr = factor ? factor[r] : f;
     for (int64_t c = 0; c < n; ++c) tmp[r * n + c] = src[r * ld + c] * fr;
   }
-  convert(tmp, DType::f32, dst, t, size_t(rows * n));
+  if (dst.st == n) return convert(tmp, DType::f32, dst.row(bh, i0), dst.t, size_t(rows * n));
+  for (int64_t r = 0; r < rows; ++r) convert(tmp + r * n, DType::f32, dst.row(bh, i0 + r), dst.t, size_t(n));
 }
 
 // n elements of a row of dtype t as f32 (bf16 widened inline: rows are short).
@@ -193,9 +196,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   E* packs = reinterpret_cast<E*>(aligned(ws));
   char* scratch = aligned(ws) + bytes_of<E>(d.bh * d.nkb * kv_elems);
   const float scale = float(p.scale), keep_scale = float(1.0 / (1.0 - p.dropout));
-  char* out = static_cast<char*>(dst.out.data_ptr());
+  const Rows rout(dst.out);
   float* lse = static_cast<float*>(dst.lse.data_ptr());
-  const size_t out_es = dtype_size(q.dtype());
 
   // K^T and V of every key block, packed once for all the query blocks that read them.
 #pragma omp parallel for schedule(static)
@@ -251,7 +253,27 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
       lse[bh * d.tq + i0 + r] = m[r] + std::log(l[r]);
       l[r] = keep_scale / l[r];
     }
-    store_rows(o, d.ev_pad, nr, d.ev, l, 0.f, block, out + size_t((bh * d.tq + i0) * d.ev) * out_es, q.dtype());
+    store_rows(o, d.ev_pad, nr, d.ev, l, 0.f, block, rout, bh, i0);
+  }
+}
+
+// D_i = dO_i . O_i computed as the f32 product kernel computes dP_ij = dO_i . V_j (one fused
+// multiply-add per element, in order, from zero), so that where O_i is V_j (a single key) dP - D,
+// and with it dS, is exactly zero instead of the difference of two roundings.
+MIXPREC_ATTN_TARGET float dot(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t e = 0; e < n; ++e) acc = _mm512_fmadd_ps(_mm512_set1_ps(a[e]), _mm512_set1_ps(b[e]), acc);
+  return _mm512_cvtss_f32(acc);
+}
+
+// dst[i] = dot(a^T's row i, b^T's row i) for i < n, from a^T and b^T ([k][ld]): 16 rows at a time,
+// each the same fused multiply-adds in the same order as dot().
+MIXPREC_ATTN_TARGET void dot_columns(const float* a_t, const float* b_t, int64_t ld, int64_t k, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t e = 0; e < k; ++e)
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(a_t + e * ld + i), _mm512_loadu_ps(b_t + e * ld + i), acc);
+    _mm512_mask_storeu_ps(dst + i, attn::first_lanes(n - i), acc);
   }
 }
 
@@ -296,15 +318,11 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
       bytes_of<E>(tk_pad * d.ev_pad) + bytes_of<float>(d.tq) + bytes_of<float>(tq_pad * d.e_pad) +
       bytes_of<float>(d.bc_pad * d.e_pad) + bytes_of<float>(d.bc_pad * d.ev_pad) + 2 * bytes_of<float>(kBr * d.bc_pad) +
       3 * bytes_of<E>(kBr * d.bc_pad) + bytes_of<E>(std::max(kBr, d.bc_pad) * wmax) + 2 * bytes_of<float>(wmax) +
-      bytes_of<float>(d.bc_pad * wmax);
+      bytes_of<float>(d.bc_pad * wmax) + (kBf16 ? 0 : 2 * bytes_of<float>(tq_pad * d.ev_pad));
   const Tensor ws = workspace(omp_get_max_threads() * per_thread);
   const float scale = float(p.scale);
   const float* lse = static_cast<const float*>(fwd.lse.data_ptr());
-  char* dq_out = static_cast<char*>(dst.dq.data_ptr());
-  char* dk_out = static_cast<char*>(dst.dk.data_ptr());
-  char* dv_out = static_cast<char*>(dst.dv.data_ptr());
-  const DType t = q.dtype();
-  const size_t es = dtype_size(t);
+  const Rows rdq(dst.dq), rdk(dst.dk), rdv(dst.dv);
 
 #pragma omp parallel for schedule(dynamic)
   for (int64_t bh = 0; bh < d.bh; ++bh) {
@@ -328,7 +346,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
     E* tmp = c.take<E>(std::max(kBr, d.bc_pad) * wmax);
     float* f1 = c.take<float>(wmax);
     float* f2 = c.take<float>(wmax);
-    float* block = c.take<float>(d.bc_pad * wmax);  // key rows on their way out
+    float* block = c.take<float>(d.bc_pad * wmax);                       // key rows on their way out
+    float* o_rows = kBf16 ? nullptr : c.take<float>(tq_pad * d.ev_pad);  // O, then O^T: D's operands (f32 tiles)
+    float* o_t = kBf16 ? nullptr : c.take<float>(tq_pad * d.ev_pad);
 
     for (int64_t i = 0; i < tq_pad; ++i) {
       E* qr = q_rows + i * d.e_pad;
@@ -336,19 +356,27 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
       if (i < d.tq) {
         attn::load_row(rq.row(bh, i), rq.t, rq.se, d.e, qr, d.e_pad);
         attn::load_row(rgo.row(bh, i), rgo.t, rgo.se, d.ev, gr, d.ev_pad);
-        // D from the stored (rounded) output, as FlashAttention-2.
-        load_f32(ro.row(bh, i), ro.t, ro.se, d.ev, f1);
-        load_f32(rgo.row(bh, i), rgo.t, rgo.se, d.ev, f2);
-        float acc = 0.f;
-        for (int64_t e = 0; e < d.ev; ++e) acc += f1[e] * f2[e];
-        dsum[i] = acc;
+        // D from the stored (rounded) output, as FlashAttention-2: for f32 tiles 16 rows at a
+        // time below, from O^T and dO^T.
+        if constexpr (kBf16) {
+          load_f32(ro.row(bh, i), ro.t, ro.se, d.ev, f1);
+          load_f32(rgo.row(bh, i), rgo.t, rgo.se, d.ev, f2);
+          dsum[i] = dot(f1, f2, d.ev);
+        } else {
+          attn::load_row(ro.row(bh, i), ro.t, ro.se, d.ev, o_rows + i * d.ev_pad, d.ev_pad);
+        }
       } else {
         std::fill(qr, qr + d.e_pad, E{});
         std::fill(gr, gr + d.ev_pad, E{});
+        if constexpr (!kBf16) std::fill(o_rows + i * d.ev_pad, o_rows + (i + 1) * d.ev_pad, 0.f);
       }
     }
     attn::transpose(q_rows, d.e_pad, tq_pad, d.e_pad, q_t, tq_pad);
     attn::transpose(do_rows, d.ev_pad, tq_pad, d.ev_pad, do_t, tq_pad);
+    if constexpr (!kBf16) {
+      attn::transpose(o_rows, d.ev_pad, tq_pad, d.ev_pad, o_t, tq_pad);
+      dot_columns(do_t, o_t, tq_pad, d.ev, d.tq, dsum);
+    }
     for (int64_t kb = 0; kb < d.nkb; ++kb) {
       const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
       pack_keys<E>(rk, bh, j0, nc, d.e, d.e_pad, d.bc_pad, tmp, kt_pack + kb * d.bc_pad * d.e_pad,
@@ -386,13 +414,12 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
         gemm<E>(d.e, d.bc_pad, nr_pad, q_t + i0, tq_pad, dsb, dk_t, d.bc_pad, true);
         gemm<E>(nr, d.e_pad, d.bc_pad, dsa, d.bc_pad, kp, dq + i0 * d.e_pad, d.e_pad, true);
       }
-      const size_t row = size_t(bh * d.tk + j0);
       attn::transpose(dk_t, d.bc_pad, d.e, nc, block, d.e);
-      store_rows(block, d.e, nc, d.e, nullptr, scale, block, dk_out + row * size_t(d.e) * es, t);
+      store_rows(block, d.e, nc, d.e, nullptr, scale, block, rdk, bh, j0);
       attn::transpose(dv_t, d.bc_pad, d.ev, nc, block, d.ev);
-      store_rows(block, d.ev, nc, d.ev, nullptr, 1.f, block, dv_out + row * size_t(d.ev) * es, t);
+      store_rows(block, d.ev, nc, d.ev, nullptr, 1.f, block, rdv, bh, j0);
     }
-    store_rows(dq, d.e_pad, d.tq, d.e, nullptr, scale, dq, dq_out + size_t(bh * d.tq) * size_t(d.e) * es, t);
+    store_rows(dq, d.e_pad, d.tq, d.e, nullptr, scale, dq, rdq, bh, 0);
   }
 }
 
@@ -421,7 +448,9 @@ bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& fwd,
                         const Tensor& grad_out, const AttentionParams& p, AttentionGrads& dst) {
   if (!supported(q, k, v) || grad_out.dtype() != q.dtype() || fwd.lse.dtype() != DType::f32) return false;
-  dst = {Tensor::empty(q.shape(), q.dtype()), Tensor::empty(k.shape(), k.dtype()), Tensor::empty(v.shape(), v.dtype())};
+  for (auto [g, like] : {std::pair{&dst.dq, &q}, std::pair{&dst.dk, &k}, std::pair{&dst.dv, &v}})
+    if (!g->defined() || g->shape() != like->shape() || g->dtype() != like->dtype() || g->strides().back() != 1)
+      *g = Tensor::empty(like->shape(), like->dtype());
   if (bf16_tiles(q.dtype()))
     backward<uint16_t>(q, k, v, fwd, grad_out, p, dst);
   else

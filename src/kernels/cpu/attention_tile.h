@@ -76,11 +76,54 @@ MIXPREC_ATTN_TARGET inline void pack_row_pairs(const float* src, int64_t ld, int
   }
 }
 
-// dst[c * ld_dst + r] = src[r * ld_src + c]: rows x cols, 16-bit or f32 elements.
+// 16 rows of 16 f32 transposed in registers: pairs of rows interleaved, then pairs of pairs, then
+// 128-bit lanes twice.
+MIXPREC_ATTN_TARGET inline void transpose_16x16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+MIXPREC_ATTN_TARGET inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+}
+
+// dst[c * ld_dst + r] = src[r * ld_src + c]: rows x cols, 16-bit or f32 elements; f32 in 16 x 16
+// blocks through registers (masked at the edges), 16-bit element by element.
 template <class E>
-void transpose(const E* src, int64_t ld_src, int64_t rows, int64_t cols, E* dst, int64_t ld_dst) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+MIXPREC_ATTN_TARGET void transpose(const E* src, int64_t ld_src, int64_t rows, int64_t cols, E* dst, int64_t ld_dst) {
+  if constexpr (std::is_same_v<E, float>) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 16)
+      for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+        const int64_t nr = std::min<int64_t>(16, rows - r0), nc = std::min<int64_t>(16, cols - c0);
+        const __mmask16 in = first_lanes(nc), out = first_lanes(nr);
+        __m512 v[16];
+        for (int64_t i = 0; i < 16; ++i)
+          v[i] = i < nr ? _mm512_maskz_loadu_ps(in, src + (r0 + i) * ld_src + c0) : _mm512_setzero_ps();
+        transpose_16x16(v);
+        for (int64_t j = 0; j < nc; ++j) _mm512_mask_storeu_ps(dst + (c0 + j) * ld_dst + r0, out, v[j]);
+      }
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+  }
 }
 
 // B operand of the product, packed as [k_pad / kPair][n_pad][kPair]: from src = B itself (k rows
@@ -88,9 +131,18 @@ void transpose(const E* src, int64_t ld_src, int64_t rows, int64_t cols, E* dst,
 template <class E>
 void pack_b(const E* src, int64_t ld, int64_t k, int64_t k_pad, int64_t n, int64_t n_pad, E* dst) {
   constexpr int64_t P = kPair<E>;
-  for (int64_t r = 0; r < k_pad; ++r)
-    for (int64_t c = 0; c < n_pad; ++c)
-      dst[(r / P) * n_pad * P + c * P + r % P] = r < k && c < n ? src[r * ld + c] : E{};
+  if constexpr (P == 1) {  // f32: the rows themselves, zero-padded
+    for (int64_t r = 0; r < k_pad; ++r) {
+      E* d = dst + r * n_pad;
+      const int64_t len = r < k ? n : 0;
+      if (len) std::memcpy(d, src + r * ld, size_t(len) * sizeof(E));
+      std::fill(d + len, d + n_pad, E{});
+    }
+  } else {
+    for (int64_t r = 0; r < k_pad; ++r)
+      for (int64_t c = 0; c < n_pad; ++c)
+        dst[(r / P) * n_pad * P + c * P + r % P] = r < k && c < n ? src[r * ld + c] : E{};
+  }
 }
 // ... or from src = B^T (n rows of k elements, row stride ld; k a multiple of kPair).
 template <class E>
