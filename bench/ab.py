@@ -23,7 +23,7 @@ MODEL_FLAGS = {"mlp": ["--batch-size", "512"], "cnn": ["--batch-size", "64"],
 
 def step_ms(binary, model, precision, a):
     cmd = [binary, "bench", "--model", model, "--precision", precision, "--steps", str(a.steps),
-           "--warmup", str(a.warmup), "--threads", str(a.threads)] + MODEL_FLAGS[model]
+           "--warmup", str(a.warmup), "--threads", str(a.threads)] + MODEL_FLAGS.get(model, [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)["step_ms"]["median"]
 
