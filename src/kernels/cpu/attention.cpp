@@ -245,9 +245,12 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
         else
           online_softmax_row(sr, d.bc_pad, lim, scale, m[r], l[r], o + r * d.ev_pad, d.ev_pad, p, bh, i0 + r, j0, d.tq,
                              d.tk);
-        attn::to_tile(sr, pt + r * d.bc_pad, d.bc_pad);
+        if constexpr (P == 2) attn::to_tile(sr, pt + r * d.bc_pad, d.bc_pad);
       }
-      gemm<E>(nr, d.ev_pad, round_up(d.bc_pad, P), pt, d.bc_pad, kt + d.e_pad * d.bc_pad, o, d.ev_pad, true);
+      // P's rows, rounded to bf16 for a bf16 tile; an f32 tile's are the scores' buffer itself.
+      const E* pa = reinterpret_cast<const E*>(s);
+      if constexpr (P == 2) pa = pt;
+      gemm<E>(nr, d.ev_pad, round_up(d.bc_pad, P), pa, d.bc_pad, kt + d.e_pad * d.bc_pad, o, d.ev_pad, true);
     }
     for (int64_t r = 0; r < nr; ++r) {
       lse[bh * d.tq + i0 + r] = m[r] + std::log(l[r]);
