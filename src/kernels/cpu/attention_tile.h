@@ -148,9 +148,14 @@ void pack_b(const E* src, int64_t ld, int64_t k, int64_t k_pad, int64_t n, int64
 template <class E>
 void pack_bt(const E* src, int64_t ld, int64_t k, int64_t n, int64_t n_pad, E* dst) {
   constexpr int64_t P = kPair<E>;
-  for (int64_t r = 0; r < k; r += P)
-    for (int64_t c = 0; c < n_pad; ++c)
-      for (int64_t h = 0; h < P; ++h) dst[(r / P) * n_pad * P + c * P + h] = c < n ? src[c * ld + r + h] : E{};
+  if constexpr (P == 1) {  // f32: B itself, transposed in blocks, zero-padded
+    transpose(src, ld, n, k, dst, n_pad);
+    for (int64_t r = 0; r < k; ++r) std::fill(dst + r * n_pad + n, dst + (r + 1) * n_pad, E{});
+  } else {
+    for (int64_t r = 0; r < k; r += P)
+      for (int64_t c = 0; c < n_pad; ++c)
+        for (int64_t h = 0; h < P; ++h) dst[(r / P) * n_pad * P + c * P + h] = c < n ? src[c * ld + r + h] : E{};
+  }
 }
 
 // C[MR x 16 NV] (+)= A[MR x k] B: the accumulators stay in registers across the contraction.
