@@ -105,25 +105,35 @@ MIXPREC_ATTN_TARGET inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
 }
 
-// dst[c * ld_dst + r] = src[r * ld_src + c]: rows x cols, 16-bit or f32 elements; f32 in 16 x 16
-// blocks through registers (masked at the edges), 16-bit element by element.
+// dst[c * ld_dst + r] = src[r * ld_src + c]: rows x cols of f32 or 16-bit elements, in 16 x 16
+// blocks through registers, masked at the edges (16-bit ones widened to 32-bit lanes: the
+// shuffles move bits, they do no arithmetic).
 template <class E>
 MIXPREC_ATTN_TARGET void transpose(const E* src, int64_t ld_src, int64_t rows, int64_t cols, E* dst, int64_t ld_dst) {
-  if constexpr (std::is_same_v<E, float>) {
-    for (int64_t r0 = 0; r0 < rows; r0 += 16)
-      for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-        const int64_t nr = std::min<int64_t>(16, rows - r0), nc = std::min<int64_t>(16, cols - c0);
-        const __mmask16 in = first_lanes(nc), out = first_lanes(nr);
-        __m512 v[16];
-        for (int64_t i = 0; i < 16; ++i)
-          v[i] = i < nr ? _mm512_maskz_loadu_ps(in, src + (r0 + i) * ld_src + c0) : _mm512_setzero_ps();
-        transpose_16x16(v);
-        for (int64_t j = 0; j < nc; ++j) _mm512_mask_storeu_ps(dst + (c0 + j) * ld_dst + r0, out, v[j]);
+  static_assert(std::is_same_v<E, float> || std::is_same_v<E, uint16_t>);
+  for (int64_t r0 = 0; r0 < rows; r0 += 16)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t nr = std::min<int64_t>(16, rows - r0), nc = std::min<int64_t>(16, cols - c0);
+      const __mmask16 in = first_lanes(nc), out = first_lanes(nr);
+      __m512 v[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        const E* row = src + (r0 + i) * ld_src + c0;
+        if (i >= nr)
+          v[i] = _mm512_setzero_ps();
+        else if constexpr (std::is_same_v<E, float>)
+          v[i] = _mm512_maskz_loadu_ps(in, row);
+        else
+          v[i] = _mm512_castsi512_ps(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, row)));
       }
-  } else {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
-  }
+      transpose_16x16(v);
+      for (int64_t j = 0; j < nc; ++j) {
+        E* col = dst + (c0 + j) * ld_dst + r0;
+        if constexpr (std::is_same_v<E, float>)
+          _mm512_mask_storeu_ps(col, out, v[j]);
+        else
+          _mm256_mask_storeu_epi16(col, out, _mm512_cvtepi32_epi16(_mm512_castps_si512(v[j])));
+      }
+    }
 }
 
 // B operand of the product, packed as [k_pad / kPair][n_pad][kPair]: from src = B itself (k rows
