@@ -245,8 +245,8 @@ TEST(Attention, PackedQkvIsTheAttentionOfItsThreeViews) {
             "5, 24]");
 }
 
-// The tiles' transpose (f32 through registers in 16 x 16 blocks, masked at the edges; 16-bit
-// element by element) against its definition, on sizes around the blocks' edges, with row strides
+// The tiles' transpose (f32 and 16-bit through registers in 16 x 16 blocks, masked at the edges)
+// against its definition, on sizes around the blocks' edges, with row strides
 // wider than the rows: every element lands in place and nothing past the rows is written.
 TEST(AttentionTiles, TransposeMatchesItsDefinition) {
   if (!mixprec::cpu::has_avx512f()) GTEST_SKIP() << "no AVX-512 on this host: the fused CPU attention does not run";

@@ -12,3 +12,12 @@
 #else
 #include <immintrin.h>
 #endif
+
+#include <cstdint>
+
+namespace mixprec {
+// The first n of 16 lanes (none for n <= 0, all from 16): a loop's masked tail or edge.
+inline __mmask16 first_lanes(int64_t n) {
+  return n <= 0 ? __mmask16(0) : n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+}
+}  // namespace mixprec

@@ -142,15 +142,11 @@ __attribute__((target("avx512f"))) inline __m512 derivative_ps(__m512 s) {
   }
 }
 
-__attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t left) {
-  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-}
-
 // dst = f(x) over len f32 values; the tail runs masked, so every element takes the vector path.
 template <Activation OP>
 __attribute__((target("avx512f"))) void forward_f32(const float* x, float* dst, int64_t len) {
   for (int64_t i = 0; i < len; i += 16) {
-    const __mmask16 m = tail_mask(len - i);
+    const __mmask16 m = first_lanes(len - i);
     _mm512_mask_storeu_ps(dst + i, m, value_ps<OP>(_mm512_maskz_loadu_ps(m, x + i)));
   }
 }
@@ -159,7 +155,7 @@ __attribute__((target("avx512f"))) void forward_f32(const float* x, float* dst, 
 template <Activation OP>
 __attribute__((target("avx512f"))) void backward_f32(const float* g, const float* s, float* dst, int64_t len) {
   for (int64_t i = 0; i < len; i += 16) {
-    const __mmask16 m = tail_mask(len - i);
+    const __mmask16 m = first_lanes(len - i);
     const __m512 d = derivative_ps<OP>(_mm512_maskz_loadu_ps(m, s + i));
     _mm512_mask_storeu_ps(dst + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, g + i), d));
   }

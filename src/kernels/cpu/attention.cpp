@@ -92,10 +92,7 @@ char* aligned(const Tensor& w) {
 }
 
 // The lanes of the 16 keys from j0 (relative) that are at most lim.
-MIXPREC_ATTN_TARGET inline __mmask16 up_to(int64_t j0, int64_t lim) {
-  const int64_t n = lim - j0 + 1;
-  return n <= 0 ? __mmask16(0) : n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-}
+inline __mmask16 up_to(int64_t j0, int64_t lim) { return first_lanes(lim - j0 + 1); }
 
 // Dropout's keep bits of keys [j0, j0 + 16) of row (bh, i): the words of attention_keeps, one
 // Philox block per four.
@@ -276,7 +273,7 @@ MIXPREC_ATTN_TARGET void dot_columns(const float* a_t, const float* b_t, int64_t
     __m512 acc = _mm512_setzero_ps();
     for (int64_t e = 0; e < k; ++e)
       acc = _mm512_fmadd_ps(_mm512_loadu_ps(a_t + e * ld + i), _mm512_loadu_ps(b_t + e * ld + i), acc);
-    _mm512_mask_storeu_ps(dst + i, attn::first_lanes(n - i), acc);
+    _mm512_mask_storeu_ps(dst + i, first_lanes(n - i), acc);
   }
 }
 

@@ -101,10 +101,6 @@ MIXPREC_ATTN_TARGET inline void transpose_16x16(__m512 (&r)[16]) {
   }
 }
 
-MIXPREC_ATTN_TARGET inline __mmask16 first_lanes(int64_t n) {
-  return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-}
-
 // dst[c * ld_dst + r] = src[r * ld_src + c]: rows x cols of f32 or 16-bit elements, in 16 x 16
 // blocks through registers, masked at the edges (16-bit ones widened to 32-bit lanes: the
 // shuffles move bits, they do no arithmetic).

@@ -33,8 +33,7 @@ struct ChunkMasks {
 };
 inline ChunkMasks chunk_masks(int64_t outputs) {
   const int64_t inputs = 2 * outputs;
-  auto first = [](int64_t n) { return __mmask16(n >= 16 ? 0xFFFF : (1u << n) - 1); };
-  return {first(inputs), first(inputs > 16 ? inputs - 16 : 0), first(outputs)};
+  return {first_lanes(inputs), first_lanes(inputs - 16), first_lanes(outputs)};
 }
 
 // The winners of 16 (or `m.out`'s) 2x2 windows whose rows start at r0 and r1: the maxima and
