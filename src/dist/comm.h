@@ -3,6 +3,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -19,6 +20,9 @@ void check(int rc, std::string_view what);
 // naming `what`. Done requests are MPI_REQUEST_NULL afterwards.
 void wait_all(std::vector<MPI_Request>& reqs, std::string_view what);
 void wait(MPI_Request& req, std::string_view what);
+// The same wait, calling done(i) as each request i completes (in completion order), so that work on
+// what has landed overlaps the wait for the rest.
+void wait_each(std::vector<MPI_Request>& reqs, std::string_view what, const std::function<void(size_t)>& done);
 // One MPI_Testall over the requests (lets a non-blocking collective progress): true when all are done.
 bool test_all(std::vector<MPI_Request>& reqs, std::string_view what);
 

@@ -75,6 +75,7 @@ struct DataParallel::Impl {
   void make_buckets();
   void make_shard();
   void sync();
+  void average(Bucket& b);  // the landed sum into each parameter's gradient, divided by the world size
   void step(const std::function<void(optim::Optimizer&)>& update);
   StateDict slice_state(const StateDict& whole) const;
   StateDict consolidate();
@@ -367,62 +368,81 @@ void DataParallel::sync_gradients() {
 void DataParallel::Impl::sync() {
   if (pg.size() > 1) {
     while (next_launch < buckets.size()) launch(buckets[next_launch++], /*from_backward=*/false);
+    // Each bucket is averaged as soon as its all-reduce lands, while the later ones are still on the
+    // wire (the last bucket launched, the first layer's, is usually still in flight).
     const auto t0 = Clock::now();
+    double averaging_s = 0;
     std::vector<MPI_Request> reqs;
     for (Bucket& b : buckets) reqs.push_back(b.req);
-    detail::wait_all(reqs, "DataParallel gradient all-reduce");
-    for (Bucket& b : buckets) b.req = MPI_REQUEST_NULL;
-    stats.wait_s += seconds_since(t0);
-    const auto t1 = Clock::now();
-    const float world = float(pg.size());
-    // sum / size, as DDP's average, in f32 and rounded once into the gradient's dtype. An f32 sum
-    // into an f32 gradient is one pass; a bf16 sum is widened first, a 16-bit gradient written
-    // through a row of averages.
-    // (Scratch through the allocator, as workspace: the memory budget sees it.)
-    for (Bucket& b : buckets) {
-      const float* sum = nullptr;
-      Tensor wide;
-      if (b.direct.defined()) {
-        sum = b.direct.data<float>();  // the sum is in the gradient itself: averaged in place below
-      } else if (b.wire.dtype() == DType::f32) {
-        sum = b.wire.data<float>();
-      } else {
-        MemoryScope scope(MemCategory::workspace);
-        wide = Tensor::empty({b.numel}, DType::f32);
-        convert(b.wire.data_ptr(), b.wire.dtype(), wide.data_ptr(), DType::f32, size_t(b.numel));
-        sum = wide.data<float>();
-      }
-      for (size_t j = 0; j < b.params.size(); ++j) {
-        Tensor p = params[b.params[j]];
-        Tensor g = p.grad();
-        if (!g.defined() || !g.is_contiguous()) {
-          MemoryScope scope(MemCategory::gradients);
-          Tensor fresh = Tensor::empty(p.shape(), p.dtype());
-          p.set_grad(fresh);
-          g = fresh;
-        }
-        const float* s = sum + b.offsets[j];
-        const int64_t n = g.numel();
-        if (g.dtype() == DType::f32) {
-          float* d = g.data<float>();
-          for (int64_t e = 0; e < n; ++e) d[e] = s[e] / world;
-        } else {
-          MemoryScope scope(MemCategory::workspace);
-          Tensor row = Tensor::empty({n}, DType::f32);
-          float* r = row.data<float>();
-          for (int64_t e = 0; e < n; ++e) r[e] = s[e] / world;
-          convert(r, DType::f32, g.data_ptr(), g.dtype(), size_t(n));
-        }
-        g.bump_version();
-      }
-      b.direct = Tensor();
-    }
-    stats.pack_s += seconds_since(t1);
+    detail::wait_each(reqs, "DataParallel gradient all-reduce", [&](size_t k) {
+      const auto t1 = Clock::now();
+      buckets[k].req = MPI_REQUEST_NULL;
+      average(buckets[k]);
+      averaging_s += seconds_since(t1);
+    });
+    stats.wait_s += seconds_since(t0) - averaging_s;
+    stats.pack_s += averaging_s;
   }
   for (Bucket& b : buckets) b.ready = 0;
   next_launch = 0;
   std::fill(delivered.begin(), delivered.end(), 0);
   synced = true;
+}
+
+namespace {
+
+// d = s / world, f32, as DDP's average. A power-of-two world multiplies by its reciprocal instead:
+// the same correctly rounded quotient, bit for bit, without a division per element.
+void divide(const float* s, float* d, int64_t n, int world) {
+  if ((world & (world - 1)) == 0) {
+    const float inv = 1.0f / float(world);
+    for (int64_t e = 0; e < n; ++e) d[e] = s[e] * inv;
+  } else {
+    const float w = float(world);
+    for (int64_t e = 0; e < n; ++e) d[e] = s[e] / w;
+  }
+}
+
+}  // namespace
+
+void DataParallel::Impl::average(Bucket& b) {
+  // sum / size in f32, rounded once into the gradient's dtype. An f32 sum into an f32 gradient is
+  // one pass; a bf16 sum is widened first, a 16-bit gradient written through a row of averages.
+  // (Scratch through the allocator, as workspace: the memory budget sees it.)
+  const float* sum = nullptr;
+  Tensor wide;
+  if (b.direct.defined()) {
+    sum = b.direct.data<float>();  // the sum is in the gradient itself: averaged in place below
+  } else if (b.wire.dtype() == DType::f32) {
+    sum = b.wire.data<float>();
+  } else {
+    MemoryScope scope(MemCategory::workspace);
+    wide = Tensor::empty({b.numel}, DType::f32);
+    convert(b.wire.data_ptr(), b.wire.dtype(), wide.data_ptr(), DType::f32, size_t(b.numel));
+    sum = wide.data<float>();
+  }
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    Tensor p = params[b.params[j]];
+    Tensor g = p.grad();
+    if (!g.defined() || !g.is_contiguous()) {
+      MemoryScope scope(MemCategory::gradients);
+      Tensor fresh = Tensor::empty(p.shape(), p.dtype());
+      p.set_grad(fresh);
+      g = fresh;
+    }
+    const float* s = sum + b.offsets[j];
+    const int64_t n = g.numel();
+    if (g.dtype() == DType::f32) {
+      divide(s, g.data<float>(), n, pg.size());
+    } else {
+      MemoryScope scope(MemCategory::workspace);
+      Tensor row = Tensor::empty({n}, DType::f32);
+      divide(s, row.data<float>(), n, pg.size());
+      convert(row.data_ptr(), DType::f32, g.data_ptr(), g.dtype(), size_t(n));
+    }
+    g.bump_version();
+  }
+  b.direct = Tensor();
 }
 
 void DataParallel::step() {

@@ -236,15 +236,34 @@ bool test_all(std::vector<MPI_Request>& reqs, std::string_view what) {
   return done != 0;
 }
 
-void wait_all(std::vector<MPI_Request>& reqs, std::string_view what) {
+namespace {
+
+// Aborts the job once a wait that began at `start` has run past the group's timeout.
+void check_deadline(std::chrono::steady_clock::time_point start, std::string_view what) {
   const ProcessGroup& pg = ProcessGroup::world();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (waited > pg.timeout_s())
+    pg.abort_job(mixprec::detail::concat(what, " waited ", pg.timeout_s(),
+                                         " s for the other ranks (one died, hangs, or called a different collective; "
+                                         "MIXPREC_DIST_TIMEOUT_S sets the limit)"));
+}
+
+}  // namespace
+
+void wait_all(std::vector<MPI_Request>& reqs, std::string_view what) {
   const auto start = std::chrono::steady_clock::now();
-  while (!test_all(reqs, what)) {
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (waited > pg.timeout_s())
-      pg.abort_job(mixprec::detail::concat(what, " waited ", pg.timeout_s(),
-                                           " s for the other ranks (one died, hangs, or called a different collective; "
-                                           "MIXPREC_DIST_TIMEOUT_S sets the limit)"));
+  while (!test_all(reqs, what)) check_deadline(start, what);
+}
+
+void wait_each(std::vector<MPI_Request>& reqs, std::string_view what, const std::function<void(size_t)>& done) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<int> indices(reqs.size());
+  for (;;) {
+    int n = 0;
+    check(MPI_Testsome(int(reqs.size()), reqs.data(), &n, indices.data(), MPI_STATUSES_IGNORE), what);
+    if (n == MPI_UNDEFINED) return;  // none left active
+    for (int k = 0; k < n; ++k) done(size_t(indices[size_t(k)]));
+    if (n == 0) check_deadline(start, what);
   }
 }
 
