@@ -268,5 +268,86 @@ TEST(AttentionTiles, TransposeMatchesItsDefinition) {
   check(uint16_t(0));
 }
 
+// The causal products (attn::Live) against the whole product on blocks the diagonal crosses at
+// several offsets: equal on every live element, where the operands are zero outside the live part
+// as the kernel's P and dS are (a product over fewer terms of a sum whose other terms are zeros).
+template <class E>
+void check_causal_products() {
+  using kernels::cpu::attn::Live;
+  auto to_e = [](float f) {
+    if constexpr (std::is_same_v<E, float>)
+      return f;
+    else
+      return f32_to_bf16(f);
+  };
+  const int64_t m = 64, n = 64, k = 32;  // a query block against a key block; k: the head dim
+  Generator gen(7);
+  auto random = [&](int64_t count) {
+    const std::vector<float> v = Tensor::uniform({count}, gen, -1, 1).to_vector();
+    std::vector<E> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = to_e(v[i]);
+    return out;
+  };
+  for (int64_t diag : {-40, -3, 0, 5, 17, 62}) {
+    auto live = [&](int64_t i, int64_t j) { return j <= i + diag; };
+    std::ostringstream where;
+    where << sizeof(E) * 8 << "-bit tiles, diag " << diag;
+    // scores: C [queries x keys] = Q K^T; only the live elements are compared (the rest is not written).
+    {
+      const std::vector<E> a = random(m * k), bt = random(n * k);
+      std::vector<E> b(size_t(k * n));
+      kernels::cpu::attn::pack_bt(bt.data(), k, k, n, n, b.data());
+      std::vector<float> whole(size_t(m * n)), part(size_t(m * n), NAN);
+      kernels::cpu::attn::gemm<E>(m, n, k, a.data(), k, b.data(), whole.data(), n, false);
+      kernels::cpu::attn::gemm<E>(m, n, k, a.data(), k, b.data(), part.data(), n, false, {Live::scores, diag});
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          if (live(i, j)) {
+            ASSERT_EQ(part[size_t(i * n + j)], whole[size_t(i * n + j)]) << where.str() << ", scores " << i << "," << j;
+          }
+    }
+    // k_end: C [queries x e] += P V, P zero outside the live part.
+    {
+      std::vector<E> a = random(m * n), vrows = random(n * k);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          if (!live(i, j)) a[size_t(i * n + j)] = E{};
+      std::vector<E> b(size_t(n * k));
+      kernels::cpu::attn::pack_b(vrows.data(), k, n, n, k, k, b.data());
+      const std::vector<float> c0 = Tensor::uniform({m * k}, gen, -1, 1).to_vector();
+      std::vector<float> whole = c0, part = c0;
+      kernels::cpu::attn::gemm<E>(m, k, n, a.data(), n, b.data(), whole.data(), k, true);
+      kernels::cpu::attn::gemm<E>(m, k, n, a.data(), n, b.data(), part.data(), k, true, {Live::k_end, diag});
+      ASSERT_EQ(part, whole) << where.str() << ", k_end";
+    }
+    // k_begin: C [e x keys] += A B over queries, B (P or dS: [queries x keys]) zero outside the live part.
+    {
+      const std::vector<E> a = random(k * m);
+      std::vector<E> brows = random(m * n);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          if (!live(i, j)) brows[size_t(i * n + j)] = E{};
+      std::vector<E> b(size_t(m * n));
+      kernels::cpu::attn::pack_b(brows.data(), n, m, m, n, n, b.data());
+      const std::vector<float> c0 = Tensor::uniform({k * n}, gen, -1, 1).to_vector();
+      std::vector<float> whole = c0, part = c0;
+      kernels::cpu::attn::gemm<E>(k, n, m, a.data(), m, b.data(), whole.data(), n, true);
+      kernels::cpu::attn::gemm<E>(k, n, m, a.data(), m, b.data(), part.data(), n, true, {Live::k_begin, diag});
+      ASSERT_EQ(part, whole) << where.str() << ", k_begin";
+    }
+  }
+}
+
+TEST(AttentionTiles, CausalProductsSkipOnlyZerosF32) {
+  if (!mixprec::cpu::has_avx512f()) GTEST_SKIP() << "no AVX-512 on this host: the fused CPU attention does not run";
+  check_causal_products<float>();
+}
+
+TEST(AttentionTiles, CausalProductsSkipOnlyZerosBf16) {
+  if (!mixprec::cpu::has_avx512_bf16())
+    GTEST_SKIP() << "no AVX512-BF16 on this host: the fused attention's bf16 tiles do not run here";
+  check_causal_products<uint16_t>();
+}
+
 }  // namespace
 }  // namespace mixprec::testing

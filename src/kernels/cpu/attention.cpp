@@ -94,6 +94,15 @@ char* aligned(const Tensor& w) {
 // The lanes of the 16 keys from j0 (relative) that are at most lim.
 inline __mmask16 up_to(int64_t j0, int64_t lim) { return first_lanes(lim - j0 + 1); }
 
+// The causal part of the block of queries from i0 against the nc keys from j0, for a product of
+// the given kind (attn::Live): all of it where the block's first row already sees its last key.
+attn::Live live_of(const AttentionParams& p, const Dims& d, int64_t i0, int64_t j0, int64_t nc, attn::Live::Kind kind) {
+  if (!p.causal) return {};
+  const int64_t diag = i0 + std::max<int64_t>(d.tk - d.tq, 0) - j0;
+  if (diag >= nc - 1) return {};
+  return {kind, diag};
+}
+
 // Dropout's keep bits of keys [j0, j0 + 16) of row (bh, i): the words of attention_keeps, one
 // Philox block per four.
 uint32_t keep_bits(const AttentionParams& p, int64_t bh, int64_t i, int64_t j0, int64_t tq, int64_t tk) {
@@ -130,8 +139,11 @@ MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t li
                                             float* o, int64_t ev_pad, const AttentionParams& p, int64_t bh, int64_t i,
                                             int64_t j0, int64_t tq, int64_t tk) {
   const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+  // Chunks past the one holding key lim are masked whole: never read (the product may not have
+  // written them), zero in P.
+  const int64_t live_end = round_up(lim + 1, 16);
   __m512 vmax = ninf;
-  for (int64_t c = 0; c < bc_pad; c += 16) {
+  for (int64_t c = 0; c < live_end; c += 16) {
     const __m512 x = _mm512_mask_mov_ps(ninf, up_to(c, lim), _mm512_mul_ps(_mm512_loadu_ps(s + c), vscale));
     _mm512_storeu_ps(s + c, x);
     vmax = _mm512_max_ps(vmax, x);
@@ -140,13 +152,14 @@ MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t li
   const float alpha = std::exp(m - m_new);  // 0 for the first block (m = -inf)
   const __m512 vm = _mm512_set1_ps(m_new);
   __m512 vsum = _mm512_setzero_ps();
-  for (int64_t c = 0; c < bc_pad; c += 16) {
+  for (int64_t c = 0; c < live_end; c += 16) {
     const __mmask16 in = up_to(c, lim);
     __m512 e = _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + c), vm)));
     vsum = _mm512_add_ps(vsum, e);
     if (p.dropout > 0.0 && in) e = _mm512_maskz_mov_ps(__mmask16(keep_bits(p, bh, i, j0 + c, tq, tk)), e);
     _mm512_storeu_ps(s + c, e);
   }
+  std::fill(s + live_end, s + bc_pad, 0.f);
   l = l * alpha + _mm512_reduce_add_ps(vsum);
   m = m_new;
   if (alpha != 1.f) {
@@ -233,7 +246,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
     for (int64_t kb = 0; kb < nkb; ++kb) {
       const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
       const E* kt = packs + (bh * d.nkb + kb) * kv_elems;
-      gemm<E>(nr, d.bc_pad, d.e_pad, qt, d.e_pad, kt, s, d.bc_pad, false);
+      gemm<E>(nr, d.bc_pad, d.e_pad, qt, d.e_pad, kt, s, d.bc_pad, false,
+              live_of(p, d, i0, j0, nc, attn::Live::scores));
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t lim = std::min(attention_last_key(p, i0 + r, d.tq, d.tk), j0 + nc - 1) - j0;
         float* sr = s + r * d.bc_pad;
@@ -247,7 +261,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
       // P's rows, rounded to bf16 for a bf16 tile; an f32 tile's are the scores' buffer itself.
       const E* pa = reinterpret_cast<const E*>(s);
       if constexpr (P == 2) pa = pt;
-      gemm<E>(nr, d.ev_pad, round_up(d.bc_pad, P), pa, d.bc_pad, kt + d.e_pad * d.bc_pad, o, d.ev_pad, true);
+      gemm<E>(nr, d.ev_pad, round_up(d.bc_pad, P), pa, d.bc_pad, kt + d.e_pad * d.bc_pad, o, d.ev_pad, true,
+              live_of(p, d, i0, j0, nc, attn::Live::k_end));
     }
     for (int64_t r = 0; r < nr; ++r) {
       lse[bh * d.tq + i0 + r] = m[r] + std::log(l[r]);
@@ -289,7 +304,10 @@ MIXPREC_ATTN_TARGET void backward_rows(float* s, float* dp, int64_t nr, int64_t 
     const __m512 vl = _mm512_set1_ps(lse[bh * d.tq + i]), vd = _mm512_set1_ps(dsum[i]);
     float* sr = s + r * bc_pad;
     float* dr = dp + r * bc_pad;
-    for (int64_t c = 0; c < bc_pad; c += 16) {
+    const int64_t live_end = std::max<int64_t>(round_up(lim + 1, 16), 0);  // as in online_softmax_row
+    std::fill(sr + live_end, sr + bc_pad, 0.f);
+    std::fill(dr + live_end, dr + bc_pad, 0.f);
+    for (int64_t c = 0; c < live_end; c += 16) {
       const __mmask16 in = up_to(c, lim);
       const __m512 pr =
           _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + c), vscale), vl)));
@@ -396,8 +414,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
       const int64_t first_row = p.causal ? std::max<int64_t>(0, j0 - std::max<int64_t>(d.tk - d.tq, 0)) : 0;
       for (int64_t qb = first_row / kBr; qb < d.nqb; ++qb) {
         const int64_t i0 = qb * kBr, nr = std::min(kBr, d.tq - i0), nr_pad = round_up(nr, P);
-        gemm<E>(nr, d.bc_pad, d.e_pad, q_rows + i0 * d.e_pad, d.e_pad, kt, s, d.bc_pad, false);
-        gemm<E>(nr, d.bc_pad, d.ev_pad, do_rows + i0 * d.ev_pad, d.ev_pad, vt, dp, d.bc_pad, false);
+        const attn::Live scores = live_of(p, d, i0, j0, nc, attn::Live::scores);
+        gemm<E>(nr, d.bc_pad, d.e_pad, q_rows + i0 * d.e_pad, d.e_pad, kt, s, d.bc_pad, false, scores);
+        gemm<E>(nr, d.bc_pad, d.ev_pad, do_rows + i0 * d.ev_pad, d.ev_pad, vt, dp, d.bc_pad, false, scores);
         backward_rows(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
         // f32 tiles are their own B operands (rows = the contraction); bf16 ones are rounded and
         // their row pairs interleaved.
@@ -410,9 +429,11 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
           for (int64_t r = 0; r < nr; ++r) attn::to_tile(dp + r * d.bc_pad, ds_rows + r * d.bc_pad, d.bc_pad);
           pb = p_pairs, dsb = ds_pairs, dsa = ds_rows;
         }
-        gemm<E>(d.ev, d.bc_pad, nr_pad, do_t + i0, tq_pad, pb, dv_t, d.bc_pad, true);
-        gemm<E>(d.e, d.bc_pad, nr_pad, q_t + i0, tq_pad, dsb, dk_t, d.bc_pad, true);
-        gemm<E>(nr, d.e_pad, d.bc_pad, dsa, d.bc_pad, kp, dq + i0 * d.e_pad, d.e_pad, true);
+        const attn::Live by_key = live_of(p, d, i0, j0, nc, attn::Live::k_begin);
+        gemm<E>(d.ev, d.bc_pad, nr_pad, do_t + i0, tq_pad, pb, dv_t, d.bc_pad, true, by_key);
+        gemm<E>(d.e, d.bc_pad, nr_pad, q_t + i0, tq_pad, dsb, dk_t, d.bc_pad, true, by_key);
+        gemm<E>(nr, d.e_pad, d.bc_pad, dsa, d.bc_pad, kp, dq + i0 * d.e_pad, d.e_pad, true,
+                live_of(p, d, i0, j0, nc, attn::Live::k_end));
       }
       attn::transpose(dk_t, d.bc_pad, d.e, nc, block, d.e);
       store_rows(block, d.e, nc, d.e, nullptr, scale, block, rdk, bh, j0);

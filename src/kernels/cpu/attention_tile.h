@@ -204,24 +204,49 @@ constexpr std::array<MicroFn<E>, sizeof...(MR)> micro_table(std::integer_sequenc
   return {&micro<E, MR + 1, NV>...};
 }
 
+// The part of a causal score block a product needs: element (i, j) of the block (query row i, key
+// column j, both relative to the block) is live where j <= i + diag, and zero in P and dS elsewhere.
+// A product over a block the diagonal crosses skips what only non-live elements would give:
+//   scores:   C = scores (rows: queries, columns: keys): each row block's columns end after its last
+//             row's last live key (the rest of C is not written);
+//   k_end:    the contraction runs over keys (P V, dS K): each row block's ends there too;
+//   k_begin:  C's columns are keys and the contraction runs over queries (dO^T P, Q^T dS): each
+//             32-column chunk's contraction begins at the first query that sees its first key.
+struct Live {
+  enum Kind { all, scores, k_end, k_begin } kind = all;
+  int64_t diag = 0;
+};
+
 // C[m x n_pad] (+)= A[m x k] B with B from pack_b/pack_bt (n_pad a multiple of 16, k of kPair):
 // column chunks of up to 64, rows in register blocks of 4 to 8 (fewer rows for wider chunks, so
-// the accumulators fit the 32 vector registers).
+// the accumulators fit the 32 vector registers); `live` as above (k_begin takes 32-column chunks).
 template <class E>
 void gemm(int64_t m, int64_t n_pad, int64_t k, const E* a, int64_t lda, const E* b, float* c, int64_t ldc,
-          bool accumulate) {
+          bool accumulate, Live live = {}) {
   static const std::array<std::array<MicroFn<E>, 8>, 4> table = {
       micro_table<E, 1>(std::make_integer_sequence<int, 8>()), micro_table<E, 2>(std::make_integer_sequence<int, 8>()),
       micro_table<E, 3>(std::make_integer_sequence<int, 8>()), micro_table<E, 4>(std::make_integer_sequence<int, 8>())};
   constexpr int64_t P = kPair<E>;
-  for (int64_t n0 = 0; n0 < n_pad; n0 += 64) {
-    const int64_t nv = std::min<int64_t>(4, (n_pad - n0) / 16);
+  const int64_t chunk = live.kind == Live::k_begin ? 32 : 64;
+  for (int64_t n0 = 0; n0 < n_pad; n0 += chunk) {
+    const int64_t nv = std::min<int64_t>(chunk / 16, (n_pad - n0) / 16);
     const int64_t mr = nv == 4 ? 4 : nv == 3 ? 6 : 8;
-    const E* bn = b + n0 * P;
+    // k_begin: the rows of B (queries) before the first that sees key n0 add nothing.
+    const int64_t k0 = live.kind == Live::k_begin ? std::clamp<int64_t>((n0 - live.diag) / P * P, 0, k) : 0;
     // The packed rows are n_pad wide: the micro-kernel steps through them with that stride.
+    const E* bn = b + n0 * P + k0 * n_pad;
     for (int64_t r0 = 0; r0 < m; r0 += mr) {
       const int64_t rows = std::min(mr, m - r0);
-      table[size_t(nv - 1)][size_t(rows - 1)](a + r0 * lda, lda, bn, n_pad, k, c + r0 * ldc + n0, ldc, accumulate);
+      // One past the last live key of the block's rows (scores, k_end).
+      const int64_t end = r0 + rows + live.diag;
+      int64_t v = nv, kk = k - k0;
+      if (live.kind == Live::scores) {
+        v = std::min(nv, (round_up(std::max<int64_t>(end, 0), 16) - n0) / 16);
+        if (v <= 0) continue;
+      } else if (live.kind == Live::k_end) {
+        kk = std::clamp<int64_t>(round_up(end, P), 0, k);
+      }
+      table[size_t(v - 1)][size_t(rows - 1)](a + r0 * lda + k0, lda, bn, n_pad, kk, c + r0 * ldc + n0, ldc, accumulate);
     }
   }
 }
