@@ -117,19 +117,39 @@ uint32_t keep_bits(const AttentionParams& p, int64_t bh, int64_t i, int64_t j0, 
   return bits;
 }
 
+// Whether rows of x `width` wide are tiles of E as they lie: E's own dtype (f32 for f32 tiles,
+// bf16 for bf16 ones), unit element stride and a width that needs no padding. Such rows are read
+// in place (the products' A operands, the packing and transposes' sources) instead of copied
+// into a buffer first, as the gpt's q, k and v views of the packed qkv are.
+template <class E>
+bool in_place(const Rows& x, int64_t width, int64_t width_pad) {
+  return x.se == 1 && width == width_pad && x.t == (std::is_same_v<E, float> ? DType::f32 : DType::bf16);
+}
+
 // Keys j0 .. j0 + nc of head bh as the B operands: K^T ([e_pad / P][bc_pad][P], for S = Q K^T)
 // and, where wanted, K ([bc_pad / P][e_pad][P], for dQ = dS K) and V or V^T.
 template <class E>
 void pack_keys(const Rows& src, int64_t bh, int64_t j0, int64_t nc, int64_t width, int64_t width_pad, int64_t bc_pad,
                E* tmp, E* transposed, E* plain) {
-  for (int64_t r = 0; r < bc_pad; ++r) {
-    if (r < nc)
+  const E* rows = tmp;
+  int64_t ld = width_pad;
+  if (in_place<E>(src, width, width_pad)) {
+    rows = reinterpret_cast<const E*>(src.row(bh, j0));
+    ld = src.st;
+  } else {
+    for (int64_t r = 0; r < nc; ++r)
       attn::load_row(src.row(bh, j0 + r), src.t, src.se, width, tmp + r * width_pad, width_pad);
-    else
-      std::fill(tmp + r * width_pad, tmp + (r + 1) * width_pad, E{});
   }
-  if (transposed) attn::pack_bt(tmp, width_pad, width_pad, nc, bc_pad, transposed);
-  if (plain) attn::pack_b(tmp, width_pad, nc, bc_pad, width_pad, width_pad, plain);
+  if (transposed) attn::pack_bt(rows, ld, width_pad, nc, bc_pad, transposed);
+  if (plain) attn::pack_b(rows, ld, nc, bc_pad, width_pad, width_pad, plain);
+}
+
+// dst[c][r] = src row r's element c for r < rows, and 0 for rows <= r < ld_dst: width columns of
+// rows source rows (row stride ld) as the transposed operand [width][ld_dst].
+template <class E>
+void to_columns(const E* src, int64_t ld, int64_t rows, int64_t width, E* dst, int64_t ld_dst) {
+  attn::transpose(src, ld, rows, width, dst, ld_dst);
+  for (int64_t c = 0; c < width; ++c) std::fill(dst + c * ld_dst + rows, dst + (c + 1) * ld_dst, E{});
 }
 
 // Row i's softmax step over one key block (FlashAttention's online softmax): s holds the raw
@@ -181,16 +201,6 @@ void store_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const flo
   for (int64_t r = 0; r < rows; ++r) convert(tmp + r * n, DType::f32, dst.row(bh, i0 + r), dst.t, size_t(n));
 }
 
-// n elements of a row of dtype t as f32 (bf16 widened inline: rows are short).
-void load_f32(const char* src, DType t, int64_t se, int64_t n, float* dst) {
-  if (t != DType::bf16) return attn::load_row(src, t, se, n, dst, n);
-  for (int64_t e = 0; e < n; ++e) {
-    uint16_t h;
-    std::memcpy(&h, src + size_t(e * se) * 2, 2);
-    dst[e] = bf16_to_f32(h);
-  }
-}
-
 template <class E>
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, AttentionForward& dst) {
   const Dims d(q, v);
@@ -217,13 +227,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
     const int64_t bh = task / d.nkb, j0 = (task % d.nkb) * kBc, nc = std::min(kBc, d.tk - j0);
     E* kt = packs + task * kv_elems;
     pack_keys<E>(rk, bh, j0, nc, d.e, d.e_pad, d.bc_pad, tmp, kt, nullptr);
-    for (int64_t r = 0; r < d.bc_pad; ++r) {
-      if (r < nc)
-        attn::load_row(rv.row(bh, j0 + r), rv.t, rv.se, d.ev, tmp + r * d.ev_pad, d.ev_pad);
-      else
-        std::fill(tmp + r * d.ev_pad, tmp + (r + 1) * d.ev_pad, E{});
-    }
-    attn::pack_b(tmp, d.ev_pad, nc, d.bc_pad, d.ev_pad, d.ev_pad, kt + d.e_pad * d.bc_pad);
+    pack_keys<E>(rv, bh, j0, nc, d.ev, d.ev_pad, d.bc_pad, tmp, nullptr, kt + d.e_pad * d.bc_pad);
   }
 
 #pragma omp parallel for schedule(dynamic)
@@ -237,7 +241,14 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
     float* l = c.take<float>(kBr);
     float* block = c.take<float>(kBr * d.ev);
     const int64_t bh = task / d.nqb, i0 = (task % d.nqb) * kBr, nr = std::min(kBr, d.tq - i0);
-    for (int64_t r = 0; r < nr; ++r) attn::load_row(rq.row(bh, i0 + r), rq.t, rq.se, d.e, qt + r * d.e_pad, d.e_pad);
+    const E* qa = qt;  // the block's query rows: S's A operand
+    int64_t lda = d.e_pad;
+    if (in_place<E>(rq, d.e, d.e_pad)) {
+      qa = reinterpret_cast<const E*>(rq.row(bh, i0));
+      lda = rq.st;
+    } else {
+      for (int64_t r = 0; r < nr; ++r) attn::load_row(rq.row(bh, i0 + r), rq.t, rq.se, d.e, qt + r * d.e_pad, d.e_pad);
+    }
     std::fill(m, m + nr, -INFINITY);
     std::fill(l, l + nr, 0.f);
     std::fill(o, o + nr * d.ev_pad, 0.f);
@@ -246,8 +257,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
     for (int64_t kb = 0; kb < nkb; ++kb) {
       const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
       const E* kt = packs + (bh * d.nkb + kb) * kv_elems;
-      gemm<E>(nr, d.bc_pad, d.e_pad, qt, d.e_pad, kt, s, d.bc_pad, false,
-              live_of(p, d, i0, j0, nc, attn::Live::scores));
+      gemm<E>(nr, d.bc_pad, d.e_pad, qa, lda, kt, s, d.bc_pad, false, live_of(p, d, i0, j0, nc, attn::Live::scores));
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t lim = std::min(attention_last_key(p, i0 + r, d.tq, d.tk), j0 + nc - 1) - j0;
         float* sr = s + r * d.bc_pad;
@@ -368,31 +378,33 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
     float* o_rows = kBf16 ? nullptr : c.take<float>(tq_pad * d.ev_pad);  // O, then O^T: D's operands (f32 tiles)
     float* o_t = kBf16 ? nullptr : c.take<float>(tq_pad * d.ev_pad);
 
-    for (int64_t i = 0; i < tq_pad; ++i) {
-      E* qr = q_rows + i * d.e_pad;
-      E* gr = do_rows + i * d.ev_pad;
-      if (i < d.tq) {
-        attn::load_row(rq.row(bh, i), rq.t, rq.se, d.e, qr, d.e_pad);
-        attn::load_row(rgo.row(bh, i), rgo.t, rgo.se, d.ev, gr, d.ev_pad);
-        // D from the stored (rounded) output, as FlashAttention-2: for f32 tiles 16 rows at a
-        // time below, from O^T and dO^T.
-        if constexpr (kBf16) {
-          load_f32(ro.row(bh, i), ro.t, ro.se, d.ev, f1);
-          load_f32(rgo.row(bh, i), rgo.t, rgo.se, d.ev, f2);
-          dsum[i] = dot(f1, f2, d.ev);
-        } else {
-          attn::load_row(ro.row(bh, i), ro.t, ro.se, d.ev, o_rows + i * d.ev_pad, d.ev_pad);
-        }
-      } else {
-        std::fill(qr, qr + d.e_pad, E{});
-        std::fill(gr, gr + d.ev_pad, E{});
-        if constexpr (!kBf16) std::fill(o_rows + i * d.ev_pad, o_rows + (i + 1) * d.ev_pad, 0.f);
+    // Q and dO rows (S's and dP's A operands) in place where they are tiles as they lie, else
+    // copied; O's rows are only D's operand (f32 tiles: through O^T).
+    const bool q_in_place = in_place<E>(rq, d.e, d.e_pad), do_in_place = in_place<E>(rgo, d.ev, d.ev_pad),
+               o_in_place = !kBf16 && in_place<E>(ro, d.ev, d.ev_pad);
+    const E* qa = q_in_place ? reinterpret_cast<const E*>(rq.row(bh, 0)) : q_rows;
+    const E* doa = do_in_place ? reinterpret_cast<const E*>(rgo.row(bh, 0)) : do_rows;
+    const int64_t ldq = q_in_place ? rq.st : d.e_pad, ldo = do_in_place ? rgo.st : d.ev_pad;
+    for (int64_t i = 0; i < d.tq; ++i) {
+      if (!q_in_place) attn::load_row(rq.row(bh, i), rq.t, rq.se, d.e, q_rows + i * d.e_pad, d.e_pad);
+      if (!do_in_place) attn::load_row(rgo.row(bh, i), rgo.t, rgo.se, d.ev, do_rows + i * d.ev_pad, d.ev_pad);
+      // D from the stored (rounded) output, as FlashAttention-2: for f32 tiles 16 rows at a time
+      // below, from O^T and dO^T.
+      if constexpr (kBf16) {
+        attn::load_row(ro.row(bh, i), ro.t, ro.se, d.ev, f1, d.ev);
+        attn::load_row(rgo.row(bh, i), rgo.t, rgo.se, d.ev, f2, d.ev);
+        dsum[i] = dot(f1, f2, d.ev);
+      } else if (!o_in_place) {
+        attn::load_row(ro.row(bh, i), ro.t, ro.se, d.ev, o_rows + i * d.ev_pad, d.ev_pad);
       }
     }
-    attn::transpose(q_rows, d.e_pad, tq_pad, d.e_pad, q_t, tq_pad);
-    attn::transpose(do_rows, d.ev_pad, tq_pad, d.ev_pad, do_t, tq_pad);
+    to_columns(qa, ldq, d.tq, d.e_pad, q_t, tq_pad);
+    to_columns(doa, ldo, d.tq, d.ev_pad, do_t, tq_pad);
     if constexpr (!kBf16) {
-      attn::transpose(o_rows, d.ev_pad, tq_pad, d.ev_pad, o_t, tq_pad);
+      if (o_in_place)
+        to_columns(reinterpret_cast<const float*>(ro.row(bh, 0)), ro.st, d.tq, d.ev_pad, o_t, tq_pad);
+      else
+        to_columns(o_rows, d.ev_pad, d.tq, d.ev_pad, o_t, tq_pad);
       dot_columns(do_t, o_t, tq_pad, d.ev, d.tq, dsum);
     }
     for (int64_t kb = 0; kb < d.nkb; ++kb) {
@@ -415,8 +427,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
       for (int64_t qb = first_row / kBr; qb < d.nqb; ++qb) {
         const int64_t i0 = qb * kBr, nr = std::min(kBr, d.tq - i0), nr_pad = round_up(nr, P);
         const attn::Live scores = live_of(p, d, i0, j0, nc, attn::Live::scores);
-        gemm<E>(nr, d.bc_pad, d.e_pad, q_rows + i0 * d.e_pad, d.e_pad, kt, s, d.bc_pad, false, scores);
-        gemm<E>(nr, d.bc_pad, d.ev_pad, do_rows + i0 * d.ev_pad, d.ev_pad, vt, dp, d.bc_pad, false, scores);
+        gemm<E>(nr, d.bc_pad, d.e_pad, qa + i0 * ldq, ldq, kt, s, d.bc_pad, false, scores);
+        gemm<E>(nr, d.bc_pad, d.ev_pad, doa + i0 * ldo, ldo, vt, dp, d.bc_pad, false, scores);
         backward_rows(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
         // f32 tiles are their own B operands (rows = the contraction); bf16 ones are rounded and
         // their row pairs interleaved.

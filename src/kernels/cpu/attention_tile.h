@@ -26,15 +26,26 @@ constexpr int64_t kPair = std::is_same_v<E, uint16_t> ? 2 : 1;
 constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // n elements of a row of dtype t (element stride se) into E: bf16 stays bits for a bf16 tile, every
-// other dtype becomes f32; dst[n .. padded) is zeroed.
+// other dtype becomes f32; dst[n .. padded) is zeroed. Unit-stride 16-bit rows are widened here, 16
+// lanes at a time (exactly, as convert does): the rows are a head's few dozen elements, for which
+// a call of the bulk conversion costs more than the row.
 template <class E>
-void load_row(const char* src, DType t, int64_t se, int64_t n, E* dst, int64_t padded) {
+MIXPREC_ATTN_TARGET void load_row(const char* src, DType t, int64_t se, int64_t n, E* dst, int64_t padded) {
   const size_t es = dtype_size(t);
   if constexpr (std::is_same_v<E, uint16_t>) {
     if (se == 1) {
       std::memcpy(dst, src, size_t(n) * 2);
     } else {
       for (int64_t e = 0; e < n; ++e) std::memcpy(dst + e, src + size_t(e * se) * es, 2);
+    }
+  } else if (se == 1 && (t == DType::bf16 || t == DType::f16)) {
+    const auto* h = reinterpret_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 in = first_lanes(n - i);
+      const __m256i x = _mm256_maskz_loadu_epi16(in, h + i);
+      const __m512 f =
+          t == DType::bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16)) : _mm512_cvtph_ps(x);
+      _mm512_mask_storeu_ps(dst + i, in, f);
     }
   } else if (se == 1) {
     convert(src, t, dst, DType::f32, size_t(n));
