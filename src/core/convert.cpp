@@ -121,7 +121,7 @@ __attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512(const floa
   size_t i = 0;
   for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i*)(dst + i), bf16_from_ps(_mm512_loadu_ps(src + i)));
   if (i < n) {
-    __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    __mmask16 m = first_lanes(int64_t(n - i));
     __m256i r = bf16_from_ps(_mm512_maskz_loadu_ps(m, src + i));
     _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, _mm512_cvtepu16_epi32(r));
   }
@@ -145,7 +145,7 @@ __attribute__((target("avx512f"))) void f32_to_bf16_avx512f(const float* src, ui
   for (; i + 16 <= n; i += 16)
     _mm256_storeu_si256((__m256i*)(dst + i), _mm512_cvtepi32_epi16(bf16_from_ps_int(_mm512_loadu_ps(src + i))));
   if (i < n) {
-    __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    __mmask16 m = first_lanes(int64_t(n - i));
     _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, bf16_from_ps_int(_mm512_maskz_loadu_ps(m, src + i)));
   }
 }
@@ -162,7 +162,7 @@ __attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* src, 
     uint16_t buf[16] = {};
     std::memcpy(buf, src + i, (n - i) * sizeof(uint16_t));
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)buf));
-    _mm512_mask_storeu_ps(dst + i, __mmask16((1u << (n - i)) - 1), _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    _mm512_mask_storeu_ps(dst + i, first_lanes(int64_t(n - i)), _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
   }
 }
 
@@ -176,7 +176,7 @@ __attribute__((target("avx512f"))) void f32_to_f16_avx512(const float* src, uint
   for (; i + 16 <= n; i += 16)
     _mm256_storeu_si256((__m256i*)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRne));
   if (i < n) {
-    __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    __mmask16 m = first_lanes(int64_t(n - i));
     __m256i r = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), kRne);
     _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, _mm512_cvtepu16_epi32(r));
   }
@@ -189,7 +189,7 @@ __attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* src, f
   if (i < n) {
     uint16_t buf[16] = {};
     std::memcpy(buf, src + i, (n - i) * sizeof(uint16_t));
-    _mm512_mask_storeu_ps(dst + i, __mmask16((1u << (n - i)) - 1),
+    _mm512_mask_storeu_ps(dst + i, first_lanes(int64_t(n - i)),
                           _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)buf)));
   }
 }
