@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -87,6 +88,19 @@ TEST_P(AttentionKernels, FastMatchesTheReference) {
     const Err ef = error_of(fast.t[i], truth.t[i]), er = error_of(ref.t[i], truth.t[i]);
     EXPECT_LE(ef.max, 2 * er.max + 2 * unit_roundoff(t) * scale) << names[i];
     EXPECT_LE(ef.rms, 2 * er.rms + 4 * 0x1p-24 * scale) << names[i] << " (rms)";
+  }
+  // bf16 on the CPU once more on the bf16-tile kernels with AVX512-BF16 emulated: a host without
+  // those instructions ran f32 tiles above, and this is its only run of the bf16 tiles' code.
+  if (t != DType::bf16 || !device.is_cpu() || !mixprec::cpu::has_avx512f()) return;
+  Result emulated;
+  {
+    const kernels::cpu::EmulatedBf16Tiles emulate;
+    emulated = run(in, t, s, kernels::Backend::cpu, device);
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    const Err ef = error_of(emulated.t[i], truth.t[i]), er = error_of(ref.t[i], truth.t[i]);
+    EXPECT_LE(ef.max, 2 * er.max + 2 * unit_roundoff(t) * scale) << names[i] << " (emulated bf16 tiles)";
+    EXPECT_LE(ef.rms, 2 * er.rms + 4 * 0x1p-24 * scale) << names[i] << " (emulated bf16 tiles, rms)";
   }
 }
 
@@ -217,27 +231,50 @@ TEST(Attention, ErrorsNameTheOpAndTheShapes) {
 // packed input (values: the views' gradients were summed with zeros, which can turn a -0 into +0),
 // with causal masking and dropout, on both backends, in f32 and bf16.
 TEST(Attention, PackedQkvIsTheAttentionOfItsThreeViews) {
+  // Each backend, dtype and (bf16 on the fused kernel) kind of tile: the packed op against the
+  // three strided views, and against contiguous copies of them (which the fused kernel reads
+  // through a buffer where the views are read in place): the same values.
+  struct Case {
+    kernels::Backend backend;
+    DType t;
+    bool emulated_bf16_tiles;
+  };
+  std::vector<Case> cases;
   for (kernels::Backend be : {kernels::Backend::cpu, kernels::Backend::ref})
-    for (DType t : {DType::f32, DType::bf16}) {
-      const kernels::BackendGuard backend(be);
-      const int64_t b = 2, tt = 37, h = 3, e = 16, c = h * e;
-      const Tensor qkv = values({b, tt, 3 * c}, -1, 1, 9).to(t);
-      const Tensor gy = values({b, h, tt, e}, -1, 1, 10).to(t);
-      auto run = [&](bool packed) {
-        Tensor x = qkv.detach().set_requires_grad();
-        Generator gen(3);
-        const ops::AttentionOptions o{.causal = true, .dropout = 0.2, .gen = &gen};
-        auto part = [&](int64_t i) { return x.slice(2, i * c, (i + 1) * c).reshape({b, tt, h, e}).transpose(1, 2); };
-        Tensor y = packed ? ops::packed_qkv_attention(x, h, o)
-                          : ops::scaled_dot_product_attention(part(0), part(1), part(2), o);
-        y.backward(gy);
-        return std::make_pair(y.to_vector_f64(), x.grad().to_vector_f64());
+    for (DType t : {DType::f32, DType::bf16}) cases.push_back({be, t, false});
+  if (mixprec::cpu::has_avx512f()) cases.push_back({kernels::Backend::cpu, DType::bf16, true});
+  for (const Case& k : cases) {
+    const kernels::BackendGuard backend(k.backend);
+    std::optional<kernels::cpu::EmulatedBf16Tiles> emulate;
+    if (k.emulated_bf16_tiles) emulate.emplace();
+    const DType t = k.t;
+    const int64_t b = 2, tt = 37, h = 3, e = 16, c = h * e;
+    const Tensor qkv = values({b, tt, 3 * c}, -1, 1, 9).to(t);
+    const Tensor gy = values({b, h, tt, e}, -1, 1, 10).to(t);
+    enum class Form { views, packed, copies };
+    auto run = [&](Form form) {
+      Tensor x = qkv.detach().set_requires_grad();
+      Generator gen(3);
+      const ops::AttentionOptions o{.causal = true, .dropout = 0.2, .gen = &gen};
+      auto part = [&](int64_t i) {
+        Tensor v = x.slice(2, i * c, (i + 1) * c).reshape({b, tt, h, e}).transpose(1, 2);
+        return form == Form::copies ? v.contiguous() : v;
       };
-      const auto [y_views, g_views] = run(false);
-      const auto [y_packed, g_packed] = run(true);
-      EXPECT_EQ(y_packed, y_views) << dtype_name(t);
-      EXPECT_EQ(g_packed, g_views) << dtype_name(t);
-    }
+      Tensor y = form == Form::packed ? ops::packed_qkv_attention(x, h, o)
+                                      : ops::scaled_dot_product_attention(part(0), part(1), part(2), o);
+      y.backward(gy);
+      return std::make_pair(y.to_vector_f64(), x.grad().to_vector_f64());
+    };
+    const std::string what = std::string(dtype_name(t)) + (k.backend == kernels::Backend::ref ? ", reference" : "") +
+                             (k.emulated_bf16_tiles ? ", emulated bf16 tiles" : "");
+    const auto [y_views, g_views] = run(Form::views);
+    const auto [y_packed, g_packed] = run(Form::packed);
+    const auto [y_copies, g_copies] = run(Form::copies);
+    EXPECT_EQ(y_packed, y_views) << what;
+    EXPECT_EQ(g_packed, g_views) << what;
+    EXPECT_EQ(y_copies, y_views) << what << ": contiguous copies";
+    EXPECT_EQ(g_copies, g_views) << what << ": contiguous copies";
+  }
   EXPECT_EQ(testutil::error_of([] {
               ops::packed_qkv_attention(values({2, 5, 3 * 8}, -1, 1, 1), 3);
             }),
@@ -278,7 +315,7 @@ void check_causal_products() {
     if constexpr (std::is_same_v<E, float>)
       return f;
     else
-      return f32_to_bf16(f);
+      return E{f32_to_bf16(f)};
   };
   const int64_t m = 64, n = 64, k = 32;  // a query block against a key block; k: the head dim
   Generator gen(7);
@@ -343,9 +380,14 @@ TEST(AttentionTiles, CausalProductsSkipOnlyZerosF32) {
   check_causal_products<float>();
 }
 
+TEST(AttentionTiles, CausalProductsSkipOnlyZerosEmulatedBf16) {
+  if (!mixprec::cpu::has_avx512f()) GTEST_SKIP() << "no AVX-512 on this host: the fused CPU attention does not run";
+  check_causal_products<kernels::cpu::attn::EmulatedBf16>();
+}
+
 TEST(AttentionTiles, CausalProductsSkipOnlyZerosBf16) {
   if (!mixprec::cpu::has_avx512_bf16())
-    GTEST_SKIP() << "no AVX512-BF16 on this host: the fused attention's bf16 tiles do not run here";
+    GTEST_SKIP() << "no AVX512-BF16 on this host: its bf16 tiles run emulated (the test above)";
   check_causal_products<uint16_t>();
 }
 

@@ -127,26 +127,13 @@ __attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512(const floa
   }
 }
 
-// 16 f32 -> 16 bf16 on AVX-512F alone (an AVX-512 Xeon without AVX512-BF16): the scalar rule in
-// integer lanes, RNE on the low 16 bits and the quieted NaN, so no MXCSR setting reaches it.
-// The scalar loop it replaces made every bf16 store of such a host 5-10x slower than f32's.
-__attribute__((target("avx512f"))) inline __m512i bf16_from_ps_int(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i high = _mm512_srli_epi32(u, 16);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
-  const __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  const __mmask16 nan =
-      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  return _mm512_mask_or_epi32(rne, nan, high, _mm512_set1_epi32(0x0040));  // 16-bit values in 32-bit lanes
-}
-
 __attribute__((target("avx512f"))) void f32_to_bf16_avx512f(const float* src, uint16_t* dst, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256((__m256i*)(dst + i), _mm512_cvtepi32_epi16(bf16_from_ps_int(_mm512_loadu_ps(src + i))));
+    _mm256_storeu_si256((__m256i*)(dst + i), _mm512_cvtepi32_epi16(bf16_round_epi32(_mm512_loadu_ps(src + i))));
   if (i < n) {
     __mmask16 m = first_lanes(int64_t(n - i));
-    _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, bf16_from_ps_int(_mm512_maskz_loadu_ps(m, src + i)));
+    _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, bf16_round_epi32(_mm512_maskz_loadu_ps(m, src + i)));
   }
 }
 

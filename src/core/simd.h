@@ -16,8 +16,24 @@
 #include <cstdint>
 
 namespace mixprec {
+
 // The first n of 16 lanes (none for n <= 0, all from 16): a loop's masked tail or edge.
 inline __mmask16 first_lanes(int64_t n) {
   return n <= 0 ? __mmask16(0) : n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
 }
+
+// 16 f32 -> 16 bf16 (in 32-bit lanes) on AVX-512F alone (an AVX-512 Xeon without AVX512-BF16):
+// the scalar rule in integer lanes, RNE on the low 16 bits and the quieted NaN, so no MXCSR
+// setting reaches it. convert.cpp's bulk conversion on such hosts (the scalar loop it replaced
+// made every bf16 store 5-10x slower than f32's), and the fused attention's emulated bf16 tiles.
+__attribute__((target("avx512f"))) inline __m512i bf16_round_epi32(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i high = _mm512_srli_epi32(u, 16);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
+  const __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_or_epi32(rne, nan, high, _mm512_set1_epi32(0x0040));  // 16-bit values in 32-bit lanes
+}
+
 }  // namespace mixprec

@@ -80,6 +80,20 @@ bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 // written in place; the others are allocated contiguous.
 bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& fwd,
                         const Tensor& grad_out, const AttentionParams& p, AttentionGrads& dst);
+// For tests: while one lives, bf16 attention on this thread runs the bf16-tile kernels with their
+// AVX512-BF16 instructions emulated in AVX-512F (the same results but for subnormals, which the
+// instructions flush), on any AVX-512 host: the only way a host without AVX512-BF16, which runs
+// bf16 on f32 tiles, exercises that path's tiling, pairing and masks.
+class EmulatedBf16Tiles {
+ public:
+  EmulatedBf16Tiles();
+  ~EmulatedBf16Tiles();
+  EmulatedBf16Tiles(const EmulatedBf16Tiles&) = delete;
+  EmulatedBf16Tiles& operator=(const EmulatedBf16Tiles&) = delete;
+
+ private:
+  bool previous_;
+};
 }  // namespace cpu
 
 namespace cuda {  // src/kernels/cuda/attention.cu: flash-style, lse kept, f32 math

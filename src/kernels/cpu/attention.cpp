@@ -338,7 +338,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
               const AttentionParams& p, AttentionGrads& dst) {
   const Dims d(q, v);
   const Rows rq(q), rk(k), rv(v), rgo(grad_out), ro(fwd.out);
-  constexpr bool kBf16 = std::is_same_v<E, uint16_t>;
+  constexpr bool kBf16 = attn::kBf16Tile<E>;
   constexpr int64_t P = kPair<E>;
   const int64_t tq_pad = d.nqb * kBr, tk_pad = d.nkb * d.bc_pad, wmax = std::max(d.e_pad, d.ev_pad);
   const int64_t per_thread =
@@ -461,9 +461,21 @@ bool supported(const Tensor& q, const Tensor& k, const Tensor& v) {
   return (t == DType::f32 || t == DType::bf16 || t == DType::f16) && k.dtype() == t && v.dtype() == t &&
          mixprec::cpu::has_avx512f();
 }
-bool bf16_tiles(DType t) { return t == DType::bf16 && mixprec::cpu::has_avx512_bf16(); }
+thread_local bool emulate_bf16_tiles = false;
+
+// Which tiles a dtype's attention runs on: bf16 data on bf16 tiles where AVX512-BF16 is there (or,
+// under EmulatedBf16Tiles, on emulated ones), everything else on f32 tiles.
+enum class Tiles { f32, bf16, emulated_bf16 };
+Tiles tiles_for(DType t) {
+  if (t != DType::bf16) return Tiles::f32;
+  if (emulate_bf16_tiles) return Tiles::emulated_bf16;
+  return mixprec::cpu::has_avx512_bf16() ? Tiles::bf16 : Tiles::f32;
+}
 
 }  // namespace
+
+EmulatedBf16Tiles::EmulatedBf16Tiles() : previous_(emulate_bf16_tiles) { emulate_bf16_tiles = true; }
+EmulatedBf16Tiles::~EmulatedBf16Tiles() { emulate_bf16_tiles = previous_; }
 
 bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                        AttentionForward& dst) {
@@ -471,10 +483,17 @@ bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   dst.out = Tensor::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype());
   dst.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, DType::f32);
   if (q.numel() == 0) return true;
-  if (bf16_tiles(q.dtype()))
-    forward<uint16_t>(q, k, v, p, dst);
-  else
-    forward<float>(q, k, v, p, dst);
+  switch (tiles_for(q.dtype())) {
+    case Tiles::bf16:
+      forward<uint16_t>(q, k, v, p, dst);
+      break;
+    case Tiles::emulated_bf16:
+      forward<attn::EmulatedBf16>(q, k, v, p, dst);
+      break;
+    case Tiles::f32:
+      forward<float>(q, k, v, p, dst);
+      break;
+  }
   return true;
 }
 
@@ -484,10 +503,17 @@ bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   for (auto [g, like] : {std::pair{&dst.dq, &q}, std::pair{&dst.dk, &k}, std::pair{&dst.dv, &v}})
     if (!g->defined() || g->shape() != like->shape() || g->dtype() != like->dtype() || g->strides().back() != 1)
       *g = Tensor::empty(like->shape(), like->dtype());
-  if (bf16_tiles(q.dtype()))
-    backward<uint16_t>(q, k, v, fwd, grad_out, p, dst);
-  else
-    backward<float>(q, k, v, fwd, grad_out, p, dst);
+  switch (tiles_for(q.dtype())) {
+    case Tiles::bf16:
+      backward<uint16_t>(q, k, v, fwd, grad_out, p, dst);
+      break;
+    case Tiles::emulated_bf16:
+      backward<attn::EmulatedBf16>(q, k, v, fwd, grad_out, p, dst);
+      break;
+    case Tiles::f32:
+      backward<float>(q, k, v, fwd, grad_out, p, dst);
+      break;
+  }
   return true;
 }
 

@@ -19,9 +19,46 @@
 
 namespace mixprec::kernels::cpu::attn {
 
-// A tile element: bf16 bits (products on pairs along the contraction) or f32.
+// A bf16 tile element whose products and roundings are emulated in AVX-512F (EmulatedBf16Tiles,
+// kernels/attention.h): uint16_t's bits and layout, the AVX512-BF16 instructions' results but for
+// subnormals, which those flush. Lets a host without AVX512-BF16 run the bf16-tile path's tiling,
+// pairing and masks in tests.
+struct EmulatedBf16 {
+  uint16_t bits;
+};
+
+// A tile element: bf16 bits (products on pairs along the contraction; uint16_t on AVX512-BF16) or
+// f32.
 template <class E>
-constexpr int64_t kPair = std::is_same_v<E, uint16_t> ? 2 : 1;
+constexpr bool kBf16Tile = std::is_same_v<E, uint16_t> || std::is_same_v<E, EmulatedBf16>;
+template <class E>
+constexpr int64_t kPair = kBf16Tile<E> ? 2 : 1;
+
+// 16 f32 rounded to bf16 (to nearest even): VCVTNEPS2BF16, or for emulated tiles the same rule in
+// integer lanes.
+template <class E>
+MIXPREC_ATTN_TARGET inline __m256i round_bf16(__m512 x) {
+  if constexpr (std::is_same_v<E, uint16_t>)
+    return (__m256i)_mm512_cvtneps_pbh(x);
+  else
+    return _mm512_cvtepi32_epi16(bf16_round_epi32(x));
+}
+
+// acc + a b over 16 lanes of bf16 pairs: VDPBF16PS (the odd elements' product added first, then
+// the even ones'), or for emulated tiles the same two additions as fused multiply-adds (a product
+// of two bf16 values is exact in f32, so each add rounds once, as the instruction's does).
+template <class E>
+MIXPREC_ATTN_TARGET inline __m512 dot_pairs(__m512 acc, __m512i a, __m512i b) {
+  if constexpr (std::is_same_v<E, uint16_t>) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+  } else {
+    const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, high)),
+                          _mm512_castsi512_ps(_mm512_and_si512(b, high)), acc);
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)),
+                           acc);
+  }
+}
 
 constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
@@ -32,7 +69,7 @@ constexpr int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 template <class E>
 MIXPREC_ATTN_TARGET void load_row(const char* src, DType t, int64_t se, int64_t n, E* dst, int64_t padded) {
   const size_t es = dtype_size(t);
-  if constexpr (std::is_same_v<E, uint16_t>) {
+  if constexpr (kBf16Tile<E>) {
     if (se == 1) {
       std::memcpy(dst, src, size_t(n) * 2);
     } else {
@@ -58,11 +95,14 @@ MIXPREC_ATTN_TARGET void load_row(const char* src, DType t, int64_t se, int64_t 
 // f32 -> E (bf16 rounded to nearest even, as every bf16 store of mixprec).
 template <class E>
 MIXPREC_ATTN_TARGET inline void to_tile(const float* src, E* dst, int64_t n) {
-  if constexpr (std::is_same_v<E, uint16_t>) {
+  if constexpr (kBf16Tile<E>) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
-    for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), round_bf16<E>(_mm512_loadu_ps(src + i)));
+    for (; i < n; ++i) {
+      const uint16_t h = f32_to_bf16(src[i]);
+      std::memcpy(dst + i, &h, 2);
+    }
   } else {
     std::memcpy(dst, src, size_t(n) * sizeof(float));
   }
@@ -71,15 +111,16 @@ MIXPREC_ATTN_TARGET inline void to_tile(const float* src, E* dst, int64_t n) {
 // An f32 tile (rows of ld) as the B operand of a product that contracts over its rows: bf16 pairs
 // of rows interleaved ([rows_pad / 2][cols][2], an odd last row paired with zeros); cols a
 // multiple of 16.
-MIXPREC_ATTN_TARGET inline void pack_row_pairs(const float* src, int64_t ld, int64_t rows, int64_t cols,
-                                               uint16_t* dst) {
+template <class E>
+MIXPREC_ATTN_TARGET inline void pack_row_pairs(const float* src, int64_t ld, int64_t rows, int64_t cols, E* dst) {
+  static_assert(kBf16Tile<E>);
   for (int64_t r = 0; r < rows; r += 2) {
     const float* a = src + r * ld;
     const float* b = r + 1 < rows ? a + ld : nullptr;
-    uint16_t* d = dst + r * cols;
+    E* d = dst + r * cols;
     for (int64_t c = 0; c < cols; c += 16) {
-      const __m256i x = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a + c));
-      const __m256i y = b ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(b + c)) : _mm256_setzero_si256();
+      const __m256i x = round_bf16<E>(_mm512_loadu_ps(a + c));
+      const __m256i y = b ? round_bf16<E>(_mm512_loadu_ps(b + c)) : _mm256_setzero_si256();
       const __m256i lo = _mm256_unpacklo_epi16(x, y), hi = _mm256_unpackhi_epi16(x, y);  // per 128-bit lane
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c), _mm256_permute2x128_si256(lo, hi, 0x20));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
@@ -117,7 +158,7 @@ MIXPREC_ATTN_TARGET inline void transpose_16x16(__m512 (&r)[16]) {
 // shuffles move bits, they do no arithmetic).
 template <class E>
 MIXPREC_ATTN_TARGET void transpose(const E* src, int64_t ld_src, int64_t rows, int64_t cols, E* dst, int64_t ld_dst) {
-  static_assert(std::is_same_v<E, float> || std::is_same_v<E, uint16_t>);
+  static_assert(std::is_same_v<E, float> || kBf16Tile<E>);
   for (int64_t r0 = 0; r0 < rows; r0 += 16)
     for (int64_t c0 = 0; c0 < cols; c0 += 16) {
       const int64_t nr = std::min<int64_t>(16, rows - r0), nc = std::min<int64_t>(16, cols - c0);
@@ -130,7 +171,8 @@ MIXPREC_ATTN_TARGET void transpose(const E* src, int64_t ld_src, int64_t rows, i
         else if constexpr (std::is_same_v<E, float>)
           v[i] = _mm512_maskz_loadu_ps(in, row);
         else
-          v[i] = _mm512_castsi512_ps(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, row)));
+          v[i] = _mm512_castsi512_ps(
+              _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, reinterpret_cast<const uint16_t*>(row))));
       }
       transpose_16x16(v);
       for (int64_t j = 0; j < nc; ++j) {
@@ -138,7 +180,8 @@ MIXPREC_ATTN_TARGET void transpose(const E* src, int64_t ld_src, int64_t rows, i
         if constexpr (std::is_same_v<E, float>)
           _mm512_mask_storeu_ps(col, out, v[j]);
         else
-          _mm256_mask_storeu_epi16(col, out, _mm512_cvtepi32_epi16(_mm512_castps_si512(v[j])));
+          _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(col), out,
+                                   _mm512_cvtepi32_epi16(_mm512_castps_si512(v[j])));
       }
     }
 }
@@ -185,14 +228,14 @@ MIXPREC_ATTN_TARGET void micro(const E* a, int64_t lda, const E* b, int64_t n_pa
     for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
   for (int64_t p = 0; p < k / P; ++p) {
     const E* bp = b + p * n_pad * P;
-    if constexpr (std::is_same_v<E, uint16_t>) {
-      __m512bh bv[NV];
-      for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(bp + 32 * v);
+    if constexpr (kBf16Tile<E>) {
+      __m512i bv[NV];
+      for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(bp + 32 * v);
       for (int r = 0; r < MR; ++r) {
         int32_t pair;
         std::memcpy(&pair, a + r * lda + 2 * p, 4);
-        const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
-        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+        const __m512i av = _mm512_set1_epi32(pair);
+        for (int v = 0; v < NV; ++v) acc[r][v] = dot_pairs<E>(acc[r][v], av, bv[v]);
       }
     } else {
       __m512 bv[NV];
