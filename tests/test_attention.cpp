@@ -282,6 +282,26 @@ TEST(Attention, PackedQkvIsTheAttentionOfItsThreeViews) {
             "5, 24]");
 }
 
+// One key: every probability is exactly 1 and O is V, so dS = P (dP - D) is exactly zero, and dq
+// and dk with it, when D = rowsum(dO O) is summed in the order the dP product sums dO V^T: on
+// every kind of tile (f32; bf16 native where the host has it, and emulated).
+TEST(Attention, OneKeyGivesExactlyZeroScoreGradients) {
+  if (!mixprec::cpu::has_avx512f()) GTEST_SKIP() << "no AVX-512 on this host: the fused CPU attention does not run";
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
+    for (bool emulated : {false, true}) {
+      if (emulated && t != DType::bf16) continue;
+      std::optional<kernels::cpu::EmulatedBf16Tiles> emulate;
+      if (emulated) emulate.emplace();
+      Tensor q = values({1, 2, 37, 48}, -2, 2, 11, t).set_requires_grad();
+      Tensor k = values({1, 2, 1, 48}, -2, 2, 12, t).set_requires_grad();
+      Tensor v = values({1, 2, 1, 48}, -2, 2, 13, t).set_requires_grad();
+      ops::scaled_dot_product_attention(q, k, v).backward(values({1, 2, 37, 48}, -1, 1, 14, t));
+      for (const Tensor* g : {&q, &k})
+        for (double x : g->grad().to_vector_f64())
+          ASSERT_EQ(x, 0.0) << dtype_name(t) << (emulated ? ", emulated bf16 tiles" : "");
+    }
+}
+
 // The tiles' transpose (f32 and 16-bit through registers in 16 x 16 blocks, masked at the edges)
 // against its definition, on sizes around the blocks' edges, with row strides
 // wider than the rows: every element lands in place and nothing past the rows is written.

@@ -282,22 +282,29 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   }
 }
 
-// D_i = dO_i . O_i computed as the f32 product kernel computes dP_ij = dO_i . V_j (one fused
-// multiply-add per element, in order, from zero), so that where O_i is V_j (a single key) dP - D,
-// and with it dS, is exactly zero instead of the difference of two roundings.
-MIXPREC_ATTN_TARGET float dot(const float* a, const float* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t e = 0; e < n; ++e) acc = _mm512_fmadd_ps(_mm512_set1_ps(a[e]), _mm512_set1_ps(b[e]), acc);
-  return _mm512_cvtss_f32(acc);
+// 16 tile elements from p as f32 lanes (bf16 bits widened).
+template <class E>
+MIXPREC_ATTN_TARGET inline __m512 f32_lanes(const E* p) {
+  if constexpr (std::is_same_v<E, float>)
+    return _mm512_loadu_ps(p);
+  else
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
 
-// dst[i] = dot(a^T's row i, b^T's row i) for i < n, from a^T and b^T ([k][ld]): 16 rows at a time,
-// each the same fused multiply-adds in the same order as dot().
-MIXPREC_ATTN_TARGET void dot_columns(const float* a_t, const float* b_t, int64_t ld, int64_t k, int64_t n, float* dst) {
+// D_i = dO_i . O_i for i < n, 16 rows at a time from dO^T and O^T ([k][ld] tiles), computed as the
+// product kernel computes dP_ij = dO_i . V_j: on f32 tiles one fused multiply-add per element in
+// order from zero; on bf16 ones per pair of elements the odd one's product first, then the even
+// one's (VDPBF16PS's order; a bf16 product is exact in f32). So where O_i is V_j (a single key),
+// dP - D, and with it dS, is exactly zero instead of the difference of two roundings.
+template <class E>
+MIXPREC_ATTN_TARGET void dot_columns(const E* a_t, const E* b_t, int64_t ld, int64_t k, int64_t n, float* dst) {
+  constexpr int64_t P = kPair<E>;
   for (int64_t i = 0; i < n; i += 16) {
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t e = 0; e < k; ++e)
-      acc = _mm512_fmadd_ps(_mm512_loadu_ps(a_t + e * ld + i), _mm512_loadu_ps(b_t + e * ld + i), acc);
+    for (int64_t e = 0; e < k; e += P)
+      for (int64_t h = P - 1; h >= 0; --h)
+        acc = _mm512_fmadd_ps(f32_lanes(a_t + (e + h) * ld + i), f32_lanes(b_t + (e + h) * ld + i), acc);
     _mm512_mask_storeu_ps(dst + i, first_lanes(n - i), acc);
   }
 }
@@ -345,8 +352,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
       2 * bytes_of<E>(tq_pad * d.e_pad) + 2 * bytes_of<E>(tq_pad * d.ev_pad) + 2 * bytes_of<E>(tk_pad * d.e_pad) +
       bytes_of<E>(tk_pad * d.ev_pad) + bytes_of<float>(d.tq) + bytes_of<float>(tq_pad * d.e_pad) +
       bytes_of<float>(d.bc_pad * d.e_pad) + bytes_of<float>(d.bc_pad * d.ev_pad) + 2 * bytes_of<float>(kBr * d.bc_pad) +
-      3 * bytes_of<E>(kBr * d.bc_pad) + bytes_of<E>(std::max(kBr, d.bc_pad) * wmax) + 2 * bytes_of<float>(wmax) +
-      bytes_of<float>(d.bc_pad * wmax) + (kBf16 ? 0 : 2 * bytes_of<float>(tq_pad * d.ev_pad));
+      3 * bytes_of<E>(kBr * d.bc_pad) + bytes_of<E>(std::max(kBr, d.bc_pad) * wmax) + bytes_of<float>(d.bc_pad * wmax) +
+      2 * bytes_of<E>(tq_pad * d.ev_pad);
   const Tensor ws = workspace(omp_get_max_threads() * per_thread);
   const float scale = float(p.scale);
   const float* lse = static_cast<const float*>(fwd.lse.data_ptr());
@@ -372,41 +379,31 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
     E* ds_pairs = c.take<E>(kBr * d.bc_pad);  // dS, pairs of rows (bf16 only)
     E* ds_rows = c.take<E>(kBr * d.bc_pad);   // dS rows (bf16 only)
     E* tmp = c.take<E>(std::max(kBr, d.bc_pad) * wmax);
-    float* f1 = c.take<float>(wmax);
-    float* f2 = c.take<float>(wmax);
-    float* block = c.take<float>(d.bc_pad * wmax);                       // key rows on their way out
-    float* o_rows = kBf16 ? nullptr : c.take<float>(tq_pad * d.ev_pad);  // O, then O^T: D's operands (f32 tiles)
-    float* o_t = kBf16 ? nullptr : c.take<float>(tq_pad * d.ev_pad);
+    float* block = c.take<float>(d.bc_pad * wmax);  // key rows on their way out
+    E* o_rows = c.take<E>(tq_pad * d.ev_pad);       // O: with dO^T, D's operand as O^T
+    E* o_t = c.take<E>(tq_pad * d.ev_pad);
 
     // Q and dO rows (S's and dP's A operands) in place where they are tiles as they lie, else
     // copied; O's rows are only D's operand (f32 tiles: through O^T).
     const bool q_in_place = in_place<E>(rq, d.e, d.e_pad), do_in_place = in_place<E>(rgo, d.ev, d.ev_pad),
-               o_in_place = !kBf16 && in_place<E>(ro, d.ev, d.ev_pad);
+               o_in_place = in_place<E>(ro, d.ev, d.ev_pad);
     const E* qa = q_in_place ? reinterpret_cast<const E*>(rq.row(bh, 0)) : q_rows;
     const E* doa = do_in_place ? reinterpret_cast<const E*>(rgo.row(bh, 0)) : do_rows;
     const int64_t ldq = q_in_place ? rq.st : d.e_pad, ldo = do_in_place ? rgo.st : d.ev_pad;
     for (int64_t i = 0; i < d.tq; ++i) {
       if (!q_in_place) attn::load_row(rq.row(bh, i), rq.t, rq.se, d.e, q_rows + i * d.e_pad, d.e_pad);
       if (!do_in_place) attn::load_row(rgo.row(bh, i), rgo.t, rgo.se, d.ev, do_rows + i * d.ev_pad, d.ev_pad);
-      // D from the stored (rounded) output, as FlashAttention-2: for f32 tiles 16 rows at a time
-      // below, from O^T and dO^T.
-      if constexpr (kBf16) {
-        attn::load_row(ro.row(bh, i), ro.t, ro.se, d.ev, f1, d.ev);
-        attn::load_row(rgo.row(bh, i), rgo.t, rgo.se, d.ev, f2, d.ev);
-        dsum[i] = dot(f1, f2, d.ev);
-      } else if (!o_in_place) {
-        attn::load_row(ro.row(bh, i), ro.t, ro.se, d.ev, o_rows + i * d.ev_pad, d.ev_pad);
-      }
+      if (!o_in_place) attn::load_row(ro.row(bh, i), ro.t, ro.se, d.ev, o_rows + i * d.ev_pad, d.ev_pad);
     }
     to_columns(qa, ldq, d.tq, d.e_pad, q_t, tq_pad);
     to_columns(doa, ldo, d.tq, d.ev_pad, do_t, tq_pad);
-    if constexpr (!kBf16) {
-      if (o_in_place)
-        to_columns(reinterpret_cast<const float*>(ro.row(bh, 0)), ro.st, d.tq, d.ev_pad, o_t, tq_pad);
-      else
-        to_columns(o_rows, d.ev_pad, d.tq, d.ev_pad, o_t, tq_pad);
-      dot_columns(do_t, o_t, tq_pad, d.ev, d.tq, dsum);
-    }
+    // D from the stored (rounded) output, as FlashAttention-2, 16 rows at a time from dO^T and O^T
+    // (over the padded width, as the dP product: zeros past ev).
+    if (o_in_place)
+      to_columns(reinterpret_cast<const E*>(ro.row(bh, 0)), ro.st, d.tq, d.ev_pad, o_t, tq_pad);
+    else
+      to_columns(o_rows, d.ev_pad, d.tq, d.ev_pad, o_t, tq_pad);
+    dot_columns(do_t, o_t, tq_pad, d.ev_pad, d.tq, dsum);
     for (int64_t kb = 0; kb < d.nkb; ++kb) {
       const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
       pack_keys<E>(rk, bh, j0, nc, d.e, d.e_pad, d.bc_pad, tmp, kt_pack + kb * d.bc_pad * d.e_pad,
