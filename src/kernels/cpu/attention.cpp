@@ -384,7 +384,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
     E* o_t = c.take<E>(tq_pad * d.ev_pad);
 
     // Q and dO rows (S's and dP's A operands) in place where they are tiles as they lie, else
-    // copied; O's rows are only D's operand (f32 tiles: through O^T).
+    // copied; O's rows are only D's operand, through O^T.
     const bool q_in_place = in_place<E>(rq, d.e, d.e_pad), do_in_place = in_place<E>(rgo, d.ev, d.ev_pad),
                o_in_place = in_place<E>(ro, d.ev, d.ev_pad);
     const E* qa = q_in_place ? reinterpret_cast<const E*>(rq.row(bh, 0)) : q_rows;
