@@ -374,12 +374,22 @@ void DataParallel::Impl::sync() {
     double averaging_s = 0;
     std::vector<MPI_Request> reqs;
     for (Bucket& b : buckets) reqs.push_back(b.req);
-    detail::wait_each(reqs, "DataParallel gradient all-reduce", [&](size_t k) {
-      const auto t1 = Clock::now();
-      buckets[k].req = MPI_REQUEST_NULL;
-      average(buckets[k]);
-      averaging_s += seconds_since(t1);
-    });
+    // The buckets keep what is still in flight (null once done), also when an average throws (an
+    // allocation under a memory budget): the destructor waits for those.
+    auto hand_back = [&] {
+      for (size_t k = 0; k < buckets.size(); ++k) buckets[k].req = reqs[k];
+    };
+    try {
+      detail::wait_each(reqs, "DataParallel gradient all-reduce", [&](size_t k) {
+        const auto t1 = Clock::now();
+        average(buckets[k]);
+        averaging_s += seconds_since(t1);
+      });
+    } catch (...) {
+      hand_back();
+      throw;
+    }
+    hand_back();
     stats.wait_s += seconds_since(t0) - averaging_s;
     stats.pack_s += averaging_s;
   }
