@@ -82,26 +82,22 @@ TEST_P(AttentionKernels, FastMatchesTheReference) {
   for (const Tensor& x : truth.t)
     for (double v : x.to_vector_f64()) scale = std::max(scale, std::fabs(v));
   const char* names[] = {"output", "dq", "dk", "dv"};
-  for (size_t i = 0; i < 4; ++i) {
-    ASSERT_EQ(fast.t[i].dtype(), t);
-    ASSERT_EQ(fast.t[i].shape(), truth.t[i].shape());
-    const Err ef = error_of(fast.t[i], truth.t[i]), er = error_of(ref.t[i], truth.t[i]);
-    EXPECT_LE(ef.max, 2 * er.max + 2 * unit_roundoff(t) * scale) << names[i];
-    EXPECT_LE(ef.rms, 2 * er.rms + 4 * 0x1p-24 * scale) << names[i] << " (rms)";
-  }
+  const DType dtype = t;  // clang 14 cannot capture a structured binding in a lambda
+  auto expect_close = [&](const Result& r, const std::string& kind) {
+    for (size_t i = 0; i < 4; ++i) {
+      ASSERT_EQ(r.t[i].dtype(), dtype);
+      ASSERT_EQ(r.t[i].shape(), truth.t[i].shape());
+      const Err ef = error_of(r.t[i], truth.t[i]), er = error_of(ref.t[i], truth.t[i]);
+      EXPECT_LE(ef.max, 2 * er.max + 2 * unit_roundoff(dtype) * scale) << names[i] << kind;
+      EXPECT_LE(ef.rms, 2 * er.rms + 4 * 0x1p-24 * scale) << names[i] << kind << " (rms)";
+    }
+  };
+  expect_close(fast, "");
   // bf16 on the CPU once more on the bf16-tile kernels with AVX512-BF16 emulated: a host without
   // those instructions ran f32 tiles above, and this is its only run of the bf16 tiles' code.
   if (t != DType::bf16 || !device.is_cpu() || !mixprec::cpu::has_avx512f()) return;
-  Result emulated;
-  {
-    const kernels::cpu::EmulatedBf16Tiles emulate;
-    emulated = run(in, t, s, kernels::Backend::cpu, device);
-  }
-  for (size_t i = 0; i < 4; ++i) {
-    const Err ef = error_of(emulated.t[i], truth.t[i]), er = error_of(ref.t[i], truth.t[i]);
-    EXPECT_LE(ef.max, 2 * er.max + 2 * unit_roundoff(t) * scale) << names[i] << " (emulated bf16 tiles)";
-    EXPECT_LE(ef.rms, 2 * er.rms + 4 * 0x1p-24 * scale) << names[i] << " (emulated bf16 tiles, rms)";
-  }
+  const kernels::cpu::EmulatedBf16Tiles emulate;
+  expect_close(run(in, t, s, kernels::Backend::cpu, device), " (emulated bf16 tiles)");
 }
 
 std::string name_of(const Param& p) {

@@ -142,14 +142,12 @@ __attribute__((target("avx512f"))) void f32_to_bf16_avx512f(const float* src, ui
 __attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* src, float* dst, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(src + i)));
-    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    _mm512_storeu_ps(dst + i, bf16_widen_ps(_mm256_loadu_si256((const __m256i*)(src + i))));
   }
   if (i < n) {
     uint16_t buf[16] = {};
     std::memcpy(buf, src + i, (n - i) * sizeof(uint16_t));
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)buf));
-    _mm512_mask_storeu_ps(dst + i, first_lanes(int64_t(n - i)), _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    _mm512_mask_storeu_ps(dst + i, first_lanes(int64_t(n - i)), bf16_widen_ps(_mm256_loadu_si256((const __m256i*)buf)));
   }
 }
 

@@ -36,4 +36,9 @@ __attribute__((target("avx512f"))) inline __m512i bf16_round_epi32(__m512 x) {
   return _mm512_mask_or_epi32(rne, nan, high, _mm512_set1_epi32(0x0040));  // 16-bit values in 32-bit lanes
 }
 
+// 16 bf16 (bits) -> 16 f32, exactly: each value's bits moved to the high half of its lane.
+__attribute__((target("avx512f"))) inline __m512 bf16_widen_ps(__m256i x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
 }  // namespace mixprec

@@ -288,8 +288,7 @@ MIXPREC_ATTN_TARGET inline __m512 f32_lanes(const E* p) {
   if constexpr (std::is_same_v<E, float>)
     return _mm512_loadu_ps(p);
   else
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+    return bf16_widen_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // D_i = dO_i . O_i for i < n, 16 rows at a time from dO^T and O^T ([k][ld] tiles), computed as the

@@ -80,8 +80,7 @@ MIXPREC_ATTN_TARGET void load_row(const char* src, DType t, int64_t se, int64_t 
     for (int64_t i = 0; i < n; i += 16) {
       const __mmask16 in = first_lanes(n - i);
       const __m256i x = _mm256_maskz_loadu_epi16(in, h + i);
-      const __m512 f =
-          t == DType::bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16)) : _mm512_cvtph_ps(x);
+      const __m512 f = t == DType::bf16 ? bf16_widen_ps(x) : _mm512_cvtph_ps(x);
       _mm512_mask_storeu_ps(dst + i, in, f);
     }
   } else if (se == 1) {
