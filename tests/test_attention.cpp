@@ -321,6 +321,47 @@ TEST(AttentionTiles, TransposeMatchesItsDefinition) {
   check(uint16_t(0));
 }
 
+// The product's B packing (pack_b from B's rows, pack_bt from B^T's; bf16 pairs of B's rows
+// interleaved through 16-bit shuffles or a 32-bit-word transpose, with odd row strides element by
+// element) against its definition [k_pad / P][n_pad][P]: every element in place, zeros past k and n.
+TEST(AttentionTiles, PackingMatchesItsDefinition) {
+  if (!mixprec::cpu::has_avx512f()) GTEST_SKIP() << "no AVX-512 on this host: the fused CPU attention does not run";
+  auto check = [](auto zero) {
+    using E = decltype(zero);
+    constexpr int64_t P = kernels::cpu::attn::kPair<E>;
+    for (int64_t k : {2, 16, 31, 64})
+      for (int64_t n : {1, 16, 17, 40})
+        for (int64_t extra : {0, 1, 2}) {
+          const int64_t k_pad = (k + 15) / 16 * 16, n_pad = (n + 15) / 16 * 16;
+          std::vector<E> dst(size_t(k_pad * n_pad), E(-1));
+          // rows of dst's B: k_live of them hold B's, the rest zeros.
+          auto expect = [&](const char* which, const auto& b_at, int64_t rows, int64_t k_live) {
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t c = 0; c < n_pad; ++c)
+                ASSERT_EQ(dst[size_t((r / P) * n_pad * P + c * P + r % P)], r < k_live && c < n ? b_at(r, c) : E(0))
+                    << which << ", " << sizeof(E) * 8 << "-bit, k " << k << " n " << n << " ld +" << extra << ", row "
+                    << r << " col " << c;
+          };
+          // pack_b: B's k rows of n, row stride n + extra.
+          std::vector<E> b(size_t(k * (n + extra)));
+          for (size_t i = 0; i < b.size(); ++i) b[i] = E(i % 4093 + 1);
+          kernels::cpu::attn::pack_b(b.data(), n + extra, k, k_pad, n, n_pad, dst.data());
+          expect(
+              "pack_b", [&](int64_t r, int64_t c) { return b[size_t(r * (n + extra) + c)]; }, k_pad, k);
+          // pack_bt: B^T's n rows of k (k a multiple of P), row stride k + extra.
+          const int64_t kt = (k + P - 1) / P * P;
+          std::vector<E> bt(size_t(n * (kt + extra)));
+          for (size_t i = 0; i < bt.size(); ++i) bt[i] = E(i % 4093 + 1);
+          std::fill(dst.begin(), dst.end(), E(-1));
+          kernels::cpu::attn::pack_bt(bt.data(), kt + extra, kt, n, n_pad, dst.data());
+          expect(
+              "pack_bt", [&](int64_t r, int64_t c) { return bt[size_t(c * (kt + extra) + r)]; }, kt, kt);
+        }
+  };
+  check(0.f);
+  check(uint16_t(0));
+}
+
 // The causal products (attn::Live) against the whole product on blocks the diagonal crosses at
 // several offsets: equal on every live element, where the operands are zero outside the live part
 // as the kernel's P and dS are (a product over fewer terms of a sum whose other terms are zeros).

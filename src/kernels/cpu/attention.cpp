@@ -191,11 +191,14 @@ MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t li
 // rows x n f32 values (row r at src + r * ld, times factor[r] or f) -> rows i0 .. i0 + rows of
 // head bh of dst (dtype t, unit-stride rows); one conversion for the block where its rows are
 // contiguous. tmp holds rows x n f32 and may be src itself (n <= ld).
-void store_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const float* factor, float f, float* tmp,
-                const Rows& dst, int64_t bh, int64_t i0) {
+MIXPREC_ATTN_TARGET void store_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const float* factor, float f,
+                                    float* tmp, const Rows& dst, int64_t bh, int64_t i0) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float fr = factor ? factor[r] : f;
-    for (int64_t c = 0; c < n; ++c) tmp[r * n + c] = src[r * ld + c] * fr;
+    const __m512 fr = _mm512_set1_ps(factor ? factor[r] : f);
+    for (int64_t c = 0; c < n; c += 16) {
+      const __mmask16 in = first_lanes(n - c);
+      _mm512_mask_storeu_ps(tmp + r * n + c, in, _mm512_mul_ps(_mm512_maskz_loadu_ps(in, src + r * ld + c), fr));
+    }
   }
   if (dst.st == n) return convert(tmp, DType::f32, dst.row(bh, i0), dst.t, size_t(rows * n));
   for (int64_t r = 0; r < rows; ++r) convert(tmp + r * n, DType::f32, dst.row(bh, i0 + r), dst.t, size_t(n));

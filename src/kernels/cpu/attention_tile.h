@@ -188,7 +188,7 @@ MIXPREC_ATTN_TARGET void transpose(const E* src, int64_t ld_src, int64_t rows, i
 // B operand of the product, packed as [k_pad / kPair][n_pad][kPair]: from src = B itself (k rows
 // of n elements, row stride ld; rows k .. k_pad are zeros) ...
 template <class E>
-void pack_b(const E* src, int64_t ld, int64_t k, int64_t k_pad, int64_t n, int64_t n_pad, E* dst) {
+MIXPREC_ATTN_TARGET void pack_b(const E* src, int64_t ld, int64_t k, int64_t k_pad, int64_t n, int64_t n_pad, E* dst) {
   constexpr int64_t P = kPair<E>;
   if constexpr (P == 1) {  // f32: the rows themselves, zero-padded
     for (int64_t r = 0; r < k_pad; ++r) {
@@ -197,23 +197,38 @@ void pack_b(const E* src, int64_t ld, int64_t k, int64_t k_pad, int64_t n, int64
       if (len) std::memcpy(d, src + r * ld, size_t(len) * sizeof(E));
       std::fill(d + len, d + n_pad, E{});
     }
-  } else {
-    for (int64_t r = 0; r < k_pad; ++r)
-      for (int64_t c = 0; c < n_pad; ++c)
-        dst[(r / P) * n_pad * P + c * P + r % P] = r < k && c < n ? src[r * ld + c] : E{};
+  } else {  // bf16: rows r and r + 1 interleaved, 16 columns at a time (zeros past k and n)
+    for (int64_t r = 0; r < k_pad; r += 2) {
+      const auto* a = reinterpret_cast<const uint16_t*>(src + r * ld);
+      const auto* b = r + 1 < k ? a + ld : nullptr;
+      auto* d = reinterpret_cast<uint16_t*>(dst + r * n_pad);
+      for (int64_t c = 0; c < n_pad; c += 16) {
+        const __mmask16 in = r < k ? first_lanes(n - c) : __mmask16(0);
+        const __m256i x = _mm256_maskz_loadu_epi16(in, a + c);
+        const __m256i y = b ? _mm256_maskz_loadu_epi16(in, b + c) : _mm256_setzero_si256();
+        const __m256i lo = _mm256_unpacklo_epi16(x, y), hi = _mm256_unpackhi_epi16(x, y);  // per 128-bit lane
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c), _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+      }
+    }
   }
 }
 // ... or from src = B^T (n rows of k elements, row stride ld; k a multiple of kPair).
 template <class E>
-void pack_bt(const E* src, int64_t ld, int64_t k, int64_t n, int64_t n_pad, E* dst) {
+MIXPREC_ATTN_TARGET void pack_bt(const E* src, int64_t ld, int64_t k, int64_t n, int64_t n_pad, E* dst) {
   constexpr int64_t P = kPair<E>;
   if constexpr (P == 1) {  // f32: B itself, transposed in blocks, zero-padded
     transpose(src, ld, n, k, dst, n_pad);
     for (int64_t r = 0; r < k; ++r) std::fill(dst + r * n_pad + n, dst + (r + 1) * n_pad, E{});
-  } else {
+  } else if (ld % 2) {  // bf16 rows of odd stride: element by element
     for (int64_t r = 0; r < k; r += P)
       for (int64_t c = 0; c < n_pad; ++c)
         for (int64_t h = 0; h < P; ++h) dst[(r / P) * n_pad * P + c * P + h] = c < n ? src[c * ld + r + h] : E{};
+  } else {  // bf16: a pair of B's rows is one 32-bit word of a row of B^T, so the words transpose
+    const auto* words = reinterpret_cast<const float*>(src);
+    auto* out = reinterpret_cast<float*>(dst);
+    transpose(words, ld / 2, n, k / 2, out, n_pad);
+    for (int64_t r = 0; r < k / 2; ++r) std::fill(out + r * n_pad + n, out + (r + 1) * n_pad, 0.f);
   }
 }
 
