@@ -11,6 +11,9 @@ computed pair-wise within each repeat (same repeat index) and summarised as
 min/median/max, because this shared machine's throughput (AMX especially) drifts up to
 2x from minute to minute: runs close in time are comparable, runs minutes apart are not.
 
+The peer runs on jemalloc where libjemalloc2 is installed (--torch-malloc; peer_malloc below):
+with glibc's defaults its step pays page faults that a caching allocator does not.
+
 For the mlp and gpt it also runs bench/matmul_probe.cpp once per repeat on the model's Linear
 shapes (gpt: C x 3C, C x 4C, 4C x C at batch x block tokens): oneDNN's own bf16 over f32 matmul
 speed-up, and mixprec's amp-bf16 speed-up as a share of it, pair-wise per repeat. The probe is
@@ -67,6 +70,9 @@ def parse_args(argv=None):
     p.add_argument("--torch-linear", choices=("native", "onednn"), default="native",
                    help="peer's nn.Linear path: native (Debian torch: netlib BLAS in fp32) "
                         "or onednn (fp32 Linear as a oneDNN 1x1 conv); see bench/peers/models.py")
+    p.add_argument("--torch-malloc", choices=("auto", "jemalloc", "glibc-tuned", "glibc"), default="auto",
+                   help="the peer's heap (see peer_malloc): auto = jemalloc where libjemalloc2 is "
+                        "installed, else glibc-tuned; glibc = glibc's defaults (page faults every step)")
     p.add_argument("--probe", default=None,
                    help="oneDNN matmul probe (default: matmul_probe next to --mixprec, built if missing)")
     p.add_argument("--probe-reps", type=int, default=10, help="timed reps per probe run (default 10)")
@@ -126,6 +132,32 @@ def common_flags(a, precision):
     return f
 
 
+# The peer's heap. PyTorch's CPU allocator is malloc, and with glibc's defaults every tensor of a
+# few MiB is a fresh mmap whose pages fault in on first touch and go back to the kernel on free:
+# on the AMD Zen 5 host of 2026-11-28 (a KVM/PVM guest where a page fault is expensive) that made
+# PyTorch's mlp 512 amp-bf16 step 37-46 ms instead of 10.4 ms, against mixprec's caching
+# allocator. PyTorch's CPU performance tuning guide prescribes jemalloc or tcmalloc; the peer gets
+# jemalloc (Debian's libjemalloc2, LD_PRELOAD) where it is installed, else glibc with its mmap
+# and trim thresholds raised (GLIBC_TUNABLES: the heap keeps and reuses what is freed), which
+# measured within 5% of jemalloc there.
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+GLIBC_TUNED = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
+
+
+def peer_malloc(a):
+    """(name, environment additions) of the peer's heap for --torch-malloc."""
+    choice = a.torch_malloc
+    if choice == "auto":
+        choice = "jemalloc" if os.path.isfile(JEMALLOC) else "glibc-tuned"
+    if choice == "jemalloc":
+        if not os.path.isfile(JEMALLOC):
+            raise RunError(f"--torch-malloc jemalloc: {JEMALLOC} is missing (apt-get install libjemalloc2)")
+        return choice, {"LD_PRELOAD": JEMALLOC}
+    if choice == "glibc-tuned":
+        return choice, {"GLIBC_TUNABLES": GLIBC_TUNED}
+    return choice, {}
+
+
 def command(a, impl, precision):
     if impl == "mixprec":
         return [a.mixprec, "bench"] + common_flags(a, precision)
@@ -154,12 +186,13 @@ class RunError(Exception):
     pass
 
 
-def run_command(cmd, label, timeout):
-    """Runs one bench command; its JSON result, or RunError saying what failed and how."""
+def run_command(cmd, label, timeout, env=None):
+    """Runs one bench command (env: additions to the environment); its JSON result, or RunError
+    saying what failed and how."""
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, env=dict(os.environ, **(env or {})))
     except OSError as e:
         raise RunError(f"cannot run {shlex.join(cmd)}: {e}") from e
     except subprocess.TimeoutExpired as e:
@@ -181,7 +214,8 @@ def run_command(cmd, label, timeout):
 def run_once(a, impl, precision):
     if impl == PROBE:
         return run_probe(a)
-    return run_command(command(a, impl, precision), f"{impl} {precision}", a.timeout)
+    env = peer_malloc(a)[1] if impl == "pytorch" else None
+    return run_command(command(a, impl, precision), f"{impl} {precision}", a.timeout, env)
 
 
 def ensure_probe(a):
@@ -339,7 +373,8 @@ def print_table(a, summary):
              if a.model == "gpt" else "")
           + f" batch={a.batch_size} threads={a.threads} steps={a.steps} warmup={a.warmup}"
           f" optimizer={a.optimizer or 'recipe'} repeats={a.repeats}"
-          + (f" torch-linear={a.torch_linear}" if a.torch_linear != "native" else ""))
+          + (f" torch-linear={a.torch_linear}" if a.torch_linear != "native" else "")
+          + (f" torch-malloc={peer_malloc(a)[0]}" if "pytorch" in a.impls else ""))
     print("step time = each run's median step; min / median over repeats")
     hdr = f"{'impl':<8} {'precision':<10} {'ms min':>9} {'ms median':>10} " \
           f"{'ms max':>9} {'samples/s (med)':>16}"
@@ -434,6 +469,7 @@ def main(argv=None):
         print_table(a, summary)
     if a.json_out:
         cfg = {k: v for k, v in vars(a).items() if k != "json_out"}
+        cfg["torch_malloc"] = peer_malloc(a)[0]
         with open(a.json_out, "w") as f:
             json.dump({"config": cfg, "complete": failed is None, "error": failed,
                        "runs": runs, "summary": summary}, f, indent=1)

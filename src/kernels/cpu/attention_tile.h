@@ -199,12 +199,12 @@ MIXPREC_ATTN_TARGET void pack_b(const E* src, int64_t ld, int64_t k, int64_t k_p
     }
   } else {  // bf16: rows r and r + 1 interleaved, 16 columns at a time (zeros past k and n)
     for (int64_t r = 0; r < k_pad; r += 2) {
-      const auto* a = reinterpret_cast<const uint16_t*>(src + r * ld);
+      const auto* a = r < k ? reinterpret_cast<const uint16_t*>(src + r * ld) : nullptr;
       const auto* b = r + 1 < k ? a + ld : nullptr;
       auto* d = reinterpret_cast<uint16_t*>(dst + r * n_pad);
       for (int64_t c = 0; c < n_pad; c += 16) {
-        const __mmask16 in = r < k ? first_lanes(n - c) : __mmask16(0);
-        const __m256i x = _mm256_maskz_loadu_epi16(in, a + c);
+        const __mmask16 in = first_lanes(n - c);
+        const __m256i x = a ? _mm256_maskz_loadu_epi16(in, a + c) : _mm256_setzero_si256();
         const __m256i y = b ? _mm256_maskz_loadu_epi16(in, b + c) : _mm256_setzero_si256();
         const __m256i lo = _mm256_unpacklo_epi16(x, y), hi = _mm256_unpackhi_epi16(x, y);  // per 128-bit lane
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c), _mm256_permute2x128_si256(lo, hi, 0x20));
