@@ -11,8 +11,8 @@ computed pair-wise within each repeat (same repeat index) and summarised as
 min/median/max, because this shared machine's throughput (AMX especially) drifts up to
 2x from minute to minute: runs close in time are comparable, runs minutes apart are not.
 
-The peer runs on jemalloc where libjemalloc2 is installed (--torch-malloc; peer_malloc below):
-with glibc's defaults its step pays page faults that a caching allocator does not.
+The peer runs with glibc's malloc keeping freed memory for reuse (--torch-malloc; peer_malloc
+below): with glibc's defaults its step pays page faults that a caching allocator does not.
 
 For the mlp and gpt it also runs bench/matmul_probe.cpp once per repeat on the model's Linear
 shapes (gpt: C x 3C, C x 4C, 4C x C at batch x block tokens): oneDNN's own bf16 over f32 matmul
@@ -70,9 +70,10 @@ def parse_args(argv=None):
     p.add_argument("--torch-linear", choices=("native", "onednn"), default="native",
                    help="peer's nn.Linear path: native (Debian torch: netlib BLAS in fp32) "
                         "or onednn (fp32 Linear as a oneDNN 1x1 conv); see bench/peers/models.py")
-    p.add_argument("--torch-malloc", choices=("auto", "jemalloc", "glibc-tuned", "glibc"), default="auto",
-                   help="the peer's heap (see peer_malloc): auto = jemalloc where libjemalloc2 is "
-                        "installed, else glibc-tuned; glibc = glibc's defaults (page faults every step)")
+    p.add_argument("--torch-malloc", choices=("glibc-tuned", "glibc", "jemalloc"), default="glibc-tuned",
+                   help="the peer's heap (see peer_malloc): glibc-tuned (default) keeps freed memory "
+                        "for reuse; glibc = glibc's defaults (page faults every step); jemalloc = "
+                        "LD_PRELOAD of libjemalloc2")
     p.add_argument("--probe", default=None,
                    help="oneDNN matmul probe (default: matmul_probe next to --mixprec, built if missing)")
     p.add_argument("--probe-reps", type=int, default=10, help="timed reps per probe run (default 10)")
@@ -133,29 +134,28 @@ def common_flags(a, precision):
 
 
 # The peer's heap. PyTorch's CPU allocator is malloc, and with glibc's defaults every tensor of a
-# few MiB is a fresh mmap whose pages fault in on first touch and go back to the kernel on free:
-# on the AMD Zen 5 host of 2026-11-28 (a KVM/PVM guest where a page fault is expensive) that made
-# PyTorch's mlp 512 amp-bf16 step 37-46 ms instead of 10.4 ms, against mixprec's caching
-# allocator. PyTorch's CPU performance tuning guide prescribes jemalloc or tcmalloc; the peer gets
-# jemalloc (Debian's libjemalloc2, LD_PRELOAD) where it is installed, else glibc with its mmap
-# and trim thresholds raised (GLIBC_TUNABLES: the heap keeps and reuses what is freed), which
-# measured within 5% of jemalloc there.
+# few MiB is a fresh mmap whose pages fault in on first touch and go back to the kernel on free,
+# where mixprec's caching allocator keeps its blocks. On the AMD Zen 5 host of 2026-11-28 (a
+# guest where a page fault is expensive) that made PyTorch's steps 2-5x slower: mlp 256 with
+# 2048/512 amp-bf16 43.3 -> 8.4 ms best, gpt fp32 528 -> 256 ms, cnn 32/64 amp-bf16 74 -> 44 ms
+# with glibc's mmap and trim thresholds raised (GLIBC_TUNABLES: the heap keeps and reuses what is
+# freed), the default here. jemalloc (Debian's libjemalloc2, LD_PRELOAD; PyTorch's CPU tuning
+# guide names it) was faster than the defaults on the mlp but slower on the gpt (1309 ms) and the
+# cnn (294 ms) on that host, its freed pages purged and faulted in again: --torch-malloc jemalloc
+# where it is installed; --torch-malloc glibc runs glibc's defaults.
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 GLIBC_TUNED = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
 
 
 def peer_malloc(a):
     """(name, environment additions) of the peer's heap for --torch-malloc."""
-    choice = a.torch_malloc
-    if choice == "auto":
-        choice = "jemalloc" if os.path.isfile(JEMALLOC) else "glibc-tuned"
-    if choice == "jemalloc":
+    if a.torch_malloc == "jemalloc":
         if not os.path.isfile(JEMALLOC):
             raise RunError(f"--torch-malloc jemalloc: {JEMALLOC} is missing (apt-get install libjemalloc2)")
-        return choice, {"LD_PRELOAD": JEMALLOC}
-    if choice == "glibc-tuned":
-        return choice, {"GLIBC_TUNABLES": GLIBC_TUNED}
-    return choice, {}
+        return a.torch_malloc, {"LD_PRELOAD": JEMALLOC}
+    if a.torch_malloc == "glibc-tuned":
+        return a.torch_malloc, {"GLIBC_TUNABLES": GLIBC_TUNED}
+    return a.torch_malloc, {}
 
 
 def command(a, impl, precision):

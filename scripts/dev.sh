@@ -25,9 +25,7 @@ packages=(g++ cmake ninja-build libdnnl-dev openmpi-bin libopenmpi-dev ocl-icd-o
 # libopenblas0-openmp: Debian's torch is built with BLAS_INFO=generic, so its fp32 matmuls run on
 # whatever libblas.so.3 is; OpenBLAS (on libgomp, torch's own thread pool) instead of netlib's
 # single-threaded reference BLAS, 10-100x slower (bench/README.md).
-# libjemalloc2: the peer's heap in bench/compare.py (its peer_malloc: glibc's defaults make PyTorch
-# fault pages in on every step).
-[ "${1:-}" = bench ] || [ "${1:-}" = test ] && packages+=(python3-torch python3-numpy libopenblas0-openmp libjemalloc2)
+[ "${1:-}" = bench ] || [ "${1:-}" = test ] && packages+=(python3-torch python3-numpy libopenblas0-openmp)
 
 setup() {
   local missing=()
