@@ -8,7 +8,8 @@
    process and the share of it, in fp32 and amp-bf16; the bf16/fp32 step ratio against the
    matmul's own bf16/fp32 ratio; the slowest kernels of the amp-bf16 step.
 3. With --pytorch: bench/compare.py on each model (mixprec against PyTorch's eager step, fp32 and
-   autocast-bf16, interleaved repeats): min / median / max of the pair-wise ratios.
+   autocast-bf16, interleaved repeats): min / median / max of the pair-wise ratios. The peer runs
+   on compare.py's default heap (glibc with its mmap and trim thresholds raised: bench/README.md).
 4. With --skips: the test suite's skipped tests on this host, grouped by the reason they give, and
    the op cases whose fast run fell back to the reference for some kernel (OpBackends' NOTE lines).
 
