@@ -107,6 +107,15 @@ MIXPREC_ATTN_TARGET inline void to_tile(const float* src, E* dst, int64_t n) {
   }
 }
 
+// 16 + 16 16-bit elements interleaved, x0 y0 x1 y1 ... x15 y15, into dst[0, 32): a pair of rows
+// as the bf16 B operand's pairs.
+MIXPREC_ATTN_TARGET inline void store_interleaved(__m256i x, __m256i y, void* dst) {
+  const __m256i lo = _mm256_unpacklo_epi16(x, y), hi = _mm256_unpackhi_epi16(x, y);  // per 128-bit lane
+  auto* d = static_cast<__m256i*>(dst);
+  _mm256_storeu_si256(d, _mm256_permute2x128_si256(lo, hi, 0x20));
+  _mm256_storeu_si256(d + 1, _mm256_permute2x128_si256(lo, hi, 0x31));
+}
+
 // An f32 tile (rows of ld) as the B operand of a product that contracts over its rows: bf16 pairs
 // of rows interleaved ([rows_pad / 2][cols][2], an odd last row paired with zeros); cols a
 // multiple of 16.
@@ -120,9 +129,7 @@ MIXPREC_ATTN_TARGET inline void pack_row_pairs(const float* src, int64_t ld, int
     for (int64_t c = 0; c < cols; c += 16) {
       const __m256i x = round_bf16<E>(_mm512_loadu_ps(a + c));
       const __m256i y = b ? round_bf16<E>(_mm512_loadu_ps(b + c)) : _mm256_setzero_si256();
-      const __m256i lo = _mm256_unpacklo_epi16(x, y), hi = _mm256_unpackhi_epi16(x, y);  // per 128-bit lane
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c), _mm256_permute2x128_si256(lo, hi, 0x20));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+      store_interleaved(x, y, d + 2 * c);
     }
   }
 }
@@ -206,9 +213,7 @@ MIXPREC_ATTN_TARGET void pack_b(const E* src, int64_t ld, int64_t k, int64_t k_p
         const __mmask16 in = first_lanes(n - c);
         const __m256i x = a ? _mm256_maskz_loadu_epi16(in, a + c) : _mm256_setzero_si256();
         const __m256i y = b ? _mm256_maskz_loadu_epi16(in, b + c) : _mm256_setzero_si256();
-        const __m256i lo = _mm256_unpacklo_epi16(x, y), hi = _mm256_unpackhi_epi16(x, y);  // per 128-bit lane
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c), _mm256_permute2x128_si256(lo, hi, 0x20));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * c + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+        store_interleaved(x, y, d + 2 * c);
       }
     }
   }
