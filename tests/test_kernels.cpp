@@ -15,6 +15,7 @@
 
 #include "kernels/kernels.h"
 #include "mixprec/convert.h"
+#include "mixprec/cpu.h"
 #include "mixprec/ops.h"
 #include "ulp.h"
 
@@ -380,6 +381,39 @@ TEST(Kernels, ActivationGrad) {
       }
 }
 
+// bf16 tensors of the vectorised activations run their own loops (widened in registers, rounded on
+// the way out): each result must be, bit for bit, the f32 kernel's result on the widened inputs
+// rounded once, as it was when the bf16 blocks went through f32 buffers; sizes with every tail.
+TEST(Kernels, ActivationBf16IsTheF32KernelRoundedOnce) {
+  if (!mixprec::cpu::has_avx512f()) GTEST_SKIP() << "no AVX-512 on this host: the activations take the scalar path";
+  Generator g(20);
+  for (const ActivationCase& c : kActivationCases) {
+    if (c.op == kernels::Activation::relu || c.op == kernels::Activation::gelu) continue;  // not vectorised
+    for (int64_t n : {int64_t(1), int64_t(15), int64_t(16), int64_t(4095), int64_t(4097), int64_t(100003)}) {
+      std::vector<float> v = uniform(g, n, c.lo, c.hi);
+      if (n > 4) v[1] = 0.f, v[2] = NAN, v[3] = INFINITY, v[4] = -INFINITY;
+      const Tensor x = make(v, {n}, DType::bf16), gr = make(away_from_zero(g, n, 0.25, 2), {n}, DType::bf16);
+      const Tensor x32 = make(std::vector<float>(v.size()), {n}, DType::f32);
+      const Tensor gr32 = make(std::vector<float>(v.size()), {n}, DType::f32);
+      convert(x.data_ptr(), DType::bf16, x32.data_ptr(), DType::f32, size_t(n));
+      convert(gr.data_ptr(), DType::bf16, gr32.data_ptr(), DType::f32, size_t(n));
+      Tensor y = Tensor::empty({n}, DType::bf16), y32 = Tensor::empty({n}, DType::f32);
+      Tensor d = Tensor::empty({n}, DType::bf16), d32 = Tensor::empty({n}, DType::f32);
+      ASSERT_TRUE(kernels::cpu::activation(c.op, x, y) && kernels::cpu::activation(c.op, x32, y32)) << c.name;
+      ASSERT_TRUE(kernels::cpu::activation_grad(c.op, gr, x, d) && kernels::cpu::activation_grad(c.op, gr32, x32, d32))
+          << c.name;
+      const auto* yb = static_cast<const uint16_t*>(y.data_ptr());
+      const auto* db = static_cast<const uint16_t*>(d.data_ptr());
+      const auto* yf = static_cast<const float*>(y32.data_ptr());
+      const auto* df = static_cast<const float*>(d32.data_ptr());
+      int64_t bad = 0, first = -1;
+      for (int64_t i = 0; i < n; ++i)
+        if (yb[i] != f32_to_bf16(yf[i]) || db[i] != f32_to_bf16(df[i])) bad += 1, first = first < 0 ? i : first;
+      EXPECT_EQ(bad, 0) << c.name << " n=" << n << ": first at " << first;
+    }
+  }
+}
+
 // ReLU works on the raw bits of 16-bit values: for every class of value, in the vector body (32
 // or 16 per step) and the tail, the forward must give exactly "x > 0 or NaN ? x : +0" and the
 // backward select exactly what "x > 0 ? g : 0" selects.
@@ -466,6 +500,21 @@ TEST(Kernels, SumOverLeadingDims) {
   check_sum({6250, 16}, {0}, false, true, g);  // 100000 elements, few columns
   check_sum({10, 20, 33}, {0, 1}, false, true, g);
   check_sum({1, 4095}, {0}, false, true, g);
+}
+
+// bf16 column sums widen in registers: the same f32 additions as on the widened f32 tensor, so the
+// same bits (the f32 output; bf16 outputs round that), on the bias gradients' shapes and the tails.
+TEST(Kernels, SumOverLeadingDimsOfBf16IsTheF32SumOfItsValues) {
+  Generator g(11);
+  for (const Shape& shape : {Shape{4096, 384}, Shape{4097, 3}, Shape{7, 4097}, Shape{100, 1000}, Shape{1000, 33}}) {
+    const int64_t n = shape_numel(shape);
+    const Tensor x = make(uniform(g, n, -2, 3), shape, DType::bf16);
+    const Tensor x32 = make(std::vector<float>(size_t(n)), shape, DType::f32);
+    convert(x.data_ptr(), DType::bf16, x32.data_ptr(), DType::f32, size_t(n));
+    Tensor s = Tensor::empty({shape[1]}, DType::f32), s32 = Tensor::empty({shape[1]}, DType::f32);
+    ASSERT_TRUE(kernels::cpu::sum(x, {0}, false, s) && kernels::cpu::sum(x32, {0}, false, s32));
+    EXPECT_EQ(s.to_vector_f64(), s32.to_vector_f64()) << tag(DType::bf16, shape);
+  }
 }
 
 TEST(Kernels, SumOverOtherDimsMatchesThroughDispatch) {
