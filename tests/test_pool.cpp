@@ -150,6 +150,9 @@ TEST(PoolFast, MatchesReferenceInEveryDType) {
   using Fn = std::function<Tensor(const Tensor&)>;
   const std::vector<std::pair<std::string, Fn>> fns = {
       {"max2x2", [](const Tensor& x) { return ops::max_pool2d(x, 2); }},
+      // 13 x 11 in ceil mode: the last row and column of windows hang over the edge (one tap or
+      // two missing), which the 2x2 vector kernel must leave to the plane kernels.
+      {"max2x2_ceil", [](const Tensor& x) { return ops::max_pool2d(x, 2, {.ceil_mode = true}); }},
       {"max3x3s2p1", [](const Tensor& x) { return ops::max_pool2d(x, 3, {.stride = 2, .padding = 1}); }},
       {"max_dil_ceil",
        [](const Tensor& x) { return ops::max_pool2d(x, 2, {.stride = 2, .dilation = 2, .ceil_mode = true}); }},
@@ -221,16 +224,28 @@ kernels::PoolGeometry max_geometry(const Shape& x, int64_t k, int64_t stride, in
   return g;
 }
 
+// g in ceil mode (pad 0): one more window where the floor drops a partial one.
+kernels::PoolGeometry ceil_geometry(kernels::PoolGeometry g) {
+  g.oh = (g.h - g.kh + g.stride_h - 1) / g.stride_h + 1;
+  g.ow = (g.w - g.kw + g.stride_w - 1) / g.stride_w + 1;
+  return g;
+}
+
 // kernels::max_pool2d_backward_from_input finds the winners the forward found: its gradient is
 // the argmax form's bit for bit, on both CPU backends and in every dtype, through the 2x2 vector
-// kernel (rows of 40 inputs: 16 outputs and a tail of 4), overlapping, padded and dilated windows,
-// and a window of 289 taps (i64 argmax). Values from {-1, 0, 1, 2, NaN}: ties and NaNs common.
+// kernel (rows of 40 inputs: 16 outputs and a tail of 4; an odd last row no window reaches), the
+// 2x2 in ceil mode (41 columns: the last windows hang over the edge), overlapping, padded and
+// dilated windows, and a window of 289 taps (i64 argmax). Values from {-1, 0, 1, 2, NaN}: ties and
+// NaNs common.
 // (Where windows overlap the backends' sums round differently: PoolFast bounds that.)
 TEST(PoolFromInput, BackwardEqualsTheArgmaxFormBitForBit) {
   const std::vector<std::pair<std::string, kernels::PoolGeometry>> cases = {
-      {"2x2", max_geometry({2, 3, 7, 40}, 2, 2, 0, 1)},     {"3x3s1", max_geometry({1, 2, 9, 11}, 3, 1, 0, 1)},
-      {"3x3s2p1", max_geometry({1, 2, 7, 6}, 3, 2, 1, 1)},  {"2x2d2", max_geometry({1, 2, 7, 7}, 2, 1, 0, 2)},
+      {"2x2", max_geometry({2, 3, 7, 40}, 2, 2, 0, 1)},
+      {"3x3s1", max_geometry({1, 2, 9, 11}, 3, 1, 0, 1)},
+      {"3x3s2p1", max_geometry({1, 2, 7, 6}, 3, 2, 1, 1)},
+      {"2x2d2", max_geometry({1, 2, 7, 7}, 2, 1, 0, 2)},
       {"17x17", max_geometry({1, 2, 17, 18}, 17, 1, 0, 1)},
+      {"2x2ceil", ceil_geometry(max_geometry({2, 3, 7, 41}, 2, 2, 0, 1))},
   };
   for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
     for (const auto& [name, g] : cases) {
@@ -254,7 +269,7 @@ TEST(PoolFromInput, BackwardEqualsTheArgmaxFormBitForBit) {
         // Without overlap every input gets at most one term: the backends agree exactly too.
         if (first.empty()) {
           first = got;
-        } else if (name == "2x2") {
+        } else if (name == "2x2" || name == "2x2ceil") {
           EXPECT_EQ(got, first) << "the fast kernel against the reference";
         }
       }

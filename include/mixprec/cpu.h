@@ -4,6 +4,7 @@
 
 namespace mixprec::cpu {
 bool has_avx512f();
+bool has_avx512bw();  // with AVX-512F: 8- and 16-bit lanes (every AVX-512 CPU since Skylake-SP; not Knights Landing)
 bool has_avx512_bf16();
 bool has_avx512_fp16();
 bool has_amx_bf16();     // also checks that the OS enabled the AMX tile state

@@ -10,7 +10,7 @@ namespace mixprec::cpu {
 namespace {
 
 struct Features {
-  bool avx512f = false, avx512_bf16 = false, avx512_fp16 = false, amx_bf16 = false;
+  bool avx512f = false, avx512bw = false, avx512_bf16 = false, avx512_fp16 = false, amx_bf16 = false;
 };
 
 // XCR0: which register states the OS saves on context switch. Read with inline asm so this
@@ -31,6 +31,7 @@ Features detect() {
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
   const unsigned max_sub = a;
   f.avx512f = os_avx512 && ((b >> 16) & 1);
+  f.avx512bw = f.avx512f && ((b >> 30) & 1);
   f.avx512_fp16 = f.avx512f && ((d >> 23) & 1);
   const bool amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1;
   if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = f.avx512f && ((a >> 5) & 1);
@@ -51,6 +52,7 @@ const Features& features() {
 }  // namespace
 
 bool has_avx512f() { return features().avx512f; }
+bool has_avx512bw() { return features().avx512bw; }
 bool has_avx512_bf16() { return features().avx512_bf16; }
 bool has_avx512_fp16() { return features().avx512_fp16; }
 bool has_amx_bf16() { return features().amx_bf16; }
