@@ -9,6 +9,9 @@ in time are comparable on this shared machine, runs minutes apart are not.
 Usage (standard library only):
     python3 bench/ab.py OLD_BINARY NEW_BINARY [--repeats 5] [--steps 30] [--warmup 5]
         [--configs "mlp:fp32,mlp:amp-bf16,cnn:amp-bf16"] [--threads 2]
+
+A configuration is NAME:PRECISION; NAME is a model (mlp, cnn, cnn-bn, gpt) or cnn32 (channels
+32,64 at batch 256) or cnn-wide (420,1000 at batch 64).
 """
 
 import argparse
@@ -16,14 +19,18 @@ import json
 import statistics
 import subprocess
 
-# model -> extra flags of `mixprec bench` (the default recipes' batch sizes)
-MODEL_FLAGS = {"mlp": ["--batch-size", "512"], "cnn": ["--batch-size", "64"],
-               "cnn-bn": ["--batch-size", "128"]}
+# config name -> `mixprec bench`'s model and extra flags (the default recipes' batch sizes, and
+# bench/compare.py's two cnn shapes)
+MODELS = {"mlp": ("mlp", ["--batch-size", "512"]), "cnn": ("cnn", ["--batch-size", "64"]),
+          "cnn-bn": ("cnn-bn", ["--batch-size", "128"]),
+          "cnn32": ("cnn", ["--channels", "32,64", "--batch-size", "256"]),
+          "cnn-wide": ("cnn", ["--channels", "420,1000", "--batch-size", "64"]), "gpt": ("gpt", [])}
 
 
-def step_ms(binary, model, precision, a):
+def step_ms(binary, config, precision, a):
+    model, flags = MODELS.get(config, (config, []))
     cmd = [binary, "bench", "--model", model, "--precision", precision, "--steps", str(a.steps),
-           "--warmup", str(a.warmup), "--threads", str(a.threads)] + MODEL_FLAGS.get(model, [])
+           "--warmup", str(a.warmup), "--threads", str(a.threads)] + flags
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)["step_ms"]["median"]
 

@@ -102,6 +102,9 @@ std::vector<Sizes> fast_cases() {
        {10, 3, 3, 3},
        {.stride = 2, .padding = {2, 1}, .dilation = {1, 2}}},
       {"first_layer_1ch_5x5", {5, 1, 11, 17}, {13, 1, 5, 5}, {.stride = {1, 2}, .padding = 2}},
+      // In bf16, mixprec's first-layer forward (ConvFast.FirstLayerBf16Forward...): 30 taps, 6
+      // output channels (a group of four and one of two), rows of 35 outputs (16, 16 and 3).
+      {"first_layer_2ch_3x5_pad_0x2", {3, 2, 9, 35}, {6, 2, 3, 5}, {.padding = {0, 2}}},
       {"1x1", {2, 32, 7, 7}, {48, 32, 1, 1}, {}},
       // From 16 images a bf16 weight gradient runs as a forward convolution, and with stride 1 the
       // input gradient too (ConvFast.Bf16GradientsRunAsForwardConvolutions...): padding on both
@@ -292,6 +295,39 @@ TEST(ConvFast, FirstLayerBf16WeightGradientRunsMixprecsKernelWhereOneDnnHasOnlyI
   EXPECT_TRUE(ran);
 }
 
+// A bf16 first layer's forward (at most 4 input channels and 32 taps, stride 1): mixprec's own
+// kernel where oneDNN 2.6 has only its im2col GEMM for an NCHW output (the profile names it). With
+// the fused ReLU and a NaN input: the windows that hold it give NaN, the others agree with the
+// reference within an f32 sum's bound. MatchesReferenceInEveryDType covers more geometries.
+TEST(ConvFast, FirstLayerBf16ForwardRunsMixprecsKernel) {
+  if (!kernels::cpu::has_avx512_bf16() && !kernels::cpu::has_amx_bf16())
+    GTEST_SKIP() << "no bf16 convolutions on this CPU (neither AVX512-BF16 nor AMX-BF16)";
+  Generator gen(9);
+  std::vector<double> xv = convtest::rand(gen, {5, 1, 13, 21}, DType::f64).to_vector_f64();
+  xv[3 * 273 + 6 * 21 + 20] = NAN;  // image 3, row 6, last column
+  const Tensor x = Tensor::from_vector(xv, {5, 1, 13, 21}, DType::bf16);
+  const Tensor w = convtest::rand(gen, {7, 1, 3, 3}, DType::bf16, -0.5, 0.5);
+  const Tensor b = convtest::rand(gen, {7}, DType::f32);
+  const Conv2dOptions o{.padding = 1, .relu = true};
+  auto run = [&](kernels::Backend be, const Tensor& xi, const Tensor& wi, const Tensor& bi) {
+    BackendGuard guard(be);
+    return ops::conv2d(xi, wi, bi, o);
+  };
+  profile::start();
+  const Tensor fast = run(kernels::Backend::cpu, x, w, b);
+  profile::stop();
+  std::string impl;
+  for (const auto& r : profile::rows())
+    if (r.kernel == "conv2d_forward") impl = r.impl;
+  EXPECT_EQ(impl, "mixprec:small_k_fwd");
+  const Tensor ref = run(kernels::Backend::ref, x, w, b);
+  const Tensor abs = run(kernels::Backend::ref, convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(b));
+  EXPECT_TRUE(convtest::close_accumulated(fast, ref, abs, 9 + 1, "forward"));
+  int64_t nans = 0;
+  for (double v : fast.to_vector_f64()) nans += std::isnan(v);
+  EXPECT_EQ(nans, 7 * 6);  // 7 channels x the 6 outputs whose 3x3 window holds it (it sits on the right edge)
+}
+
 // bf16 gradients of a stride-1 convolution run as forward convolutions (the input gradient with
 // the flipped, transposed weight, the weight gradient with the images as channels: cpu/conv.cpp),
 // which oneDNN runs faster than its backward kernels on the AVX512-BF16 kind; both paths agree
@@ -369,6 +405,43 @@ TEST(ConvFast, F32WeightGradientPathFollowsTheHostKind) {
     // Without a bf16 unit, bf16 runs oneDNN's f32 kernels (no bf16 implementation name).
     if (!native_bf16) {
       EXPECT_EQ(impl.find("bf16"), std::string::npos) << dtype_name(t) << ": " << impl;
+    }
+  }
+}
+
+// kernels::cpu::conv_bias_gradient (vector lanes, four images at once) sums in the order its
+// header documents, bit for bit: planes with whole blocks and a tail (7 x 7), only whole blocks
+// (4 x 4), none (2 x 3); 6 images (a group of four and two alone); f32 and bf16 in, f32 and bf16 out.
+TEST(ConvFast, BiasGradientSumsInItsDocumentedOrder) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (const auto& [oh, ow] : std::vector<std::pair<int64_t, int64_t>>{{7, 7}, {4, 4}, {2, 3}}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " " + std::to_string(oh) + "x" + std::to_string(ow));
+      Generator gen(41);
+      kernels::ConvGeometry g;
+      g.n = 6, g.oc = 5, g.oh = oh, g.ow = ow;
+      const Tensor gy = convtest::rand(gen, {g.n, g.oc, oh, ow}, t, -100, 100);
+      const std::vector<float> v = gy.to(DType::f32).to_vector();
+      const int64_t plane = oh * ow;
+      std::vector<float> want(size_t(g.oc));
+      for (int64_t o = 0; o < g.oc; ++o) {
+        float total = 0.f;
+        for (int64_t n = 0; n < g.n; ++n) {
+          const float* p = v.data() + (n * g.oc + o) * plane;
+          float part[8] = {};
+          int64_t i = 0;
+          for (; i + 8 <= plane; i += 8)
+            for (int l = 0; l < 8; ++l) part[l] += p[i + l];
+          float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+          for (; i < plane; ++i) sum += p[i];
+          total += sum;
+        }
+        want[size_t(o)] = total;
+      }
+      for (DType bt : {DType::f32, DType::bf16}) {
+        Tensor bias = Tensor::empty({g.oc}, bt);
+        kernels::cpu::conv_bias_gradient(gy, g, bias);
+        EXPECT_EQ(bias.to_vector(), Tensor::from_vector(want, {g.oc}).to(bt).to_vector()) << dtype_name(bt);
+      }
     }
   }
 }

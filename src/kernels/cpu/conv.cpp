@@ -76,9 +76,6 @@ struct ConvEntry {
   std::string impl;
 };
 
-// Input channels up to which a forward convolution counts as a first layer (see create_entry).
-constexpr int64_t kFirstLayerChannels = 4;
-
 PrimitiveCache<ConvKey, ConvEntry, ConvKeyHash>& cache() {
   static PrimitiveCache<ConvKey, ConvEntry, ConvKeyHash> c;
   return c;
@@ -587,32 +584,6 @@ Tensor flipped_transposed(const Tensor& w, const ConvGeometry& g) {
   return out;
 }
 
-// The bias gradient: grad_y [N, OC, OH, OW] (f32 or bf16) summed over N, OH and OW in f32 (each
-// channel's planes in order, each plane's sum in eight partial sums), rounded once into bias.
-void bias_gradient(const Tensor& grad_y, const ConvGeometry& g, Tensor& bias) {
-  const int64_t plane = g.oh * g.ow;
-  std::vector<float> sums(size_t(g.oc));
-  const bool bf16 = grad_y.dtype() == DType::bf16;
-  const auto* y16 = static_cast<const uint16_t*>(grad_y.data_ptr());
-  const auto* y32 = static_cast<const float*>(grad_y.data_ptr());
-#pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < g.oc; ++o) {
-    float total = 0.f;
-    for (int64_t n = 0; n < g.n; ++n) {
-      const int64_t at = (n * g.oc + o) * plane;
-      float part[8] = {};
-      int64_t i = 0;
-      for (; i + 8 <= plane; i += 8)
-        for (int l = 0; l < 8; ++l) part[l] += bf16 ? bf16_to_f32(y16[at + i + l]) : y32[at + i + l];
-      float s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-      for (; i < plane; ++i) s += bf16 ? bf16_to_f32(y16[at + i]) : y32[at + i];
-      total += s;
-    }
-    sums[size_t(o)] = total;
-  }
-  convert(sums.data(), DType::f32, bias.data_ptr(), bias.dtype(), size_t(g.oc));
-}
-
 }  // namespace
 
 void set_conv_dgrad_as_forward(bool on) { dgrad_as_forward_flag().store(on); }
@@ -632,6 +603,10 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   }
   if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && native_bf16())) return false;
   if (bias.defined() && bias.dtype() != DType::f32 && bias.dtype() != x.dtype()) return false;
+  if (weight.dtype() == x.dtype() && forward_small_k_applies(g, x.dtype())) {
+    forward_small_k(x, weight, bias, g, relu, dst);
+    return true;
+  }
   ConvEntry holder;
   const ConvEntry* e =
       entry(g, x.dtype(), bias.defined(), bias.defined() ? bias.dtype() : DType::f32, relu, ConvPass::forward, holder);
@@ -720,7 +695,7 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
     if (fused_bias) outs.push_back(out.bias.data_ptr());
     execute(*bw, {{x.data_ptr()}, {grad_y.data_ptr()}}, outs, cs);
   }
-  if (need_b && !fused_bias) bias_gradient(grad_y, g, out.bias);
+  if (need_b && !fused_bias) conv_bias_gradient(grad_y, g, out.bias);
   return true;
 }
 

@@ -24,7 +24,23 @@ std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass);
 // kernel. Needs AVX-512 (every CPU with bf16 convolutions has it).
 constexpr int64_t kSmallKTaps = 32;
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out);
+// Input channels up to which a convolution counts as a first layer.
+constexpr int64_t kFirstLayerChannels = 4;
+// mixprec's forward of a first layer (at most kFirstLayerChannels input channels and kSmallKTaps
+// taps, stride 1, no dilation, one group), bf16 x and weight, bias (optional) bf16 or f32, dst in
+// x's dtype: each image zero-padded in f32, four output channels a time from the same tap loads,
+// f32 accumulation, fused ReLU, one rounding (cpu/conv_small_k.cpp). It replaces oneDNN 2.6's
+// im2col GEMM, which is all oneDNN has for a bf16 first layer writing NCHW (docs/conv.md).
+bool forward_small_k_applies(const ConvGeometry& g, DType t);
+void forward_small_k(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
+                     Tensor& dst);
 
+// The bias gradient: grad_y [N, OC, OH, OW] (f32 or bf16, dense) summed over N, OH and OW in f32,
+// rounded once into bias (cpu/conv_bias.cpp). Each channel's planes in image order; a plane's sum
+// in eight partial sums p[l] over elements l, l + 8, ... of its whole blocks of eight, added as
+// ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)), then its last elements one by one. The order
+// does not depend on the thread count or the host.
+void conv_bias_gradient(const Tensor& grad_y, const ConvGeometry& g, Tensor& bias);
 // Whether a bf16 backward-data that can run as the forward convolution of grad_y with the flipped,
 // transposed weight does (default on; MIXPREC_CONV_DGRAD=native starts it off): cpu/conv.cpp.
 void set_conv_dgrad_as_forward(bool on);
