@@ -298,34 +298,40 @@ TEST(ConvFast, FirstLayerBf16WeightGradientRunsMixprecsKernelWhereOneDnnHasOnlyI
 // A bf16 first layer's forward (at most 4 input channels and 32 taps, stride 1): mixprec's own
 // kernel where oneDNN 2.6 has only its im2col GEMM for an NCHW output (the profile names it). With
 // the fused ReLU and a NaN input: the windows that hold it give NaN, the others agree with the
-// reference within an f32 sum's bound. MatchesReferenceInEveryDType covers more geometries.
+// reference within an f32 sum's bound. The second shape's output, 56 x 96 x 28 x 28 bf16 (8.4 MB),
+// is stored with non-temporal stores. MatchesReferenceInEveryDType covers more geometries.
 TEST(ConvFast, FirstLayerBf16ForwardRunsMixprecsKernel) {
   if (!kernels::cpu::has_avx512_bf16() && !kernels::cpu::has_amx_bf16())
     GTEST_SKIP() << "no bf16 convolutions on this CPU (neither AVX512-BF16 nor AMX-BF16)";
-  Generator gen(9);
-  std::vector<double> xv = convtest::rand(gen, {5, 1, 13, 21}, DType::f64).to_vector_f64();
-  xv[3 * 273 + 6 * 21 + 20] = NAN;  // image 3, row 6, last column
-  const Tensor x = Tensor::from_vector(xv, {5, 1, 13, 21}, DType::bf16);
-  const Tensor w = convtest::rand(gen, {7, 1, 3, 3}, DType::bf16, -0.5, 0.5);
-  const Tensor b = convtest::rand(gen, {7}, DType::f32);
   const Conv2dOptions o{.padding = 1, .relu = true};
   auto run = [&](kernels::Backend be, const Tensor& xi, const Tensor& wi, const Tensor& bi) {
     BackendGuard guard(be);
     return ops::conv2d(xi, wi, bi, o);
   };
-  profile::start();
-  const Tensor fast = run(kernels::Backend::cpu, x, w, b);
-  profile::stop();
-  std::string impl;
-  for (const auto& r : profile::rows())
-    if (r.kernel == "conv2d_forward") impl = r.impl;
-  EXPECT_EQ(impl, "mixprec:small_k_fwd");
-  const Tensor ref = run(kernels::Backend::ref, x, w, b);
-  const Tensor abs = run(kernels::Backend::ref, convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(b));
-  EXPECT_TRUE(convtest::close_accumulated(fast, ref, abs, 9 + 1, "forward"));
-  int64_t nans = 0;
-  for (double v : fast.to_vector_f64()) nans += std::isnan(v);
-  EXPECT_EQ(nans, 7 * 6);  // 7 channels x the 6 outputs whose 3x3 window holds it (it sits on the right edge)
+  for (const auto& [xs, oc] : std::vector<std::pair<Shape, int64_t>>{{{5, 1, 13, 21}, 7}, {{56, 1, 28, 28}, 96}}) {
+    SCOPED_TRACE(shape_str(xs));
+    Generator gen(9);
+    std::vector<double> xv = convtest::rand(gen, xs, DType::f64).to_vector_f64();
+    const bool small = xs[0] == 5;
+    if (small) xv[3 * 273 + 6 * 21 + 20] = NAN;  // image 3, row 6, last column
+    const Tensor x = Tensor::from_vector(xv, xs, DType::bf16);
+    const Tensor w = convtest::rand(gen, {oc, 1, 3, 3}, DType::bf16, -0.5, 0.5);
+    const Tensor b = convtest::rand(gen, {oc}, DType::f32);
+    profile::start();
+    const Tensor fast = run(kernels::Backend::cpu, x, w, b);
+    profile::stop();
+    std::string impl;
+    for (const auto& r : profile::rows())
+      if (r.kernel == "conv2d_forward") impl = r.impl;
+    EXPECT_EQ(impl, "mixprec:small_k_fwd");
+    const Tensor ref = run(kernels::Backend::ref, x, w, b);
+    const Tensor abs = run(kernels::Backend::ref, convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(b));
+    EXPECT_TRUE(convtest::close_accumulated(fast, ref, abs, 9 + 1, "forward"));
+    int64_t nans = 0;
+    for (double v : fast.to_vector_f64()) nans += std::isnan(v);
+    // 7 channels x the 6 outputs whose 3x3 window holds the NaN (it sits on the right edge).
+    EXPECT_EQ(nans, small ? 7 * 6 : 0);
+  }
 }
 
 // bf16 gradients of a stride-1 convolution run as forward convolutions (the input gradient with
