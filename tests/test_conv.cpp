@@ -323,7 +323,7 @@ TEST(ConvFast, FirstLayerBf16ForwardRunsMixprecsKernel) {
     std::string impl;
     for (const auto& r : profile::rows())
       if (r.kernel == "conv2d_forward") impl = r.impl;
-    EXPECT_EQ(impl, "mixprec:small_k_fwd");
+    EXPECT_EQ(impl, "mixprec:first_layer_fwd");
     const Tensor ref = run(kernels::Backend::ref, x, w, b);
     const Tensor abs = run(kernels::Backend::ref, convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(b));
     EXPECT_TRUE(convtest::close_accumulated(fast, ref, abs, 9 + 1, "forward"));

@@ -603,8 +603,8 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   }
   if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && native_bf16())) return false;
   if (bias.defined() && bias.dtype() != DType::f32 && bias.dtype() != x.dtype()) return false;
-  if (weight.dtype() == x.dtype() && forward_small_k_applies(g, x.dtype())) {
-    forward_small_k(x, weight, bias, g, relu, dst);
+  if (weight.dtype() == x.dtype() && first_layer_applies(g, x.dtype())) {
+    forward_first_layer(x, weight, bias, g, relu, dst);
     return true;
   }
   ConvEntry holder;

@@ -8,18 +8,14 @@
 // zero-padded to 16 lanes), and for four output channels at a time K dot products of their dy rows
 // with the cols rows, f32 accumulation. Images go in fixed parts of kImagesPerPart, each with its
 // own f32 partial sums, added in part order: the result does not depend on the thread count.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
-#include <cstdint>
-#include <type_traits>
-#include <vector>
 
 #include "core/profile_detail.h"
-#include "core/simd.h"
 #include "kernels/cpu/dnnl_conv.h"
 #include "mixprec/convert.h"
-#include "mixprec/cpu.h"
 
 namespace mixprec::kernels::cpu {
 namespace {
@@ -66,111 +62,7 @@ __attribute__((target("avx512f"))) void wgrad_four_rows(const float* cols, int64
   }
 }
 
-// Forward: four output channels' planes of one image, 16 outputs per step (masked on the row's
-// tail): acc_r = bias_r + sum over taps k = (c, ky, kx) of w[r][k] * xp[c][oy + ky][ox + kx], xp
-// the image zero-padded in f32 (rows of pw; off[k] = the tap's offset in it), each tap's inputs
-// loaded once for the four channels. ReLU as the reference's (NaN and -0 kept). The planes are
-// computed into `planes` (f32, L1-sized), then each is rounded once into y with whole-vector
-// stores, non-temporal where `stream` (an output far larger than the caches, whose lines would
-// only be read for ownership and evicted).
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
-    const float* xp, int64_t pw, const int64_t* off, int64_t taps, const ConvGeometry& g, const float* w4,
-    const float* b4, int64_t channels, bool relu, bool stream, float* planes, uint16_t* y) {
-  const int64_t plane = g.oh * g.ow;
-  const __m512 zero = _mm512_setzero_ps();
-  const float *w0 = w4, *w1 = w4 + taps, *w2 = w4 + 2 * taps, *w3 = w4 + 3 * taps;
-  for (int64_t oy = 0; oy < g.oh; ++oy)
-    for (int64_t ox = 0; ox < g.ow; ox += 16) {
-      const __mmask16 m = first_lanes(g.ow - ox);
-      const float* base = xp + oy * pw + ox;
-      __m512 a0 = _mm512_set1_ps(b4[0]), a1 = _mm512_set1_ps(b4[1]), a2 = _mm512_set1_ps(b4[2]),
-             a3 = _mm512_set1_ps(b4[3]);
-      for (int64_t k = 0; k < taps; ++k) {
-        const __m512 v = _mm512_maskz_loadu_ps(m, base + off[k]);
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(w0[k]), v, a0);
-        a1 = _mm512_fmadd_ps(_mm512_set1_ps(w1[k]), v, a1);
-        a2 = _mm512_fmadd_ps(_mm512_set1_ps(w2[k]), v, a2);
-        a3 = _mm512_fmadd_ps(_mm512_set1_ps(w3[k]), v, a3);
-      }
-      const __m512 acc[4] = {a0, a1, a2, a3};
-      for (int64_t r = 0; r < channels; ++r)
-        _mm512_mask_storeu_ps(planes + r * plane + oy * g.ow + ox, m,
-                              relu ? _mm512_max_ps(zero, acc[r]) : acc[r]);  // max returns its second operand for NaN
-    }
-  for (int64_t r = 0; r < channels; ++r)
-    for (int64_t i = 0; i < plane; i += 16) {
-      const __mmask16 m = first_lanes(plane - i);
-      const __m512i bits = bf16_round_epi32(_mm512_maskz_loadu_ps(m, planes + r * plane + i));
-      if (stream)
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(y + r * plane + i), _mm512_cvtepi32_epi16(bits));
-      else
-        _mm256_mask_storeu_epi16(y + r * plane + i, m,
-                                 _mm512_cvtepi32_epi16(bits));  // not vpmovdw to memory: slow on AMD
-    }
-}
-
-// Image n of x (dtype t) zero-padded into xp: [c][oh + kh - 1][ow + kw - 1] in f32.
-void pad_image(const char* xb, DType t, int64_t n, const ConvGeometry& g, int64_t pw, int64_t ph, float* xp) {
-  const size_t es = dtype_size(t);
-  std::fill(xp, xp + g.c * ph * pw, 0.0f);
-  const int64_t x0 = std::max<int64_t>(0, g.pad_w), x1 = std::min(pw, g.pad_w + g.w);
-  for (int64_t c = 0; c < g.c; ++c)
-    for (int64_t r = 0; r < ph; ++r) {
-      const int64_t iy = r - g.pad_h;
-      if (iy < 0 || iy >= g.h || x1 <= x0) continue;
-      const char* src = xb + (((n * g.c + c) * g.h + iy) * g.w + (x0 - g.pad_w)) * int64_t(es);
-      convert(src, t, xp + (c * ph + r) * pw + x0, DType::f32, size_t(x1 - x0));
-    }
-}
-
-constexpr size_t kStreamBytes = size_t(8) << 20;
-
-void forward_small_k_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
-                          Tensor& dst) {
-  const int64_t taps = g.c * g.kh * g.kw, oc4 = (g.oc + 3) / 4 * 4;
-  const int64_t pw = g.ow + g.kw - 1, ph = g.oh + g.kh - 1, pplane = ph * pw, plane = g.oh * g.ow;
-  int64_t off[kSmallKTaps];
-  for (int64_t c = 0, k = 0; c < g.c; ++c)
-    for (int64_t ky = 0; ky < g.kh; ++ky)
-      for (int64_t kx = 0; kx < g.kw; ++kx) off[k++] = c * pplane + ky * pw + kx;
-  // f32 weights and bias, padded to whole groups of four channels with zeros.
-  std::vector<float> wf(size_t(oc4 * taps), 0.0f), bf(size_t(oc4), 0.0f);
-  convert(weight.data_ptr(), weight.dtype(), wf.data(), DType::f32, size_t(g.oc * taps));
-  if (bias.defined()) convert(bias.data_ptr(), bias.dtype(), bf.data(), DType::f32, size_t(g.oc));
-  // Per thread: the padded image and four f32 output planes, allocated before the parallel region.
-  const int threads = omp_get_max_threads();
-  const int64_t scratch_floats = g.c * pplane + 4 * plane;
-  WorkspaceBuffer scratch(size_t(threads) * size_t(scratch_floats) * sizeof(float));
-  const char* const xb = static_cast<const char*>(x.data_ptr());
-  auto* const y = static_cast<uint16_t*>(dst.data_ptr());
-  // Non-temporal stores need 32-byte aligned planes. On the AMD Zen 5 host (micro-benchmark, 2
-  // threads) they took the wide cnn's first layer (64 x 420 x 28 x 28 out, 42 MB) from 3.9-4.5 to
-  // 3.3-4.2 ms and the 256 x 32 x 28 x 28 one (13 MB) from 1.18-1.24 to 1.09-1.17 ms.
-  const bool stream = dst.nbytes() >= kStreamBytes && plane % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 32 == 0;
-  profile::detail::note_impl("mixprec:small_k_fwd");
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t n = 0; n < g.n; ++n) {
-    float* const xp = static_cast<float*>(scratch.data()) + int64_t(omp_get_thread_num()) * scratch_floats;
-    float* const planes = xp + g.c * pplane;
-    pad_image(xb, x.dtype(), n, g, pw, ph, xp);
-    for (int64_t o = 0; o < g.oc; o += 4)
-      forward_four_channels(xp, pw, off, taps, g, wf.data() + o * taps, bf.data() + o, std::min<int64_t>(4, g.oc - o),
-                            relu, stream, planes, y + (n * g.oc + o) * plane);
-    if (stream) _mm_sfence();  // the streamed lines are in memory before the region's barrier
-  }
-}
-
 }  // namespace
-
-bool forward_small_k_applies(const ConvGeometry& g, DType t) {
-  return t == DType::bf16 && g.groups == 1 && g.c <= kFirstLayerChannels && g.c * g.kh * g.kw <= kSmallKTaps &&
-         g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1 && mixprec::cpu::has_avx512bw();
-}
-
-void forward_small_k(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
-                     Tensor& dst) {
-  forward_small_k_bf16(x, weight, bias, g, relu, dst);
-}
 
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
   const int64_t k_count = g.c * g.kh * g.kw, p_count = g.oh * g.ow, p16 = (p_count + 15) / 16 * 16;

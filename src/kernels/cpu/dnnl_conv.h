@@ -26,14 +26,15 @@ constexpr int64_t kSmallKTaps = 32;
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out);
 // Input channels up to which a convolution counts as a first layer.
 constexpr int64_t kFirstLayerChannels = 4;
-// mixprec's forward of a first layer (at most kFirstLayerChannels input channels and kSmallKTaps
-// taps, stride 1, no dilation, one group), bf16 x and weight, bias (optional) bf16 or f32, dst in
-// x's dtype: each image zero-padded in f32, four output channels a time from the same tap loads,
-// f32 accumulation, fused ReLU, one rounding (cpu/conv_small_k.cpp). It replaces oneDNN 2.6's
-// im2col GEMM, which is all oneDNN has for a bf16 first layer writing NCHW (docs/conv.md).
-bool forward_small_k_applies(const ConvGeometry& g, DType t);
-void forward_small_k(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
-                     Tensor& dst);
+// A first layer: at most kFirstLayerChannels input channels and kSmallKTaps taps, stride 1, no
+// dilation, one group, bf16, on a CPU with AVX-512BW. mixprec computes its forward itself
+// (cpu/conv_first_layer.cpp): each image zero-padded in f32, four output channels at a time from
+// the same tap loads, f32 accumulation, fused ReLU, one rounding; bias optional (bf16 or f32), dst
+// in x's dtype. It replaces oneDNN 2.6's im2col GEMM, all it has for a bf16 first layer writing
+// NCHW (docs/conv.md, item 1).
+bool first_layer_applies(const ConvGeometry& g, DType t);
+void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
+                         Tensor& dst);
 
 // The bias gradient: grad_y [N, OC, OH, OW] (f32 or bf16, dense) summed over N, OH and OW in f32,
 // rounded once into bias (cpu/conv_bias.cpp). Each channel's planes in image order; a plane's sum
