@@ -1,8 +1,12 @@
 // The allocator: bytes by category (MemoryScope), live and peak accounting, 64-byte alignment,
-// reuse of large blocks, the budget (OutOfMemory, nothing leaked), reset_peak.
+// reuse of large blocks, huge-page advice on blocks of 2 MiB or more, the budget (OutOfMemory,
+// nothing leaked), reset_peak.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "mixprec/allocator.h"
@@ -100,6 +104,43 @@ TEST(Allocator, SixtyFourByteAlignment) {
     allocator::deallocate(p, bytes, MemCategory::workspace);
   }
   EXPECT_EQ(live(MemCategory::workspace), 0);
+}
+
+// The kernel's flags on the mapping that holds `p` (the VmFlags line of /proc/self/smaps), or ""
+// where smaps cannot be read.
+std::string vm_flags_at(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long long lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (line.find(':') > line.find('-') && head >> std::hex >> lo >> dash >> hi && dash == '-') {
+      inside = lo <= at && at < hi;  // a mapping's first line: "lo-hi perms offset ..."
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line.substr(8) + " ";
+    }
+  }
+  return "";
+}
+
+// A block of 2 MiB or more starts on a huge-page boundary and carries the advice to back it with
+// transparent huge pages (VmFlags "hg"): Debian's kernels give them only where asked ("madvise").
+TEST(Allocator, LargeBlocksAskForHugePages) {
+  if (const char* e = std::getenv("MIXPREC_THP"); e != nullptr && std::string(e) == "0")
+    GTEST_SKIP() << "MIXPREC_THP=0 turns the huge-page advice off";
+  if (!std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"))
+    GTEST_SKIP() << "this kernel has no transparent huge pages (no /sys/kernel/mm/transparent_hugepage)";
+  allocator::empty_cache();                      // a fresh block from the system, not a cached one
+  const size_t bytes = (size_t(3) << 20) + 100;  // not a whole number of pages
+  void* p = allocator::allocate(bytes, MemCategory::workspace);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % (size_t(1) << 21), 0u);
+  const std::string flags = vm_flags_at(p);
+  allocator::deallocate(p, bytes, MemCategory::workspace);
+  allocator::empty_cache();
+  if (flags.empty()) GTEST_SKIP() << "/proc/self/smaps has no VmFlags line for the block (no /proc?)";
+  EXPECT_NE(flags.find(" hg "), std::string::npos) << "VmFlags:" << flags;
 }
 
 TEST(Allocator, LargeBlocksAreReused) {
