@@ -30,6 +30,7 @@ struct Args {
   dist::WireDType wire = dist::WireDType::f32;
   int64_t bucket_kb = 1024;
   bool autocast = false;  // amp-bf16
+  int zero = 0;           // 1: ZeRO-1 (optimizer state sharded)
 };
 
 Args parse(int argc, char** argv) {
@@ -50,6 +51,8 @@ Args parse(int argc, char** argv) {
       a.wire = v == "bf16" ? dist::WireDType::bf16 : dist::WireDType::f32;
     else if (k == "--bucket-kb")
       a.bucket_kb = std::stoll(v);
+    else if (k == "--zero")
+      a.zero = std::stoi(v);
     else if (k == "--autocast")
       a.autocast = v == "bf16";
     else
@@ -78,7 +81,8 @@ Run run(const Args& a, bool overlap) {
   dist::ProcessGroup& pg = dist::ProcessGroup::world();
   auto model = build(a.model);
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
-  dist::DataParallel dp(*model, opt, {.reduce_dtype = a.wire, .bucket_bytes = a.bucket_kb << 10, .overlap = overlap});
+  dist::DataParallel dp(
+      *model, opt, {.reduce_dtype = a.wire, .bucket_bytes = a.bucket_kb << 10, .overlap = overlap, .zero = a.zero});
   const int64_t local = a.batch / pg.size();
   Generator gen(uint64_t(pg.rank()) + 1);
   const Tensor x = a.model == "mlp" ? Tensor::randn({local, 784}, gen) : Tensor::randn({local, 1, 28, 28}, gen);
