@@ -166,51 +166,60 @@ TEST(PoolFast, MatchesReferenceInEveryDType) {
          return ops::adaptive_avg_pool2d(x, {3, 4});
        }},
   };
+  // 13 x 11: odd sizes, inputs no 2x2 window reaches. Even heights: the 2x2 kernels walk the rows
+  // of all planes as one run, in blocks of 64 (14 x 14 as the nets' second pool: 70 rows; 12 x 9:
+  // 126 rows, an odd last column).
+  const std::vector<Shape> shapes = {{3, 5, 13, 11}, {2, 5, 14, 14}, {3, 7, 12, 9}};
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
-    for (const auto& [name, f] : fns) {
-      SCOPED_TRACE(name + " " + std::string(dtype_name(t)));
-      Generator g(8);
-      const Tensor x = convtest::rand(g, {3, 5, 13, 11}, t);
-      Shape ys;
-      {
-        BackendGuard ref(kernels::Backend::ref);
-        ys = f(x).shape();
+    for (const auto& [name, f] : fns)
+      for (const Shape& xs : shapes) {
+        SCOPED_TRACE(name + " " + std::string(dtype_name(t)) + " " + shape_str(xs));
+        Generator g(8);
+        const Tensor x = convtest::rand(g, xs, t);
+        Shape ys;
+        {
+          BackendGuard ref(kernels::Backend::ref);
+          ys = f(x).shape();
+        }
+        const Tensor gy = convtest::rand(g, ys, t);
+        const FastRun ref = pool_run(x, gy, kernels::Backend::ref, f), fast = pool_run(x, gy, kernels::Backend::cpu, f);
+        // Max is exact; averages and gradient sums over overlapping windows accumulate at most 16
+        // f32 terms, each at most max|input|.
+        auto bound = [t](const Tensor& expect, const Tensor& in) {
+          double mx = 0;
+          for (double v : in.to_vector_f64()) mx = std::max(mx, std::fabs(v));
+          const std::vector<double> r = expect.to_vector_f64();
+          return [r, t, mx](size_t i) { return convtest::ulp_of(t, r[i]) + 16 * 16 * convtest::kU32 * mx; };
+        };
+        EXPECT_TRUE(convtest::close(fast.y, ref.y, bound(ref.y, x), "forward"));
+        EXPECT_TRUE(convtest::close(fast.gx, ref.gx, bound(ref.gx, gy), "backward"));
       }
-      const Tensor gy = convtest::rand(g, ys, t);
-      const FastRun ref = pool_run(x, gy, kernels::Backend::ref, f), fast = pool_run(x, gy, kernels::Backend::cpu, f);
-      // Max is exact; averages and gradient sums over overlapping windows accumulate at most 16
-      // f32 terms, each at most max|input|.
-      auto bound = [t](const Tensor& expect, const Tensor& in) {
-        double mx = 0;
-        for (double v : in.to_vector_f64()) mx = std::max(mx, std::fabs(v));
-        const std::vector<double> r = expect.to_vector_f64();
-        return [r, t, mx](size_t i) { return convtest::ulp_of(t, r[i]) + 16 * 16 * convtest::kU32 * mx; };
-      };
-      EXPECT_TRUE(convtest::close(fast.y, ref.y, bound(ref.y, x), "forward"));
-      EXPECT_TRUE(convtest::close(fast.gx, ref.gx, bound(ref.gx, gy), "backward"));
-    }
   }
 }
 
 TEST(PoolFast, MaxPool2x2TiesAndNaNsPickWhatTheReferencePicks) {
   // Rows of 40 -> 20 outputs: 16 through the vector kernel and a tail of 4 through the scalar one.
   // Values from {0, 1, 2, NaN} make ties and NaNs common; the gradient shows which input won.
-  for (DType t : {DType::f32, DType::bf16}) {
-    Generator g(21);
-    std::vector<float> v(2 * 3 * 7 * 40);
-    for (float& x : v) {
-      const uint64_t r = g.next_u64() % 8;
-      x = r == 7 ? NAN : float(r % 3);
+  // 7 rows: an odd last row, each plane a run; 16 rows: 288 output rows of 17 in one run of all
+  // planes, 4 blocks of 64 and one of 32, in parallel.
+  for (DType t : {DType::f32, DType::bf16})
+    for (const Shape& xs : {Shape{2, 3, 7, 40}, Shape{4, 9, 16, 34}}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " " + shape_str(xs));
+      Generator g(21);
+      std::vector<float> v(size_t(xs[0] * xs[1] * xs[2] * xs[3]));
+      for (float& x : v) {
+        const uint64_t r = g.next_u64() % 8;
+        x = r == 7 ? NAN : float(r % 3);
+      }
+      const Tensor x = Tensor::from_vector(v, xs, t);
+      const Tensor gy = convtest::rand(g, {xs[0], xs[1], xs[2] / 2, xs[3] / 2}, t);
+      auto f = [](const Tensor& in) { return ops::max_pool2d(in, 2); };
+      const FastRun ref = pool_run(x, gy, kernels::Backend::ref, f), fast = pool_run(x, gy, kernels::Backend::cpu, f);
+      EXPECT_TRUE(convtest::close(
+          fast.y, ref.y, [](size_t) { return 0.0; }, "forward"));
+      EXPECT_TRUE(convtest::close(
+          fast.gx, ref.gx, [](size_t) { return 0.0; }, "backward"));
     }
-    const Tensor x = Tensor::from_vector(v, {2, 3, 7, 40}, t);
-    const Tensor gy = convtest::rand(g, {2, 3, 3, 20}, t);
-    auto f = [](const Tensor& in) { return ops::max_pool2d(in, 2); };
-    const FastRun ref = pool_run(x, gy, kernels::Backend::ref, f), fast = pool_run(x, gy, kernels::Backend::cpu, f);
-    EXPECT_TRUE(convtest::close(
-        fast.y, ref.y, [](size_t) { return 0.0; }, "forward"));
-    EXPECT_TRUE(convtest::close(
-        fast.gx, ref.gx, [](size_t) { return 0.0; }, "backward"));
-  }
 }
 
 // ---- the input read again instead of an argmax ----
@@ -241,6 +250,8 @@ kernels::PoolGeometry ceil_geometry(kernels::PoolGeometry g) {
 TEST(PoolFromInput, BackwardEqualsTheArgmaxFormBitForBit) {
   const std::vector<std::pair<std::string, kernels::PoolGeometry>> cases = {
       {"2x2", max_geometry({2, 3, 7, 40}, 2, 2, 0, 1)},
+      {"2x2even", max_geometry({8, 16, 14, 14}, 2, 2, 0, 1)},  // one run of 896 rows, in parallel
+      {"2x2even_oddw", max_geometry({3, 7, 12, 9}, 2, 2, 0, 1)},
       {"3x3s1", max_geometry({1, 2, 9, 11}, 3, 1, 0, 1)},
       {"3x3s2p1", max_geometry({1, 2, 7, 6}, 3, 2, 1, 1)},
       {"2x2d2", max_geometry({1, 2, 7, 7}, 2, 1, 0, 2)},
@@ -269,7 +280,7 @@ TEST(PoolFromInput, BackwardEqualsTheArgmaxFormBitForBit) {
         // Without overlap every input gets at most one term: the backends agree exactly too.
         if (first.empty()) {
           first = got;
-        } else if (name == "2x2" || name == "2x2ceil") {
+        } else if (name == "2x2" || name == "2x2ceil" || name == "2x2even" || name == "2x2even_oddw") {
           EXPECT_EQ(got, first) << "the fast kernel against the reference";
         }
       }
