@@ -35,8 +35,11 @@ void* system_alloc(size_t size) {
     return e == nullptr || std::string_view(e) != "0";
   }();
   if (!huge || size < kHugePage) return std::aligned_alloc(kAlign, size);
-  void* p = std::aligned_alloc(kHugePage, size);
-  if (p != nullptr) ::madvise(p, size & ~size_t(4095), MADV_HUGEPAGE);
+  // posix_memalign: aligned_alloc wants the size a multiple of the alignment (C11; the sanitizers'
+  // allocators refuse it otherwise), and a block is its rounded request, not a multiple of 2 MiB.
+  void* p = nullptr;
+  if (::posix_memalign(&p, kHugePage, size) != 0) return nullptr;
+  ::madvise(p, size & ~size_t(4095), MADV_HUGEPAGE);
   return p;
 }
 
