@@ -176,6 +176,7 @@ constexpr int64_t kRowBlock = 64;
 template <class F>
 void for_row_runs(const PoolGeometry& g, F&& f) {
   const int64_t rows = g.n * g.c * g.oh;
+  if (rows == 0) return;  // nothing to pool (and no run length to divide by where oh is 0)
   const bool across = g.h == 2 * g.oh;
   const int64_t run = across ? kRowBlock : g.oh, runs = (rows + run - 1) / run;
 #pragma omp parallel for schedule(static) if (rows * g.ow >= 4096)
