@@ -8,10 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "core/parallel.h"
 #include "kernel_checks.h"
 #include "kernels/kernels.h"
 #include "mixprec/convert.h"
@@ -25,6 +28,20 @@ using namespace testutil;  // NOLINT(google-build-using-namespace): the shared c
 using kernels::BackendGuard;
 
 // ---------------------------------------------------------------- copy / conversion
+
+// The threshold rule of every fast kernel's parallel region (core/parallel.h): libgomp's passive
+// wait policy, in any letter case as libgomp reads it, multiplies the work a region needs by 16; any
+// other setting leaves the kernels' own thresholds. ctest runs this suite under both (the
+// kernels.passive_wait_policy entry).
+TEST(Threads, PassiveWaitPolicyRaisesTheParallelThreshold) {
+  const char* env = std::getenv("OMP_WAIT_POLICY");
+  std::string policy = env ? env : "";
+  for (char& c : policy) c = char(std::tolower(static_cast<unsigned char>(c)));
+  const int64_t factor = policy == "passive" ? 16 : 1;
+  EXPECT_EQ(detail::parallel_work_factor(), factor) << "OMP_WAIT_POLICY=" << (env ? env : "(unset)");
+  EXPECT_TRUE(detail::parallel_worth(4 * factor, 4));
+  EXPECT_FALSE(detail::parallel_worth(4 * factor - 1, 4));
+}
 
 TEST(Kernels, CopyConvertsLikeTheReference) {
   Generator g(1);

@@ -309,13 +309,14 @@ struct KernelRig {
   kernels::OptimStep step;
 };
 
-// Two parameters of dtype t (one of 5000 elements: blocks, vector lanes and a tail), with
+// Three parameters of dtype t (5000 elements: blocks, vector lanes and a tail; 37; and 20011, whose
+// blocks put the step on the fast kernels' parallel path over all parameters' blocks), with
 // gradients, states and (for 16-bit) a master or stochastic rounding.
 KernelRig make_rig(DType t, bool master, bool stochastic, bool scaled) {
   Generator gen(9);
   KernelRig r;
   int64_t index = 0;
-  for (int64_t n : {5000, 37}) {
+  for (int64_t n : {5000, 37, 20011}) {
     kernels::OptimParam p;
     p.param = Tensor::randn({n}, gen, t);
     p.grad = Tensor::randn({n}, gen, t == DType::f16 && scaled ? DType::f32 : t, scaled ? 512.0 : 1.0);
@@ -355,7 +356,7 @@ TEST(OptimKernels, FastUpdatesAreBitIdenticalToTheReference) {
           SCOPED_TRACE(std::string(dtype_name(t)) + " " + rule + (master ? " master" : " sr") +
                        (scaled ? " scaled" : ""));
           KernelRig a = make_rig(t, master, !master, scaled), b = make_rig(t, master, !master, scaled);
-          const Tensor ra = Tensor::zeros({2}, DType::u8), rb = Tensor::zeros({2}, DType::u8);
+          const Tensor ra = Tensor::zeros({3}, DType::u8), rb = Tensor::zeros({3}, DType::u8);
           for (int k = 0; k < 2; ++k) {  // the first SGD step copies d into the buffer, the second uses it
             if (std::string(rule) == "sgd") {
               kernels::cpu::sgd_step(a.params, {0.9, 0.1, false, ra}, a.step);

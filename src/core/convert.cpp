@@ -1,6 +1,7 @@
 // f32 <-> bf16/f16 conversions: integer-exact scalar reference, AVX-512 bulk loops, any-to-any.
 #include "mixprec/convert.h"
 
+#include "core/parallel.h"
 #include "core/simd.h"
 
 #include <algorithm>
@@ -211,7 +212,7 @@ const Kernels& kernels() {
 // Splits a large conversion into cache-sized chunks across OpenMP threads.
 template <class Src, class Dst>
 void run_chunked(void (*fn)(const Src*, Dst*, size_t), const Src* src, Dst* dst, size_t n) {
-  if (n <= kParallelMin) {
+  if (!detail::parallel_worth(int64_t(n), int64_t(kParallelMin) + 1)) {
     fn(src, dst, n);
     return;
   }
@@ -400,7 +401,7 @@ void convert_loop(const void* src, void* dst, size_t n) {
   auto* s = static_cast<const typename Elem<S>::type*>(src);
   auto* d = static_cast<typename Elem<D>::type*>(dst);
   const long count = long(n);
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
+#pragma omp parallel for schedule(static) if (detail::parallel_worth(int64_t(n), int64_t(kParallelMin) + 1))
   for (long i = 0; i < count; ++i) d[i] = convert_elem<S, D>(s[i]);
 }
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/parallel.h"
 #include "kernels/activation.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/cpu/vec_exp.h"
@@ -224,7 +225,7 @@ void for_chunks(int64_t n, DType t, F&& f) {
   constexpr int64_t kChunk = 1 << 14;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   const uint16_t inf = t == DType::bf16 ? 0x7F80 : 0x7C00;
-#pragma omp parallel for schedule(static) if (chunks >= 4)
+#pragma omp parallel for schedule(static) if (detail::parallel_worth(chunks, 4))
   for (int64_t c = 0; c < chunks; ++c) f(c * kChunk, std::min(n, c * kChunk + kChunk), inf);
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/parallel.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/embedding.h"
 
@@ -19,7 +20,7 @@ bool embedding_forward(const Tensor& weight, const Tensor& indices, Tensor& dst)
   if (row_bytes == 0) return true;
   const char* src = static_cast<const char*>(weight.data_ptr());
   char* out = static_cast<char*>(dst.data_ptr());
-#pragma omp parallel for schedule(static) if (n * int64_t(row_bytes) >= (1 << 16))
+#pragma omp parallel for schedule(static) if (detail::parallel_worth(n * int64_t(row_bytes), 1 << 16))
   for (int64_t i = 0; i < n; ++i) std::memcpy(out + size_t(i) * row_bytes, src + size_t(idx[i]) * row_bytes, row_bytes);
   return true;
 }
@@ -37,7 +38,7 @@ bool embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num_e
   std::vector<int64_t> order(size_t(first.back())), next(first.begin(), first.end() - 1);
   for (int64_t i = 0; i < n; ++i)
     if (idx[i] >= 0 && idx[i] < num_embeddings) order[size_t(next[size_t(idx[i])]++)] = i;
-#pragma omp parallel if (num_embeddings * dim + n * dim >= (1 << 15))
+#pragma omp parallel if (detail::parallel_worth(num_embeddings * dim + n * dim, 1 << 15))
   {
     std::vector<float> acc(static_cast<size_t>(dim));
     std::vector<float> row(t == DType::f32 ? 0 : static_cast<size_t>(dim));

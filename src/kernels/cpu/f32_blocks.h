@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/parallel.h"
 #include "mixprec/convert.h"
 #include "mixprec/tensor.h"
 
@@ -17,7 +18,7 @@ constexpr int64_t kBlock = 4096;  // elements per block: 16 KiB of f32, stays in
 template <class F>
 void for_blocks(int64_t n, F&& f) {
   const int64_t nb = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (nb >= 4)
+#pragma omp parallel for schedule(static) if (detail::parallel_worth(nb, 4))
   for (int64_t b = 0; b < nb; ++b) f(b * kBlock, std::min(kBlock, n - b * kBlock));
 }
 

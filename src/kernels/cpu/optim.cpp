@@ -11,6 +11,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/parallel.h"
 #include "core/simd.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/optim.h"
@@ -51,73 +52,78 @@ void store_half(void* dst, DType t, int64_t begin, int64_t len, const float* src
   }
 }
 
-// Runs rule(w, g, begin, len) over the blocks of one parameter: w are len weights to update in
-// place (f32, or f64 for an f64 parameter), g the len gradients already multiplied by inv_scale.
-// With `track`, counts for a 16-bit parameter the updates that changed the f32 weight but left
-// the 16-bit one as it was (rounded away without a master; deferred into the master with one).
+// One block of one tensor in a multi-tensor pass: elements [begin, begin + len) of tensor `index`.
+struct Piece {
+  size_t index;
+  int64_t begin, len;
+};
+
+// The blocks of `block` elements (fewer at a tensor's end) of every tensor, in tensor order,
+// numel(items[i]) elements each (PyTorch's multi-tensor apply). One parallel region serves a whole
+// optimizer step or norm, where one region per tensor paid a thread wake-up each (with
+// OMP_WAIT_POLICY=passive, 60-80 us on a KVM guest: docs/hosts.md).
+template <class Item, class Numel>
+std::vector<Piece> pieces_of(const std::vector<Item>& items, int64_t block, Numel&& numel) {
+  std::vector<Piece> out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const int64_t n = numel(items[i]);
+    for (int64_t begin = 0; begin < n; begin += block) out.push_back({i, begin, std::min(block, n - begin)});
+  }
+  return out;
+}
+
+// Runs rule(w, g, begin, len) over one block of parameter p: w are len weights to update in place
+// (f32, or f64 for an f64 parameter), g the len gradients already multiplied by inv_scale. With
+// `counting` (a 16-bit parameter whose rounding is tracked), counts the updates that changed the
+// f32 weight but left the 16-bit one as it was (rounded away without a master; deferred into the
+// master with one).
 template <class Rule>
-void fused_update(const Tensor& p, const Tensor& grad, const Tensor& master, float inv_scale,
-                  const Generator* stochastic, RoundingCounts* track, Rule&& rule) {
-  const int64_t n = p.numel(), nb = (n + kUpdateBlock - 1) / kUpdateBlock;
-  const DType pt = p.dtype(), gt = grad.dtype();
+void update_block(const OptimParam& p, float inv_scale, const Generator* stochastic, bool counting, int64_t begin,
+                  int64_t len, int64_t& changed, int64_t& stuck, Rule&& rule) {
+  const DType pt = p.param.dtype(), gt = p.grad.dtype();
   if (pt == DType::f64) {
-    double* w = p.data<double>();
-    const double* g = grad.data<double>();
-#pragma omp parallel for schedule(static) if (nb >= 8)
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t begin = b * kUpdateBlock, len = std::min(kUpdateBlock, n - begin);
-      double gb[kUpdateBlock];
-      for (int64_t j = 0; j < len; ++j) gb[j] = g[begin + j] * double(inv_scale);
-      rule(w + begin, gb, begin, len);
-    }
+    double* w = p.param.data<double>();
+    const double* g = p.grad.data<double>();
+    double gb[kUpdateBlock];
+    for (int64_t j = 0; j < len; ++j) gb[j] = g[begin + j] * double(inv_scale);
+    rule(w + begin, gb, begin, len);
     return;
   }
-  void* pp = p.data_ptr();
-  const void* gp = grad.data_ptr();
-  float* mp = master.defined() ? master.data<float>() : nullptr;
-  const bool direct_g = gt == DType::f32 && inv_scale == 1.0f;
-  const bool counting = track && is_half(pt);
-  int64_t changed = 0, stuck = 0;
-#pragma omp parallel for schedule(static) reduction(+ : changed, stuck) if (nb >= 8)
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t begin = b * kUpdateBlock, len = std::min(kUpdateBlock, n - begin);
-    alignas(64) float gb[kUpdateBlock];
-    alignas(64) float wb[kUpdateBlock];
-    const float* g = gb;
-    if (direct_g) {
-      g = static_cast<const float*>(gp) + begin;
-    } else {
-      load_f32(gp, gt, begin, len, gb);
-      if (inv_scale != 1.0f)
-        for (int64_t j = 0; j < len; ++j) gb[j] *= inv_scale;
-    }
-    float* w = wb;
-    if (pt == DType::f32)
-      w = static_cast<float*>(pp) + begin;
-    else if (mp)
-      w = mp + begin;
-    else
-      load_f32(pp, pt, begin, len, wb);
-    alignas(64) float w_before[kUpdateBlock];
-    alignas(64) float h_before[kUpdateBlock];
-    if (counting) {
-      std::memcpy(w_before, w, size_t(len) * 4);
-      load_f32(pp, pt, begin, len, h_before);
-    }
-    rule(w, g, begin, len);
-    if (is_half(pt)) store_half(pp, pt, begin, len, w, mp ? nullptr : stochastic);
-    if (counting) {
-      load_f32(pp, pt, begin, len, gb);  // the stored 16-bit weights (g is no longer needed)
-      for (int64_t j = 0; j < len; ++j) {
-        const bool moved = w[j] != w_before[j];
-        changed += moved;
-        stuck += moved && gb[j] == h_before[j];
-      }
-    }
+  void* pp = p.param.data_ptr();
+  const void* gp = p.grad.data_ptr();
+  float* mp = p.master.defined() ? p.master.data<float>() : nullptr;
+  alignas(64) float gb[kUpdateBlock];
+  alignas(64) float wb[kUpdateBlock];
+  const float* g = gb;
+  if (gt == DType::f32 && inv_scale == 1.0f) {
+    g = static_cast<const float*>(gp) + begin;
+  } else {
+    load_f32(gp, gt, begin, len, gb);
+    if (inv_scale != 1.0f)
+      for (int64_t j = 0; j < len; ++j) gb[j] *= inv_scale;
   }
+  float* w = wb;
+  if (pt == DType::f32)
+    w = static_cast<float*>(pp) + begin;
+  else if (mp)
+    w = mp + begin;
+  else
+    load_f32(pp, pt, begin, len, wb);
+  alignas(64) float w_before[kUpdateBlock];
+  alignas(64) float h_before[kUpdateBlock];
   if (counting) {
-    track->changed += changed;
-    track->unchanged_16bit += stuck;
+    std::memcpy(w_before, w, size_t(len) * 4);
+    load_f32(pp, pt, begin, len, h_before);
+  }
+  rule(w, g, begin, len);
+  if (is_half(pt)) store_half(pp, pt, begin, len, w, mp ? nullptr : stochastic);
+  if (counting) {
+    load_f32(pp, pt, begin, len, gb);  // the stored 16-bit weights (g is no longer needed)
+    for (int64_t j = 0; j < len; ++j) {
+      const bool moved = w[j] != w_before[j];
+      changed += moved;
+      stuck += moved && gb[j] == h_before[j];
+    }
   }
 }
 
@@ -168,25 +174,34 @@ __attribute__((target("avx512f"))) int64_t sgd_f32_avx512(float* w, const float*
   return j;
 }
 
-}  // namespace
-
-namespace {
-
-// What every fused step does around its rule: the skip, the step count, the rounding streams.
-template <class Update>
-void fused_step(const std::vector<OptimParam>& params, const OptimStep& s, Update&& update) {
+// What every fused step does around its rule: the skip, the step count, the rounding streams, and
+// one parallel pass over the blocks of all parameters. rule(p, step, w, g, begin, len) updates one
+// block of parameter p (update_block's w and g).
+template <class Rule>
+void fused_step(const std::vector<OptimParam>& params, const OptimStep& s, Rule&& rule) {
   if (skipped(s)) return;
   const int64_t step = scalar<int64_t>(s.step) + 1;
   const float inv = s.scale.defined() ? rule::inv_scale(scalar<float>(s.scale)) : 1.0f;
-  RoundingCounts counts;
-  for (const OptimParam& p : params) {
-    const Generator stream = optim::rounding_stream(s.seed, uint64_t(step), p.index);
-    update(p, step, inv, s.stochastic ? &stream : nullptr, s.rounding.defined() ? &counts : nullptr);
+  std::vector<Generator> streams;
+  if (s.stochastic)
+    for (const OptimParam& p : params) streams.push_back(optim::rounding_stream(s.seed, uint64_t(step), p.index));
+  const std::vector<Piece> pieces =
+      pieces_of(params, kUpdateBlock, [](const OptimParam& p) { return p.param.numel(); });
+  const bool tracking = s.rounding.defined();
+  const int64_t np = int64_t(pieces.size());
+  int64_t changed = 0, stuck = 0;
+#pragma omp parallel for schedule(static) reduction(+ : changed, stuck) if (detail::parallel_worth(np, 8))
+  for (int64_t k = 0; k < np; ++k) {
+    const Piece& piece = pieces[size_t(k)];
+    const OptimParam& p = params[piece.index];
+    update_block(p, inv, s.stochastic ? &streams[piece.index] : nullptr, tracking && is_half(p.param.dtype()),
+                 piece.begin, piece.len, changed, stuck,
+                 [&](auto* w, const auto* g, int64_t begin, int64_t len) { rule(p, step, w, g, begin, len); });
   }
   scalar<int64_t>(s.step) = step;
-  if (s.rounding.defined()) {
-    static_cast<int64_t*>(s.rounding.data_ptr())[0] += counts.changed;
-    static_cast<int64_t*>(s.rounding.data_ptr())[1] += counts.unchanged_16bit;
+  if (tracking) {
+    static_cast<int64_t*>(s.rounding.data_ptr())[0] += changed;
+    static_cast<int64_t*>(s.rounding.data_ptr())[1] += stuck;
   }
 }
 
@@ -195,43 +210,34 @@ void fused_step(const std::vector<OptimParam>& params, const OptimStep& s, Updat
 void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const OptimStep& s) {
   uint8_t* ready = o.momentum != 0 ? static_cast<uint8_t*>(o.momentum_ready.data_ptr()) : nullptr;
   const bool vectorised = mixprec::cpu::has_avx512f();
-  fused_step(params, s, [&](const OptimParam& p, int64_t, float inv, const Generator* stream, RoundingCounts* track) {
+  fused_step(params, s, [&](const OptimParam& p, int64_t, auto* w, const auto* gr, int64_t begin, int64_t len) {
+    using T = std::remove_pointer_t<decltype(w)>;
     const bool first = ready && !ready[p.index];
-    void* buf_base = ready ? p.state1.data_ptr() : nullptr;
-    const double lr = scalar<double>(p.lr);
-    fused_update(p.param, p.grad, p.master, inv, stream, track,
-                 [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
-                   using T = std::remove_pointer_t<decltype(w)>;
-                   T* buf = buf_base ? static_cast<T*>(buf_base) + begin : nullptr;
-                   const auto c = rule::sgd_consts<T>(lr, p.weight_decay, o.momentum, o.dampening, first, o.nesterov);
-                   int64_t j = 0;
-                   if constexpr (std::is_same_v<T, float>)
-                     if (vectorised) j = sgd_f32_avx512(w, gr, buf, len, c);
-                   for (; j < len; ++j) rule::sgd(w[j], gr[j], buf ? buf + j : nullptr, c);
-                 });
-    if (ready) ready[p.index] = 1;
+    T* buf = ready ? static_cast<T*>(p.state1.data_ptr()) + begin : nullptr;
+    const auto c =
+        rule::sgd_consts<T>(scalar<double>(p.lr), p.weight_decay, o.momentum, o.dampening, first, o.nesterov);
+    int64_t j = 0;
+    if constexpr (std::is_same_v<T, float>)
+      if (vectorised) j = sgd_f32_avx512(w, gr, buf, len, c);
+    for (; j < len; ++j) rule::sgd(w[j], gr[j], buf ? buf + j : nullptr, c);
   });
+  // After the pass: every block of a parameter read the same `first`.
+  if (ready && !skipped(s))
+    for (const OptimParam& p : params) ready[p.index] = 1;
 }
 
 void adamw_step(const std::vector<OptimParam>& params, const AdamWOptions& o, const OptimStep& s) {
   const bool vectorised = mixprec::cpu::has_avx512f();
-  fused_step(params, s,
-             [&](const OptimParam& p, int64_t step, float inv, const Generator* stream, RoundingCounts* track) {
-               void* m_base = p.state1.data_ptr();
-               void* v_base = p.state2.data_ptr();
-               const double lr = scalar<double>(p.lr);
-               fused_update(p.param, p.grad, p.master, inv, stream, track,
-                            [&](auto* w, const auto* gr, int64_t begin, int64_t len) {
-                              using T = std::remove_pointer_t<decltype(w)>;
-                              T* m = static_cast<T*>(m_base) + begin;
-                              T* v = static_cast<T*>(v_base) + begin;
-                              const auto c = rule::adamw_consts<T>(lr, p.weight_decay, o.beta1, o.beta2, o.eps, step);
-                              int64_t j = 0;
-                              if constexpr (std::is_same_v<T, float>)
-                                if (vectorised) j = adamw_f32_avx512(w, gr, m, v, len, c);
-                              for (; j < len; ++j) rule::adamw(w[j], gr[j], m[j], v[j], c);
-                            });
-             });
+  fused_step(params, s, [&](const OptimParam& p, int64_t step, auto* w, const auto* gr, int64_t begin, int64_t len) {
+    using T = std::remove_pointer_t<decltype(w)>;
+    T* m = static_cast<T*>(p.state1.data_ptr()) + begin;
+    T* v = static_cast<T*>(p.state2.data_ptr()) + begin;
+    const auto c = rule::adamw_consts<T>(scalar<double>(p.lr), p.weight_decay, o.beta1, o.beta2, o.eps, step);
+    int64_t j = 0;
+    if constexpr (std::is_same_v<T, float>)
+      if (vectorised) j = adamw_f32_avx512(w, gr, m, v, len, c);
+    for (; j < len; ++j) rule::adamw(w[j], gr[j], m[j], v[j], c);
+  });
 }
 
 // ------------------------------------------------------------------------ unscale and check
@@ -284,7 +290,7 @@ void unscale_and_check(const std::vector<Tensor>& src, const std::vector<Tensor>
   // One pass over every block of every gradient (PyTorch's multi-tensor apply).
   bool ok = true;
   const int64_t nc = int64_t(chunks.size());
-#pragma omp parallel for schedule(static) reduction(&& : ok) if (nc >= 8)
+#pragma omp parallel for schedule(static) reduction(&& : ok) if (detail::parallel_worth(nc, 8))
   for (int64_t c = 0; c < nc; ++c) ok = check_and_scale(chunks[size_t(c)], inv) && ok;
   if (!ok) scalar<float>(found_inf) = 1.0f;
 }
@@ -302,6 +308,11 @@ bool norm_fast_case(const std::vector<Tensor>& grads) {
   for (const Tensor& g : grads)
     if (!g.is_contiguous() || !is_floating(g.dtype())) return false;
   return true;
+}
+
+// The reference's blocks of kNormBlock values of every gradient, in gradient order.
+std::vector<Piece> norm_pieces(const std::vector<Tensor>& grads) {
+  return pieces_of(grads, kNormBlock, [](const Tensor& g) { return g.numel(); });
 }
 
 template <class T, bool kInf>
@@ -322,22 +333,23 @@ double block_norm_part(const T* p, int64_t n) {
 bool grad_norm(const std::vector<Tensor>& grads, double norm_type, Tensor& out) {
   const bool is_inf = std::isinf(norm_type);
   if ((!is_inf && norm_type != 2.0) || !norm_fast_case(grads)) return false;
-  double acc = 0;
-  for (const Tensor& g : grads) {
-    const int64_t n = g.numel(), nb = (n + kNormBlock - 1) / kNormBlock;
-    std::vector<double> partial(size_t(nb), 0.0);
+  // Every block of every gradient in one parallel pass; the partials are then added in the
+  // reference's order.
+  const std::vector<Piece> pieces = norm_pieces(grads);
+  const int64_t np = int64_t(pieces.size());
+  std::vector<double> partial(pieces.size(), 0.0);
+#pragma omp parallel for schedule(static) if (detail::parallel_worth(np, 8))
+  for (int64_t k = 0; k < np; ++k) {
+    const Piece& piece = pieces[size_t(k)];
+    const Tensor& g = grads[piece.index];
     dispatch_floating(g.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      const T* p = static_cast<const T*>(g.data_ptr());
-#pragma omp parallel for schedule(static) if (nb >= 8)
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t begin = b * kNormBlock, len = std::min(n, begin + kNormBlock) - begin;
-        partial[size_t(b)] =
-            is_inf ? block_norm_part<T, true>(p + begin, len) : block_norm_part<T, false>(p + begin, len);
-      }
+      const T* p = static_cast<const T*>(g.data_ptr()) + piece.begin;
+      partial[size_t(k)] = is_inf ? block_norm_part<T, true>(p, piece.len) : block_norm_part<T, false>(p, piece.len);
     });
-    for (const double s : partial) acc = is_inf ? rule::nan_max(acc, s) : acc + s;
   }
+  double acc = 0;
+  for (const double s : partial) acc = is_inf ? rule::nan_max(acc, s) : acc + s;
   out = Tensor::empty({}, DType::f64);
   *static_cast<double*>(out.data_ptr()) = is_inf ? acc : std::sqrt(acc);
   return true;
@@ -347,26 +359,26 @@ bool clip_by_norm(const std::vector<Tensor>& grads, const Tensor& total, double 
   if (!norm_fast_case(grads) || !total.device().is_cpu()) return false;
   const double coef = rule::clip_coef(*static_cast<const double*>(total.data_ptr()), max_norm);
   if (coef == 1.0) return true;  // multiplying by 1 changes nothing
-  for (const Tensor& g : grads) {
-    const int64_t n = g.numel(), nb = (n + kNormBlock - 1) / kNormBlock;
+  const std::vector<Piece> pieces = norm_pieces(grads);
+  const int64_t np = int64_t(pieces.size());
+#pragma omp parallel for schedule(static) if (detail::parallel_worth(np, 8))
+  for (int64_t k = 0; k < np; ++k) {
+    const Piece& piece = pieces[size_t(k)];
+    const Tensor& g = grads[piece.index];
+    const int64_t begin = piece.begin, len = piece.len;
     const DType d = g.dtype();
-#pragma omp parallel for schedule(static) if (nb >= 8)
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t begin = b * kNormBlock, len = std::min(n, begin + kNormBlock) - begin;
-      if (d == DType::f32) {
-        float* p = g.data<float>() + begin;
-        for (int64_t e = 0; e < len; ++e) p[e] = float(double(p[e]) * coef);
-      } else if (d == DType::f64) {
-        double* p = g.data<double>() + begin;
-        for (int64_t e = 0; e < len; ++e) p[e] *= coef;
-      } else {
-        // 16 bits: the products in f64, rounded once by convert (as the reference's store).
-        double buf[kNormBlock];
-        auto* p = static_cast<uint16_t*>(g.data_ptr()) + begin;
-        for (int64_t e = 0; e < len; ++e)
-          buf[e] = double(d == DType::bf16 ? bf16_to_f32(p[e]) : f16_to_f32(p[e])) * coef;
-        convert(buf, DType::f64, p, d, len);
-      }
+    if (d == DType::f32) {
+      float* p = g.data<float>() + begin;
+      for (int64_t e = 0; e < len; ++e) p[e] = float(double(p[e]) * coef);
+    } else if (d == DType::f64) {
+      double* p = g.data<double>() + begin;
+      for (int64_t e = 0; e < len; ++e) p[e] *= coef;
+    } else {
+      // 16 bits: the products in f64, rounded once by convert (as the reference's store).
+      double buf[kNormBlock];
+      auto* p = static_cast<uint16_t*>(g.data_ptr()) + begin;
+      for (int64_t e = 0; e < len; ++e) buf[e] = double(d == DType::bf16 ? bf16_to_f32(p[e]) : f16_to_f32(p[e])) * coef;
+      convert(buf, DType::f64, p, d, len);
     }
   }
   return true;

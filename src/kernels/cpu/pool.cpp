@@ -13,6 +13,7 @@
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/pool.h"
 
+#include "core/parallel.h"
 #include "kernels/pool_window.h"
 #include "mixprec/convert.h"
 #include "mixprec/cpu.h"
@@ -179,7 +180,7 @@ void for_row_runs(const PoolGeometry& g, F&& f) {
   if (rows == 0) return;  // nothing to pool (and no run length to divide by where oh is 0)
   const bool across = g.h == 2 * g.oh;
   const int64_t run = across ? kRowBlock : g.oh, runs = (rows + run - 1) / run;
-#pragma omp parallel for schedule(static) if (rows * g.ow >= 4096)
+#pragma omp parallel for schedule(static) if (detail::parallel_worth(rows * g.ow, 4096))
   for (int64_t k = 0; k < runs; ++k) {
     const int64_t r = k * run, n = std::min(run, rows - r);
     f(r * g.ow, across ? 2 * r * g.w : k * g.h * g.w, n);

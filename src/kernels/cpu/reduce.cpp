@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/parallel.h"
 #include "core/simd.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/reduce.h"
@@ -68,7 +69,7 @@ bool sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, Tensor
     const int64_t cb = std::min(kBlock, cols), nb = (cols + cb - 1) / cb;
     std::vector<float> part(size_t(chunks * cols), 0.f);
     const bool in_registers = (t == DType::f32 || t == DType::bf16) && mixprec::cpu::has_avx512f();
-#pragma omp parallel for schedule(static) if (rows * cols >= (1 << 15))
+#pragma omp parallel for schedule(static) if (detail::parallel_worth(rows * cols, 1 << 15))
     for (int64_t task = 0; task < chunks * nb; ++task) {
       const int64_t r0 = (task / nb) * chunk, r1 = std::min(rows, r0 + chunk);
       const int64_t c0 = (task % nb) * cb, len = std::min(cb, cols - c0);
@@ -101,7 +102,7 @@ bool all_finite(const Tensor& x, bool& finite) {
     const T* p = x.data<T>();
     bool ok = true;
     const int64_t n = x.numel();
-#pragma omp parallel for reduction(&& : ok) if (n > (1 << 16))
+#pragma omp parallel for reduction(&& : ok) if (detail::parallel_worth(n, (1 << 16) + 1))
     for (int64_t i = 0; i < n; ++i) ok = ok && std::isfinite(double(load(p + i)));
     return ok;
   });

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/parallel.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/shape.h"
 
@@ -36,7 +37,7 @@ bool copy_rows(const Tensor& src, Tensor& dst) {
     // Each thread a range of rows, walked with an odometer over the leading dims: the offsets of
     // its first row from one division per dim, then additions (a division per dim and row cost more
     // than a 128-byte row's copy).
-#pragma omp parallel if (n >= (int64_t(1) << 15))
+#pragma omp parallel if (detail::parallel_worth(n, int64_t(1) << 15))
   {
     const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
     const int64_t r0 = rows * id / threads, r1 = rows * (id + 1) / threads;
@@ -107,7 +108,7 @@ bool copy_tiles(const Tensor& src, Tensor& dst) {
   const char* s = static_cast<const char*>(src.data_ptr());
   char* d = static_cast<char*>(dst.data_ptr());
   const int64_t tiles = outer * tp * tl;
-#pragma omp parallel for schedule(static) if (src.numel() >= (int64_t(1) << 15))
+#pragma omp parallel for schedule(static) if (detail::parallel_worth(src.numel(), int64_t(1) << 15))
   for (int64_t t = 0; t < tiles; ++t) {
     int64_t rest = t / (tp * tl);
     const int64_t ip = (t / tl) % tp * kTile, il = t % tl * kTile;

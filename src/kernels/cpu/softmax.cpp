@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/parallel.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/softmax.h"
 
@@ -13,7 +14,7 @@ bool softmax_lastdim(const Tensor& x, bool log, Tensor& dst) {
   if (!f32_compute(t) || !x.is_contiguous() || x.dim() == 0) return false;
   const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
   if (cols > kBlock) return false;
-#pragma omp parallel for schedule(static) if (rows * cols >= (1 << 15))
+#pragma omp parallel for schedule(static) if (detail::parallel_worth(rows * cols, 1 << 15))
   for (int64_t r = 0; r < rows; ++r) {
     float v[kBlock];
     load_f32(x.data_ptr(), t, r * cols, cols, v);
@@ -34,7 +35,7 @@ bool softmax_lastdim_backward(const Tensor& y, const Tensor& grad_y, bool log, T
     return false;
   const int64_t cols = y.size(-1), rows = cols ? y.numel() / cols : 0;
   if (cols > kBlock) return false;
-#pragma omp parallel for schedule(static) if (rows * cols >= (1 << 15))
+#pragma omp parallel for schedule(static) if (detail::parallel_worth(rows * cols, 1 << 15))
   for (int64_t r = 0; r < rows; ++r) {
     float yv[kBlock], g[kBlock];
     load_f32(y.data_ptr(), t, r * cols, cols, yv);
