@@ -27,10 +27,6 @@ namespace {
 using optim::f32_to_bf16_stochastic;
 using optim::f32_to_f16_stochastic;
 
-struct RoundingCounts {
-  int64_t changed = 0, unchanged_16bit = 0;
-};
-
 constexpr int64_t kUpdateBlock = 2048;  // elements per block: a few 8 KiB f32 buffers stay in L1/L2
 
 // Writes len f32 weights into a 16-bit parameter: round-to-nearest-even, or stochastically with
