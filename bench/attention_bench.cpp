@@ -6,9 +6,9 @@
 //   cmake --build build --target attention_bench
 //   OMP_NUM_THREADS=2 build/attention_bench [fused_reps=10] [ref_reps=3]
 //
-// `attention_bench gpt [reps=100]` times instead one layer of the gpt recipe as the model runs it:
-// packed_qkv_attention on a [32, 128, 3 * 128] qkv with 4 heads, forward and backward into the
-// packed gradient, fused kernel only, f32 and bf16.
+// `attention_bench gpt [reps=100] [f32|bf16]` times instead one layer of the gpt recipe as the model
+// runs it: packed_qkv_attention on a [32, 128, 3 * 128] qkv with 4 heads, forward and backward into
+// the packed gradient (each also on its own), fused kernel only, f32 and bf16 or the one named.
 #include <omp.h>
 
 #include <algorithm>
@@ -73,25 +73,32 @@ struct Times {
 };
 
 // One gpt layer's attention as nn::CausalSelfAttention runs it, reps times per dtype.
-int gpt_layer(int reps, const std::string& host) {
+int gpt_layer(int reps, const std::string& only, const std::string& host) {
   const int64_t b = 32, t = 128, c = 128, heads = 4;
   for (DType dt : {DType::f32, DType::bf16}) {
+    if (!only.empty() && only != dtype_name(dt)) continue;
     Generator gen(1);
     Tensor qkv = Tensor::uniform({b, t, 3 * c}, gen, -2, 2, dt).set_requires_grad();
     const Tensor g = Tensor::uniform({b, heads, t, c / heads}, gen, -1, 1, dt);
-    Times times;
+    Times times, fwd, bwd;
     for (int r = 0; r <= reps; ++r) {  // the first: warm-up
       qkv.set_grad(Tensor());
       const auto t0 = std::chrono::steady_clock::now();
-      ops::packed_qkv_attention(qkv, heads, {.causal = true}).backward(g);
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      if (r > 0) times.ms.push_back(ms);
+      const Tensor y = ops::packed_qkv_attention(qkv, heads, {.causal = true});
+      const auto t1 = std::chrono::steady_clock::now();
+      y.backward(g);
+      const auto t2 = std::chrono::steady_clock::now();
+      if (r == 0) continue;
+      times.ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+      fwd.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      bwd.ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     }
     std::printf(
         "{\"bench\":\"attention_gpt_layer\",\"host\":\"%s\",\"threads\":%d,\"B\":%ld,\"T\":%ld,\"H\":%ld,"
-        "\"E\":%ld,\"dtype\":\"%s\",\"ms_best\":%.3f,\"ms_median\":%.3f}\n",
+        "\"E\":%ld,\"dtype\":\"%s\",\"ms_best\":%.3f,\"ms_median\":%.3f,\"forward_ms_median\":%.3f,"
+        "\"backward_ms_median\":%.3f}\n",
         host.c_str(), omp_get_max_threads(), long(b), long(t), long(heads), long(c / heads),
-        std::string(dtype_name(dt)).c_str(), times.best(), times.median());
+        std::string(dtype_name(dt)).c_str(), times.best(), times.median(), fwd.median(), bwd.median());
   }
   return 0;
 }
@@ -101,7 +108,7 @@ int gpt_layer(int reps, const std::string& host) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "gpt") {
     const int reps = argc > 2 ? std::atoi(argv[2]) : 100;
-    return gpt_layer(std::max(reps, 1), cpu_model() + " (" + cpu::describe() + ")");
+    return gpt_layer(std::max(reps, 1), argc > 3 ? argv[3] : "", cpu_model() + " (" + cpu::describe() + ")");
   }
   const int fused_reps = std::max(1, argc > 1 ? std::atoi(argv[1]) : 10),
             ref_reps = std::max(1, argc > 2 ? std::atoi(argv[2]) : 3);

@@ -557,6 +557,29 @@ bool wgrad_as_forward(const ConvGeometry& g, DType t) {
          g.n >= 16 && g.c > kFirstLayerChannels;
 }
 
+std::atomic<WgradGemm>& wgrad_gemm_mode() {
+  const char* env = std::getenv("MIXPREC_CONV_WGRAD");
+  const bool off = env != nullptr && (std::string_view(env) == "native" || std::string_view(env) == "forward");
+  static std::atomic<WgradGemm> mode{off ? WgradGemm::off : WgradGemm::where_faster};
+  return mode;
+}
+
+// The weight gradient as one matmul per tap (cpu/conv_wgrad_gemm.cpp), where it beat the
+// forward-convolution rewrite on the AVX512-BF16 kind (2026-12-02, oneDNN alone, 2 threads, the
+// same minute; docs/conv.md, item 4). The 420 -> 1000 layer at 64 images of 14 x 14: bf16 144-152
+// ms (gemm:jit) against 186-193, f32 315-346 against 560-569. 256 x 256 at 64 images: bf16 28-29
+// against 30, f32 71-76 against 84. Smaller layers not faster: bf16 128 x 128 at 128 images 15
+// against 15, 32 -> 64 at 256 images 4.1-6.5 against 4.4 (f32 11.7-14.3 against 10.8). Hence from
+// kWgradGemmMinProducts weights per tap. f32 where the forward rewrite runs (a host with a bf16
+// unit). Not on AMX hosts, where nothing was measured and oneDNN runs other kernels.
+bool wgrad_as_gemm(const ConvGeometry& g, DType t) {
+  const WgradGemm mode = wgrad_gemm_mode().load();
+  if (mode == WgradGemm::off || !rewritable(g) || !native_bf16()) return false;
+  if (t != DType::bf16 && t != DType::f32) return false;
+  if (mode == WgradGemm::force) return true;
+  return g.oc * g.c >= kWgradGemmMinProducts && g.n >= 16 && !has_amx_bf16();
+}
+
 // The forward convolution that computes g's input gradient (its right padding, k - 1 - g's, follows
 // from the sizes in descs()).
 ConvGeometry dgrad_geometry(const ConvGeometry& g) {
@@ -588,6 +611,7 @@ Tensor flipped_transposed(const Tensor& w, const ConvGeometry& g) {
 
 void set_conv_dgrad_as_forward(bool on) { dgrad_as_forward_flag().store(on); }
 void set_conv_wgrad_as_forward(bool on) { wgrad_as_forward_flag().store(on); }
+void set_conv_wgrad_as_gemm(WgradGemm mode) { wgrad_gemm_mode().store(mode); }
 
 bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                     Tensor& dst) {
@@ -637,18 +661,20 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
   }
   if (t != DType::f32 && !(t == DType::bf16 && native_bf16())) return false;
   if (need_b && out.bias.dtype() != DType::f32 && out.bias.dtype() != t) return false;
-  // The weight gradient: mixprec's kernel for a short bf16 contraction, a forward convolution (wf),
-  // oneDNN's backward-weights split over the batch, or one oneDNN primitive (bw).
+  // The weight gradient: mixprec's kernel for a short bf16 contraction, one matmul per tap (gemm),
+  // a forward convolution (wf), oneDNN's backward-weights split over the batch, or one oneDNN
+  // primitive (bw).
   const bool small_k = need_w && x.dtype() == t && small_k_wgrad(g, t);
+  const bool gemm = need_w && !small_k && x.dtype() == t && wgrad_as_gemm(g, t);
   ConvEntry hold_d, hold_w, hold_wf;
-  const ConvEntry* wf = need_w && !small_k && x.dtype() == t && wgrad_as_forward(g, t)
+  const ConvEntry* wf = need_w && !small_k && !gemm && x.dtype() == t && wgrad_as_forward(g, t)
                             ? entry(g, t, false, DType::f32, false, ConvPass::weights_as_forward, hold_wf)
                             : nullptr;
-  const bool split = need_w && !small_k && !wf && split_wgrad(g);
-  const bool one_primitive = need_w && !small_k && !wf && !split;
+  const bool split = need_w && !small_k && !gemm && !wf && split_wgrad(g);
+  const bool one_primitive = need_w && !small_k && !gemm && !wf && !split;
   // The bias gradient rides on backward-weights; otherwise (frozen weight, or the weight gradient
-  // as a forward convolution) it is a plain reduction.
-  const bool fused_bias = need_b && need_w && !wf;
+  // as matmuls or a forward convolution) it is a plain reduction.
+  const bool fused_bias = need_b && need_w && !wf && !gemm;
   // The input gradient: a forward convolution of the flipped weight, else oneDNN's backward-data.
   const ConvEntry* bd = need_x && dgrad_as_forward(g, t)
                             ? entry(dgrad_geometry(g), t, false, DType::f32, false, ConvPass::forward, hold_d)
@@ -669,6 +695,10 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
       backward_weights_small_k(grad_y, x, g, wgrads);
     else if (!backward_weights_split(grad_y, x, g, wgrads))
       return false;
+  }
+  if (gemm) {
+    profile::detail::note_impl("wgrad_as_gemm");
+    backward_weights_as_gemm(grad_y, x, g, out.weight);
   }
   if (wf) {
     // The primitive writes f32; a bf16 gradient is rounded once from it. Its own call state: its

@@ -24,6 +24,19 @@ std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass);
 // kernel. Needs AVX-512 (every CPU with bf16 convolutions has it).
 constexpr int64_t kSmallKTaps = 32;
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out);
+// The weight gradient (bf16 or f32 operands) of a stride-1, undilated, one-group convolution
+// (padding at most k - 1 on each side) as one oneDNN matmul per tap over x and grad_y copied onto
+// a shared zero-padded grid (cpu/conv_wgrad_gemm.cpp has the identity), f32 sums rounded once into
+// weight_grad (f32, or bf16 from bf16 operands). conv2d_backward runs it for wide layers on hosts
+// with AVX512-BF16 and no AMX (conv.cpp, wgrad_as_gemm).
+struct WgradGrid {
+  int64_t hp = 0, wp = 0;  // each image's grid: rows and row length
+  int64_t positions = 0;   // n hp wp: the products' contraction
+  int64_t x_stride = 0;    // elements per channel of x's grid (with the zeros the last tap reads)
+  int64_t y_stride = 0;    // elements per channel of grad_y's grid
+};
+WgradGrid wgrad_grid(const ConvGeometry& g);
+void backward_weights_as_gemm(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, Tensor& weight_grad);
 // Input channels up to which a convolution counts as a first layer.
 constexpr int64_t kFirstLayerChannels = 4;
 // A first layer: at most kFirstLayerChannels input channels and kSmallKTaps taps, stride 1, no
@@ -47,6 +60,14 @@ void conv_bias_gradient(const Tensor& grad_y, const ConvGeometry& g, Tensor& bia
 void set_conv_dgrad_as_forward(bool on);
 // The same for the weight gradient (MIXPREC_CONV_WGRAD=native starts it off): cpu/conv.cpp.
 void set_conv_wgrad_as_forward(bool on);
+// Whether the weight gradient of a wide stride-1 layer runs as one matmul per tap
+// (backward_weights_as_gemm) rather than as a forward convolution: by default where the layer has
+// at least kWgradGemmMinProducts weight elements per tap and the host has no AMX-BF16
+// (MIXPREC_CONV_WGRAD=forward or native starts it off); `force` makes it run wherever the geometry
+// allows, at any size, on any host with a bf16 unit (tests).
+enum class WgradGemm { off, where_faster, force };
+void set_conv_wgrad_as_gemm(WgradGemm mode);
+constexpr int64_t kWgradGemmMinProducts = int64_t(1) << 17;
 
 // The convolution primitive cache (one entry per shape, dtype, bias/ReLU flags and pass).
 CacheStats conv_cache_stats();

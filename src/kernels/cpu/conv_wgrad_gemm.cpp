@@ -1,0 +1,107 @@
+// The weight gradient of a wide stride-1 convolution (bf16 or f32) as one matrix product per tap, over
+// zero-padded copies of x and grad_y laid on a shared grid (see conv.cpp's wgrad_as_gemm and
+// docs/conv.md).
+//
+// dW[oc, c, i, j] = sum over images n and output positions (oh, ow) of
+// dy[n, oc, oh, ow] * x[n, c, oh + i - pad_h, ow + j - pad_w]. Lay every image's planes on a grid
+// of hp x wp positions, hp = h + max(top, bottom pad) and wp = w + max(left, right pad), one image
+// after the other: x's plane sits at row pad_h, column pad_w of its image's grid, grad_y's at row
+// 0, column 0, zeros elsewhere. The zeros after a row (or an image) are the next row's (image's)
+// leading zeros too, so they serve as both the right (bottom) padding of one and the left (top)
+// padding of the next. Then position r of grad_y's grid pairs, for tap (i, j), with position
+// r + i * wp + j of x's, for every r: each tap is one product over all positions,
+//   dW_tap[oc, c] = sum_r dyg[oc, r] * xg[c, r + i * wp + j],
+// a [OC x R] by [R x C] matmul (R = n hp wp) whose B operand is xg shifted by the tap's offset.
+// oneDNN's gemm runs it faster than its convolutions run the same sums on the AVX512-BF16 kind, in
+// bf16 and in f32, the zero positions (R over n oh ow: 15% for 14 x 14 planes) included. f32
+// accumulation; one rounding into the gradient's dtype.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/dnnl_conv.h"
+#include "kernels/cpu/dnnl_matmul.h"
+#include "mixprec/convert.h"
+#include "mixprec/error.h"
+
+namespace mixprec::kernels::cpu {
+
+WgradGrid wgrad_grid(const ConvGeometry& g) {
+  WgradGrid grid;
+  const int64_t pad_b = g.oh - 1 + g.kh - g.h - g.pad_h, pad_r = g.ow - 1 + g.kw - g.w - g.pad_w;
+  grid.hp = g.h + std::max(g.pad_h, pad_b);
+  grid.wp = g.w + std::max(g.pad_w, pad_r);
+  grid.positions = g.n * grid.hp * grid.wp;
+  // The last tap reads (kh - 1) wp + kw - 1 positions past the last one: zeros.
+  const int64_t reach = grid.positions + (g.kh - 1) * grid.wp + g.kw - 1;
+  grid.x_stride = (reach + 31) / 32 * 32;  // 64-byte rows
+  grid.y_stride = (grid.positions + 31) / 32 * 32;
+  return grid;
+}
+
+void backward_weights_as_gemm(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, Tensor& weight_grad) {
+  const DType t = x.dtype();
+  MIXPREC_ASSERT((t == DType::bf16 || t == DType::f32) && grad_y.dtype() == t, "wgrad as gemm: bf16 or f32 operands");
+  const WgradGrid grid = wgrad_grid(g);
+  MIXPREC_ASSERT(g.oh <= grid.hp && g.ow <= grid.wp && g.pad_h <= grid.hp - g.h && g.pad_w <= grid.wp - g.w,
+                 "wgrad as gemm: a geometry the grid does not hold");
+  const int64_t taps = g.kh * g.kw, image = grid.hp * grid.wp;
+  const size_t es = dtype_size(t);
+  // Every buffer before the parallel regions (an OutOfMemory cannot leave one).
+  WorkspaceBuffer xg_buf(size_t(g.c * grid.x_stride) * es), yg_buf(size_t(g.oc * grid.y_stride) * es);
+  WorkspaceBuffer products(size_t(taps * g.oc * g.c) * sizeof(float));
+  char* const xg = static_cast<char*>(xg_buf.data());
+  char* const yg = static_cast<char*>(yg_buf.data());
+  auto* const dw = static_cast<float*>(products.data());
+  const char* const xs = static_cast<const char*>(x.data_ptr());
+  const char* const ys = static_cast<const char*>(grad_y.data_ptr());
+
+  // Zero bits are 0 in both dtypes.
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < g.c; ++c) {
+    char* row = xg + size_t(c * grid.x_stride) * es;
+    std::memset(row, 0, size_t(grid.x_stride) * es);
+    for (int64_t n = 0; n < g.n; ++n)
+      for (int64_t i = 0; i < g.h; ++i)
+        std::memcpy(row + size_t(n * image + (i + g.pad_h) * grid.wp + g.pad_w) * es,
+                    xs + size_t(((n * g.c + c) * g.h + i) * g.w) * es, size_t(g.w) * es);
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t oc = 0; oc < g.oc; ++oc) {
+    char* row = yg + size_t(oc * grid.y_stride) * es;
+    std::memset(row, 0, size_t(grid.y_stride) * es);
+    for (int64_t n = 0; n < g.n; ++n)
+      for (int64_t i = 0; i < g.oh; ++i)
+        std::memcpy(row + size_t(n * image + i * grid.wp) * es, ys + size_t(((n * g.oc + oc) * g.oh + i) * g.ow) * es,
+                    size_t(g.ow) * es);
+  }
+
+  for (int64_t tap = 0; tap < taps; ++tap) {
+    MatmulArgs m;
+    m.m = g.oc, m.n = g.c, m.k = grid.positions;
+    m.src_t = m.wei_t = t;
+    m.dst_t = DType::f32;
+    m.src = yg, m.src_stride_m = grid.y_stride, m.src_stride_k = 1;
+    m.wei = xg + size_t((tap / g.kw) * grid.wp + tap % g.kw) * es, m.wei_stride_k = 1, m.wei_stride_n = grid.x_stride;
+    m.dst = dw + tap * g.oc * g.c, m.dst_stride_m = g.c;
+    matmul(m);
+  }
+
+  // [tap][oc][c] -> [oc][c][tap], rounded once into the gradient's dtype, a row of C x taps at a time.
+  const int64_t row_len = g.c * taps;
+  WorkspaceBuffer rows(size_t(omp_get_max_threads() * row_len) * sizeof(float));
+  char* const out = static_cast<char*>(weight_grad.data_ptr());
+  const size_t out_size = dtype_size(weight_grad.dtype());
+#pragma omp parallel for schedule(static)
+  for (int64_t oc = 0; oc < g.oc; ++oc) {
+    float* row = static_cast<float*>(rows.data()) + omp_get_thread_num() * row_len;
+    for (int64_t tap = 0; tap < taps; ++tap) {
+      const float* src = dw + (tap * g.oc + oc) * g.c;
+      for (int64_t c = 0; c < g.c; ++c) row[c * taps + tap] = src[c];
+    }
+    convert(row, DType::f32, out + size_t(oc * row_len) * out_size, weight_grad.dtype(), size_t(row_len));
+  }
+}
+
+}  // namespace mixprec::kernels::cpu

@@ -1,0 +1,160 @@
+// The weight gradient as one matmul per tap (kernels::cpu::backward_weights_as_gemm,
+// cpu/conv_wgrad_gemm.cpp): its values against the f64 reference on the geometries the grid
+// must hold (padding on both sides, on one axis, none; 1x1, 3x3, 5x3 kernels; odd sizes; one
+// image and more than 16), from bf16 operands into bf16 and f32 gradients and from f32 ones; and
+// which layers take it on which host kind.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "conv_test_util.h"
+#include "kernels/cpu/dnnl_conv.h"
+#include "mixprec/ops.h"
+#include "mixprec/profile.h"
+
+namespace mixprec {
+namespace {
+
+using convtest::BackendGuard;
+
+struct WgradCase {
+  std::string name;
+  Shape x, w;
+  int64_t pad_h, pad_w;
+};
+
+std::vector<WgradCase> wgrad_cases() {
+  return {
+      {"3x3_pad1", {4, 16, 12, 12}, {32, 16, 3, 3}, 1, 1},
+      {"3x3_no_pad_one_image", {1, 24, 7, 9}, {20, 24, 3, 3}, 0, 0},
+      {"5x3_pad_2x0_odd", {17, 6, 9, 8}, {10, 6, 5, 3}, 2, 0},
+      {"5x3_pad_1x1", {3, 8, 11, 5}, {12, 8, 5, 3}, 1, 1},
+      {"1x1", {2, 32, 7, 7}, {48, 32, 1, 1}, 0, 0},
+      {"planes_14x14", {16, 32, 14, 14}, {48, 32, 3, 3}, 1, 1},
+  };
+}
+
+kernels::ConvGeometry geometry_of(const WgradCase& c) {
+  kernels::ConvGeometry g{.n = c.x[0], .c = c.x[1], .h = c.x[2], .w = c.x[3], .oc = c.w[0], .kh = c.w[2], .kw = c.w[3]};
+  g.pad_h = c.pad_h, g.pad_w = c.pad_w;
+  g.oh = g.h + 2 * c.pad_h - g.kh + 1;
+  g.ow = g.w + 2 * c.pad_w - g.kw + 1;
+  return g;
+}
+
+// The weight gradient of conv2d(x, w) for grad_y gy on the reference backend, in x's dtype.
+Tensor reference_wgrad(const Tensor& x, const Tensor& w, const Tensor& gy, const WgradCase& c) {
+  BackendGuard guard(kernels::Backend::ref);
+  Tensor wl = w.clone().set_requires_grad();
+  ops::conv2d(x, wl, Tensor(), {.padding = {c.pad_h, c.pad_w}}).backward(gy);
+  return wl.grad();
+}
+
+bool bf16_matmuls() { return kernels::cpu::has_avx512_bf16() || kernels::cpu::has_amx_bf16(); }
+
+// The kernel itself, from bf16 operands into a bf16 and an f32 gradient and from f32 operands:
+// within one rounding of the output dtype and the f32 accumulation bound of the reference's sum
+// (the grid's zero positions add exact zeros).
+TEST(ConvWgradGemm, MatchesTheReference) {
+  if (!bf16_matmuls()) GTEST_SKIP() << "no bf16 matmuls on this CPU (neither AVX512-BF16 nor AMX-BF16)";
+  for (const WgradCase& c : wgrad_cases()) {
+    SCOPED_TRACE(c.name);
+    const kernels::ConvGeometry g = geometry_of(c);
+    for (DType in_t : {DType::bf16, DType::f32}) {
+      Generator gen(31);
+      const Tensor x = convtest::rand(gen, c.x, in_t), w = convtest::rand(gen, c.w, in_t);
+      const Tensor gy = convtest::rand(gen, {g.n, g.oc, g.oh, g.ow}, in_t);
+      const Tensor ref = reference_wgrad(x.to(DType::f64), w.to(DType::f64), gy.to(DType::f64), c);
+      const Tensor abs = reference_wgrad(convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(gy), c);
+      for (DType out_t : {DType::bf16, DType::f32}) {
+        if (in_t == DType::f32 && out_t == DType::bf16) continue;  // not a combination conv2d_backward makes
+        SCOPED_TRACE(std::string(dtype_name(in_t)) + " -> " + std::string(dtype_name(out_t)));
+        Tensor dw = Tensor::empty(c.w, out_t);
+        kernels::cpu::backward_weights_as_gemm(gy, x, g, dw);
+        EXPECT_TRUE(convtest::close_accumulated(dw, ref.to(out_t), abs, double(g.n * g.oh * g.ow), "backward weights"));
+      }
+    }
+  }
+}
+
+// The grid: each image's rows and columns hold the plane and the larger of its two paddings, and
+// x's rows reach the positions the last tap reads.
+TEST(ConvWgradGemm, GridSharesThePaddingBetweenNeighbours) {
+  kernels::ConvGeometry g{.n = 3, .c = 8, .h = 9, .w = 8, .oc = 4, .kh = 5, .kw = 3, .oh = 9, .ow = 6};
+  g.pad_h = 2, g.pad_w = 0;
+  const kernels::cpu::WgradGrid grid = kernels::cpu::wgrad_grid(g);
+  EXPECT_EQ(grid.hp, 11);
+  EXPECT_EQ(grid.wp, 8);
+  EXPECT_EQ(grid.positions, 3 * 11 * 8);
+  EXPECT_GE(grid.x_stride, grid.positions + 4 * 8 + 2);
+  EXPECT_EQ(grid.x_stride % 32, 0);
+  EXPECT_GE(grid.y_stride, grid.positions);
+}
+
+std::string backward_impl(const WgradCase& c, DType t) {
+  BackendGuard guard(kernels::Backend::cpu);
+  Generator gen(33);
+  const kernels::ConvGeometry g = geometry_of(c);
+  const Tensor x = convtest::rand(gen, c.x, t);
+  Tensor w = convtest::rand(gen, c.w, t, -0.5, 0.5).set_requires_grad();
+  const Tensor gy = convtest::rand(gen, {g.n, g.oc, g.oh, g.ow}, t);
+  profile::start();
+  ops::conv2d(x, w, Tensor(), {.padding = {c.pad_h, c.pad_w}}).backward(gy);
+  profile::stop();
+  std::string impl;
+  for (const auto& r : profile::rows())
+    if (r.kernel == "conv2d_backward") impl = r.impl;
+  return impl;
+}
+
+struct RestoreWgradGemm {
+  ~RestoreWgradGemm() { kernels::cpu::set_conv_wgrad_as_gemm(kernels::cpu::WgradGemm::where_faster); }
+};
+
+// Through ops::conv2d with the path forced on: the profile names it in bf16 and f32; a strided
+// layer never takes it.
+TEST(ConvWgradGemm, ForcedRunsThroughTheOp) {
+  if (!bf16_matmuls()) GTEST_SKIP() << "no bf16 matmuls on this CPU (neither AVX512-BF16 nor AMX-BF16)";
+  const RestoreWgradGemm restore;
+  kernels::cpu::set_conv_wgrad_as_gemm(kernels::cpu::WgradGemm::force);
+  const WgradCase c = wgrad_cases()[0];
+  EXPECT_NE(backward_impl(c, DType::bf16).find("wgrad_as_gemm"), std::string::npos);
+  EXPECT_NE(backward_impl(c, DType::f32).find("wgrad_as_gemm"), std::string::npos);
+  BackendGuard guard(kernels::Backend::cpu);
+  Generator gen(35);
+  const Tensor x = convtest::rand(gen, {2, 16, 9, 9}, DType::bf16);
+  Tensor w = convtest::rand(gen, {8, 16, 3, 3}, DType::bf16).set_requires_grad();
+  profile::start();
+  ops::conv2d(x, w, Tensor(), {.stride = 2, .padding = 1}).backward(convtest::rand(gen, {2, 8, 5, 5}, DType::bf16));
+  profile::stop();
+  for (const auto& r : profile::rows())
+    if (r.kernel == "conv2d_backward") {
+      EXPECT_EQ(r.impl.find("wgrad_as_gemm"), std::string::npos) << r.impl;
+    }
+}
+
+// By default: on the AMD Zen 5 kind (AVX512-BF16, no AMX), where it was measured faster, a layer of
+// at least kWgradGemmMinProducts weights per tap from 16 images takes it, in bf16 and f32, and a
+// narrow one keeps the forward-convolution rewrite; on the Intel kind (AMX-BF16), not measured,
+// both keep the rewrite.
+TEST(ConvWgradGemm, DefaultFollowsTheHostKindAndTheLayersWidth) {
+  if (!bf16_matmuls()) GTEST_SKIP() << "no bf16 matmuls on this CPU (neither AVX512-BF16 nor AMX-BF16)";
+  const RestoreWgradGemm restore;
+  kernels::cpu::set_conv_wgrad_as_gemm(kernels::cpu::WgradGemm::where_faster);
+  const WgradCase wide{"wide", {16, 256, 4, 4}, {512, 256, 3, 3}, 1, 1};
+  const WgradCase narrow{"narrow", {16, 64, 4, 4}, {64, 64, 3, 3}, 1, 1};
+  ASSERT_GE(wide.w[0] * wide.w[1], kernels::cpu::kWgradGemmMinProducts);
+  ASSERT_LT(narrow.w[0] * narrow.w[1], kernels::cpu::kWgradGemmMinProducts);
+  const bool amd_kind = !kernels::cpu::has_amx_bf16();
+  for (DType t : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(t));
+    const std::string wide_impl = backward_impl(wide, t), narrow_impl = backward_impl(narrow, t);
+    EXPECT_EQ(wide_impl.find("wgrad_as_gemm") != std::string::npos, amd_kind) << wide_impl;
+    EXPECT_EQ(wide_impl.find("wgrad_as_fwd") != std::string::npos, !amd_kind) << wide_impl;
+    EXPECT_NE(narrow_impl.find("wgrad_as_fwd"), std::string::npos) << narrow_impl;
+  }
+}
+
+}  // namespace
+}  // namespace mixprec
