@@ -1,8 +1,8 @@
 // The weight gradient as one matmul per tap (kernels::cpu::backward_weights_as_gemm,
 // cpu/conv_wgrad_gemm.cpp): its values against the f64 reference on the geometries the grid
 // must hold (padding on both sides, on one axis, none; 1x1, 3x3, 5x3 kernels; odd sizes; one
-// image and more than 16), from bf16 operands into bf16 and f32 gradients and from f32 ones; and
-// which layers take it on which host kind.
+// image, more than 16, and chunks of images with a short last one), from bf16 operands into bf16 and f32 gradients and
+// from f32 ones; and which layers take it on which host kind.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -32,6 +32,8 @@ std::vector<WgradCase> wgrad_cases() {
       {"5x3_pad_1x1", {3, 8, 11, 5}, {12, 8, 5, 3}, 1, 1},
       {"1x1", {2, 32, 7, 7}, {48, 32, 1, 1}, 0, 0},
       {"planes_14x14", {16, 32, 14, 14}, {48, 32, 3, 3}, 1, 1},
+      // 24 images a chunk on this grid (15 x 15): chunks of 24, 24 and 7.
+      {"three_chunks", {55, 8, 14, 14}, {16, 8, 3, 3}, 1, 1},
   };
 }
 
@@ -86,10 +88,19 @@ TEST(ConvWgradGemm, GridSharesThePaddingBetweenNeighbours) {
   const kernels::cpu::WgradGrid grid = kernels::cpu::wgrad_grid(g);
   EXPECT_EQ(grid.hp, 11);
   EXPECT_EQ(grid.wp, 8);
+  EXPECT_EQ(grid.images, 3);  // the whole batch: fewer positions than a chunk's
   EXPECT_EQ(grid.positions, 3 * 11 * 8);
   EXPECT_GE(grid.x_stride, grid.positions + 4 * 8 + 2);
   EXPECT_EQ(grid.x_stride % 32, 0);
   EXPECT_GE(grid.y_stride, grid.positions);
+  // The wide cnn's second layer: chunks of the fewest whole eights of images that make
+  // kWgradChunkPositions.
+  kernels::ConvGeometry wide{.n = 64, .c = 420, .h = 14, .w = 14, .oc = 1000, .kh = 3, .kw = 3, .oh = 14, .ow = 14};
+  wide.pad_h = wide.pad_w = 1;
+  const kernels::cpu::WgradGrid chunked = kernels::cpu::wgrad_grid(wide);
+  EXPECT_EQ(chunked.hp * chunked.wp, 225);
+  EXPECT_EQ(chunked.images, 24);
+  EXPECT_EQ(chunked.positions, 24 * 225);
 }
 
 std::string backward_impl(const WgradCase& c, DType t) {

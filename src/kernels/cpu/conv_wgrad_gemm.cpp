@@ -12,6 +12,11 @@
 // r + i * wp + j of x's, for every r: each tap is one product over all positions,
 //   dW_tap[oc, c] = sum_r dyg[oc, r] * xg[c, r + i * wp + j],
 // a [OC x R] by [R x C] matmul (R = n hp wp) whose B operand is xg shifted by the tap's offset.
+// The images go in chunks of about kWgradChunkPositions positions, each chunk's products added to
+// the sums of the chunks before, so the grids take a few MB whatever the batch (the 420 -> 1000
+// layer: 24 images, 15 MB in bf16; a whole batch of 64 would take 41 MB, more than the blocked
+// copies of oneDNN's convolutions). oneDNN's bf16 gemm ran chunks of 8 to 64 images of that layer
+// at the same rate (660-750 GFLOP/s, 2026-12-02), its f32 one whole eights of images.
 // oneDNN's gemm runs it faster than its convolutions run the same sums on the AVX512-BF16 kind, in
 // bf16 and in f32, the zero positions (R over n oh ow: 15% for 14 x 14 planes) included. f32
 // accumulation; one rounding into the gradient's dtype.
@@ -32,8 +37,13 @@ WgradGrid wgrad_grid(const ConvGeometry& g) {
   const int64_t pad_b = g.oh - 1 + g.kh - g.h - g.pad_h, pad_r = g.ow - 1 + g.kw - g.w - g.pad_w;
   grid.hp = g.h + std::max(g.pad_h, pad_b);
   grid.wp = g.w + std::max(g.pad_w, pad_r);
-  grid.positions = g.n * grid.hp * grid.wp;
-  // The last tap reads (kh - 1) wp + kw - 1 positions past the last one: zeros.
+  const int64_t image = grid.hp * grid.wp;
+  // Whole eights of images: oneDNN's f32 gemm ran chunks of 16, 24, 32, 40 and 48 images of the
+  // 420 -> 1000 layer at 341-353 GFLOP/s, and of 19 or 27 at 264-309.
+  const int64_t eights = (kWgradChunkPositions + 8 * image - 1) / (8 * image);
+  grid.images = std::clamp<int64_t>(8 * eights, 1, std::max<int64_t>(g.n, 1));
+  grid.positions = grid.images * image;
+  // The last tap reads (kh - 1) wp + kw - 1 positions past the chunk's last one: zeros.
   const int64_t reach = grid.positions + (g.kh - 1) * grid.wp + g.kw - 1;
   grid.x_stride = (reach + 31) / 32 * 32;  // 64-byte rows
   grid.y_stride = (grid.positions + 31) / 32 * 32;
@@ -48,49 +58,55 @@ void backward_weights_as_gemm(const Tensor& grad_y, const Tensor& x, const ConvG
                  "wgrad as gemm: a geometry the grid does not hold");
   const int64_t taps = g.kh * g.kw, image = grid.hp * grid.wp;
   const size_t es = dtype_size(t);
-  // Every buffer before the parallel regions (an OutOfMemory cannot leave one).
+  // Every buffer before the parallel regions (an OutOfMemory cannot leave one): one chunk of
+  // images' grids, whatever the batch, and the f32 sums of every tap.
   WorkspaceBuffer xg_buf(size_t(g.c * grid.x_stride) * es), yg_buf(size_t(g.oc * grid.y_stride) * es);
   WorkspaceBuffer products(size_t(taps * g.oc * g.c) * sizeof(float));
+  const int64_t row_len = g.c * taps;
+  WorkspaceBuffer rows(size_t(omp_get_max_threads() * row_len) * sizeof(float));
   char* const xg = static_cast<char*>(xg_buf.data());
   char* const yg = static_cast<char*>(yg_buf.data());
   auto* const dw = static_cast<float*>(products.data());
   const char* const xs = static_cast<const char*>(x.data_ptr());
   const char* const ys = static_cast<const char*>(grad_y.data_ptr());
 
-  // Zero bits are 0 in both dtypes.
+  for (int64_t n0 = 0; n0 < g.n; n0 += grid.images) {
+    const int64_t count = std::min(grid.images, g.n - n0);
+    // Zero bits are 0 in both dtypes; a short last chunk's unused images stay zero.
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < g.c; ++c) {
-    char* row = xg + size_t(c * grid.x_stride) * es;
-    std::memset(row, 0, size_t(grid.x_stride) * es);
-    for (int64_t n = 0; n < g.n; ++n)
-      for (int64_t i = 0; i < g.h; ++i)
-        std::memcpy(row + size_t(n * image + (i + g.pad_h) * grid.wp + g.pad_w) * es,
-                    xs + size_t(((n * g.c + c) * g.h + i) * g.w) * es, size_t(g.w) * es);
-  }
+    for (int64_t c = 0; c < g.c; ++c) {
+      char* row = xg + size_t(c * grid.x_stride) * es;
+      std::memset(row, 0, size_t(grid.x_stride) * es);
+      for (int64_t n = 0; n < count; ++n)
+        for (int64_t i = 0; i < g.h; ++i)
+          std::memcpy(row + size_t(n * image + (i + g.pad_h) * grid.wp + g.pad_w) * es,
+                      xs + size_t((((n0 + n) * g.c + c) * g.h + i) * g.w) * es, size_t(g.w) * es);
+    }
 #pragma omp parallel for schedule(static)
-  for (int64_t oc = 0; oc < g.oc; ++oc) {
-    char* row = yg + size_t(oc * grid.y_stride) * es;
-    std::memset(row, 0, size_t(grid.y_stride) * es);
-    for (int64_t n = 0; n < g.n; ++n)
-      for (int64_t i = 0; i < g.oh; ++i)
-        std::memcpy(row + size_t(n * image + i * grid.wp) * es, ys + size_t(((n * g.oc + oc) * g.oh + i) * g.ow) * es,
-                    size_t(g.ow) * es);
-  }
-
-  for (int64_t tap = 0; tap < taps; ++tap) {
-    MatmulArgs m;
-    m.m = g.oc, m.n = g.c, m.k = grid.positions;
-    m.src_t = m.wei_t = t;
-    m.dst_t = DType::f32;
-    m.src = yg, m.src_stride_m = grid.y_stride, m.src_stride_k = 1;
-    m.wei = xg + size_t((tap / g.kw) * grid.wp + tap % g.kw) * es, m.wei_stride_k = 1, m.wei_stride_n = grid.x_stride;
-    m.dst = dw + tap * g.oc * g.c, m.dst_stride_m = g.c;
-    matmul(m);
+    for (int64_t oc = 0; oc < g.oc; ++oc) {
+      char* row = yg + size_t(oc * grid.y_stride) * es;
+      std::memset(row, 0, size_t(grid.y_stride) * es);
+      for (int64_t n = 0; n < count; ++n)
+        for (int64_t i = 0; i < g.oh; ++i)
+          std::memcpy(row + size_t(n * image + i * grid.wp) * es,
+                      ys + size_t((((n0 + n) * g.oc + oc) * g.oh + i) * g.ow) * es, size_t(g.ow) * es);
+    }
+    // Each tap's sums over this chunk, added to the earlier chunks' (in chunk order).
+    for (int64_t tap = 0; tap < taps; ++tap) {
+      MatmulArgs m;
+      m.m = g.oc, m.n = g.c, m.k = count * image;
+      m.src_t = m.wei_t = t;
+      m.dst_t = DType::f32;
+      m.src = yg, m.src_stride_m = grid.y_stride, m.src_stride_k = 1;
+      m.wei = xg + size_t((tap / g.kw) * grid.wp + tap % g.kw) * es;
+      m.wei_stride_k = 1, m.wei_stride_n = grid.x_stride;
+      m.dst = dw + tap * g.oc * g.c, m.dst_stride_m = g.c;
+      m.accumulate = n0 > 0;
+      matmul(m);
+    }
   }
 
   // [tap][oc][c] -> [oc][c][tap], rounded once into the gradient's dtype, a row of C x taps at a time.
-  const int64_t row_len = g.c * taps;
-  WorkspaceBuffer rows(size_t(omp_get_max_threads() * row_len) * sizeof(float));
   char* const out = static_cast<char*>(weight_grad.data_ptr());
   const size_t out_size = dtype_size(weight_grad.dtype());
 #pragma omp parallel for schedule(static)

@@ -29,9 +29,11 @@ void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
 // a shared zero-padded grid (cpu/conv_wgrad_gemm.cpp has the identity), f32 sums rounded once into
 // weight_grad (f32, or bf16 from bf16 operands). conv2d_backward runs it for wide layers on hosts
 // with AVX512-BF16 and no AMX (conv.cpp, wgrad_as_gemm).
+constexpr int64_t kWgradChunkPositions = 4096;  // grid positions per chunk of images (whole eights), at least
 struct WgradGrid {
   int64_t hp = 0, wp = 0;  // each image's grid: rows and row length
-  int64_t positions = 0;   // n hp wp: the products' contraction
+  int64_t images = 0;      // images per chunk
+  int64_t positions = 0;   // images hp wp: a chunk's contraction
   int64_t x_stride = 0;    // elements per channel of x's grid (with the zeros the last tap reads)
   int64_t y_stride = 0;    // elements per channel of grad_y's grid
 };
