@@ -32,10 +32,15 @@ bool usable(const Tensor& t) { return !t.defined() || (f32_compute(t.dtype()) &&
 // with the same results as the baseline build's: the lanes fix the order of every sum.
 #define MIXPREC_LANES [[gnu::always_inline]] inline
 constexpr int kLanes = 16;
+// The lanes' total as a fixed tree of depth 4 (lane j with lane j + 8, then j + 4, j + 2, j + 1): a
+// row's reductions are a chain of additions, and 15 in a row made layer norm's short rows (the gpt's
+// 128) wait on them.
 MIXPREC_LANES float lanes_total(const float* acc) {
-  float s = 0.f;
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
-  return s;
+  float t[kLanes / 2];
+  for (int j = 0; j < kLanes / 2; ++j) t[j] = acc[j] + acc[j + kLanes / 2];
+  for (int w = kLanes / 4; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) t[j] = t[j] + t[j + w];
+  return t[0];
 }
 MIXPREC_LANES float plane_sum(const float* p, int64_t n) {
   float acc[kLanes] = {};
@@ -75,16 +80,26 @@ struct LayerNormRow {
   const float* b;  // forward only
   int64_t cols;
 };
-// y = (x - mean) * rstd * w + b, and x̂ = (x - mean) * rstd where xh is given.
-MIXPREC_LANES void layer_norm_row(const LayerNormRow& a, const float* x, double eps, float* y, float* xh, float& mu,
-                                  float& inv) {
+// y = (x - mean) * rstd * w + b, and x̂ = (x - mean) * rstd where xh is given, for R rows (row k:
+// x[k], y[k], xh[k], mu[k], inv[k]), each with the same operations: a row's mean, variance and rstd
+// are a chain of sums, f64 divisions and a square root, and R independent chains side by side
+// overlap (R = 4 for whole groups of rows; the gpt's rows are 128 long).
+template <int R>
+MIXPREC_LANES void layer_norm_rows(const LayerNormRow& a, const float* const* x, double eps, float* const* y,
+                                   float* const* xh, float* mu, float* inv) {
   const int64_t n = a.cols;
-  mu = float(double(plane_sum(x, n)) / double(n));
-  inv = float(1.0 / std::sqrt(double(plane_sum_sq_dev(x, n, mu)) / double(n) + eps));
-  for (int64_t j = 0; j < n; ++j) y[j] = (x[j] - mu) * inv * a.w[j] + a.b[j];
-  if (xh)
-    for (int64_t j = 0; j < n; ++j) xh[j] = (x[j] - mu) * inv;
+  float s[R];
+  for (int k = 0; k < R; ++k) s[k] = plane_sum(x[k], n);
+  for (int k = 0; k < R; ++k) mu[k] = float(double(s[k]) / double(n));
+  for (int k = 0; k < R; ++k) s[k] = plane_sum_sq_dev(x[k], n, mu[k]);
+  for (int k = 0; k < R; ++k) inv[k] = float(1.0 / std::sqrt(double(s[k]) / double(n) + eps));
+  for (int k = 0; k < R; ++k) {
+    for (int64_t j = 0; j < n; ++j) y[k][j] = (x[k][j] - mu[k]) * inv[k] * a.w[j] + a.b[j];
+    if (xh[k])
+      for (int64_t j = 0; j < n; ++j) xh[k][j] = (x[k][j] - mu[k]) * inv[k];
+  }
 }
+constexpr int kRowGroup = 4;
 // The gradients of one row: x̂ (recomputed, or x itself when it is x̂ already), dweight and dbias
 // added into the thread's f64 sums, and dx = rstd (g - mean(g) - x̂ mean(g x̂)) with g = dy w where
 // dx is given.
@@ -113,17 +128,20 @@ MIXPREC_LANES void layer_norm_row_backward(const LayerNormRow& a, const float* g
   for (j = 0; j < n; ++j) dx[j] = rs * (gy[j] * a.w[j] - mean_g - xhat[j] * mean_gx);
 }
 
-using LayerNormRowFn = void (*)(const LayerNormRow&, const float*, double, float*, float*, float&, float&);
+using LayerNormRowFn = void (*)(const LayerNormRow&, const float* const*, double, float* const*, float* const*, float*,
+                                float*);
 using LayerNormRowBackwardFn = void (*)(const LayerNormRow&, const float*, const float*, float, float, float*, double*,
                                         double*, float*);
 #define MIXPREC_AVX512 __attribute__((target("avx512f")))
-MIXPREC_AVX512 void layer_norm_row_avx512(const LayerNormRow& a, const float* x, double eps, float* y, float* xh,
-                                          float& mu, float& inv) {
-  layer_norm_row(a, x, eps, y, xh, mu, inv);
+template <int R>
+MIXPREC_AVX512 void layer_norm_rows_avx512(const LayerNormRow& a, const float* const* x, double eps, float* const* y,
+                                           float* const* xh, float* mu, float* inv) {
+  layer_norm_rows<R>(a, x, eps, y, xh, mu, inv);
 }
-void layer_norm_row_baseline(const LayerNormRow& a, const float* x, double eps, float* y, float* xh, float& mu,
-                             float& inv) {
-  layer_norm_row(a, x, eps, y, xh, mu, inv);
+template <int R>
+void layer_norm_rows_baseline(const LayerNormRow& a, const float* const* x, double eps, float* const* y,
+                              float* const* xh, float* mu, float* inv) {
+  layer_norm_rows<R>(a, x, eps, y, xh, mu, inv);
 }
 template <bool kNormalized>
 MIXPREC_AVX512 void layer_norm_row_backward_avx512(const LayerNormRow& a, const float* gy, const float* x, float mu,
@@ -137,8 +155,10 @@ void layer_norm_row_backward_baseline(const LayerNormRow& a, const float* gy, co
 }
 #undef MIXPREC_AVX512
 
-LayerNormRowFn layer_norm_row_fn() {
-  return mixprec::cpu::has_avx512f() ? &layer_norm_row_avx512 : &layer_norm_row_baseline;
+// The function for groups of R rows (1 or kRowGroup).
+template <int R>
+LayerNormRowFn layer_norm_rows_fn() {
+  return mixprec::cpu::has_avx512f() ? &layer_norm_rows_avx512<R> : &layer_norm_rows_baseline<R>;
 }
 LayerNormRowBackwardFn layer_norm_row_backward_fn(bool normalized) {
   if (mixprec::cpu::has_avx512f())
@@ -281,18 +301,34 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   const std::vector<float> w = values_or(weight, cols, 1.f), b = values_or(bias, cols, 0.f);
   std::vector<float> m(static_cast<size_t>(rows)), rs(static_cast<size_t>(rows));
   const LayerNormRow row{w.data(), b.data(), cols};
-  const LayerNormRowFn row_fn = layer_norm_row_fn();
+  const LayerNormRowFn group_fn = layer_norm_rows_fn<kRowGroup>(), one_fn = layer_norm_rows_fn<1>();
+  const int64_t groups = (rows + kRowGroup - 1) / kRowGroup;
 #pragma omp parallel
   {
-    std::vector<float> in, out(static_cast<size_t>(cols)), xh(xhat.defined() ? size_t(cols) : 0);
+    std::vector<float> in(size_t(kRowGroup * cols)), out(size_t(kRowGroup * cols)),
+        xh(xhat.defined() ? size_t(kRowGroup * cols) : 0);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* src = in_f32(x, r * cols, cols, in);
-      float* y = out_plane(dst, r * cols, out);
-      float* xh_row = xh.empty() ? nullptr : out_plane(xhat_dst, r * cols, xh);
-      row_fn(row, src, eps, y, xh_row, m[size_t(r)], rs[size_t(r)]);
-      finish_plane(dst, r * cols, cols, y);
-      if (xh_row) finish_plane(xhat_dst, r * cols, cols, xh_row);
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      const int64_t r0 = grp * kRowGroup, count = std::min<int64_t>(kRowGroup, rows - r0);
+      const float* src[kRowGroup] = {};
+      float *y[kRowGroup] = {}, *xh_rows[kRowGroup] = {};
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t begin = (r0 + k) * cols;
+        src[k] = in_f32(x.data_ptr(), x.dtype(), begin, cols, in.data() + k * cols);
+        y[k] = out_f32(dst.data_ptr(), dst.dtype(), begin, out.data() + k * cols);
+        if (!xh.empty()) xh_rows[k] = out_f32(xhat_dst.data_ptr(), xhat_dst.dtype(), begin, xh.data() + k * cols);
+      }
+      if (count == kRowGroup) {
+        group_fn(row, src, eps, y, xh_rows, m.data() + r0, rs.data() + r0);
+      } else {
+        for (int64_t k = 0; k < count; ++k)
+          one_fn(row, src + k, eps, y + k, xh_rows + k, m.data() + r0 + k, rs.data() + r0 + k);
+      }
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t begin = (r0 + k) * cols;
+        flush_f32(dst.data_ptr(), dst.dtype(), begin, cols, y[k]);
+        if (xh_rows[k]) flush_f32(xhat_dst.data_ptr(), xhat_dst.dtype(), begin, cols, xh_rows[k]);
+      }
     }
   }
   mean = Tensor::from_vector(m, {rows}, DType::f32);
