@@ -12,14 +12,15 @@
 // r + i * wp + j of x's, for every r: each tap is one product over all positions,
 //   dW_tap[oc, c] = sum_r dyg[oc, r] * xg[c, r + i * wp + j],
 // a [OC x R] by [R x C] matmul (R = n hp wp) whose B operand is xg shifted by the tap's offset.
+// oneDNN's gemm runs it faster than its convolutions run the same sums on the AVX512-BF16 kind, in
+// bf16 and in f32, the zero positions (R over n oh ow: 15% for 14 x 14 planes) included. f32
+// accumulation; one rounding into the gradient's dtype.
+//
 // The images go in chunks of about kWgradChunkPositions positions, each chunk's products added to
 // the sums of the chunks before, so the grids take a few MB whatever the batch (the 420 -> 1000
 // layer: 24 images, 15 MB in bf16; a whole batch of 64 would take 41 MB, more than the blocked
 // copies of oneDNN's convolutions). oneDNN's bf16 gemm ran chunks of 8 to 64 images of that layer
 // at the same rate (660-750 GFLOP/s, 2026-12-02), its f32 one whole eights of images.
-// oneDNN's gemm runs it faster than its convolutions run the same sums on the AVX512-BF16 kind, in
-// bf16 and in f32, the zero positions (R over n oh ow: 15% for 14 x 14 planes) included. f32
-// accumulation; one rounding into the gradient's dtype.
 #include <omp.h>
 
 #include <algorithm>
