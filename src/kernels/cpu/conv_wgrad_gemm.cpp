@@ -51,6 +51,23 @@ WgradGrid wgrad_grid(const ConvGeometry& g) {
   return grid;
 }
 
+namespace {
+
+// Channel ch of images n0 .. n0 + count of src ([N, channels, h, w], es-byte elements) onto its
+// grid row of `stride` positions (row ch of dst): each image's plane at row top, column left of
+// the image's hp x wp grid, zeros elsewhere (zero bits are 0 in both dtypes).
+void lay_on_grid(const char* src, int64_t channels, int64_t ch, int64_t n0, int64_t count, int64_t h, int64_t w,
+                 const WgradGrid& grid, int64_t top, int64_t left, int64_t stride, size_t es, char* dst) {
+  char* row = dst + size_t(ch * stride) * es;
+  std::memset(row, 0, size_t(stride) * es);
+  for (int64_t n = 0; n < count; ++n)
+    for (int64_t i = 0; i < h; ++i)
+      std::memcpy(row + size_t(n * grid.hp * grid.wp + (i + top) * grid.wp + left) * es,
+                  src + size_t((((n0 + n) * channels + ch) * h + i) * w) * es, size_t(w) * es);
+}
+
+}  // namespace
+
 void backward_weights_as_gemm(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, Tensor& weight_grad) {
   const DType t = x.dtype();
   MIXPREC_ASSERT((t == DType::bf16 || t == DType::f32) && grad_y.dtype() == t, "wgrad as gemm: bf16 or f32 operands");
@@ -73,25 +90,13 @@ void backward_weights_as_gemm(const Tensor& grad_y, const Tensor& x, const ConvG
 
   for (int64_t n0 = 0; n0 < g.n; n0 += grid.images) {
     const int64_t count = std::min(grid.images, g.n - n0);
-    // Zero bits are 0 in both dtypes; a short last chunk's unused images stay zero.
+    // A short last chunk's unused images stay zero.
 #pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < g.c; ++c) {
-      char* row = xg + size_t(c * grid.x_stride) * es;
-      std::memset(row, 0, size_t(grid.x_stride) * es);
-      for (int64_t n = 0; n < count; ++n)
-        for (int64_t i = 0; i < g.h; ++i)
-          std::memcpy(row + size_t(n * image + (i + g.pad_h) * grid.wp + g.pad_w) * es,
-                      xs + size_t((((n0 + n) * g.c + c) * g.h + i) * g.w) * es, size_t(g.w) * es);
-    }
+    for (int64_t c = 0; c < g.c; ++c)
+      lay_on_grid(xs, g.c, c, n0, count, g.h, g.w, grid, g.pad_h, g.pad_w, grid.x_stride, es, xg);
 #pragma omp parallel for schedule(static)
-    for (int64_t oc = 0; oc < g.oc; ++oc) {
-      char* row = yg + size_t(oc * grid.y_stride) * es;
-      std::memset(row, 0, size_t(grid.y_stride) * es);
-      for (int64_t n = 0; n < count; ++n)
-        for (int64_t i = 0; i < g.oh; ++i)
-          std::memcpy(row + size_t(n * image + i * grid.wp) * es,
-                      ys + size_t((((n0 + n) * g.oc + oc) * g.oh + i) * g.ow) * es, size_t(g.ow) * es);
-    }
+    for (int64_t oc = 0; oc < g.oc; ++oc)
+      lay_on_grid(ys, g.oc, oc, n0, count, g.oh, g.ow, grid, 0, 0, grid.y_stride, es, yg);
     // Each tap's sums over this chunk, added to the earlier chunks' (in chunk order).
     for (int64_t tap = 0; tap < taps; ++tap) {
       MatmulArgs m;
