@@ -1,8 +1,8 @@
 // The weight gradient as one matmul per tap (kernels::cpu::backward_weights_as_gemm,
 // cpu/conv_wgrad_gemm.cpp): its values against the f64 reference on the geometries the grid
 // must hold (padding on both sides, on one axis, none; 1x1, 3x3, 5x3 kernels; odd sizes; one
-// image, more than 16, and chunks of images with a short last one), from bf16 operands into bf16 and f32 gradients and
-// from f32 ones; and which layers take it on which host kind.
+// image, more than 16, and chunks of images with a short last one), from bf16 operands into bf16
+// and f32 gradients and from f32 ones; and which layers take it on which host kind.
 #include <gtest/gtest.h>
 
 #include <string>
