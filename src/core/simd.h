@@ -36,6 +36,16 @@ __attribute__((target("avx512f"))) inline __m512i bf16_round_epi32(__m512 x) {
   return _mm512_mask_or_epi32(rne, nan, high, _mm512_set1_epi32(0x0040));  // 16-bit values in 32-bit lanes
 }
 
+// The 16 lanes' sum, in lane order from lane 0 (a fixed order; _mm512_reduce_add_ps's is a tree,
+// and trips GCC 12's maybe-uninitialized).
+__attribute__((target("avx512f"))) inline float lane_sum(__m512 v) {
+  alignas(64) float l[16];
+  _mm512_store_ps(l, v);
+  float s = 0.0f;
+  for (float x : l) s += x;
+  return s;
+}
+
 // 16 bf16 (bits) -> 16 f32, exactly: each value's bits moved to the high half of its lane.
 __attribute__((target("avx512f"))) inline __m512 bf16_widen_ps(__m256i x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));

@@ -8,12 +8,12 @@
 // zero-padded to 16 lanes), and for four output channels at a time K dot products of their dy rows
 // with the cols rows, f32 accumulation. Images go in fixed parts of kImagesPerPart, each with its
 // own f32 partial sums, added in part order: the result does not depend on the thread count.
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 
 #include "core/profile_detail.h"
+#include "core/simd.h"
 #include "kernels/cpu/dnnl_conv.h"
 #include "mixprec/convert.h"
 
@@ -21,15 +21,6 @@ namespace mixprec::kernels::cpu {
 namespace {
 
 constexpr int64_t kImagesPerPart = 4;
-
-// The 16 lanes' sum, in lane order (_mm512_reduce_add_ps trips GCC 12's maybe-uninitialized).
-__attribute__((target("avx512f"))) inline float lane_sum(__m512 v) {
-  alignas(64) float l[16];
-  _mm512_store_ps(l, v);
-  float s = 0.0f;
-  for (float x : l) s += x;
-  return s;
-}
 
 // acc[r * K + k] += sum_p rows[r][p] * cols[k][p] for the four rows r, over P16 (a multiple of 16)
 // lanes; bias[r] += sum_p rows[r][p] when bias is set.

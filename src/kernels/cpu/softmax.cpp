@@ -17,15 +17,6 @@ namespace {
 
 #define MIXPREC_AVX512 __attribute__((target("avx512f")))
 
-// The 16 lanes' sum in lane order.
-MIXPREC_AVX512 inline float lane_sum(__m512 v) {
-  alignas(64) float l[16];
-  _mm512_store_ps(l, v);
-  float s = 0.f;
-  for (float x : l) s += x;
-  return s;
-}
-
 // v (cols f32) -> out: softmax or log_softmax. out may be v.
 MIXPREC_AVX512 void softmax_row_avx512(const float* v, int64_t cols, bool log, float* out) {
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
