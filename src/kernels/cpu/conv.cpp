@@ -558,9 +558,11 @@ bool wgrad_as_forward(const ConvGeometry& g, DType t) {
 }
 
 std::atomic<WgradGemm>& wgrad_gemm_mode() {
-  const char* env = std::getenv("MIXPREC_CONV_WGRAD");
-  const bool off = env != nullptr && (std::string_view(env) == "native" || std::string_view(env) == "forward");
-  static std::atomic<WgradGemm> mode{off ? WgradGemm::off : WgradGemm::where_faster};
+  static std::atomic<WgradGemm> mode{[] {
+    const char* env = std::getenv("MIXPREC_CONV_WGRAD");
+    const bool off = env != nullptr && (std::string_view(env) == "native" || std::string_view(env) == "forward");
+    return off ? WgradGemm::off : WgradGemm::where_faster;
+  }()};
   return mode;
 }
 
