@@ -176,8 +176,10 @@ EntryPtr create_entry(const MatmulKey& key) {
   return entry;
 }
 
-// Whether oneDNN has bf16 matmul on this CPU at all (it needs avx512_core); probed once.
-bool bf16_available() {
+}  // namespace
+
+// Probed once, by creating a small bf16 primitive.
+bool matmul_has_bf16() {
   static const bool ok = [] {
     try {
       const memory::desc md({16, 16}, memory::data_type::bf16, memory::format_tag::ab);
@@ -189,6 +191,8 @@ bool bf16_available() {
   }();
   return ok;
 }
+
+namespace {
 
 void validate(const MatmulArgs& a) {
   MIXPREC_CHECK(matmul_supported(a), "matmul: no oneDNN kernel for src ", dtype_name(a.src_t), " @ wei ",
@@ -235,7 +239,7 @@ bool matmul_supported(const MatmulArgs& a) {
   const bool bf16_in = a.src_t == bf16 && a.wei_t == bf16 && (a.dst_t == bf16 || a.dst_t == f32);
   if (!all_f32 && !bf16_in) return false;
   if (a.bias != nullptr && !(a.bias_t == f32 || (bf16_in && a.bias_t == bf16))) return false;
-  return all_f32 || bf16_available();
+  return all_f32 || matmul_has_bf16();
 }
 
 void matmul(const MatmulArgs& a) {

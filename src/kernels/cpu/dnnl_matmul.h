@@ -34,6 +34,11 @@ struct MatmulArgs {
 // f16 through f32). Shapes and strides are not judged here; matmul() checks them.
 bool matmul_supported(const MatmulArgs& args);
 
+// Whether this host's oneDNN has a bf16 matmul at all: oneDNN 2.6's bf16 kernels need AVX-512
+// (avx512_core), native (AVX512-BF16, AMX) or emulated through f32; an AVX2 host has none, and the
+// op layer widens bf16 to f32 there (kernels/cpu/matmul.cpp).
+bool matmul_has_bf16();
+
 // dst = relu?(src @ wei + bias) + (accumulate ? dst : 0). Products accumulate in f32.
 // Throws mixprec::Error on an unsupported dtype combination or an invalid shape/stride.
 void matmul(const MatmulArgs& args);
