@@ -263,12 +263,13 @@ TEST(Convert, ScalarMatchesReferenceOnRandomPatterns) {
 // ---- bulk vs scalar, bit for bit ----
 
 // Runs body once for each vectorised conversion path this CPU has (the fastest, and on an
-// AVX512-BF16 CPU also the AVX-512F integer path of CPUs without it), naming it in failures.
-// Without AVX-512F the bulk conversions are the scalar loops: nothing to compare, so it skips.
+// AVX512-BF16 CPU also the AVX-512F integer path of CPUs without it; AVX2 alone on a host without
+// AVX-512), naming it in failures. Without any the bulk conversions are the scalar loops: nothing
+// to compare, so it skips.
 template <class Body>
 void for_each_bulk_path(Body body) {
   const auto paths = detail::bulk_conversion_paths();
-  if (paths.empty()) GTEST_SKIP() << "no AVX-512F: the bulk conversions are the scalar reference itself";
+  if (paths.empty()) GTEST_SKIP() << "neither AVX-512F nor AVX2: the bulk conversions are the scalar reference itself";
   struct Restore {
     ~Restore() { detail::set_conversion_path(detail::ConversionPath::best); }
   } restore;

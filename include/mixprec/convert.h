@@ -49,11 +49,12 @@ void convert(const void* src, DType src_t, void* dst, DType dst_t, size_t n);
 
 namespace detail {
 // Test hooks: which code the bulk conversions run (tests compare each with the scalar reference).
-// best: the fastest this CPU has; avx512f: f32 -> bf16 in AVX-512F integer lanes even where
-// AVX512-BF16 is there (the code of CPUs without it); scalar: the reference loops.
+// best: the fastest this CPU has (AVX512-BF16, AVX-512F or AVX2); avx512f: f32 -> bf16 in AVX-512F integer lanes even
+// where AVX512-BF16 is there (the code of CPUs without it); scalar: the reference loops.
 enum class ConversionPath { best, avx512f, scalar };
 ConversionPath set_conversion_path(ConversionPath path);  // returns the old one
-// The vectorised paths this CPU can run (none without AVX-512F), and a name for each.
+// The vectorised paths this CPU can run (best alone on an AVX2 host, none without AVX2 and F16C),
+// and a name for each.
 std::vector<ConversionPath> bulk_conversion_paths();
 const char* conversion_path_name(ConversionPath path);
 }  // namespace detail

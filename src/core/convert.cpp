@@ -180,6 +180,52 @@ __attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* src, f
   }
 }
 
+// AVX2 forms (hosts without AVX-512: AMD Zen 2, 2026-12-02), 8 lanes, bit-identical to the scalar
+// rules: bf16 by the same integer RNE and NaN rule as bf16_round_epi32, f16 by F16C's VCVTPS2PH
+// with an explicit RNE immediate (as the AVX-512 form above). Tails go through stack copies.
+__attribute__((target("avx2"))) inline __m128i bf16_round_avx2(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(high, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
+  const __m256i rne = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));  // signed compare: both sides >= 0
+  const __m256i r = _mm256_blendv_epi8(rne, _mm256_or_si256(high, _mm256_set1_epi32(0x0040)), nan);
+  // 32-bit lanes holding 16-bit values -> 8 packed uint16 (packus per 128-bit half, then the halves' order).
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  return _mm256_castsi256_si128(packed);
+}
+
+// One group of 8: from src to dst.
+__attribute__((target("avx2"))) inline void bf16_group_avx2(const float* src, uint16_t* dst) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), bf16_round_avx2(_mm256_loadu_ps(src)));
+}
+__attribute__((target("avx2"))) inline void bf16_widen_group_avx2(const uint16_t* src, float* dst) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  _mm256_storeu_ps(dst, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+}
+__attribute__((target("avx2,f16c"))) inline void f16_group_avx2(const float* src, uint16_t* dst) {
+  constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(_mm256_loadu_ps(src), kRne));
+}
+__attribute__((target("avx2,f16c"))) inline void f16_widen_group_avx2(const uint16_t* src, float* dst) {
+  _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+}
+
+// n elements in groups of 8, the tail through zero-padded stack copies.
+template <class Src, class Dst, void (*Group)(const Src*, Dst*)>
+__attribute__((target("avx2,f16c"))) void groups_of_8(const Src* src, Dst* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) Group(src + i, dst + i);
+  if (i < n) {
+    Src in[8] = {};
+    Dst out[8];
+    std::memcpy(in, src + i, (n - i) * sizeof(Src));
+    Group(in, out);
+    std::memcpy(dst + i, out, (n - i) * sizeof(Dst));
+  }
+}
+
 // Fastest-first dispatch, resolved once. __builtin_cpu_supports also checks that the OS
 // saves zmm state, which a bare cpuid test would miss.
 struct Kernels {
@@ -192,6 +238,12 @@ struct Kernels {
 Kernels pick_kernels(bool without_avx512_bf16) {
   Kernels k;
   __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+    k.f32_to_bf16 = groups_of_8<float, uint16_t, bf16_group_avx2>;
+    k.bf16_to_f32 = groups_of_8<uint16_t, float, bf16_widen_group_avx2>;
+    k.f32_to_f16 = groups_of_8<float, uint16_t, f16_group_avx2>;
+    k.f16_to_f32 = groups_of_8<uint16_t, float, f16_widen_group_avx2>;
+  }
   if (__builtin_cpu_supports("avx512f")) {
     k.f32_to_bf16 = f32_to_bf16_avx512f;
     k.bf16_to_f32 = bf16_to_f32_avx512;
@@ -232,7 +284,10 @@ detail::ConversionPath detail::set_conversion_path(ConversionPath path) { return
 
 std::vector<detail::ConversionPath> detail::bulk_conversion_paths() {
   std::vector<ConversionPath> paths;
-  if (!__builtin_cpu_supports("avx512f")) return paths;
+  if (!__builtin_cpu_supports("avx512f")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) paths.push_back(ConversionPath::best);
+    return paths;
+  }
   paths.push_back(ConversionPath::best);
   if (__builtin_cpu_supports("avx512bf16")) paths.push_back(ConversionPath::avx512f);
   return paths;
@@ -241,7 +296,10 @@ std::vector<detail::ConversionPath> detail::bulk_conversion_paths() {
 const char* detail::conversion_path_name(ConversionPath path) {
   switch (path) {
     case ConversionPath::best:
-      return __builtin_cpu_supports("avx512bf16") ? "AVX512-BF16" : "AVX-512F";
+      return __builtin_cpu_supports("avx512bf16") ? "AVX512-BF16"
+             : __builtin_cpu_supports("avx512f")  ? "AVX-512F"
+             : __builtin_cpu_supports("avx2")     ? "AVX2"
+                                                  : "scalar";
     case ConversionPath::avx512f:
       return "AVX-512F";
     case ConversionPath::scalar:
