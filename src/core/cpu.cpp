@@ -51,6 +51,10 @@ const Features& features() {
 
 }  // namespace
 
+bool has_avx2_fma() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");  // libgcc checks XCR0
+  return ok;
+}
 bool has_avx512f() { return features().avx512f; }
 bool has_avx512bw() { return features().avx512bw; }
 bool has_avx512_bf16() { return features().avx512_bf16; }
@@ -62,11 +66,12 @@ std::string describe() {
   auto add = [&](bool on, const char* name) {
     if (on) s += (s.empty() ? "" : ", ") + std::string(name);
   };
+  add(has_avx2_fma() && !has_avx512f(), "AVX2, FMA");
   add(has_avx512f(), "AVX-512");
   add(has_avx512_bf16(), "AVX512-BF16");
   add(has_avx512_fp16(), "AVX512-FP16");
   add(has_amx_bf16(), "AMX-BF16");
-  return s.empty() ? "no AVX-512" : s;
+  return s.empty() ? "neither AVX2 nor AVX-512" : s;
 }
 
 }  // namespace mixprec::cpu

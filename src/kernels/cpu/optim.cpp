@@ -170,6 +170,57 @@ __attribute__((target("avx512f"))) int64_t sgd_f32_avx512(float* w, const float*
   return j;
 }
 
+// The same two rules in 8 AVX2 lanes (hosts without AVX-512), bit-identical to the scalar loops
+// for the same reasons (no FMA: the products and sums round as the scalar ones do).
+__attribute__((target("avx2"))) int64_t adamw_f32_avx2(float* w, const float* g, float* m, float* v, int64_t len,
+                                                       const rule::AdamW<float>& c) {
+  const __m256 b1 = _mm256_set1_ps(c.b1), b2 = _mm256_set1_ps(c.b2), one_b1 = _mm256_set1_ps(1.0f - c.b1),
+               one_b2 = _mm256_set1_ps(1.0f - c.b2), decay = _mm256_set1_ps(c.decay),
+               step = _mm256_set1_ps(c.step_size), bc2 = _mm256_set1_ps(c.inv_sqrt_bc2), eps = _mm256_set1_ps(c.eps);
+  int64_t j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const __m256 gj = _mm256_loadu_ps(g + j);
+    const __m256 mj = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + j)), _mm256_mul_ps(one_b1, gj));
+    const __m256 vj =
+        _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + j)), _mm256_mul_ps(_mm256_mul_ps(one_b2, gj), gj));
+    _mm256_storeu_ps(m + j, mj);
+    _mm256_storeu_ps(v + j, vj);
+    const __m256 denom = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vj), bc2), eps);
+    const __m256 wj =
+        _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(w + j), decay), _mm256_div_ps(_mm256_mul_ps(step, mj), denom));
+    _mm256_storeu_ps(w + j, wj);
+  }
+  return j;
+}
+
+__attribute__((target("avx2"))) int64_t sgd_f32_avx2(float* w, const float* g, float* buf, int64_t len,
+                                                     const rule::Sgd<float>& c) {
+  const __m256 lr = _mm256_set1_ps(c.lr), wd = _mm256_set1_ps(c.wd), mom = _mm256_set1_ps(c.mom),
+               damp = _mm256_set1_ps(c.damp);
+  int64_t j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const __m256 wj = _mm256_loadu_ps(w + j);
+    __m256 d = _mm256_add_ps(_mm256_loadu_ps(g + j), _mm256_mul_ps(wd, wj));
+    if (buf) {
+      const __m256 b =
+          c.first ? d : _mm256_add_ps(_mm256_mul_ps(mom, _mm256_loadu_ps(buf + j)), _mm256_mul_ps(damp, d));
+      _mm256_storeu_ps(buf + j, b);
+      d = c.nesterov ? _mm256_add_ps(d, _mm256_mul_ps(mom, b)) : b;
+    }
+    _mm256_storeu_ps(w + j, _mm256_sub_ps(wj, _mm256_mul_ps(lr, d)));
+  }
+  return j;
+}
+
+// Which vector form the f32 rules run: AVX-512, AVX2, or none (the scalar loop alone).
+enum class Lanes { none, avx2, avx512 };
+Lanes lanes() {
+  static const Lanes l = mixprec::cpu::has_avx512f()   ? Lanes::avx512
+                         : mixprec::cpu::has_avx2_fma() ? Lanes::avx2
+                                                        : Lanes::none;
+  return l;
+}
+
 // What every fused step does around its rule: the skip, the step count, the rounding streams, and
 // one parallel pass over the blocks of all parameters. rule(p, step, w, g, begin, len) updates one
 // block of parameter p (update_block's w and g).
@@ -205,7 +256,7 @@ void fused_step(const std::vector<OptimParam>& params, const OptimStep& s, Rule&
 
 void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const OptimStep& s) {
   uint8_t* ready = o.momentum != 0 ? static_cast<uint8_t*>(o.momentum_ready.data_ptr()) : nullptr;
-  const bool vectorised = mixprec::cpu::has_avx512f();
+  const Lanes vectorised = lanes();
   fused_step(params, s, [&](const OptimParam& p, int64_t, auto* w, const auto* gr, int64_t begin, int64_t len) {
     using T = std::remove_pointer_t<decltype(w)>;
     const bool first = ready && !ready[p.index];
@@ -214,7 +265,9 @@ void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const 
         rule::sgd_consts<T>(scalar<double>(p.lr), p.weight_decay, o.momentum, o.dampening, first, o.nesterov);
     int64_t j = 0;
     if constexpr (std::is_same_v<T, float>)
-      if (vectorised) j = sgd_f32_avx512(w, gr, buf, len, c);
+      j = vectorised == Lanes::avx512 ? sgd_f32_avx512(w, gr, buf, len, c)
+          : vectorised == Lanes::avx2 ? sgd_f32_avx2(w, gr, buf, len, c)
+                                      : 0;
     for (; j < len; ++j) rule::sgd(w[j], gr[j], buf ? buf + j : nullptr, c);
   });
   // After the pass: every block of a parameter read the same `first`.
@@ -223,7 +276,7 @@ void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const 
 }
 
 void adamw_step(const std::vector<OptimParam>& params, const AdamWOptions& o, const OptimStep& s) {
-  const bool vectorised = mixprec::cpu::has_avx512f();
+  const Lanes vectorised = lanes();
   fused_step(params, s, [&](const OptimParam& p, int64_t step, auto* w, const auto* gr, int64_t begin, int64_t len) {
     using T = std::remove_pointer_t<decltype(w)>;
     T* m = static_cast<T*>(p.state1.data_ptr()) + begin;
@@ -231,7 +284,9 @@ void adamw_step(const std::vector<OptimParam>& params, const AdamWOptions& o, co
     const auto c = rule::adamw_consts<T>(scalar<double>(p.lr), p.weight_decay, o.beta1, o.beta2, o.eps, step);
     int64_t j = 0;
     if constexpr (std::is_same_v<T, float>)
-      if (vectorised) j = adamw_f32_avx512(w, gr, m, v, len, c);
+      j = vectorised == Lanes::avx512 ? adamw_f32_avx512(w, gr, m, v, len, c)
+          : vectorised == Lanes::avx2 ? adamw_f32_avx2(w, gr, m, v, len, c)
+                                      : 0;
     for (; j < len; ++j) rule::adamw(w[j], gr[j], m[j], v[j], c);
   });
 }
