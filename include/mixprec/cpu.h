@@ -3,7 +3,8 @@
 #include <string>
 
 namespace mixprec::cpu {
-bool has_avx2_fma();  // AVX2 and FMA (the fast kernels' fallback on CPUs without AVX-512: AMD Zen 2, Intel client cores)
+bool has_avx2_fma();  // AVX2 and FMA (the fast kernels' fallback on CPUs without AVX-512: AMD Zen 2, Intel client
+                      // cores)
 bool has_avx512f();
 bool has_avx512bw();  // with AVX-512F: 8- and 16-bit lanes (every AVX-512 CPU since Skylake-SP; not Knights Landing)
 bool has_avx512_bf16();

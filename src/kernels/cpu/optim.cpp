@@ -215,7 +215,7 @@ __attribute__((target("avx2"))) int64_t sgd_f32_avx2(float* w, const float* g, f
 // Which vector form the f32 rules run: AVX-512, AVX2, or none (the scalar loop alone).
 enum class Lanes { none, avx2, avx512 };
 Lanes lanes() {
-  static const Lanes l = mixprec::cpu::has_avx512f()   ? Lanes::avx512
+  static const Lanes l = mixprec::cpu::has_avx512f()    ? Lanes::avx512
                          : mixprec::cpu::has_avx2_fma() ? Lanes::avx2
                                                         : Lanes::none;
   return l;
