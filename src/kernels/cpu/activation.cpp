@@ -6,8 +6,9 @@
 // being 0x7F80 in bf16 and 0x7C00 in f16.
 // silu, sigmoid, tanh and gelu's tanh form run AVX-512 on f32 blocks (16-bit converted in, rounded once out) with a
 // vector exp (Cephes expf: a degree-7 polynomial after range reduction, scaled by 2^n with
-// scalef, within 2 ulp of the correctly rounded e^x); exact gelu and CPUs without AVX-512 use the
-// scalar formula of elementwise_math.h on the same blocks.
+// scalef, within 2 ulp of the correctly rounded e^x); exact gelu, and on CPUs without AVX-512 all
+// but ReLU and gelu's tanh form (AVX2 there), use the scalar formula of elementwise_math.h on the
+// same blocks.
 #include "core/simd.h"
 
 #include <algorithm>
@@ -205,6 +206,125 @@ __attribute__((target("avx512f"))) void backward_bf16(const uint16_t* g, const u
   if (i < len) store_tail(dst + i, backward_16<OP>(load_tail(g + i, len - i), load_tail(s + i, len - i)), len - i);
 }
 
+// ---------------------------------------------------------------- AVX2 (hosts without AVX-512)
+// ReLU and its mask in 8 f32 or 16 16-bit lanes (the same selections as above: AVX2 has no
+// unsigned 16-bit compare, so v in [lo, hi] is max(v, lo) == v == min(v, hi)), and GELU's tanh
+// form on f32 with exp256_ps (the same operations as value_ps and derivative_ps, in the same
+// order; 16-bit data goes through the f32 blocks). The other smooth activations, which no model of
+// ours uses, keep the scalar formula there.
+
+__attribute__((target("avx2"))) inline __m256i load_si256(const uint16_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+__attribute__((target("avx2"))) inline void store_si256(uint16_t* p, __m256i v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+}
+// All-ones in the 16-bit lanes of v within [lo, hi] (unsigned).
+__attribute__((target("avx2"))) inline __m256i within_epu16(__m256i v, __m256i lo, __m256i hi) {
+  return _mm256_and_si256(_mm256_cmpeq_epi16(_mm256_max_epu16(v, lo), v),
+                          _mm256_cmpeq_epi16(_mm256_min_epu16(v, hi), v));
+}
+
+__attribute__((target("avx2"))) void mask_f32_avx2(float* dst, const float* g, const float* y, int64_t begin,
+                                                   int64_t end) {
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 keep = _mm256_cmp_ps(_mm256_loadu_ps(y + i), zero, _CMP_GT_OQ);
+    _mm256_storeu_ps(dst + i, _mm256_and_ps(keep, _mm256_loadu_ps(g + i)));
+  }
+  for (; i < end; ++i) dst[i] = y[i] > 0.f ? g[i] : 0.f;
+}
+
+__attribute__((target("avx2"))) void mask_16_avx2(uint16_t* dst, const uint16_t* g, const uint16_t* y, uint16_t inf,
+                                                  int64_t begin, int64_t end) {
+  const __m256i lo = _mm256_set1_epi16(0x0001), hi = _mm256_set1_epi16(short(inf));
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16)
+    store_si256(dst + i, _mm256_and_si256(within_epu16(load_si256(y + i), lo, hi), load_si256(g + i)));
+  for (; i < end; ++i) dst[i] = y[i] >= 0x0001 && y[i] <= inf ? g[i] : uint16_t(0);
+}
+
+__attribute__((target("avx2"))) void relu_f32_avx2(float* dst, const float* x, int64_t begin, int64_t end) {
+  const __m256 zero = _mm256_setzero_ps();
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    _mm256_storeu_ps(dst + i, _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_NLE_UQ), v));
+  }
+  for (; i < end; ++i) dst[i] = x[i] > 0.f || x[i] != x[i] ? x[i] : 0.f;
+}
+
+__attribute__((target("avx2"))) void relu_16_avx2(uint16_t* dst, const uint16_t* x, uint16_t inf, int64_t begin,
+                                                  int64_t end) {
+  const __m256i neg_lo = _mm256_set1_epi16(short(0x8000)), neg_hi = _mm256_set1_epi16(short(0x8000 | inf));
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __m256i v = load_si256(x + i);
+    store_si256(dst + i, _mm256_andnot_si256(within_epu16(v, neg_lo, neg_hi), v));
+  }
+  for (; i < end; ++i) dst[i] = x[i] >= 0x8000 && x[i] <= (0x8000 | inf) ? uint16_t(0) : x[i];
+}
+
+// gelu_half_one_plus_t_ps on 8 lanes.
+__attribute__((target("avx2,fma"))) inline __m256 gelu_half_one_plus_t_256(__m256 x) {
+  const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x), x), x);
+  const __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f), _mm256_add_ps(x, x3));
+  const __m256 e = exp256_ps(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_add_ps(u, u)));
+  return _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
+}
+
+// derivative_ps<gelu_tanh> on 8 lanes.
+__attribute__((target("avx2,fma"))) inline __m256 gelu_derivative_256(__m256 s) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 h = gelu_half_one_plus_t_256(s);
+  __m256 b = _mm256_mul_ps(_mm256_mul_ps(_mm256_add_ps(s, s), h), _mm256_sub_ps(one, h));
+  b = _mm256_mul_ps(_mm256_mul_ps(b, _mm256_set1_ps(0.7978845608028654f)),
+                    _mm256_add_ps(one, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(float(3 * 0.044715)), s), s)));
+  return _mm256_add_ps(h, b);
+}
+
+// dst = gelu(x) and dst = grad gelu'(s) over len f32 values; the tail through zero-padded stack
+// copies, so every element takes the vector path.
+__attribute__((target("avx2,fma"))) inline __m256 gelu_forward_256(const float* x) {
+  const __m256 v = _mm256_loadu_ps(x);
+  return _mm256_mul_ps(v, gelu_half_one_plus_t_256(v));
+}
+__attribute__((target("avx2,fma"))) void gelu_forward_f32_avx2(const float* x, float* dst, int64_t len) {
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) _mm256_storeu_ps(dst + i, gelu_forward_256(x + i));
+  if (i < len) {
+    alignas(32) float in[8] = {}, out[8];
+    std::memcpy(in, x + i, size_t(len - i) * sizeof(float));
+    _mm256_store_ps(out, gelu_forward_256(in));
+    std::memcpy(dst + i, out, size_t(len - i) * sizeof(float));
+  }
+}
+__attribute__((target("avx2,fma"))) inline __m256 gelu_backward_256(const float* g, const float* s) {
+  return _mm256_mul_ps(_mm256_loadu_ps(g), gelu_derivative_256(_mm256_loadu_ps(s)));
+}
+__attribute__((target("avx2,fma"))) void gelu_backward_f32_avx2(const float* g, const float* s, float* dst,
+                                                                int64_t len) {
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) _mm256_storeu_ps(dst + i, gelu_backward_256(g + i, s + i));
+  if (i < len) {
+    alignas(32) float gi[8] = {}, si[8] = {}, out[8];
+    std::memcpy(gi, g + i, size_t(len - i) * sizeof(float));
+    std::memcpy(si, s + i, size_t(len - i) * sizeof(float));
+    _mm256_store_ps(out, gelu_backward_256(gi, si));
+    std::memcpy(dst + i, out, size_t(len - i) * sizeof(float));
+  }
+}
+
+// Which lanes the ReLU kernels and GELU run: AVX-512 (16-bit ReLU also needs AVX512BW), AVX2, none.
+enum class Lanes { none, avx2, avx512 };
+Lanes lanes() {
+  static const Lanes l = mixprec::cpu::has_avx512f()    ? Lanes::avx512
+                         : mixprec::cpu::has_avx2_fma() ? Lanes::avx2
+                                                        : Lanes::none;
+  return l;
+}
+
 bool has_avx512bw() {
   static const bool ok = __builtin_cpu_supports("avx512bw");
   return ok;
@@ -213,9 +333,9 @@ bool has_avx512bw() {
 bool supported(const Tensor& dst, const Tensor& grad, const Tensor& y) {
   const DType t = grad.dtype();
   if (y.dtype() != t || dst.dtype() != t || !grad.is_contiguous() || !y.is_contiguous() || !dst.is_contiguous() ||
-      y.numel() != grad.numel() || dst.numel() != grad.numel() || !mixprec::cpu::has_avx512f())
+      y.numel() != grad.numel() || dst.numel() != grad.numel() || lanes() == Lanes::none)
     return false;
-  return t == DType::f32 || ((t == DType::bf16 || t == DType::f16) && has_avx512bw());
+  return t == DType::f32 || ((t == DType::bf16 || t == DType::f16) && (lanes() == Lanes::avx2 || has_avx512bw()));
 }
 
 // f(begin, end, inf) over chunks of n elements, in parallel when there are enough; inf is the
@@ -230,21 +350,23 @@ void for_chunks(int64_t n, DType t, F&& f) {
 }
 
 void apply(Tensor& dst, const Tensor& grad, const Tensor& y) {
+  const bool avx2 = lanes() == Lanes::avx2;
   for_chunks(grad.numel(), grad.dtype(), [&](int64_t begin, int64_t end, uint16_t inf) {
     if (grad.dtype() == DType::f32)
-      mask_f32(dst.data<float>(), grad.data<float>(), y.data<float>(), begin, end);
+      (avx2 ? mask_f32_avx2 : mask_f32)(dst.data<float>(), grad.data<float>(), y.data<float>(), begin, end);
     else
-      mask_16(dst.data<uint16_t>(), grad.data<uint16_t>(), y.data<uint16_t>(), inf, begin, end);
+      (avx2 ? mask_16_avx2 : mask_16)(dst.data<uint16_t>(), grad.data<uint16_t>(), y.data<uint16_t>(), inf, begin, end);
   });
 }
 
 bool relu_forward(const Tensor& x, Tensor& dst) {
   if (!supported(dst, x, x)) return false;
+  const bool avx2 = lanes() == Lanes::avx2;
   for_chunks(x.numel(), x.dtype(), [&](int64_t begin, int64_t end, uint16_t inf) {
     if (x.dtype() == DType::f32)
-      relu_f32(dst.data<float>(), x.data<float>(), begin, end);
+      (avx2 ? relu_f32_avx2 : relu_f32)(dst.data<float>(), x.data<float>(), begin, end);
     else
-      relu_16(dst.data<uint16_t>(), x.data<uint16_t>(), inf, begin, end);
+      (avx2 ? relu_16_avx2 : relu_16)(dst.data<uint16_t>(), x.data<uint16_t>(), inf, begin, end);
   });
   return true;
 }
@@ -252,7 +374,7 @@ bool relu_forward(const Tensor& x, Tensor& dst) {
 bool vectorised(Activation op) {
   return (op == Activation::silu || op == Activation::sigmoid || op == Activation::tanh ||
           op == Activation::gelu_tanh) &&
-         mixprec::cpu::has_avx512f();
+         lanes() == Lanes::avx512;
 }
 
 template <Activation OP>
@@ -286,6 +408,10 @@ void backward_blocks(const Tensor& grad, const Tensor& saved, Tensor& dst) {
 bool activation(Activation op, const Tensor& x, Tensor& dst) {
   if (!f32_compute(x.dtype()) || !x.is_contiguous() || !dst.is_contiguous()) return false;
   if (op == Activation::relu && relu_forward(x, dst)) return true;
+  if (op == Activation::gelu_tanh && lanes() == Lanes::avx2) {
+    map_f32_blocks(x, dst, [](const float* v, float* o, int64_t len) { gelu_forward_f32_avx2(v, o, len); });
+    return true;
+  }
   if (vectorised(op)) {
     if (op == Activation::gelu_tanh)
       forward_blocks<Activation::gelu_tanh>(x, dst);
@@ -307,6 +433,12 @@ bool activation_grad(Activation op, const Tensor& grad, const Tensor& saved, Ten
   if (!f32_compute(saved.dtype()) || grad.dtype() != saved.dtype()) return false;
   if (op == Activation::relu && supported(dst, grad, saved)) {
     apply(dst, grad, saved);
+    return true;
+  }
+  if (op == Activation::gelu_tanh && lanes() == Lanes::avx2) {
+    map_grad_f32_blocks(grad, saved, dst, [](const float* g, const float* v, float* o, int64_t len) {
+      gelu_backward_f32_avx2(g, v, o, len);
+    });
     return true;
   }
   if (vectorised(op)) {
