@@ -1,7 +1,7 @@
-// scaled_dot_product_attention's kernels, deeper than the op cases: the fused CPU kernel (and the
-// CUDA one where a GPU exists) against the f64 reference on shapes that cut the 64-row blocks
-// (T = 1, T not a multiple of 64, head dims 16/32/64/80, causal with Tq != Tk, full with Tk > Tq,
-// dropout; on a GPU, bf16 and f16 at 16/32/64 without dropout are the tensor-core kernels), large
+// scaled_dot_product_attention's kernels, deeper than the op cases: the fused CPU kernel (the tile
+// kernel with AVX-512, the row kernel with AVX2 alone; and the CUDA one where a GPU exists) against the f64 reference
+// on shapes that cut the 64-row blocks (T = 1, T not a multiple of 64, head dims 16/32/64/80, causal with Tq != Tk,
+// full with Tk > Tq, dropout; on a GPU, bf16 and f16 at 16/32/64 without dropout are the tensor-core kernels), large
 // logits, the saved bytes (linear in T for the fused kernel, quadratic for the reference), and the
 // op's error lines.
 #include <gtest/gtest.h>
@@ -61,6 +61,10 @@ Result run(const std::vector<Tensor>& in, DType t, const Shape4& s, kernels::Bac
 
 double unit_roundoff(DType t) { return t == DType::bf16 ? 0x1p-8 : t == DType::f16 ? 0x1p-11 : 0x1p-24; }
 
+// Whether a fused CPU attention runs on this host: the tile kernel (AVX-512) or the row kernel
+// (AVX2 and FMA, cpu/attention_rows.cpp). Without either the "fast" backend is the reference.
+bool fused_cpu_attention() { return mixprec::cpu::has_avx512f() || mixprec::cpu::has_avx2_fma(); }
+
 using Param = std::tuple<Shape4, DType, Device>;
 class AttentionKernels : public ::testing::TestWithParam<Param> {};
 
@@ -70,6 +74,8 @@ class AttentionKernels : public ::testing::TestWithParam<Param> {};
 // of roundoff of the largest true value (S) in the max norm (a bug shows as an O(S) error).
 TEST_P(AttentionKernels, FastMatchesTheReference) {
   const auto [s, t, device] = GetParam();
+  if (device.is_cpu() && !fused_cpu_attention())
+    GTEST_SKIP() << "neither AVX-512 nor AVX2 on this host: the CPU's fast attention is the reference itself";
   Generator g(0xa77e + uint64_t(s.tq * 131 + s.tk) + uint64_t(t));
   std::vector<Tensor> in;
   for (const Shape& sh : {Shape{s.b, s.h, s.tq, s.e}, Shape{s.b, s.h, s.tk, s.e}, Shape{s.b, s.h, s.tk, s.ev},
@@ -175,9 +181,7 @@ int64_t saved_bytes(int64_t t, DType dt, kernels::Backend b) {
 }
 
 TEST(Attention, FusedSavedBytesGrowLinearlyReferenceQuadratically) {
-  if (!mixprec::cpu::has_avx512f())
-    GTEST_SKIP() << "no AVX-512 on this host: the fused CPU attention does not run, and the reference's saved "
-                    "bytes grow with T^2 (docs/hosts.md, the AVX2 host)";
+  if (!fused_cpu_attention()) GTEST_SKIP() << "neither AVX-512 nor AVX2 on this host: no fused CPU attention runs";
   for (DType dt : {DType::f32, DType::bf16}) {
     const int64_t f128 = saved_bytes(128, dt, kernels::Backend::cpu),
                   f512 = saved_bytes(512, dt, kernels::Backend::cpu),
@@ -285,10 +289,10 @@ TEST(Attention, PackedQkvIsTheAttentionOfItsThreeViews) {
 // and dk with it, when D = rowsum(dO O) is summed in the order the dP product sums dO V^T: on
 // every kind of tile (f32; bf16 native where the host has it, and emulated).
 TEST(Attention, OneKeyGivesExactlyZeroScoreGradients) {
-  if (!mixprec::cpu::has_avx512f()) GTEST_SKIP() << "no AVX-512 on this host: the fused CPU attention does not run";
+  if (!fused_cpu_attention()) GTEST_SKIP() << "neither AVX-512 nor AVX2 on this host: no fused CPU attention runs";
   for (DType t : {DType::f32, DType::bf16, DType::f16})
     for (bool emulated : {false, true}) {
-      if (emulated && t != DType::bf16) continue;
+      if (emulated && (t != DType::bf16 || !mixprec::cpu::has_avx512f())) continue;  // tiles: AVX-512 only
       std::optional<kernels::cpu::EmulatedBf16Tiles> emulate;
       if (emulated) emulate.emplace();
       Tensor q = values({1, 2, 37, 48}, -2, 2, 11, t).set_requires_grad();

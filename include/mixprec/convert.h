@@ -53,7 +53,7 @@ namespace detail {
 // where AVX512-BF16 is there (the code of CPUs without it); scalar: the reference loops.
 enum class ConversionPath { best, avx512f, scalar };
 ConversionPath set_conversion_path(ConversionPath path);  // returns the old one
-// The vectorised paths this CPU can run (best alone on an AVX2 host, none without AVX2 and F16C),
+// The vectorised paths this CPU can run (best alone on an AVX2 host, none without AVX2),
 // and a name for each.
 std::vector<ConversionPath> bulk_conversion_paths();
 const char* conversion_path_name(ConversionPath path);

@@ -238,7 +238,8 @@ struct Kernels {
 Kernels pick_kernels(bool without_avx512_bf16) {
   Kernels k;
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+  // F16C comes with AVX2 on every CPU that has AVX2 (Intel since Haswell, AMD since Excavator).
+  if (__builtin_cpu_supports("avx2")) {
     k.f32_to_bf16 = groups_of_8<float, uint16_t, bf16_group_avx2>;
     k.bf16_to_f32 = groups_of_8<uint16_t, float, bf16_widen_group_avx2>;
     k.f32_to_f16 = groups_of_8<float, uint16_t, f16_group_avx2>;
@@ -285,7 +286,7 @@ detail::ConversionPath detail::set_conversion_path(ConversionPath path) { return
 std::vector<detail::ConversionPath> detail::bulk_conversion_paths() {
   std::vector<ConversionPath> paths;
   if (!__builtin_cpu_supports("avx512f")) {
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) paths.push_back(ConversionPath::best);
+    if (__builtin_cpu_supports("avx2")) paths.push_back(ConversionPath::best);
     return paths;
   }
   paths.push_back(ConversionPath::best);

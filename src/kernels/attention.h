@@ -73,7 +73,7 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
                                   const Tensor& grad_out, const AttentionParams& p);
 }  // namespace ref
 
-namespace cpu {  // false where the case is not supported (f64, no AVX-512)
+namespace cpu {  // false where the case is not supported (f64; a host with neither AVX-512 nor AVX2 and FMA)
 bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                        AttentionForward& dst);
 // dst's tensors that are given with q's, k's, v's shapes and dtypes and unit-stride rows are

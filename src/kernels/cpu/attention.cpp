@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/cpu/vec_exp.h"
 #include "mixprec/allocator.h"
@@ -26,26 +27,9 @@ namespace {
 using attn::gemm;
 using attn::kPair;
 using attn::round_up;
+using attn::Rows;
 
 constexpr int64_t kBr = 64, kBc = 64;  // queries and keys per block: a 64 x 64 f32 tile is 16 KiB (L1)
-
-// Rows of a [B, H, T, E] view of any strides (the inputs, and the gradients written into views).
-struct Rows {
-  char* base;
-  DType t;
-  int64_t h_count, sb, sh, st, se;
-  explicit Rows(const Tensor& x)
-      : base(static_cast<char*>(x.data_ptr())),
-        t(x.dtype()),
-        h_count(x.size(1)),
-        sb(x.strides()[0]),
-        sh(x.strides()[1]),
-        st(x.strides()[2]),
-        se(x.strides()[3]) {}
-  char* row(int64_t bh, int64_t i) const {
-    return base + size_t((bh / h_count) * sb + (bh % h_count) * sh + i * st) * dtype_size(t);
-  }
-};
 
 struct Dims {
   int64_t bh, tq, tk, e, ev, e_pad, ev_pad, bc_pad, nqb, nkb;
@@ -471,8 +455,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
 bool supported(const Tensor& q, const Tensor& k, const Tensor& v) {
   const DType t = q.dtype();
   return (t == DType::f32 || t == DType::bf16 || t == DType::f16) && k.dtype() == t && v.dtype() == t &&
-         mixprec::cpu::has_avx512f();
+         (mixprec::cpu::has_avx512f() || mixprec::cpu::has_avx2_fma());
 }
+// Hosts without AVX-512 run the row kernel (cpu/attention_rows.cpp) instead of the tiles.
+bool rows_kernel() { return !mixprec::cpu::has_avx512f(); }
 thread_local bool emulate_bf16_tiles = false;
 
 // Which tiles a dtype's attention runs on: bf16 data on bf16 tiles where AVX512-BF16 is there (or,
@@ -495,6 +481,10 @@ bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   dst.out = Tensor::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype());
   dst.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, DType::f32);
   if (q.numel() == 0) return true;
+  if (rows_kernel()) {
+    attn::forward_rows(q, k, v, p, dst);
+    return true;
+  }
   switch (tiles_for(q.dtype())) {
     case Tiles::bf16:
       forward<uint16_t>(q, k, v, p, dst);
@@ -515,6 +505,10 @@ bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   for (auto [g, like] : {std::pair{&dst.dq, &q}, std::pair{&dst.dk, &k}, std::pair{&dst.dv, &v}})
     if (!g->defined() || g->shape() != like->shape() || g->dtype() != like->dtype() || g->strides().back() != 1)
       *g = Tensor::empty(like->shape(), like->dtype());
+  if (rows_kernel()) {
+    attn::backward_rows(q, k, v, fwd, grad_out, p, dst);
+    return true;
+  }
   switch (tiles_for(q.dtype())) {
     case Tiles::bf16:
       backward<uint16_t>(q, k, v, fwd, grad_out, p, dst);
