@@ -24,7 +24,8 @@
 namespace mixprec::kernels::cpu::attn {
 namespace {
 
-constexpr int64_t kRowsPerTask = 64;  // forward: query rows per task, which packs its keys once
+constexpr int64_t kRowsPerTask = 64;   // forward: query rows per task, which packs its keys once
+constexpr int64_t kRowsPerUpdate = 4;  // backward: query rows per update of dK and dV
 
 constexpr int64_t pad8(int64_t n) { return (n + 7) / 8 * 8; }
 
@@ -102,19 +103,70 @@ __attribute__((target("avx2,fma"))) void dot_rows(const float* a, int64_t k, con
   }
 }
 
-// y[0, n8) += a x[0, n8).
-__attribute__((target("avx2,fma"))) inline void axpy(float a, const float* x, float* y, int64_t n8) {
-  const __m256 va = _mm256_set1_ps(a);
-  for (int64_t c = 0; c < n8; c += 8)
-    _mm256_storeu_ps(y + c, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + c), _mm256_loadu_ps(y + c)));
+// out[j][0, n8) += sum over r < nr, in order, of w[r][j] x[r][0, n8) (w: [nr][ldw], x: [nr][ldx],
+// out: [n][n8]) for j < n, zero weights skipped: an outer-product update of nr rows at once, each
+// out[j] loaded and stored once (32 lanes in registers at a time). With out zeroed and nr = 1 it
+// is also a weighted sum of rows.
+__attribute__((target("avx2,fma"))) void add_outer(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t nr,
+                                                   int64_t n, int64_t n8, float* out) {
+  for (int64_t j = 0; j < n; ++j) {
+    float* o = out + j * n8;
+    int64_t c = 0;
+    for (; c + 32 <= n8; c += 32) {
+      __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_loadu_ps(o + c + 8), a2 = _mm256_loadu_ps(o + c + 16),
+             a3 = _mm256_loadu_ps(o + c + 24);
+      for (int64_t r = 0; r < nr; ++r) {
+        const float wr = w[r * ldw + j];
+        if (wr == 0.f) continue;
+        const __m256 vw = _mm256_set1_ps(wr);
+        const float* xr = x + r * ldx + c;
+        a0 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(xr), a0);
+        a1 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(xr + 8), a1);
+        a2 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(xr + 16), a2);
+        a3 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(xr + 24), a3);
+      }
+      _mm256_storeu_ps(o + c, a0);
+      _mm256_storeu_ps(o + c + 8, a1);
+      _mm256_storeu_ps(o + c + 16, a2);
+      _mm256_storeu_ps(o + c + 24, a3);
+    }
+    for (; c < n8; c += 8) {
+      __m256 acc = _mm256_loadu_ps(o + c);
+      for (int64_t r = 0; r < nr; ++r)
+        if (const float wr = w[r * ldw + j]; wr != 0.f)
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(wr), _mm256_loadu_ps(x + r * ldx + c), acc);
+      _mm256_storeu_ps(o + c, acc);
+    }
+  }
 }
 
-// out[0, n8) = sum over j < n of w[j] rows[j] (rows: [n][n8]), rows with a zero weight skipped.
+// out[0, n8) = sum over j < n, in order, of w[j] rows[j][0, n8) (rows: [n][n8]), zero weights
+// skipped, 32 lanes of out in registers at a time.
 __attribute__((target("avx2,fma"))) void weighted_rows(const float* w, const float* rows, int64_t n, int64_t n8,
                                                        float* out) {
-  std::fill(out, out + n8, 0.f);
-  for (int64_t j = 0; j < n; ++j)
-    if (w[j] != 0.f) axpy(w[j], rows + j * n8, out, n8);
+  int64_t c = 0;
+  for (; c + 32 <= n8; c += 32) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t j = 0; j < n; ++j) {
+      if (w[j] == 0.f) continue;
+      const __m256 vw = _mm256_set1_ps(w[j]);
+      const float* rj = rows + j * n8 + c;
+      a0 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(rj), a0);
+      a1 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(rj + 8), a1);
+      a2 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(rj + 16), a2);
+      a3 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(rj + 24), a3);
+    }
+    _mm256_storeu_ps(out + c, a0);
+    _mm256_storeu_ps(out + c + 8, a1);
+    _mm256_storeu_ps(out + c + 16, a2);
+    _mm256_storeu_ps(out + c + 24, a3);
+  }
+  for (; c < n8; c += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j)
+      if (w[j] != 0.f) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(rows + j * n8 + c), acc);
+    _mm256_storeu_ps(out + c, acc);
+  }
 }
 
 // Dropout's keep flags of keys [0, n) of row (bh, i): the words of attention_keeps, one Philox
@@ -199,9 +251,12 @@ void backward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
   const float* lse = static_cast<const float*>(fwd.lse.data_ptr());
   const float scale = float(p.scale), keep_scale = float(1.0 / (1.0 - p.dropout));
   const int64_t wmax = std::max(d.e8, d.ev8);
-  // Per thread: K^T [e8][tk8] and K rows [tk8][e8], V^T [ev8][tk8], dK [tk8][e8], dV [tk8][ev8],
-  // the rows of q, dO, O and dQ, P and dP (dS) over the keys, a row being packed, the keep flags.
-  const int64_t per_thread = 3 * d.e8 * d.tk8 + 2 * d.ev8 * d.tk8 + 2 * d.e8 + 2 * d.ev8 + 2 * d.tk8 + wmax + d.tk8;
+  constexpr int64_t R = kRowsPerUpdate;
+  // Per thread: K^T [e8][tk8] and K rows [tk8][e8], V^T [ev8][tk8], dK [tk8][e8], dV [tk8][ev8];
+  // for a block of R query rows their q, dO, P and dP (dS) rows; the rows of O and dQ, a row being
+  // packed, the keep flags.
+  const int64_t per_thread =
+      3 * d.e8 * d.tk8 + 2 * d.ev8 * d.tk8 + R * (d.e8 + d.ev8 + 2 * d.tk8) + d.ev8 + d.e8 + wmax + d.tk8;
   const Tensor ws = workspace(omp_get_max_threads() * per_thread);
 
 #pragma omp parallel for schedule(dynamic)
@@ -211,45 +266,53 @@ void backward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
     float* vt = krows + d.tk8 * d.e8;
     float* dk = vt + d.ev8 * d.tk8;
     float* dv = dk + d.tk8 * d.e8;
-    float* qrow = dv + d.tk8 * d.ev8;
-    float* dqrow = qrow + d.e8;
-    float* dorow = dqrow + d.e8;
-    float* orow = dorow + d.ev8;
-    float* pr = orow + d.ev8;
-    float* ds = pr + d.tk8;
-    float* row = ds + d.tk8;
+    float* qrows = dv + d.tk8 * d.ev8;  // [R][e8]
+    float* dorows = qrows + R * d.e8;   // [R][ev8]
+    float* pr = dorows + R * d.ev8;     // [R][tk8]
+    float* ds = pr + R * d.tk8;         // [R][tk8]
+    float* orow = ds + R * d.tk8;
+    float* dqrow = orow + d.ev8;
+    float* row = dqrow + d.e8;
     auto* keep = reinterpret_cast<uint8_t*>(row + wmax);
     pack(rk, bh, d.tk, d.e, d.e8, d.tk8, kt, krows, row);
     pack(rv, bh, d.tk, d.ev, d.ev8, d.tk8, vt, nullptr, row);
     std::fill(dk, dk + d.tk8 * d.e8, 0.f);
     std::fill(dv, dv + d.tk8 * d.ev8, 0.f);
-    for (int64_t i = 0; i < d.tq; ++i) {
-      const int64_t n = attention_last_key(p, i, d.tq, d.tk) + 1, n8 = pad8(n);
-      load_row(rq, bh, i, d.e, qrow, d.e8);
-      load_row(rgo, bh, i, d.ev, dorow, d.ev8);
-      load_row(ro, bh, i, d.ev, orow, d.ev8);
-      // D = dO . O from the stored (rounded) output, as FlashAttention-2, summed as dot_rows sums
-      // dP = dO V^T (one fused multiply-add per element, in order from zero): where O is V_j (a
-      // single key), dP - D, and with it dS, is exactly zero.
-      float dsum = 0.f;
-      for (int64_t c = 0; c < d.ev; ++c) dsum = std::fma(dorow[c], orow[c], dsum);
-      dot_rows(qrow, d.e, kt, d.tk8, n8, pr);
-      dot_rows(dorow, d.ev, vt, d.tk8, n8, ds);
-      exp_shifted(pr, n, n8, scale, lse[bh * d.tq + i]);
-      if (p.dropout > 0.0) keep_flags(p, bh, i, n, d.tq, d.tk, keep);
-      // dS = P (dP' - D) with dP' dP's dropped and rescaled values; P becomes P' (dV's weights).
-      // Without dropout both are the values themselves (keep_scale is 1).
-      for (int64_t j = 0; j < n; ++j) {
-        const bool kept = p.dropout <= 0.0 || keep[j];
-        ds[j] = pr[j] * ((kept ? ds[j] * keep_scale : 0.f) - dsum);
-        pr[j] = kept ? pr[j] * keep_scale : 0.f;
+    for (int64_t i0 = 0; i0 < d.tq; i0 += R) {
+      const int64_t nr = std::min(R, d.tq - i0);
+      const int64_t n_max = attention_last_key(p, i0 + nr - 1, d.tq, d.tk) + 1;  // keys any row of the block sees
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t i = i0 + r, n = attention_last_key(p, i, d.tq, d.tk) + 1, n8 = pad8(n);
+        float *qrow = qrows + r * d.e8, *dorow = dorows + r * d.ev8, *prow = pr + r * d.tk8, *dsrow = ds + r * d.tk8;
+        load_row(rq, bh, i, d.e, qrow, d.e8);
+        load_row(rgo, bh, i, d.ev, dorow, d.ev8);
+        load_row(ro, bh, i, d.ev, orow, d.ev8);
+        // D = dO . O from the stored (rounded) output, as FlashAttention-2, summed as dot_rows sums
+        // dP = dO V^T (one fused multiply-add per element, in order from zero): where O is V_j (a
+        // single key), dP - D, and with it dS, is exactly zero.
+        float dsum = 0.f;
+        for (int64_t c = 0; c < d.ev; ++c) dsum = std::fma(dorow[c], orow[c], dsum);
+        dot_rows(qrow, d.e, kt, d.tk8, n8, prow);
+        dot_rows(dorow, d.ev, vt, d.tk8, n8, dsrow);
+        exp_shifted(prow, n, n8, scale, lse[bh * d.tq + i]);
+        if (p.dropout > 0.0) keep_flags(p, bh, i, n, d.tq, d.tk, keep);
+        // dS = P (dP' - D) with dP' dP's dropped and rescaled values; P becomes P' (dV's weights).
+        // Without dropout both are the values themselves (keep_scale is 1). Keys past the row's
+        // last (up to the block's) weigh zero in the updates below.
+        for (int64_t j = 0; j < n; ++j) {
+          const bool kept = p.dropout <= 0.0 || keep[j];
+          dsrow[j] = prow[j] * ((kept ? dsrow[j] * keep_scale : 0.f) - dsum);
+          prow[j] = kept ? prow[j] * keep_scale : 0.f;
+        }
+        std::fill(prow + n, prow + n_max, 0.f);
+        std::fill(dsrow + n, dsrow + n_max, 0.f);
+        weighted_rows(dsrow, krows, n, d.e8, dqrow);
+        store_row(dqrow, d.e, scale, row, rdq, bh, i);
       }
-      for (int64_t j = 0; j < n; ++j) {
-        if (pr[j] != 0.f) axpy(pr[j], dorow, dv + j * d.ev8, d.ev8);
-        if (ds[j] != 0.f) axpy(ds[j], qrow, dk + j * d.e8, d.e8);
-      }
-      weighted_rows(ds, krows, n, d.e8, dqrow);
-      store_row(dqrow, d.e, scale, row, rdq, bh, i);
+      // dV_j += sum over the block's rows of P'_ij dO_i, dK_j += dS_ij q_i (scaled on store), in
+      // row order.
+      add_outer(pr, d.tk8, dorows, d.ev8, nr, n_max, d.ev8, dv);
+      add_outer(ds, d.tk8, qrows, d.e8, nr, n_max, d.e8, dk);
     }
     for (int64_t j = 0; j < d.tk; ++j) {
       store_row(dk + j * d.e8, d.e, scale, row, rdk, bh, j);
