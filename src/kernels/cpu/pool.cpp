@@ -1,8 +1,8 @@
 // Fast CPU pooling: OpenMP over the N*C planes of an NCHW tensor, each plane converted to f32
 // once, pooled in f32 and stored rounded once. f32/bf16/f16; f64 goes to the reference. The
-// CNNs' 2x2/2 max pool instead runs over the whole tensor's rows in AVX-512 registers (no per-plane
-// buffers) for its f32 forward and its backward passes in f32 and bf16 (bf16 widened and rounded
-// in registers).
+// CNNs' 2x2/2 max pool instead runs over the whole tensor's rows in AVX-512 registers (AVX2 ones
+// on a host without AVX-512; no per-plane buffers) for its f32 forward and its backward passes in f32 and bf16 (bf16
+// widened and rounded in registers).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -28,9 +28,13 @@ bool is_2x2_stride2(const PoolGeometry& g) {
 
 // The vector 2x2/2 kernels: every window inside the input (in ceil mode the last row or column of
 // windows can hang over the edge; those go to the plane kernels, which skip the missing taps).
-// AVX-512BW for the 16-bit and 8-bit masked loads.
+// AVX-512BW for the 16-bit and 8-bit masked loads, or AVX2 (8 outputs a step) without AVX-512.
+bool avx512_rows() {
+  static const bool ok = mixprec::cpu::has_avx512bw();
+  return ok;
+}
 bool vector_2x2(const PoolGeometry& g) {
-  return is_2x2_stride2(g) && 2 * g.oh <= g.h && 2 * g.ow <= g.w && mixprec::cpu::has_avx512bw();
+  return is_2x2_stride2(g) && 2 * g.oh <= g.h && 2 * g.ow <= g.w && (avx512_rows() || mixprec::cpu::has_avx2_fma());
 }
 
 // b > a, or b is NaN: b wins the comparison.
@@ -130,8 +134,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i load_grad(co
 
 // The 2x2/2 max pool over f32 rows. The argmax is narrowed in registers, then stored (vpmovdb
 // with a memory operand is microcoded and slow on AMD Zen).
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2(const float* x, int64_t w, int64_t ow,
-                                                                       int64_t rows, float* out, uint8_t* arg) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_avx512(const float* x, int64_t w, int64_t ow,
+                                                                              int64_t rows, float* out, uint8_t* arg) {
   for (int64_t j = 0; j < rows; ++j, x += 2 * w, out += ow, arg += ow)
     for (int64_t ox = 0; ox < ow; ox += 16) {
       const ChunkMasks m = chunk_masks(std::min<int64_t>(16, ow - ox));
@@ -143,9 +147,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2(const flo
 
 // Backward of the above from the stored argmax. Writes inputs [0, 2 * ow) of each row pair of gx.
 template <class T>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_backward(const T* gy, const uint8_t* arg,
-                                                                                int64_t w, int64_t ow, int64_t rows,
-                                                                                T* gx) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_backward_avx512(const T* gy, const uint8_t* arg,
+                                                                                       int64_t w, int64_t ow,
+                                                                                       int64_t rows, T* gx) {
   for (int64_t j = 0; j < rows; ++j, gy += ow, arg += ow, gx += 2 * w)
     for (int64_t ox = 0; ox < ow; ox += 16) {
       const ChunkMasks m = chunk_masks(std::min<int64_t>(16, ow - ox));
@@ -156,15 +160,167 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_backward(
 
 // Backward from the input rows instead: the winners found again, routed at once.
 template <class T>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_backward_from_input(const T* x, const T* gy,
-                                                                                           int64_t w, int64_t ow,
-                                                                                           int64_t rows, T* gx) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_backward_from_input_avx512(const T* x,
+                                                                                                  const T* gy,
+                                                                                                  int64_t w, int64_t ow,
+                                                                                                  int64_t rows, T* gx) {
   for (int64_t j = 0; j < rows; ++j, x += 2 * w, gy += ow, gx += 2 * w)
     for (int64_t ox = 0; ox < ow; ox += 16) {
       const ChunkMasks m = chunk_masks(std::min<int64_t>(16, ow - ox));
       const Winners2x2 win = winners_2x2(taps_2x2(x + 2 * ox, x + w + 2 * ox, m));
       route_2x2(load_grad(gy + ox, m), win.k, m, gx + 2 * ox, gx + w + 2 * ox);
     }
+}
+
+// ---------------------------------------------------------------- AVX2 (hosts without AVX-512)
+// The same row kernels, 8 outputs a step: the same tournament, the same routing, masked loads and
+// stores as AVX2 has them (32-bit lanes: a bf16 row's window pair is one lane, as above).
+
+// The first n of 8 32-bit lanes.
+__attribute__((target("avx2"))) inline __m256i first8(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::clamp<int64_t>(n, 0, 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+struct Masks8 {
+  __m256i in_lo, in_hi, out;
+};
+__attribute__((target("avx2"))) inline Masks8 masks8(int64_t outputs) {
+  return {first8(2 * outputs), first8(2 * outputs - 8), first8(outputs)};
+}
+struct Taps8 {
+  __m256 a, b, c, d;
+};
+// Even and odd columns of 16 f32 inputs (lo, hi), in order.
+__attribute__((target("avx2"))) inline void split8(__m256 lo, __m256 hi, __m256& even, __m256& odd) {
+  const __m256 e = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)),
+               o = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+  even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+  odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+__attribute__((target("avx2"))) inline Taps8 taps8(const float* r0, const float* r1, const Masks8& m) {
+  Taps8 t;
+  split8(_mm256_maskload_ps(r0, m.in_lo), _mm256_maskload_ps(r0 + 8, m.in_hi), t.a, t.b);
+  split8(_mm256_maskload_ps(r1, m.in_lo), _mm256_maskload_ps(r1 + 8, m.in_hi), t.c, t.d);
+  return t;
+}
+__attribute__((target("avx2"))) inline Taps8 taps8(const uint16_t* r0, const uint16_t* r1, const Masks8& m) {
+  const __m256i high = _mm256_set1_epi32(int(0xFFFF0000u));
+  const __m256i t = _mm256_maskload_epi32(reinterpret_cast<const int*>(r0), m.out);
+  const __m256i u = _mm256_maskload_epi32(reinterpret_cast<const int*>(r1), m.out);
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(t, 16)), _mm256_castsi256_ps(_mm256_and_si256(t, high)),
+          _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), _mm256_castsi256_ps(_mm256_and_si256(u, high))};
+}
+// b > a, or b is NaN (all-ones lanes).
+__attribute__((target("avx2"))) inline __m256 beats8(__m256 b, __m256 a) {
+  return _mm256_or_ps(_mm256_cmp_ps(b, a, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+}
+struct Winners8 {
+  __m256 max;
+  __m256i k;
+};
+__attribute__((target("avx2"))) inline Winners8 winners8(const Taps8& t) {
+  const __m256 top_b = beats8(t.b, t.a), bottom_d = beats8(t.d, t.c);
+  const __m256 top = _mm256_blendv_ps(t.a, t.b, top_b), bottom = _mm256_blendv_ps(t.c, t.d, bottom_d);
+  const __m256 use_bottom = beats8(bottom, top);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i top_k = _mm256_and_si256(_mm256_castps_si256(top_b), one);
+  const __m256i bottom_k = _mm256_add_epi32(_mm256_set1_epi32(2), _mm256_and_si256(_mm256_castps_si256(bottom_d), one));
+  return {_mm256_blendv_ps(top, bottom, use_bottom),
+          _mm256_blendv_epi8(top_k, bottom_k, _mm256_castps_si256(use_bottom))};
+}
+// Lanes of g where k == j, zeros elsewhere.
+__attribute__((target("avx2"))) inline __m256i pick8(__m256i g, __m256i k, int j) {
+  return _mm256_and_si256(_mm256_cmpeq_epi32(k, _mm256_set1_epi32(j)), g);
+}
+__attribute__((target("avx2"))) inline void route8(__m256 g, __m256i k, const Masks8& m, float* g0, float* g1) {
+  const __m256i gi = _mm256_castps_si256(g);
+  for (int row = 0; row < 2; ++row) {
+    const __m256 l = _mm256_castsi256_ps(pick8(gi, k, 2 * row)), r = _mm256_castsi256_ps(pick8(gi, k, 2 * row + 1));
+    const __m256 lo = _mm256_unpacklo_ps(l, r), hi = _mm256_unpackhi_ps(l, r);
+    float* dst = row == 0 ? g0 : g1;
+    _mm256_maskstore_ps(dst, m.in_lo, _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_maskstore_ps(dst + 8, m.in_hi, _mm256_permute2f128_ps(lo, hi, 0x31));
+  }
+}
+__attribute__((target("avx2"))) inline void route8(__m256i g, __m256i k, const Masks8& m, uint16_t* g0, uint16_t* g1) {
+  _mm256_maskstore_epi32(reinterpret_cast<int*>(g0), m.out,
+                         _mm256_or_si256(pick8(g, k, 0), _mm256_slli_epi32(pick8(g, k, 1), 16)));
+  _mm256_maskstore_epi32(reinterpret_cast<int*>(g1), m.out,
+                         _mm256_or_si256(pick8(g, k, 2), _mm256_slli_epi32(pick8(g, k, 3), 16)));
+}
+// The incoming gradients: f32 as is; bf16 bits in 32-bit lanes, a signalling NaN quieted (the
+// scalar rounding rule applied to a widened bf16 value: its own bits otherwise).
+__attribute__((target("avx2"))) inline __m256 grad8(const float* gy, const Masks8& m) {
+  return _mm256_maskload_ps(gy, m.out);
+}
+__attribute__((target("avx2"))) inline __m256i grad8(const uint16_t* gy, int64_t n) {
+  alignas(16) uint16_t buf[8] = {};
+  std::memcpy(buf, gy, size_t(std::min<int64_t>(n, 8)) * 2);
+  const __m256i low = _mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(low, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7f80));
+  return _mm256_or_si256(low, _mm256_and_si256(nan, _mm256_set1_epi32(0x0040)));
+}
+template <class T>
+__attribute__((target("avx2"))) inline auto grad_lanes8(const T* gy, const Masks8& m, int64_t n) {
+  if constexpr (std::is_same_v<T, float>)
+    return grad8(gy, m);
+  else
+    return grad8(gy, n);
+}
+
+__attribute__((target("avx2"))) void max_rows_2x2_avx2(const float* x, int64_t w, int64_t ow, int64_t rows, float* out,
+                                                       uint8_t* arg) {
+  for (int64_t j = 0; j < rows; ++j, x += 2 * w, out += ow, arg += ow)
+    for (int64_t ox = 0; ox < ow; ox += 8) {
+      const int64_t n = std::min<int64_t>(8, ow - ox);
+      const Masks8 m = masks8(n);
+      const Winners8 win = winners8(taps8(x + 2 * ox, x + w + 2 * ox, m));
+      _mm256_maskstore_ps(out + ox, m.out, win.max);
+      const __m128i k16 = _mm_packus_epi32(_mm256_castsi256_si128(win.k), _mm256_extracti128_si256(win.k, 1));
+      alignas(16) uint8_t k8[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(k8), _mm_packus_epi16(k16, k16));
+      std::memcpy(arg + ox, k8, size_t(n));
+    }
+}
+
+template <class T>
+__attribute__((target("avx2"))) void max_rows_2x2_backward_avx2(const T* gy, const uint8_t* arg, int64_t w, int64_t ow,
+                                                                int64_t rows, T* gx) {
+  for (int64_t j = 0; j < rows; ++j, gy += ow, arg += ow, gx += 2 * w)
+    for (int64_t ox = 0; ox < ow; ox += 8) {
+      const int64_t n = std::min<int64_t>(8, ow - ox);
+      const Masks8 m = masks8(n);
+      alignas(8) uint8_t k8[8] = {};
+      std::memcpy(k8, arg + ox, size_t(n));
+      const __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(k8)));
+      route8(grad_lanes8(gy + ox, m, n), k, m, gx + 2 * ox, gx + w + 2 * ox);
+    }
+}
+
+template <class T>
+__attribute__((target("avx2"))) void max_rows_2x2_backward_from_input_avx2(const T* x, const T* gy, int64_t w,
+                                                                           int64_t ow, int64_t rows, T* gx) {
+  for (int64_t j = 0; j < rows; ++j, x += 2 * w, gy += ow, gx += 2 * w)
+    for (int64_t ox = 0; ox < ow; ox += 8) {
+      const int64_t n = std::min<int64_t>(8, ow - ox);
+      const Masks8 m = masks8(n);
+      const Winners8 win = winners8(taps8(x + 2 * ox, x + w + 2 * ox, m));
+      route8(grad_lanes8(gy + ox, m, n), win.k, m, gx + 2 * ox, gx + w + 2 * ox);
+    }
+}
+
+// The row kernels of this host.
+void max_rows_2x2(const float* x, int64_t w, int64_t ow, int64_t rows, float* out, uint8_t* arg) {
+  (avx512_rows() ? max_rows_2x2_avx512 : max_rows_2x2_avx2)(x, w, ow, rows, out, arg);
+}
+template <class T>
+void max_rows_2x2_backward(const T* gy, const uint8_t* arg, int64_t w, int64_t ow, int64_t rows, T* gx) {
+  (avx512_rows() ? max_rows_2x2_backward_avx512<T> : max_rows_2x2_backward_avx2<T>)(gy, arg, w, ow, rows, gx);
+}
+template <class T>
+void max_rows_2x2_backward_from_input(const T* x, const T* gy, int64_t w, int64_t ow, int64_t rows, T* gx) {
+  (avx512_rows() ? max_rows_2x2_backward_from_input_avx512<T> : max_rows_2x2_backward_from_input_avx2<T>)(x, gy, w, ow,
+                                                                                                          rows, gx);
 }
 
 // The vector kernels over whole f32 or bf16 tensors, without per-plane buffers, in runs of output
