@@ -235,6 +235,16 @@ def ensure_probe(a):
                        f"--no-probe)\n{tail}")
 
 
+def probe_has_bf16(a):
+    """False where the probe says oneDNN has no bf16 matmul here (exit status 3, at once)."""
+    try:
+        proc = subprocess.run([a.probe, "1", "1", "1x1"], cwd=REPO, capture_output=True, text=True,
+                              timeout=a.timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return True  # the real runs report the failure
+    return proc.returncode != 3
+
+
 PROBE_LINE = re.compile(r"^(?P<label>.*?)\s+(?P<dtype>f32|bf16|bf16->f32)\s+[\d.]+\s+[\d.]+\s+"
                         r"(?P<ms>[\d.]+)\s+\S+\s*$")
 
@@ -432,7 +442,12 @@ def main(argv=None):
         except RunError as e:
             print(f"compare.py: {e}", file=sys.stderr)
             return 2
-        jobs.append((PROBE, "fp32,amp-bf16"))
+        if probe_has_bf16(a):
+            jobs.append((PROBE, "fp32,amp-bf16"))
+        else:
+            print("compare.py: oneDNN has no bf16 matmul on this host (an AVX2 CPU): no oneDNN ratio to "
+                  "compare with", file=sys.stderr)
+            a.probe_layers = None
     else:
         a.probe_layers = None
 

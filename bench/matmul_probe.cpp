@@ -128,6 +128,11 @@ int main(int argc, char** argv) {
   std::printf("oneDNN ISA %s, avx512_bf16 %d, amx_bf16 %d, OpenMP threads %d, batch %lld, %d reps\n",
               dnnl_isa_name().c_str(), has_avx512_bf16(), has_amx_bf16(), omp_get_max_threads(),
               static_cast<long long>(batch), reps);
+  if (!matmul_has_bf16()) {  // an AVX2 host: oneDNN 2.6's bf16 kernels all need AVX-512
+    std::printf("matmul_probe: oneDNN has no bf16 matmul on this host (ISA %s): no bf16 ratio to measure\n",
+                dnnl_isa_name().c_str());
+    return 3;
+  }
 
   struct Row {
     std::string label;
