@@ -15,7 +15,17 @@
 
 #include <cstdint>
 
+#include "mixprec/cpu.h"
+
 namespace mixprec {
+
+// Which SIMD forms the fast kernels run on this CPU: AVX-512, AVX2 (with FMA: CPUs without
+// AVX-512, such as AMD Zen 2), or none (their scalar loops).
+enum class Lanes { none, avx2, avx512 };
+inline Lanes simd_lanes() {
+  static const Lanes l = cpu::has_avx512f() ? Lanes::avx512 : cpu::has_avx2_fma() ? Lanes::avx2 : Lanes::none;
+  return l;
+}
 
 // The first n of 16 lanes (none for n <= 0, all from 16): a loop's masked tail or edge.
 inline __mmask16 first_lanes(int64_t n) {

@@ -316,15 +316,6 @@ __attribute__((target("avx2,fma"))) void gelu_backward_f32_avx2(const float* g, 
   }
 }
 
-// Which lanes the ReLU kernels and GELU run: AVX-512 (16-bit ReLU also needs AVX512BW), AVX2, none.
-enum class Lanes { none, avx2, avx512 };
-Lanes lanes() {
-  static const Lanes l = mixprec::cpu::has_avx512f()    ? Lanes::avx512
-                         : mixprec::cpu::has_avx2_fma() ? Lanes::avx2
-                                                        : Lanes::none;
-  return l;
-}
-
 bool has_avx512bw() {
   static const bool ok = __builtin_cpu_supports("avx512bw");
   return ok;
@@ -333,9 +324,9 @@ bool has_avx512bw() {
 bool supported(const Tensor& dst, const Tensor& grad, const Tensor& y) {
   const DType t = grad.dtype();
   if (y.dtype() != t || dst.dtype() != t || !grad.is_contiguous() || !y.is_contiguous() || !dst.is_contiguous() ||
-      y.numel() != grad.numel() || dst.numel() != grad.numel() || lanes() == Lanes::none)
+      y.numel() != grad.numel() || dst.numel() != grad.numel() || simd_lanes() == Lanes::none)
     return false;
-  return t == DType::f32 || ((t == DType::bf16 || t == DType::f16) && (lanes() == Lanes::avx2 || has_avx512bw()));
+  return t == DType::f32 || ((t == DType::bf16 || t == DType::f16) && (simd_lanes() == Lanes::avx2 || has_avx512bw()));
 }
 
 // f(begin, end, inf) over chunks of n elements, in parallel when there are enough; inf is the
@@ -350,7 +341,7 @@ void for_chunks(int64_t n, DType t, F&& f) {
 }
 
 void apply(Tensor& dst, const Tensor& grad, const Tensor& y) {
-  const bool avx2 = lanes() == Lanes::avx2;
+  const bool avx2 = simd_lanes() == Lanes::avx2;
   for_chunks(grad.numel(), grad.dtype(), [&](int64_t begin, int64_t end, uint16_t inf) {
     if (grad.dtype() == DType::f32)
       (avx2 ? mask_f32_avx2 : mask_f32)(dst.data<float>(), grad.data<float>(), y.data<float>(), begin, end);
@@ -361,7 +352,7 @@ void apply(Tensor& dst, const Tensor& grad, const Tensor& y) {
 
 bool relu_forward(const Tensor& x, Tensor& dst) {
   if (!supported(dst, x, x)) return false;
-  const bool avx2 = lanes() == Lanes::avx2;
+  const bool avx2 = simd_lanes() == Lanes::avx2;
   for_chunks(x.numel(), x.dtype(), [&](int64_t begin, int64_t end, uint16_t inf) {
     if (x.dtype() == DType::f32)
       (avx2 ? relu_f32_avx2 : relu_f32)(dst.data<float>(), x.data<float>(), begin, end);
@@ -374,7 +365,7 @@ bool relu_forward(const Tensor& x, Tensor& dst) {
 bool vectorised(Activation op) {
   return (op == Activation::silu || op == Activation::sigmoid || op == Activation::tanh ||
           op == Activation::gelu_tanh) &&
-         lanes() == Lanes::avx512;
+         simd_lanes() == Lanes::avx512;
 }
 
 template <Activation OP>
@@ -408,7 +399,7 @@ void backward_blocks(const Tensor& grad, const Tensor& saved, Tensor& dst) {
 bool activation(Activation op, const Tensor& x, Tensor& dst) {
   if (!f32_compute(x.dtype()) || !x.is_contiguous() || !dst.is_contiguous()) return false;
   if (op == Activation::relu && relu_forward(x, dst)) return true;
-  if (op == Activation::gelu_tanh && lanes() == Lanes::avx2) {
+  if (op == Activation::gelu_tanh && simd_lanes() == Lanes::avx2) {
     map_f32_blocks(x, dst, [](const float* v, float* o, int64_t len) { gelu_forward_f32_avx2(v, o, len); });
     return true;
   }
@@ -435,7 +426,7 @@ bool activation_grad(Activation op, const Tensor& grad, const Tensor& saved, Ten
     apply(dst, grad, saved);
     return true;
   }
-  if (op == Activation::gelu_tanh && lanes() == Lanes::avx2) {
+  if (op == Activation::gelu_tanh && simd_lanes() == Lanes::avx2) {
     map_grad_f32_blocks(grad, saved, dst, [](const float* g, const float* v, float* o, int64_t len) {
       gelu_backward_f32_avx2(g, v, o, len);
     });

@@ -212,15 +212,6 @@ __attribute__((target("avx2"))) int64_t sgd_f32_avx2(float* w, const float* g, f
   return j;
 }
 
-// Which vector form the f32 rules run: AVX-512, AVX2, or none (the scalar loop alone).
-enum class Lanes { none, avx2, avx512 };
-Lanes lanes() {
-  static const Lanes l = mixprec::cpu::has_avx512f()    ? Lanes::avx512
-                         : mixprec::cpu::has_avx2_fma() ? Lanes::avx2
-                                                        : Lanes::none;
-  return l;
-}
-
 // What every fused step does around its rule: the skip, the step count, the rounding streams, and
 // one parallel pass over the blocks of all parameters. rule(p, step, w, g, begin, len) updates one
 // block of parameter p (update_block's w and g).
@@ -256,7 +247,7 @@ void fused_step(const std::vector<OptimParam>& params, const OptimStep& s, Rule&
 
 void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const OptimStep& s) {
   uint8_t* ready = o.momentum != 0 ? static_cast<uint8_t*>(o.momentum_ready.data_ptr()) : nullptr;
-  const Lanes vectorised = lanes();
+  const Lanes vectorised = simd_lanes();
   fused_step(params, s, [&](const OptimParam& p, int64_t, auto* w, const auto* gr, int64_t begin, int64_t len) {
     using T = std::remove_pointer_t<decltype(w)>;
     const bool first = ready && !ready[p.index];
@@ -276,7 +267,7 @@ void sgd_step(const std::vector<OptimParam>& params, const SgdOptions& o, const 
 }
 
 void adamw_step(const std::vector<OptimParam>& params, const AdamWOptions& o, const OptimStep& s) {
-  const Lanes vectorised = lanes();
+  const Lanes vectorised = simd_lanes();
   fused_step(params, s, [&](const OptimParam& p, int64_t step, auto* w, const auto* gr, int64_t begin, int64_t len) {
     using T = std::remove_pointer_t<decltype(w)>;
     T* m = static_cast<T*>(p.state1.data_ptr()) + begin;
