@@ -25,6 +25,7 @@ namespace mixprec::kernels::cpu {
 namespace {
 
 using attn::gemm;
+using attn::keep_bits;
 using attn::kPair;
 using attn::round_up;
 using attn::Rows;
@@ -85,20 +86,6 @@ attn::Live live_of(const AttentionParams& p, const Dims& d, int64_t i0, int64_t 
   const int64_t diag = i0 + std::max<int64_t>(d.tk - d.tq, 0) - j0;
   if (diag >= nc - 1) return {};
   return {kind, diag};
-}
-
-// Dropout's keep bits of keys [j0, j0 + 16) of row (bh, i): the words of attention_keeps, one
-// Philox block per four.
-uint32_t keep_bits(const AttentionParams& p, int64_t bh, int64_t i, int64_t j0, int64_t tq, int64_t tk) {
-  uint32_t bits = 0;
-  const int64_t n = std::min<int64_t>(16, tk - j0);
-  uint64_t w = attention_dropout_word(bh, i, j0, tq, tk);
-  detail::PhiloxWords block = attention_dropout_block(p, w);
-  for (int64_t l = 0; l < n; ++l, ++w) {
-    if (l > 0 && w % 4 == 0) block = attention_dropout_block(p, w);
-    if (attention_keeps_word(p, block, w)) bits |= 1u << l;
-  }
-  return bits;
 }
 
 // Whether rows of x `width` wide are tiles of E as they lie: E's own dtype (f32 for f32 tiles,
@@ -455,10 +442,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
 bool supported(const Tensor& q, const Tensor& k, const Tensor& v) {
   const DType t = q.dtype();
   return (t == DType::f32 || t == DType::bf16 || t == DType::f16) && k.dtype() == t && v.dtype() == t &&
-         (mixprec::cpu::has_avx512f() || mixprec::cpu::has_avx2_fma());
+         simd_lanes() != Lanes::none;
 }
 // Hosts without AVX-512 run the row kernel (cpu/attention_rows.cpp) instead of the tiles.
-bool rows_kernel() { return !mixprec::cpu::has_avx512f(); }
+bool rows_kernel() { return simd_lanes() == Lanes::avx2; }
 thread_local bool emulate_bf16_tiles = false;
 
 // Which tiles a dtype's attention runs on: bf16 data on bf16 tiles where AVX512-BF16 is there (or,

@@ -105,8 +105,7 @@ __attribute__((target("avx2,fma"))) void dot_rows(const float* a, int64_t k, con
 
 // out[j][0, n8) += sum over r < nr, in order, of w[r][j] x[r][0, n8) (w: [nr][ldw], x: [nr][ldx],
 // out: [n][n8]) for j < n, zero weights skipped: an outer-product update of nr rows at once, each
-// out[j] loaded and stored once (32 lanes in registers at a time). With out zeroed and nr = 1 it
-// is also a weighted sum of rows.
+// out[j] loaded and stored once (32 lanes in registers at a time).
 __attribute__((target("avx2,fma"))) void add_outer(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t nr,
                                                    int64_t n, int64_t n8, float* out) {
   for (int64_t j = 0; j < n; ++j) {
@@ -169,15 +168,11 @@ __attribute__((target("avx2,fma"))) void weighted_rows(const float* w, const flo
   }
 }
 
-// Dropout's keep flags of keys [0, n) of row (bh, i): the words of attention_keeps, one Philox
-// block per four.
+// Dropout's keep flags of keys [0, n) of row (bh, i), from keep_bits' 16-key masks.
 void keep_flags(const AttentionParams& p, int64_t bh, int64_t i, int64_t n, int64_t tq, int64_t tk, uint8_t* keep) {
-  const uint64_t w0 = attention_dropout_word(bh, i, 0, tq, tk);
-  detail::PhiloxWords block = attention_dropout_block(p, w0);
-  for (int64_t j = 0; j < n; ++j) {
-    const uint64_t w = w0 + uint64_t(j);
-    if (j > 0 && w % 4 == 0) block = attention_dropout_block(p, w);
-    keep[j] = attention_keeps_word(p, block, w) ? 1 : 0;
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const uint32_t bits = keep_bits(p, bh, i, j0, tq, tk);
+    for (int64_t l = 0; l < std::min<int64_t>(16, n - j0); ++l) keep[j0 + l] = (bits >> l) & 1u;
   }
 }
 

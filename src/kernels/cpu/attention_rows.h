@@ -2,6 +2,7 @@
 // [B, H, T, E] views, and the second kernel, for hosts with AVX2 but no AVX-512
 // (cpu/attention_rows.cpp).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/attention.h"
@@ -27,6 +28,20 @@ struct Rows {
     return base + size_t((bh / h_count) * sb + (bh % h_count) * sh + i * st) * dtype_size(t);
   }
 };
+
+// Dropout's keep bits of keys [j0, j0 + 16) of row (bh, i): the words of attention_keeps, one
+// Philox block per four.
+inline uint32_t keep_bits(const AttentionParams& p, int64_t bh, int64_t i, int64_t j0, int64_t tq, int64_t tk) {
+  uint32_t bits = 0;
+  const int64_t n = std::min<int64_t>(16, tk - j0);
+  uint64_t w = attention_dropout_word(bh, i, j0, tq, tk);
+  detail::PhiloxWords block = attention_dropout_block(p, w);
+  for (int64_t l = 0; l < n; ++l, ++w) {
+    if (l > 0 && w % 4 == 0) block = attention_dropout_block(p, w);
+    if (attention_keeps_word(p, block, w)) bits |= 1u << l;
+  }
+  return bits;
+}
 
 // The fused attention of AVX2 hosts: FlashAttention-2's algorithm one query row at a time against
 // all the keys it sees (the row's scores in a buffer of Tk floats: nothing of size Tq x Tk), in
