@@ -1,10 +1,11 @@
 // The allocator: bytes by category (MemoryScope), live and peak accounting, 64-byte alignment,
 // reuse of large blocks, huge-page advice on blocks of 2 MiB or more, the budget (OutOfMemory,
-// nothing leaked), reset_peak.
+// nothing leaked), reset_peak, and the guard past each block's end that the suite runs with.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -236,6 +237,29 @@ TEST(Allocator, BudgetCountsCachedBlocksAsReclaimable) {
   allocator::set_budget(allocator::stats().live_total + (int64_t(3) << 19));
   EXPECT_NO_THROW(Tensor::empty({3 << 17}));
   EXPECT_EQ(allocator::stats().cached_bytes, int64_t(3) << 19);
+}
+
+// The suite runs with the guard (tests/alloc_guard.cpp). One byte stored past a request, inside
+// its 64-byte rounding where nothing else would notice it, ends the process with a line that says
+// where; as do bytes past the rounding, in a small block and in a cached large one; a block written
+// to its last byte is freed quietly, and the counted bytes are the request's rounding as without it.
+TEST(Allocator, GuardCatchesAStorePastTheEnd) {
+  ASSERT_STREQ(std::getenv("MIXPREC_ALLOC_GUARD"), "1") << "tests/alloc_guard.cpp sets it before main";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto store_past = [](size_t bytes, size_t at) {
+    auto* p = static_cast<unsigned char*>(allocator::allocate(bytes, MemCategory::activations));
+    p[at] = 0;
+    allocator::deallocate(p, bytes, MemCategory::activations);
+  };
+  EXPECT_DEATH(store_past(100, 100), "allocation guard: bytes 100 to 100 of a 100-byte activations block");
+  EXPECT_DEATH(store_past(100, 130), "bytes 130 to 130 of a 100-byte");
+  EXPECT_DEATH(store_past(size_t(1) << 17, (size_t(1) << 17) + 5), "bytes 131077 to 131077 of a 131072-byte");
+  const int64_t live0 = live(MemCategory::activations);
+  auto* p = static_cast<unsigned char*>(allocator::allocate(100, MemCategory::activations));
+  EXPECT_EQ(live(MemCategory::activations) - live0, rounded(100));
+  std::memset(p, 0, 100);
+  allocator::deallocate(p, 100, MemCategory::activations);
+  EXPECT_EQ(live(MemCategory::activations), live0);
 }
 
 }  // namespace
