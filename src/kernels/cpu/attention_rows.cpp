@@ -1,13 +1,15 @@
 // The fused CPU attention of hosts with AVX2 and FMA but no AVX-512 (the tile kernel of
-// cpu/attention.cpp needs AVX-512): FlashAttention-2's algorithm one query row at a time against
-// all the keys it sees. A row's scores fill a buffer of Tk floats, its softmax is exact (no online
-// rescaling: the whole row is there), and the forward keeps only the output and the log-sum-exp;
-// the backward recomputes each row's probabilities from the log-sum-exp, so nothing of size
-// Tq x Tk is ever stored. Every input dtype computes in f32 (16-bit rows widened on load, the
-// results rounded once on store), the products as register-blocked FMA loops on packed K^T and V^T
-// (keys along the lanes) and on K and V rows (head dims along the lanes). Dropout's keep bits come
-// from the same Philox words as the reference's (attention.h). OpenMP over (batch x head, block of
-// query rows) forward and over batch x head backward (each task owns its dK and dV).
+// cpu/attention.cpp needs AVX-512): FlashAttention-2's algorithm on blocks of query rows, each row
+// against all the keys it sees. A row's scores fill a buffer of Tk floats, its softmax is exact (no
+// online rescaling: the whole row is there), and the forward keeps only the output and the
+// log-sum-exp; the backward recomputes each row's probabilities from the log-sum-exp, so nothing of
+// size Tq x Tk is ever stored. Every input dtype computes in f32 (16-bit rows widened on load, the
+// results rounded once on store; f32 rows of unit stride are read in place). The products are
+// register-blocked GEMM micro-kernels: 6 query rows x 16 lanes against packed K^T and V^T (keys
+// along the lanes) or K and V rows (head dims along the lanes), and dK, dV updated 4 keys x 16
+// lanes at a time from blocks of 12 query rows. Dropout's keep bits come from the same Philox words
+// as the reference's (attention.h). OpenMP over (batch x head, block of 64 query rows) forward and
+// over batch x head backward (each task owns its dK and dV).
 #include "kernels/cpu/attention_rows.h"
 
 #include <omp.h>
@@ -24,8 +26,8 @@
 namespace mixprec::kernels::cpu::attn {
 namespace {
 
-constexpr int64_t kRowsPerTask = 64;   // forward: query rows per task, which packs its keys once
-constexpr int64_t kRowsPerUpdate = 4;  // backward: query rows per update of dK and dV
+constexpr int64_t kRowsPerTask = 64;    // forward: query rows per task, which packs its keys once
+constexpr int64_t kRowsPerUpdate = 12;  // backward: query rows per update of dK and dV
 
 constexpr int64_t pad8(int64_t n) { return (n + 7) / 8 * 8; }
 
@@ -54,118 +56,178 @@ void load_row(const Rows& x, int64_t bh, int64_t i, int64_t n, float* dst, int64
   std::fill(dst + n, dst + padded, 0.f);
 }
 
+// dst[c] = src[c] * f for c < n.
+__attribute__((target("avx2,fma"))) void scale_into(float* dst, const float* src, int64_t n, float f) {
+  const __m256 vf = _mm256_set1_ps(f);
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(src + c), vf));
+  for (; c < n; ++c) dst[c] = src[c] * f;
+}
+
+// Rows [i0, i0 + nr) of head bh, n elements each, as f32 rows of `padded` floats (zeros in
+// [n, padded)): the tensor's own rows where they are that already (f32, unit stride, n == padded;
+// the leading dimension is then the tensor's row stride), else copies into buf ([nr][padded]).
+struct RowBlock {
+  const float* p;
+  int64_t ld;
+};
+RowBlock row_block(const Rows& x, int64_t bh, int64_t i0, int64_t nr, int64_t n, int64_t padded, float* buf) {
+  if (x.t == DType::f32 && x.se == 1 && n == padded) return {reinterpret_cast<const float*>(x.row(bh, i0)), x.st};
+  for (int64_t r = 0; r < nr; ++r) load_row(x, bh, i0 + r, n, buf + r * padded, padded);
+  return {buf, padded};
+}
+
 // src[0, n) times f into row i of head bh (rounded once to its dtype); tmp holds n floats.
 void store_row(const float* src, int64_t n, float f, float* tmp, const Rows& x, int64_t bh, int64_t i) {
-  for (int64_t c = 0; c < n; ++c) tmp[c] = src[c] * f;
   char* dst = x.row(bh, i);
+  if (x.t == DType::f32 && x.se == 1) return scale_into(reinterpret_cast<float*>(dst), src, n, f);
+  scale_into(tmp, src, n, f);
   if (x.se == 1) return convert(tmp, DType::f32, dst, x.t, size_t(n));
   const size_t es = dtype_size(x.t);
   for (int64_t c = 0; c < n; ++c) convert(tmp + c, DType::f32, dst + size_t(c * x.se) * es, x.t, 1);
 }
 
-// Rows [0, n) of head bh's x as the columns of dst ([width_pad][ld], zero past width and n) and,
-// where rows_out is given, as rows ([n][width_pad], zero past width); row is a width_pad buffer.
-void pack(const Rows& x, int64_t bh, int64_t n, int64_t width, int64_t width_pad, int64_t ld, float* dst,
-          float* rows_out, float* row) {
+// dst[c][j] = src[j][c] for the 8 x 8 block at src ([8][lds]) into dst ([8][ldd]).
+__attribute__((target("avx2"))) void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+
+// Rows [0, n) of head bh's x as the columns of dst ([width_pad][ld], zero past width and n); buf
+// holds 8 rows of width_pad floats.
+void pack(const Rows& x, int64_t bh, int64_t n, int64_t width, int64_t width_pad, int64_t ld, float* dst, float* buf) {
   std::fill(dst, dst + width_pad * ld, 0.f);
-  for (int64_t j = 0; j < n; ++j) {
-    float* r = rows_out ? rows_out + j * width_pad : row;
-    load_row(x, bh, j, width, r, width_pad);
-    for (int64_t c = 0; c < width; ++c) dst[c * ld + j] = r[c];
+  for (int64_t j = 0; j < n; j += 8) {
+    const int64_t nj = std::min<int64_t>(8, n - j);
+    const RowBlock b = row_block(x, bh, j, nj, width, width_pad, buf);
+    if (nj == 8) {
+      for (int64_t c = 0; c + 8 <= width_pad; c += 8) transpose8(b.p + c, b.ld, dst + c * ld + j, ld);
+    } else {
+      for (int64_t r = 0; r < nj; ++r)
+        for (int64_t c = 0; c < width; ++c) dst[c * ld + j + r] = b.p[r * b.ld + c];
+    }
   }
 }
 
-// out[j] = sum over c < k of a[c] b[c][j] (b: [k][ldb]) for j < n8 (a multiple of 8): per lane one
-// fused multiply-add per c, in order from zero, 32 lanes of out in registers at a time.
-__attribute__((target("avx2,fma"))) void dot_rows(const float* a, int64_t k, const float* b, int64_t ldb, int64_t n8,
-                                                  float* out) {
+// The products are two register-blocked kernels on row-major f32 blocks, each output element one
+// fused multiply-add per term, in order, from zero or from its stored value: so the results do not
+// depend on the blocking (a row alone or in a block of six, a key alone or in a block of four).
+
+constexpr int kGemmRows = 6;  // rows of A per micro-kernel: 6 x 16 lanes of C in 12 of 16 registers
+
+// C[r][0, n8) = sum over p < k of A[r][p] B[p][0, n8) for r < R (n8 a multiple of 8).
+template <int R>
+__attribute__((target("avx2,fma"))) void gemm_block(const float* a, int64_t lda, int64_t k, const float* b, int64_t ldb,
+                                                    int64_t n8, float* c, int64_t ldc) {
   int64_t j = 0;
-  for (; j + 32 <= n8; j += 32) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-    for (int64_t c = 0; c < k; ++c) {
-      const __m256 ac = _mm256_broadcast_ss(a + c);
-      const float* bc = b + c * ldb + j;
-      acc0 = _mm256_fmadd_ps(ac, _mm256_loadu_ps(bc), acc0);
-      acc1 = _mm256_fmadd_ps(ac, _mm256_loadu_ps(bc + 8), acc1);
-      acc2 = _mm256_fmadd_ps(ac, _mm256_loadu_ps(bc + 16), acc2);
-      acc3 = _mm256_fmadd_ps(ac, _mm256_loadu_ps(bc + 24), acc3);
-    }
-    _mm256_storeu_ps(out + j, acc0);
-    _mm256_storeu_ps(out + j + 8, acc1);
-    _mm256_storeu_ps(out + j + 16, acc2);
-    _mm256_storeu_ps(out + j + 24, acc3);
-  }
-  for (; j < n8; j += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t c = 0; c < k; ++c)
-      acc = _mm256_fmadd_ps(_mm256_broadcast_ss(a + c), _mm256_loadu_ps(b + c * ldb + j), acc);
-    _mm256_storeu_ps(out + j, acc);
-  }
-}
-
-// out[j][0, n8) += sum over r < nr, in order, of w[r][j] x[r][0, n8) (w: [nr][ldw], x: [nr][ldx],
-// out: [n][n8]) for j < n, zero weights skipped: an outer-product update of nr rows at once, each
-// out[j] loaded and stored once (32 lanes in registers at a time).
-__attribute__((target("avx2,fma"))) void add_outer(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t nr,
-                                                   int64_t n, int64_t n8, float* out) {
-  for (int64_t j = 0; j < n; ++j) {
-    float* o = out + j * n8;
-    int64_t c = 0;
-    for (; c + 32 <= n8; c += 32) {
-      __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_loadu_ps(o + c + 8), a2 = _mm256_loadu_ps(o + c + 16),
-             a3 = _mm256_loadu_ps(o + c + 24);
-      for (int64_t r = 0; r < nr; ++r) {
-        const float wr = w[r * ldw + j];
-        if (wr == 0.f) continue;
-        const __m256 vw = _mm256_set1_ps(wr);
-        const float* xr = x + r * ldx + c;
-        a0 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(xr), a0);
-        a1 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(xr + 8), a1);
-        a2 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(xr + 16), a2);
-        a3 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(xr + 24), a3);
+  for (; j + 16 <= n8; j += 16) {
+    __m256 acc[R][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < k; ++p) {
+      const __m256 b0 = _mm256_loadu_ps(b + p * ldb + j), b1 = _mm256_loadu_ps(b + p * ldb + j + 8);
+#pragma GCC unroll 6
+      for (int r = 0; r < R; ++r) {
+        const __m256 ar = _mm256_broadcast_ss(a + r * lda + p);
+        acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
       }
-      _mm256_storeu_ps(o + c, a0);
-      _mm256_storeu_ps(o + c + 8, a1);
-      _mm256_storeu_ps(o + c + 16, a2);
-      _mm256_storeu_ps(o + c + 24, a3);
     }
-    for (; c < n8; c += 8) {
-      __m256 acc = _mm256_loadu_ps(o + c);
-      for (int64_t r = 0; r < nr; ++r)
-        if (const float wr = w[r * ldw + j]; wr != 0.f)
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(wr), _mm256_loadu_ps(x + r * ldx + c), acc);
-      _mm256_storeu_ps(o + c, acc);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      _mm256_storeu_ps(c + r * ldc + j, acc[r][0]);
+      _mm256_storeu_ps(c + r * ldc + j + 8, acc[r][1]);
     }
+  }
+  if (j < n8) {
+    __m256 acc[R];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < k; ++p) {
+      const __m256 b0 = _mm256_loadu_ps(b + p * ldb + j);
+#pragma GCC unroll 6
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + r * lda + p), b0, acc[r]);
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(c + r * ldc + j, acc[r]);
   }
 }
 
-// out[0, n8) = sum over j < n, in order, of w[j] rows[j][0, n8) (rows: [n][n8]), zero weights
-// skipped, 32 lanes of out in registers at a time.
-__attribute__((target("avx2,fma"))) void weighted_rows(const float* w, const float* rows, int64_t n, int64_t n8,
-                                                       float* out) {
+// C = A B for `rows` rows of A ([rows][lda]) and C ([rows][ldc]), six at a time.
+void gemm_rows(const float* a, int64_t lda, int64_t rows, int64_t k, const float* b, int64_t ldb, int64_t n8, float* c,
+               int64_t ldc) {
+  using Kernel = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+  static constexpr Kernel kernels[kGemmRows] = {gemm_block<1>, gemm_block<2>, gemm_block<3>,
+                                                gemm_block<4>, gemm_block<5>, gemm_block<6>};
+  for (int64_t r = 0; r < rows; r += kGemmRows)
+    kernels[std::min<int64_t>(kGemmRows, rows - r) - 1](a + r * lda, lda, k, b, ldb, n8, c + r * ldc, ldc);
+}
+
+constexpr int kOuterKeys = 4;  // keys per micro-kernel of add_outer: 4 x 16 lanes of out in registers
+
+// out[j][0, n8) += sum over r < nr, in order, of w[r][j] x[r][0, n8) for j < J (w: [nr][ldw],
+// x: [nr][ldx], out: [J][n8]).
+template <int J>
+__attribute__((target("avx2,fma"))) void outer_block(const float* w, int64_t ldw, const float* x, int64_t ldx,
+                                                     int64_t nr, int64_t n8, float* out) {
   int64_t c = 0;
-  for (; c + 32 <= n8; c += 32) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t j = 0; j < n; ++j) {
-      if (w[j] == 0.f) continue;
-      const __m256 vw = _mm256_set1_ps(w[j]);
-      const float* rj = rows + j * n8 + c;
-      a0 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(rj), a0);
-      a1 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(rj + 8), a1);
-      a2 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(rj + 16), a2);
-      a3 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(rj + 24), a3);
+  for (; c + 16 <= n8; c += 16) {
+    __m256 acc[J][2];
+#pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) {
+      acc[j][0] = _mm256_loadu_ps(out + j * n8 + c);
+      acc[j][1] = _mm256_loadu_ps(out + j * n8 + c + 8);
     }
-    _mm256_storeu_ps(out + c, a0);
-    _mm256_storeu_ps(out + c + 8, a1);
-    _mm256_storeu_ps(out + c + 16, a2);
-    _mm256_storeu_ps(out + c + 24, a3);
+    for (int64_t r = 0; r < nr; ++r) {
+      const __m256 x0 = _mm256_loadu_ps(x + r * ldx + c), x1 = _mm256_loadu_ps(x + r * ldx + c + 8);
+#pragma GCC unroll 4
+      for (int j = 0; j < J; ++j) {
+        const __m256 wj = _mm256_broadcast_ss(w + r * ldw + j);
+        acc[j][0] = _mm256_fmadd_ps(wj, x0, acc[j][0]);
+        acc[j][1] = _mm256_fmadd_ps(wj, x1, acc[j][1]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) {
+      _mm256_storeu_ps(out + j * n8 + c, acc[j][0]);
+      _mm256_storeu_ps(out + j * n8 + c + 8, acc[j][1]);
+    }
   }
-  for (; c < n8; c += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j)
-      if (w[j] != 0.f) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(rows + j * n8 + c), acc);
-    _mm256_storeu_ps(out + c, acc);
+  if (c < n8) {
+    __m256 acc[J];
+#pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) acc[j] = _mm256_loadu_ps(out + j * n8 + c);
+    for (int64_t r = 0; r < nr; ++r) {
+      const __m256 x0 = _mm256_loadu_ps(x + r * ldx + c);
+#pragma GCC unroll 4
+      for (int j = 0; j < J; ++j) acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + r * ldw + j), x0, acc[j]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) _mm256_storeu_ps(out + j * n8 + c, acc[j]);
   }
+}
+
+// out[j] += sum over r < nr of w[r][j] x[r] for j < n: the outer-product update of nr rows at once.
+void add_outer(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t nr, int64_t n, int64_t n8,
+               float* out) {
+  using Kernel = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*);
+  static constexpr Kernel kernels[kOuterKeys] = {outer_block<1>, outer_block<2>, outer_block<3>, outer_block<4>};
+  for (int64_t j = 0; j < n; j += kOuterKeys)
+    kernels[std::min<int64_t>(kOuterKeys, n - j) - 1](w + j, ldw, x, ldx, nr, n8, out + j * n8);
 }
 
 // Dropout's keep flags of keys [0, n) of row (bh, i), from keep_bits' 16-key masks.
@@ -184,6 +246,49 @@ __attribute__((target("avx2,fma"))) void exp_shifted(float* s, int64_t n, int64_
   std::fill(s + n, s + n8, 0.f);
 }
 
+// A row's softmax in place: s[j] = e^(scale s[j] - m) for j < n with m the largest scaled score,
+// zeros in [n, n8); returns m and the sum l of the row (8 lanes, then across them).
+struct RowSoftmax {
+  float m, l;
+};
+__attribute__((target("avx2,fma"))) RowSoftmax softmax_row(float* s, int64_t n, int64_t n8, float scale) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  __m256 vm = _mm256_set1_ps(-INFINITY);
+  int64_t j = 0;
+  // max_ps returns its second operand where either is NaN: a NaN score is passed over, as std::max
+  // passes it over below.
+  for (; j + 8 <= n; j += 8) vm = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(s + j), vs), vm);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vm);
+  float m = -INFINITY;
+  for (float x : lanes) m = std::max(m, x);
+  for (; j < n; ++j) m = std::max(m, s[j] * scale);
+  exp_shifted(s, n, n8, scale, m);
+  __m256 acc = _mm256_setzero_ps();
+  for (j = 0; j < n8; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(s + j));
+  _mm256_store_ps(lanes, acc);
+  float l = 0.f;
+  for (float x : lanes) l += x;
+  return {m, l};
+}
+
+// dS = P (dP - D) in place of dP, for j < n (no dropout: P' is P).
+__attribute__((target("avx2,fma"))) void ds_row(const float* pr, float* ds, int64_t n, float dsum) {
+  const __m256 vd = _mm256_set1_ps(dsum);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(ds + j, _mm256_mul_ps(_mm256_loadu_ps(pr + j), _mm256_sub_ps(_mm256_loadu_ps(ds + j), vd)));
+  for (; j < n; ++j) ds[j] = pr[j] * (ds[j] - dsum);
+}
+
+// sum over c < n of a[c] b[c], one fused multiply-add per term in order from zero (as gemm_block
+// sums each element).
+__attribute__((target("avx2,fma"))) float dot_in_order(const float* a, const float* b, int64_t n) {
+  __m128 acc = _mm_setzero_ps();
+  for (int64_t c = 0; c < n; ++c) acc = _mm_fmadd_ss(_mm_load_ss(a + c), _mm_load_ss(b + c), acc);
+  return _mm_cvtss_f32(acc);
+}
+
 Tensor workspace(int64_t floats) {
   const MemoryScope scope(MemCategory::workspace);
   return Tensor::empty({floats}, DType::f32);
@@ -197,10 +302,11 @@ void forward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   float* lse = static_cast<float*>(dst.lse.data_ptr());
   const float scale = float(p.scale), keep_scale = float(1.0 / (1.0 - p.dropout));
   const int64_t nqb = (d.tq + kRowsPerTask - 1) / kRowsPerTask;
-  // Per thread: K^T [e8][tk8], V rows [tk8][ev8], a query row, the scores, the output row, a row
-  // being packed, and the keep flags (as floats' room).
+  constexpr int64_t R = kGemmRows;
+  // Per thread: K^T [e8][tk8], V rows [tk8][ev8]; for a block of R query rows their q rows, scores
+  // and output rows; 8 rows being packed, and the keep flags (as floats' room).
   const int64_t wmax = std::max(d.e8, d.ev8);
-  const int64_t per_thread = d.e8 * d.tk8 + d.tk8 * d.ev8 + d.e8 + d.tk8 + d.ev8 + wmax + d.tk8;
+  const int64_t per_thread = d.e8 * d.tk8 + d.tk8 * d.ev8 + R * (d.e8 + d.tk8 + d.ev8) + 8 * wmax + d.tk8;
   const Tensor ws = workspace(omp_get_max_threads() * per_thread);
 
 #pragma omp parallel for schedule(dynamic)
@@ -208,33 +314,38 @@ void forward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
     float* base = static_cast<float*>(ws.data_ptr()) + omp_get_thread_num() * per_thread;
     float* kt = base;
     float* vrows = kt + d.e8 * d.tk8;
-    float* qrow = vrows + d.tk8 * d.ev8;
-    float* s = qrow + d.e8;
-    float* o = s + d.tk8;
-    float* row = o + d.ev8;
-    auto* keep = reinterpret_cast<uint8_t*>(row + wmax);
+    float* qrows = vrows + d.tk8 * d.ev8;  // [R][e8]
+    float* s = qrows + R * d.e8;           // [R][tk8]
+    float* o = s + R * d.tk8;              // [R][ev8]
+    float* row = o + R * d.ev8;
+    auto* keep = reinterpret_cast<uint8_t*>(row + 8 * wmax);
     const int64_t bh = task / nqb, i0 = (task % nqb) * kRowsPerTask, nr = std::min(kRowsPerTask, d.tq - i0);
-    // The keys the block's last row sees (all that any of its rows sees).
+    // The keys the task's last row sees (all that any of its rows sees).
     const int64_t nk = attention_last_key(p, i0 + nr - 1, d.tq, d.tk) + 1;
-    pack(rk, bh, nk, d.e, d.e8, d.tk8, kt, nullptr, row);
-    for (int64_t j = 0; j < nk; ++j) load_row(rv, bh, j, d.ev, vrows + j * d.ev8, d.ev8);
-    for (int64_t i = i0; i < i0 + nr; ++i) {
-      const int64_t n = attention_last_key(p, i, d.tq, d.tk) + 1, n8 = pad8(n);
-      load_row(rq, bh, i, d.e, qrow, d.e8);
-      dot_rows(qrow, d.e, kt, d.tk8, n8, s);
-      float m = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j] * scale);
-      exp_shifted(s, n, n8, scale, m);
-      float l = 0.f;
-      for (int64_t j = 0; j < n; ++j) l += s[j];
-      lse[bh * d.tq + i] = m + std::log(l);
-      if (p.dropout > 0.0) {
-        keep_flags(p, bh, i, n, d.tq, d.tk, keep);
-        for (int64_t j = 0; j < n; ++j)
-          if (!keep[j]) s[j] = 0.f;
+    pack(rk, bh, nk, d.e, d.e8, d.tk8, kt, row);
+    const RowBlock vb = row_block(rv, bh, 0, nk, d.ev, d.ev8, vrows);
+    for (int64_t b0 = i0; b0 < i0 + nr; b0 += R) {
+      const int64_t br = std::min(R, i0 + nr - b0);
+      // The keys the block's last row sees; a row's scores past its own last key weigh zero.
+      const int64_t n_max = attention_last_key(p, b0 + br - 1, d.tq, d.tk) + 1;
+      const RowBlock qb = row_block(rq, bh, b0, br, d.e, d.e8, qrows);
+      gemm_rows(qb.p, qb.ld, br, d.e, kt, d.tk8, pad8(n_max), s, d.tk8);
+      float l[R];
+      for (int64_t r = 0; r < br; ++r) {
+        const int64_t i = b0 + r, n = attention_last_key(p, i, d.tq, d.tk) + 1;
+        float* sr = s + r * d.tk8;
+        const RowSoftmax sm = softmax_row(sr, n, pad8(n), scale);
+        std::fill(sr + n, sr + n_max, 0.f);
+        l[r] = sm.l;
+        lse[bh * d.tq + i] = sm.m + std::log(sm.l);
+        if (p.dropout > 0.0) {
+          keep_flags(p, bh, i, n, d.tq, d.tk, keep);
+          for (int64_t j = 0; j < n; ++j)
+            if (!keep[j]) sr[j] = 0.f;
+        }
       }
-      weighted_rows(s, vrows, n, d.ev8, o);
-      store_row(o, d.ev, keep_scale / l, row, ro, bh, i);
+      gemm_rows(s, d.tk8, br, n_max, vb.p, vb.ld, d.ev8, o, d.ev8);
+      for (int64_t r = 0; r < br; ++r) store_row(o + r * d.ev8, d.ev, keep_scale / l[r], row, ro, bh, b0 + r);
     }
   }
 }
@@ -248,10 +359,10 @@ void backward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
   const int64_t wmax = std::max(d.e8, d.ev8);
   constexpr int64_t R = kRowsPerUpdate;
   // Per thread: K^T [e8][tk8] and K rows [tk8][e8], V^T [ev8][tk8], dK [tk8][e8], dV [tk8][ev8];
-  // for a block of R query rows their q, dO, P and dP (dS) rows; the rows of O and dQ, a row being
+  // for a block of R query rows their q, dO, dQ, P and dP (dS) rows; the row of O, 8 rows being
   // packed, the keep flags.
   const int64_t per_thread =
-      3 * d.e8 * d.tk8 + 2 * d.ev8 * d.tk8 + R * (d.e8 + d.ev8 + 2 * d.tk8) + d.ev8 + d.e8 + wmax + d.tk8;
+      3 * d.e8 * d.tk8 + 2 * d.ev8 * d.tk8 + R * (2 * d.e8 + d.ev8 + 2 * d.tk8) + d.ev8 + 8 * wmax + d.tk8;
   const Tensor ws = workspace(omp_get_max_threads() * per_thread);
 
 #pragma omp parallel for schedule(dynamic)
@@ -261,53 +372,60 @@ void backward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
     float* vt = krows + d.tk8 * d.e8;
     float* dk = vt + d.ev8 * d.tk8;
     float* dv = dk + d.tk8 * d.e8;
-    float* qrows = dv + d.tk8 * d.ev8;  // [R][e8]
-    float* dorows = qrows + R * d.e8;   // [R][ev8]
-    float* pr = dorows + R * d.ev8;     // [R][tk8]
-    float* ds = pr + R * d.tk8;         // [R][tk8]
+    float* qrows = dv + d.tk8 * d.ev8;   // [R][e8]
+    float* dorows = qrows + R * d.e8;    // [R][ev8]
+    float* dqrows = dorows + R * d.ev8;  // [R][e8]
+    float* pr = dqrows + R * d.e8;       // [R][tk8]
+    float* ds = pr + R * d.tk8;          // [R][tk8]
     float* orow = ds + R * d.tk8;
-    float* dqrow = orow + d.ev8;
-    float* row = dqrow + d.e8;
-    auto* keep = reinterpret_cast<uint8_t*>(row + wmax);
-    pack(rk, bh, d.tk, d.e, d.e8, d.tk8, kt, krows, row);
-    pack(rv, bh, d.tk, d.ev, d.ev8, d.tk8, vt, nullptr, row);
+    float* row = orow + d.ev8;
+    auto* keep = reinterpret_cast<uint8_t*>(row + 8 * wmax);
+    pack(rk, bh, d.tk, d.e, d.e8, d.tk8, kt, row);
+    const RowBlock kb = row_block(rk, bh, 0, d.tk, d.e, d.e8, krows);
+    pack(rv, bh, d.tk, d.ev, d.ev8, d.tk8, vt, row);
     std::fill(dk, dk + d.tk8 * d.e8, 0.f);
     std::fill(dv, dv + d.tk8 * d.ev8, 0.f);
     for (int64_t i0 = 0; i0 < d.tq; i0 += R) {
       const int64_t nr = std::min(R, d.tq - i0);
       const int64_t n_max = attention_last_key(p, i0 + nr - 1, d.tq, d.tk) + 1;  // keys any row of the block sees
+      const RowBlock qb = row_block(rq, bh, i0, nr, d.e, d.e8, qrows);
+      const RowBlock dob = row_block(rgo, bh, i0, nr, d.ev, d.ev8, dorows);
+      float dsum[R];
       for (int64_t r = 0; r < nr; ++r) {
-        const int64_t i = i0 + r, n = attention_last_key(p, i, d.tq, d.tk) + 1, n8 = pad8(n);
-        float *qrow = qrows + r * d.e8, *dorow = dorows + r * d.ev8, *prow = pr + r * d.tk8, *dsrow = ds + r * d.tk8;
-        load_row(rq, bh, i, d.e, qrow, d.e8);
-        load_row(rgo, bh, i, d.ev, dorow, d.ev8);
-        load_row(ro, bh, i, d.ev, orow, d.ev8);
-        // D = dO . O from the stored (rounded) output, as FlashAttention-2, summed as dot_rows sums
-        // dP = dO V^T (one fused multiply-add per element, in order from zero): where O is V_j (a
-        // single key), dP - D, and with it dS, is exactly zero.
-        float dsum = 0.f;
-        for (int64_t c = 0; c < d.ev; ++c) dsum = std::fma(dorow[c], orow[c], dsum);
-        dot_rows(qrow, d.e, kt, d.tk8, n8, prow);
-        dot_rows(dorow, d.ev, vt, d.tk8, n8, dsrow);
-        exp_shifted(prow, n, n8, scale, lse[bh * d.tq + i]);
+        const float* dorow = dob.p + r * dob.ld;
+        load_row(ro, bh, i0 + r, d.ev, orow, d.ev8);
+        // D = dO . O from the stored (rounded) output, as FlashAttention-2, summed as the dP
+        // product sums dP = dO V^T (one fused multiply-add per term, in order from zero): where O
+        // is V_j (a single key), dP - D, and with it dS, is exactly zero.
+        dsum[r] = dot_in_order(dorow, orow, d.ev);
+      }
+      gemm_rows(qb.p, qb.ld, nr, d.e, kt, d.tk8, pad8(n_max), pr, d.tk8);
+      gemm_rows(dob.p, dob.ld, nr, d.ev, vt, d.tk8, pad8(n_max), ds, d.tk8);
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t i = i0 + r, n = attention_last_key(p, i, d.tq, d.tk) + 1;
+        float *prow = pr + r * d.tk8, *dsrow = ds + r * d.tk8;
+        exp_shifted(prow, n, pad8(n), scale, lse[bh * d.tq + i]);
         if (p.dropout > 0.0) keep_flags(p, bh, i, n, d.tq, d.tk, keep);
         // dS = P (dP' - D) with dP' dP's dropped and rescaled values; P becomes P' (dV's weights).
         // Without dropout both are the values themselves (keep_scale is 1). Keys past the row's
-        // last (up to the block's) weigh zero in the updates below.
-        for (int64_t j = 0; j < n; ++j) {
-          const bool kept = p.dropout <= 0.0 || keep[j];
-          dsrow[j] = prow[j] * ((kept ? dsrow[j] * keep_scale : 0.f) - dsum);
-          prow[j] = kept ? prow[j] * keep_scale : 0.f;
+        // last (up to the block's) weigh zero in the products below.
+        if (p.dropout > 0.0) {
+          for (int64_t j = 0; j < n; ++j) {
+            dsrow[j] = prow[j] * ((keep[j] ? dsrow[j] * keep_scale : 0.f) - dsum[r]);
+            prow[j] = keep[j] ? prow[j] * keep_scale : 0.f;
+          }
+        } else {
+          ds_row(prow, dsrow, n, dsum[r]);
         }
         std::fill(prow + n, prow + n_max, 0.f);
         std::fill(dsrow + n, dsrow + n_max, 0.f);
-        weighted_rows(dsrow, krows, n, d.e8, dqrow);
-        store_row(dqrow, d.e, scale, row, rdq, bh, i);
       }
+      gemm_rows(ds, d.tk8, nr, n_max, kb.p, kb.ld, d.e8, dqrows, d.e8);
+      for (int64_t r = 0; r < nr; ++r) store_row(dqrows + r * d.e8, d.e, scale, row, rdq, bh, i0 + r);
       // dV_j += sum over the block's rows of P'_ij dO_i, dK_j += dS_ij q_i (scaled on store), in
       // row order.
-      add_outer(pr, d.tk8, dorows, d.ev8, nr, n_max, d.ev8, dv);
-      add_outer(ds, d.tk8, qrows, d.e8, nr, n_max, d.e8, dk);
+      add_outer(pr, d.tk8, dob.p, dob.ld, nr, n_max, d.ev8, dv);
+      add_outer(ds, d.tk8, qb.p, qb.ld, nr, n_max, d.e8, dk);
     }
     for (int64_t j = 0; j < d.tk; ++j) {
       store_row(dk + j * d.e8, d.e, scale, row, rdk, bh, j);

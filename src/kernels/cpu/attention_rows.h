@@ -43,9 +43,9 @@ inline uint32_t keep_bits(const AttentionParams& p, int64_t bh, int64_t i, int64
   return bits;
 }
 
-// The fused attention of AVX2 hosts: FlashAttention-2's algorithm one query row at a time against
-// all the keys it sees (the row's scores in a buffer of Tk floats: nothing of size Tq x Tk), in
-// f32 with FMA on 8 lanes; the same results as attention_forward/attention_backward
+// The fused attention of AVX2 hosts: FlashAttention-2's algorithm on blocks of query rows, each
+// row against all the keys it sees (the row's scores in a buffer of Tk floats: nothing of size
+// Tq x Tk), in f32 with FMA on 8 lanes; the same results as attention_forward/attention_backward
 // (kernels/attention.h) within the tests' bounds. dst.out and dst.lse are allocated by the caller;
 // dst's gradients are written in place (any strides).
 void forward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p, AttentionForward& dst);
