@@ -4,10 +4,10 @@
 // online rescaling: the whole row is there), and the forward keeps only the output and the
 // log-sum-exp; the backward recomputes each row's probabilities from the log-sum-exp, so nothing of
 // size Tq x Tk is ever stored. Every input dtype computes in f32 (16-bit rows widened on load, the
-// results rounded once on store; f32 rows of unit stride are read in place). The products are
-// register-blocked GEMM micro-kernels: 6 query rows x 16 lanes against packed K^T and V^T (keys
-// along the lanes) or K and V rows (head dims along the lanes), and dK, dV updated 4 keys x 16
-// lanes at a time from blocks of 12 query rows. Dropout's keep bits come from the same Philox words
+// results rounded once on store; f32 rows of unit stride are read in place). Every product is
+// one register-blocked GEMM micro-kernel, 6 rows x 16 lanes of the result: query rows against
+// packed K^T and V^T (keys along the lanes) or K and V rows (head dims along the lanes), and dK, dV
+// updated 6 keys at a time from blocks of 12 query rows. Dropout's keep bits come from the same Philox words
 // as the reference's (attention.h). OpenMP over (batch x head, block of 64 query rows) forward and
 // over batch x head backward (each task owns its dK and dV).
 #include "kernels/cpu/attention_rows.h"
@@ -123,26 +123,31 @@ void pack(const Rows& x, int64_t bh, int64_t n, int64_t width, int64_t width_pad
   }
 }
 
-// The products are two register-blocked kernels on row-major f32 blocks, each output element one
-// fused multiply-add per term, in order, from zero or from its stored value: so the results do not
-// depend on the blocking (a row alone or in a block of six, a key alone or in a block of four).
+// Every product is one register-blocked micro-kernel on row-major f32 blocks, each output element
+// one fused multiply-add per term, in order, from zero or from its stored value: so the results do
+// not depend on the blocking (a row alone or in a block of six).
 
-constexpr int kGemmRows = 6;  // rows of A per micro-kernel: 6 x 16 lanes of C in 12 of 16 registers
+constexpr int kGemmRows = 6;  // rows of C per micro-kernel: 6 x 16 lanes of C in 12 of 16 registers
 
-// C[r][0, n8) = sum over p < k of A[r][p] B[p][0, n8) for r < R (n8 a multiple of 8).
-template <int R>
-__attribute__((target("avx2,fma"))) void gemm_block(const float* a, int64_t lda, int64_t k, const float* b, int64_t ldb,
-                                                    int64_t n8, float* c, int64_t ldc) {
+// C[r][0, n8) (+)= sum over p < k, in order, of A(r, p) B[p][0, n8) for r < R, with A(r, p) at
+// a[r * a_rs + p * a_ks] (A or A^T in place); n8 a multiple of 8. Accumulate: C's stored values are
+// the sums' starts, else zero.
+template <int R, bool Accumulate>
+__attribute__((target("avx2,fma"))) void gemm_block(const float* a, int64_t a_rs, int64_t a_ks, int64_t k,
+                                                    const float* b, int64_t ldb, int64_t n8, float* c, int64_t ldc) {
   int64_t j = 0;
   for (; j + 16 <= n8; j += 16) {
     __m256 acc[R][2];
 #pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = Accumulate ? _mm256_loadu_ps(c + r * ldc + j) : _mm256_setzero_ps();
+      acc[r][1] = Accumulate ? _mm256_loadu_ps(c + r * ldc + j + 8) : _mm256_setzero_ps();
+    }
     for (int64_t p = 0; p < k; ++p) {
       const __m256 b0 = _mm256_loadu_ps(b + p * ldb + j), b1 = _mm256_loadu_ps(b + p * ldb + j + 8);
 #pragma GCC unroll 6
       for (int r = 0; r < R; ++r) {
-        const __m256 ar = _mm256_broadcast_ss(a + r * lda + p);
+        const __m256 ar = _mm256_broadcast_ss(a + r * a_rs + p * a_ks);
         acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
         acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
       }
@@ -156,78 +161,40 @@ __attribute__((target("avx2,fma"))) void gemm_block(const float* a, int64_t lda,
   if (j < n8) {
     __m256 acc[R];
 #pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) acc[r] = Accumulate ? _mm256_loadu_ps(c + r * ldc + j) : _mm256_setzero_ps();
     for (int64_t p = 0; p < k; ++p) {
       const __m256 b0 = _mm256_loadu_ps(b + p * ldb + j);
 #pragma GCC unroll 6
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + r * lda + p), b0, acc[r]);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + r * a_rs + p * a_ks), b0, acc[r]);
     }
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(c + r * ldc + j, acc[r]);
   }
 }
 
-// C = A B for `rows` rows of A ([rows][lda]) and C ([rows][ldc]), six at a time.
-void gemm_rows(const float* a, int64_t lda, int64_t rows, int64_t k, const float* b, int64_t ldb, int64_t n8, float* c,
-               int64_t ldc) {
-  using Kernel = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t);
-  static constexpr Kernel kernels[kGemmRows] = {gemm_block<1>, gemm_block<2>, gemm_block<3>,
-                                                gemm_block<4>, gemm_block<5>, gemm_block<6>};
+// gemm_block over `rows` rows of C, six at a time.
+template <bool Accumulate>
+void gemm_rows(const float* a, int64_t a_rs, int64_t a_ks, int64_t rows, int64_t k, const float* b, int64_t ldb,
+               int64_t n8, float* c, int64_t ldc) {
+  using Kernel = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+  static constexpr Kernel kernels[kGemmRows] = {gemm_block<1, Accumulate>, gemm_block<2, Accumulate>,
+                                                gemm_block<3, Accumulate>, gemm_block<4, Accumulate>,
+                                                gemm_block<5, Accumulate>, gemm_block<6, Accumulate>};
   for (int64_t r = 0; r < rows; r += kGemmRows)
-    kernels[std::min<int64_t>(kGemmRows, rows - r) - 1](a + r * lda, lda, k, b, ldb, n8, c + r * ldc, ldc);
+    kernels[std::min<int64_t>(kGemmRows, rows - r) - 1](a + r * a_rs, a_rs, a_ks, k, b, ldb, n8, c + r * ldc, ldc);
 }
 
-constexpr int kOuterKeys = 4;  // keys per micro-kernel of add_outer: 4 x 16 lanes of out in registers
-
-// out[j][0, n8) += sum over r < nr, in order, of w[r][j] x[r][0, n8) for j < J (w: [nr][ldw],
-// x: [nr][ldx], out: [J][n8]).
-template <int J>
-__attribute__((target("avx2,fma"))) void outer_block(const float* w, int64_t ldw, const float* x, int64_t ldx,
-                                                     int64_t nr, int64_t n8, float* out) {
-  int64_t c = 0;
-  for (; c + 16 <= n8; c += 16) {
-    __m256 acc[J][2];
-#pragma GCC unroll 4
-    for (int j = 0; j < J; ++j) {
-      acc[j][0] = _mm256_loadu_ps(out + j * n8 + c);
-      acc[j][1] = _mm256_loadu_ps(out + j * n8 + c + 8);
-    }
-    for (int64_t r = 0; r < nr; ++r) {
-      const __m256 x0 = _mm256_loadu_ps(x + r * ldx + c), x1 = _mm256_loadu_ps(x + r * ldx + c + 8);
-#pragma GCC unroll 4
-      for (int j = 0; j < J; ++j) {
-        const __m256 wj = _mm256_broadcast_ss(w + r * ldw + j);
-        acc[j][0] = _mm256_fmadd_ps(wj, x0, acc[j][0]);
-        acc[j][1] = _mm256_fmadd_ps(wj, x1, acc[j][1]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < J; ++j) {
-      _mm256_storeu_ps(out + j * n8 + c, acc[j][0]);
-      _mm256_storeu_ps(out + j * n8 + c + 8, acc[j][1]);
-    }
-  }
-  if (c < n8) {
-    __m256 acc[J];
-#pragma GCC unroll 4
-    for (int j = 0; j < J; ++j) acc[j] = _mm256_loadu_ps(out + j * n8 + c);
-    for (int64_t r = 0; r < nr; ++r) {
-      const __m256 x0 = _mm256_loadu_ps(x + r * ldx + c);
-#pragma GCC unroll 4
-      for (int j = 0; j < J; ++j) acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + r * ldw + j), x0, acc[j]);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < J; ++j) _mm256_storeu_ps(out + j * n8 + c, acc[j]);
-  }
+// C = A B: A [rows][lda], B [k][ldb], C [rows][ldc].
+void matmul_rows(const float* a, int64_t lda, int64_t rows, int64_t k, const float* b, int64_t ldb, int64_t n8,
+                 float* c, int64_t ldc) {
+  gemm_rows<false>(a, lda, 1, rows, k, b, ldb, n8, c, ldc);
 }
 
-// out[j] += sum over r < nr of w[r][j] x[r] for j < n: the outer-product update of nr rows at once.
+// out[j] += sum over r < nr, in order, of w[r][j] x[r] for j < n (w: [nr][ldw], x: [nr][ldx], out:
+// [n][n8]): out += W^T X, the outer-product update of nr rows at once.
 void add_outer(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t nr, int64_t n, int64_t n8,
                float* out) {
-  using Kernel = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*);
-  static constexpr Kernel kernels[kOuterKeys] = {outer_block<1>, outer_block<2>, outer_block<3>, outer_block<4>};
-  for (int64_t j = 0; j < n; j += kOuterKeys)
-    kernels[std::min<int64_t>(kOuterKeys, n - j) - 1](w + j, ldw, x, ldx, nr, n8, out + j * n8);
+  gemm_rows<true>(w, 1, ldw, n, nr, x, ldx, n8, out, n8);
 }
 
 // Dropout's keep flags of keys [0, n) of row (bh, i), from keep_bits' 16-key masks.
@@ -329,7 +296,7 @@ void forward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
       // The keys the block's last row sees; a row's scores past its own last key weigh zero.
       const int64_t n_max = attention_last_key(p, b0 + br - 1, d.tq, d.tk) + 1;
       const RowBlock qb = row_block(rq, bh, b0, br, d.e, d.e8, qrows);
-      gemm_rows(qb.p, qb.ld, br, d.e, kt, d.tk8, pad8(n_max), s, d.tk8);
+      matmul_rows(qb.p, qb.ld, br, d.e, kt, d.tk8, pad8(n_max), s, d.tk8);
       float l[R];
       for (int64_t r = 0; r < br; ++r) {
         const int64_t i = b0 + r, n = attention_last_key(p, i, d.tq, d.tk) + 1;
@@ -344,7 +311,7 @@ void forward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
             if (!keep[j]) sr[j] = 0.f;
         }
       }
-      gemm_rows(s, d.tk8, br, n_max, vb.p, vb.ld, d.ev8, o, d.ev8);
+      matmul_rows(s, d.tk8, br, n_max, vb.p, vb.ld, d.ev8, o, d.ev8);
       for (int64_t r = 0; r < br; ++r) store_row(o + r * d.ev8, d.ev, keep_scale / l[r], row, ro, bh, b0 + r);
     }
   }
@@ -399,8 +366,8 @@ void backward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
         // is V_j (a single key), dP - D, and with it dS, is exactly zero.
         dsum[r] = dot_in_order(dorow, orow, d.ev);
       }
-      gemm_rows(qb.p, qb.ld, nr, d.e, kt, d.tk8, pad8(n_max), pr, d.tk8);
-      gemm_rows(dob.p, dob.ld, nr, d.ev, vt, d.tk8, pad8(n_max), ds, d.tk8);
+      matmul_rows(qb.p, qb.ld, nr, d.e, kt, d.tk8, pad8(n_max), pr, d.tk8);
+      matmul_rows(dob.p, dob.ld, nr, d.ev, vt, d.tk8, pad8(n_max), ds, d.tk8);
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t i = i0 + r, n = attention_last_key(p, i, d.tq, d.tk) + 1;
         float *prow = pr + r * d.tk8, *dsrow = ds + r * d.tk8;
@@ -420,7 +387,7 @@ void backward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
         std::fill(prow + n, prow + n_max, 0.f);
         std::fill(dsrow + n, dsrow + n_max, 0.f);
       }
-      gemm_rows(ds, d.tk8, nr, n_max, kb.p, kb.ld, d.e8, dqrows, d.e8);
+      matmul_rows(ds, d.tk8, nr, n_max, kb.p, kb.ld, d.e8, dqrows, d.e8);
       for (int64_t r = 0; r < nr; ++r) store_row(dqrows + r * d.e8, d.e, scale, row, rdq, bh, i0 + r);
       // dV_j += sum over the block's rows of P'_ij dO_i, dK_j += dS_ij q_i (scaled on store), in
       // row order.
