@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/simd.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/norm.h"
 #include "mixprec/convert.h"
@@ -73,8 +74,8 @@ MIXPREC_LANES void plane_sums_backward(const float* gy, const float* x, int64_t 
   }
   s = lanes_total(a), sx = lanes_total(b);
 }
-// Layer norm's rows, written once in lanes and compiled twice: for AVX-512 (512-bit lanes) and
-// for the baseline x86-64, chosen at run time; both give the same bits.
+// Layer norm's rows, written once in lanes and compiled three times: for AVX-512 (512-bit lanes),
+// AVX2 (256-bit) and the baseline x86-64, chosen at run time; all give the same bits.
 struct LayerNormRow {
   const float* w;
   const float* b;  // forward only
@@ -133,9 +134,15 @@ using LayerNormRowFn = void (*)(const LayerNormRow&, const float* const*, double
 using LayerNormRowBackwardFn = void (*)(const LayerNormRow&, const float*, const float*, float, float, float*, double*,
                                         double*, float*);
 #define MIXPREC_AVX512 __attribute__((target("avx512f")))
+#define MIXPREC_AVX2 __attribute__((target("avx2")))
 template <int R>
 MIXPREC_AVX512 void layer_norm_rows_avx512(const LayerNormRow& a, const float* const* x, double eps, float* const* y,
                                            float* const* xh, float* mu, float* inv) {
+  layer_norm_rows<R>(a, x, eps, y, xh, mu, inv);
+}
+template <int R>
+MIXPREC_AVX2 void layer_norm_rows_avx2(const LayerNormRow& a, const float* const* x, double eps, float* const* y,
+                                       float* const* xh, float* mu, float* inv) {
   layer_norm_rows<R>(a, x, eps, y, xh, mu, inv);
 }
 template <int R>
@@ -149,20 +156,40 @@ MIXPREC_AVX512 void layer_norm_row_backward_avx512(const LayerNormRow& a, const 
   layer_norm_row_backward<kNormalized>(a, gy, x, mu, rs, xhat, gw, gb, dx);
 }
 template <bool kNormalized>
+MIXPREC_AVX2 void layer_norm_row_backward_avx2(const LayerNormRow& a, const float* gy, const float* x, float mu,
+                                               float rs, float* xhat, double* gw, double* gb, float* dx) {
+  layer_norm_row_backward<kNormalized>(a, gy, x, mu, rs, xhat, gw, gb, dx);
+}
+template <bool kNormalized>
 void layer_norm_row_backward_baseline(const LayerNormRow& a, const float* gy, const float* x, float mu, float rs,
                                       float* xhat, double* gw, double* gb, float* dx) {
   layer_norm_row_backward<kNormalized>(a, gy, x, mu, rs, xhat, gw, gb, dx);
 }
 #undef MIXPREC_AVX512
+#undef MIXPREC_AVX2
 
 // The function for groups of R rows (1 or kRowGroup).
 template <int R>
 LayerNormRowFn layer_norm_rows_fn() {
-  return mixprec::cpu::has_avx512f() ? &layer_norm_rows_avx512<R> : &layer_norm_rows_baseline<R>;
+  switch (simd_lanes()) {
+    case Lanes::avx512:
+      return &layer_norm_rows_avx512<R>;
+    case Lanes::avx2:
+      return &layer_norm_rows_avx2<R>;
+    case Lanes::none:
+      break;
+  }
+  return &layer_norm_rows_baseline<R>;
 }
 LayerNormRowBackwardFn layer_norm_row_backward_fn(bool normalized) {
-  if (mixprec::cpu::has_avx512f())
-    return normalized ? &layer_norm_row_backward_avx512<true> : &layer_norm_row_backward_avx512<false>;
+  switch (simd_lanes()) {
+    case Lanes::avx512:
+      return normalized ? &layer_norm_row_backward_avx512<true> : &layer_norm_row_backward_avx512<false>;
+    case Lanes::avx2:
+      return normalized ? &layer_norm_row_backward_avx2<true> : &layer_norm_row_backward_avx2<false>;
+    case Lanes::none:
+      break;
+  }
   return normalized ? &layer_norm_row_backward_baseline<true> : &layer_norm_row_backward_baseline<false>;
 }
 
