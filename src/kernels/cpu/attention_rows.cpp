@@ -107,20 +107,32 @@ __attribute__((target("avx2"))) void transpose8(const float* src, int64_t lds, f
   }
 }
 
+// Rows [0, nj) of b (nj <= 8, width_pad floats each, zeros past width) as columns [0, nj) of dst
+// ([width_pad][ld]).
+void put_columns(const RowBlock& b, int64_t nj, int64_t width, int64_t width_pad, int64_t ld, float* dst) {
+  if (nj == 8) {
+    for (int64_t c = 0; c + 8 <= width_pad; c += 8) transpose8(b.p + c, b.ld, dst + c * ld, ld);
+  } else {
+    for (int64_t r = 0; r < nj; ++r)
+      for (int64_t c = 0; c < width; ++c) dst[c * ld + r] = b.p[r * b.ld + c];
+  }
+}
+
 // Rows [0, n) of head bh's x as the columns of dst ([width_pad][ld], zero past width and n); buf
 // holds 8 rows of width_pad floats.
 void pack(const Rows& x, int64_t bh, int64_t n, int64_t width, int64_t width_pad, int64_t ld, float* dst, float* buf) {
   std::fill(dst, dst + width_pad * ld, 0.f);
   for (int64_t j = 0; j < n; j += 8) {
     const int64_t nj = std::min<int64_t>(8, n - j);
-    const RowBlock b = row_block(x, bh, j, nj, width, width_pad, buf);
-    if (nj == 8) {
-      for (int64_t c = 0; c + 8 <= width_pad; c += 8) transpose8(b.p + c, b.ld, dst + c * ld + j, ld);
-    } else {
-      for (int64_t r = 0; r < nj; ++r)
-        for (int64_t c = 0; c < width; ++c) dst[c * ld + j + r] = b.p[r * b.ld + c];
-    }
+    put_columns(row_block(x, bh, j, nj, width, width_pad, buf), nj, width, width_pad, ld, dst + j);
   }
+}
+
+// The same from rows already in f32 (a row_block of n rows).
+void pack(const RowBlock& rows, int64_t n, int64_t width, int64_t width_pad, int64_t ld, float* dst) {
+  std::fill(dst, dst + width_pad * ld, 0.f);
+  for (int64_t j = 0; j < n; j += 8)
+    put_columns({rows.p + j * rows.ld, rows.ld}, std::min<int64_t>(8, n - j), width, width_pad, ld, dst + j);
 }
 
 // Every product is one register-blocked micro-kernel on row-major f32 blocks, each output element
@@ -347,8 +359,8 @@ void backward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
     float* orow = ds + R * d.tk8;
     float* row = orow + d.ev8;
     auto* keep = reinterpret_cast<uint8_t*>(row + 8 * wmax);
-    pack(rk, bh, d.tk, d.e, d.e8, d.tk8, kt, row);
-    const RowBlock kb = row_block(rk, bh, 0, d.tk, d.e, d.e8, krows);
+    const RowBlock kb = row_block(rk, bh, 0, d.tk, d.e, d.e8, krows);  // K's rows, widened once
+    pack(kb, d.tk, d.e, d.e8, d.tk8, kt);
     pack(rv, bh, d.tk, d.ev, d.ev8, d.tk8, vt, row);
     std::fill(dk, dk + d.tk8 * d.e8, 0.f);
     std::fill(dv, dv + d.tk8 * d.ev8, 0.f);
@@ -372,11 +384,11 @@ void backward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
         const int64_t i = i0 + r, n = attention_last_key(p, i, d.tq, d.tk) + 1;
         float *prow = pr + r * d.tk8, *dsrow = ds + r * d.tk8;
         exp_shifted(prow, n, pad8(n), scale, lse[bh * d.tq + i]);
-        if (p.dropout > 0.0) keep_flags(p, bh, i, n, d.tq, d.tk, keep);
         // dS = P (dP' - D) with dP' dP's dropped and rescaled values; P becomes P' (dV's weights).
         // Without dropout both are the values themselves (keep_scale is 1). Keys past the row's
         // last (up to the block's) weigh zero in the products below.
         if (p.dropout > 0.0) {
+          keep_flags(p, bh, i, n, d.tq, d.tk, keep);
           for (int64_t j = 0; j < n; ++j) {
             dsrow[j] = prow[j] * ((keep[j] ? dsrow[j] * keep_scale : 0.f) - dsum[r]);
             prow[j] = keep[j] ? prow[j] * keep_scale : 0.f;
