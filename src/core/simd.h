@@ -56,6 +56,23 @@ __attribute__((target("avx512f"))) inline float lane_sum(__m512 v) {
   return s;
 }
 
+// The 8 lanes' sum, in lane order from lane 0 (AVX2).
+__attribute__((target("avx2"))) inline float lane_sum(__m256 v) {
+  alignas(32) float l[8];
+  _mm256_store_ps(l, v);
+  float s = 0.0f;
+  for (float x : l) s += x;
+  return s;
+}
+
+// The first n of 8 32-bit lanes set (none for n <= 0, all from 8): an AVX2 loop's masked tail.
+__attribute__((target("avx2"))) inline __m256i first_lanes8(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n <= 0   ? 0
+                                                  : n >= 8 ? 8
+                                                           : n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 // 16 bf16 (bits) -> 16 f32, exactly: each value's bits moved to the high half of its lane.
 __attribute__((target("avx512f"))) inline __m512 bf16_widen_ps(__m256i x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));

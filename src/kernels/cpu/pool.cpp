@@ -176,16 +176,41 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_backward_
 // The same row kernels, 8 outputs a step: the same tournament, the same routing, masked loads and
 // stores as AVX2 has them (32-bit lanes: a bf16 row's window pair is one lane, as above).
 
-// The first n of 8 32-bit lanes.
-__attribute__((target("avx2"))) inline __m256i first8(int64_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::clamp<int64_t>(n, 0, 8))),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+// A chunk's lanes: masks for the loads of its inputs (two 8-lane halves of a row) and the counts
+// for its stores. A full chunk loads and stores whole vectors; a row's last one loads masked and
+// stores its lanes in 4-, 2- and 1-lane pieces (AMD Zen's masked stores are microcoded: they were
+// 30% of the 2x2 backward's time on Zen 2).
 struct Masks8 {
   __m256i in_lo, in_hi, out;
+  int64_t outputs;
 };
 __attribute__((target("avx2"))) inline Masks8 masks8(int64_t outputs) {
-  return {first8(2 * outputs), first8(2 * outputs - 8), first8(outputs)};
+  return {first_lanes8(2 * outputs), first_lanes8(2 * outputs - 8), first_lanes8(outputs), outputs};
+}
+__attribute__((target("avx2"))) inline __m256 load_first(const float* p, __m256i mask, int64_t n) {
+  return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask);
+}
+// Stores the first n (clamped to 0..8) lanes of v at p, nothing past them.
+__attribute__((target("avx2"))) inline void store_first(float* p, __m256 v, int64_t n) {
+  if (n >= 8) {
+    _mm256_storeu_ps(p, v);
+    return;
+  }
+  __m128 part = _mm256_castps256_ps128(v);
+  if (n >= 4) {
+    _mm_storeu_ps(p, part);
+    part = _mm256_extractf128_ps(v, 1);
+    p += 4, n -= 4;
+  }
+  if (n >= 2) {
+    _mm_storel_pi(reinterpret_cast<__m64*>(p), part);
+    part = _mm_movehl_ps(part, part);
+    p += 2, n -= 2;
+  }
+  if (n >= 1) _mm_store_ss(p, part);
+}
+__attribute__((target("avx2"))) inline void store_first(uint16_t* p, __m256i v, int64_t n) {
+  store_first(reinterpret_cast<float*>(p), _mm256_castsi256_ps(v), n);  // n 32-bit lanes: the bits as they are
 }
 struct Taps8 {
   __m256 a, b, c, d;
@@ -199,14 +224,15 @@ __attribute__((target("avx2"))) inline void split8(__m256 lo, __m256 hi, __m256&
 }
 __attribute__((target("avx2"))) inline Taps8 taps8(const float* r0, const float* r1, const Masks8& m) {
   Taps8 t;
-  split8(_mm256_maskload_ps(r0, m.in_lo), _mm256_maskload_ps(r0 + 8, m.in_hi), t.a, t.b);
-  split8(_mm256_maskload_ps(r1, m.in_lo), _mm256_maskload_ps(r1 + 8, m.in_hi), t.c, t.d);
+  const int64_t lo = 2 * m.outputs, hi = lo - 8;
+  split8(load_first(r0, m.in_lo, lo), load_first(r0 + 8, m.in_hi, hi), t.a, t.b);
+  split8(load_first(r1, m.in_lo, lo), load_first(r1 + 8, m.in_hi, hi), t.c, t.d);
   return t;
 }
 __attribute__((target("avx2"))) inline Taps8 taps8(const uint16_t* r0, const uint16_t* r1, const Masks8& m) {
   const __m256i high = _mm256_set1_epi32(int(0xFFFF0000u));
-  const __m256i t = _mm256_maskload_epi32(reinterpret_cast<const int*>(r0), m.out);
-  const __m256i u = _mm256_maskload_epi32(reinterpret_cast<const int*>(r1), m.out);
+  const __m256i t = _mm256_castps_si256(load_first(reinterpret_cast<const float*>(r0), m.out, m.outputs));
+  const __m256i u = _mm256_castps_si256(load_first(reinterpret_cast<const float*>(r1), m.out, m.outputs));
   return {_mm256_castsi256_ps(_mm256_slli_epi32(t, 16)), _mm256_castsi256_ps(_mm256_and_si256(t, high)),
           _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), _mm256_castsi256_ps(_mm256_and_si256(u, high))};
 }
@@ -238,20 +264,18 @@ __attribute__((target("avx2"))) inline void route8(__m256 g, __m256i k, const Ma
     const __m256 l = _mm256_castsi256_ps(pick8(gi, k, 2 * row)), r = _mm256_castsi256_ps(pick8(gi, k, 2 * row + 1));
     const __m256 lo = _mm256_unpacklo_ps(l, r), hi = _mm256_unpackhi_ps(l, r);
     float* dst = row == 0 ? g0 : g1;
-    _mm256_maskstore_ps(dst, m.in_lo, _mm256_permute2f128_ps(lo, hi, 0x20));
-    _mm256_maskstore_ps(dst + 8, m.in_hi, _mm256_permute2f128_ps(lo, hi, 0x31));
+    store_first(dst, _mm256_permute2f128_ps(lo, hi, 0x20), 2 * m.outputs);
+    store_first(dst + 8, _mm256_permute2f128_ps(lo, hi, 0x31), 2 * m.outputs - 8);
   }
 }
 __attribute__((target("avx2"))) inline void route8(__m256i g, __m256i k, const Masks8& m, uint16_t* g0, uint16_t* g1) {
-  _mm256_maskstore_epi32(reinterpret_cast<int*>(g0), m.out,
-                         _mm256_or_si256(pick8(g, k, 0), _mm256_slli_epi32(pick8(g, k, 1), 16)));
-  _mm256_maskstore_epi32(reinterpret_cast<int*>(g1), m.out,
-                         _mm256_or_si256(pick8(g, k, 2), _mm256_slli_epi32(pick8(g, k, 3), 16)));
+  store_first(g0, _mm256_or_si256(pick8(g, k, 0), _mm256_slli_epi32(pick8(g, k, 1), 16)), m.outputs);
+  store_first(g1, _mm256_or_si256(pick8(g, k, 2), _mm256_slli_epi32(pick8(g, k, 3), 16)), m.outputs);
 }
 // The incoming gradients: f32 as is; bf16 bits in 32-bit lanes, a signalling NaN quieted (the
 // scalar rounding rule applied to a widened bf16 value: its own bits otherwise).
 __attribute__((target("avx2"))) inline __m256 grad8(const float* gy, const Masks8& m) {
-  return _mm256_maskload_ps(gy, m.out);
+  return load_first(gy, m.out, m.outputs);
 }
 __attribute__((target("avx2"))) inline __m256i grad8(const uint16_t* gy, int64_t n) {
   alignas(16) uint16_t buf[8] = {};
@@ -275,7 +299,7 @@ __attribute__((target("avx2"))) void max_rows_2x2_avx2(const float* x, int64_t w
       const int64_t n = std::min<int64_t>(8, ow - ox);
       const Masks8 m = masks8(n);
       const Winners8 win = winners8(taps8(x + 2 * ox, x + w + 2 * ox, m));
-      _mm256_maskstore_ps(out + ox, m.out, win.max);
+      store_first(out + ox, win.max, n);
       const __m128i k16 = _mm_packus_epi32(_mm256_castsi256_si128(win.k), _mm256_extracti128_si256(win.k, 1));
       alignas(16) uint8_t k8[16];
       _mm_store_si128(reinterpret_cast<__m128i*>(k8), _mm_packus_epi16(k16, k16));
