@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/profile_detail.h"
+#include "core/simd.h"
 #include "mixprec/convert.h"
 #include "mixprec/error.h"
 
@@ -500,9 +501,13 @@ bool split_wgrad(const ConvGeometry& g) { return omp_get_max_threads() > 1 && g.
 
 // Where oneDNN 2.6 would run its im2col GEMM (x64:gemm:jit: no bf16 jit kernel exists for a short
 // contraction) for a bf16 weight gradient of at most kSmallKTaps taps: mixprec's own kernel
-// (cpu/conv_small_k.cpp) runs instead.
+// (cpu/conv_small_k.cpp) runs instead. In f32 on an AVX2 host too, for a first layer (at most
+// kFirstLayerChannels input channels): oneDNN's jit:avx2 backward-weights pads the channels to a
+// block of 8 and ran the cnn 32/64's 1 -> 32 layer at about 13 GFLOP/s (docs/conv.md).
 bool small_k_wgrad(const ConvGeometry& g, DType t) {
-  if (t != DType::bf16 || g.groups != 1 || g.c * g.kh * g.kw > kSmallKTaps) return false;
+  if (g.groups != 1 || g.c * g.kh * g.kw > kSmallKTaps) return false;
+  if (t == DType::f32) return simd_lanes() == Lanes::avx2 && g.c <= kFirstLayerChannels;
+  if (t != DType::bf16) return false;
   ConvEntry holder;
   const ConvEntry* e = entry(g, t, false, DType::f32, false, ConvPass::backward_weights, holder);
   return e != nullptr && std::string_view(e->impl).starts_with("x64:gemm");

@@ -19,9 +19,9 @@ enum class ConvPass { forward, backward_data, backward_weights, weights_as_forwa
 std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass);
 
 // mixprec's own weight gradient (and the bias's, when out.bias is defined) of a one-group
-// convolution of at most kSmallKTaps taps (C x KH x KW), x and grad_y bf16, into out's tensors
-// (f32 or bf16): cpu/conv_small_k.cpp. conv2d_backward runs it where oneDNN would run its im2col
-// kernel. Needs AVX-512 (every CPU with bf16 convolutions has it).
+// convolution of at most kSmallKTaps taps (C x KH x KW), into out's tensors (f32 or bf16):
+// cpu/conv_small_k.cpp. x and grad_y bf16 on AVX-512 (every CPU with bf16 convolutions has it),
+// where oneDNN would run its im2col kernel; or f32 on an AVX2 host without AVX-512.
 constexpr int64_t kSmallKTaps = 32;
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out);
 // The weight gradient (bf16 or f32 operands) of a stride-1, undilated, one-group convolution
