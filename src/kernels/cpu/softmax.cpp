@@ -2,7 +2,8 @@
 // (rows up to one block; longer rows fall back to the reference). On AVX-512 a row is 16 lanes:
 // the max, the sum of exponentials and the backward's dot product in lane-wise partial sums added
 // in lane order (a fixed order, whatever the threads), e^x by vec_exp.h's exp_ps (within 2 ulp),
-// f32 rows read and written in place. Elsewhere the scalar loops with std::exp.
+// f32 rows read and written in place; on AVX2 the same in 8 lanes (exp256_ps). Elsewhere the
+// scalar loops with std::exp.
 #include <algorithm>
 #include <cmath>
 
@@ -58,6 +59,60 @@ MIXPREC_AVX512 void softmax_row_backward_avx512(const float* y, const float* g, 
 }
 #undef MIXPREC_AVX512
 
+// The same on 8 lanes (AVX2 and FMA, hosts without AVX-512), e^x by exp256_ps; a row's last chunk
+// loads masked (the max's masked lanes -inf) and stores masked.
+#define MIXPREC_AVX2 __attribute__((target("avx2,fma")))
+MIXPREC_AVX2 inline __m256 load8(const float* p, int64_t n, __m256 fill) {
+  if (n >= 8) return _mm256_loadu_ps(p);
+  const __m256i m = first_lanes8(n);
+  return _mm256_blendv_ps(fill, _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+}
+MIXPREC_AVX2 inline void store8(float* p, int64_t n, __m256 v) {
+  if (n >= 8)
+    _mm256_storeu_ps(p, v);
+  else
+    _mm256_maskstore_ps(p, first_lanes8(n), v);
+}
+
+MIXPREC_AVX2 void softmax_row_avx2(const float* v, int64_t cols, bool log, float* out) {
+  const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+  __m256 vmax = ninf;
+  for (int64_t c = 0; c < cols; c += 8) vmax = _mm256_max_ps(vmax, load8(v + c, cols - c, ninf));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float row_max = -INFINITY;
+  for (float l : lanes) row_max = std::max(row_max, l);
+  // A NaN anywhere makes the row NaN through the sum below, whichever lane's max kept it.
+  const __m256 mx = _mm256_set1_ps(row_max);
+  __m256 acc = zero;
+  for (int64_t c = 0; c < cols; c += 8) {
+    const __m256 e = exp256_ps(_mm256_sub_ps(load8(v + c, cols - c, zero), mx));
+    acc = _mm256_add_ps(acc, cols - c >= 8 ? e : _mm256_and_ps(e, _mm256_castsi256_ps(first_lanes8(cols - c))));
+  }
+  const __m256 vl = _mm256_set1_ps(row_max + std::log(lane_sum(acc)));
+  for (int64_t c = 0; c < cols; c += 8) {
+    const __m256 d = _mm256_sub_ps(load8(v + c, cols - c, zero), vl);
+    store8(out + c, cols - c, log ? d : exp256_ps(d));
+  }
+}
+
+MIXPREC_AVX2 void softmax_row_backward_avx2(const float* y, const float* g, int64_t cols, bool log, float* out) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 acc = zero;
+  for (int64_t c = 0; c < cols; c += 8) {
+    const __m256 gv = load8(g + c, cols - c, zero);
+    acc = log ? _mm256_add_ps(acc, gv) : _mm256_add_ps(acc, _mm256_mul_ps(gv, load8(y + c, cols - c, zero)));
+  }
+  const __m256 dot = _mm256_set1_ps(lane_sum(acc));
+  for (int64_t c = 0; c < cols; c += 8) {
+    const __m256 yv = load8(y + c, cols - c, zero), gv = load8(g + c, cols - c, zero);
+    const __m256 r =
+        log ? _mm256_sub_ps(gv, _mm256_mul_ps(exp256_ps(yv), dot)) : _mm256_mul_ps(yv, _mm256_sub_ps(gv, dot));
+    store8(out + c, cols - c, r);
+  }
+}
+#undef MIXPREC_AVX2
+
 void softmax_row_scalar(const float* x, int64_t cols, bool log, float* v) {
   float mx = -INFINITY;
   for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, x[c]);
@@ -80,7 +135,9 @@ bool softmax_lastdim(const Tensor& x, bool log, Tensor& dst) {
   if (!f32_compute(t) || !x.is_contiguous() || x.dim() == 0) return false;
   const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
   if (cols > kBlock) return false;
-  const auto row_fn = mixprec::cpu::has_avx512f() ? &softmax_row_avx512 : &softmax_row_scalar;
+  const auto row_fn = simd_lanes() == Lanes::avx512 ? &softmax_row_avx512
+                      : simd_lanes() == Lanes::avx2 ? &softmax_row_avx2
+                                                    : &softmax_row_scalar;
 #pragma omp parallel for schedule(static) if (detail::parallel_worth(rows * cols, 1 << 15))
   for (int64_t r = 0; r < rows; ++r) {
     float v[kBlock];
@@ -98,7 +155,9 @@ bool softmax_lastdim_backward(const Tensor& y, const Tensor& grad_y, bool log, T
     return false;
   const int64_t cols = y.size(-1), rows = cols ? y.numel() / cols : 0;
   if (cols > kBlock) return false;
-  const auto row_fn = mixprec::cpu::has_avx512f() ? &softmax_row_backward_avx512 : &softmax_row_backward_scalar;
+  const auto row_fn = simd_lanes() == Lanes::avx512 ? &softmax_row_backward_avx512
+                      : simd_lanes() == Lanes::avx2 ? &softmax_row_backward_avx2
+                                                    : &softmax_row_backward_scalar;
 #pragma omp parallel for schedule(static) if (detail::parallel_worth(rows * cols, 1 << 15))
   for (int64_t r = 0; r < rows; ++r) {
     float yb[kBlock], gb[kBlock];
