@@ -134,9 +134,14 @@ TEST(BatchNorm2d, RunningStatisticsMatchAReferenceComputation) {
   const Tensor x = Tensor::randn({2, 3, 2, 2}, g);
   const std::vector<float> y = bn(x).to_vector(), xv = x.to_vector();
   const std::vector<float> w{1, 2, 3}, b{0.5f, 0, -1};
+  // Against f64 from the module's own (f32) statistics: a handful of f32 roundings of the terms
+  // (the scale 1 / sqrt(var + eps) from f64, its product with w, x - mean or the shift, the sum).
+  const std::vector<double> mf = bn.running_mean.to_vector_f64(), vf = bn.running_var.to_vector_f64();
   for (size_t i = 0; i < xv.size(); ++i) {
     const size_t c = i / 4 % 3;
-    EXPECT_NEAR(y[i], (xv[i] - rm[c]) / std::sqrt(rv[c] + 1e-5) * w[c] + b[c], 1e-4);
+    const double scale = w[c] / std::sqrt(vf[c] + 1e-5);
+    const double bound = 8 * 0x1p-24 * (std::fabs(xv[i] * scale) + std::fabs(mf[c] * scale) + std::fabs(b[c]));
+    EXPECT_NEAR(y[i], (xv[i] - mf[c]) * scale + b[c], bound) << i;
   }
   EXPECT_EQ(bn.num_batches_tracked.item(), 3.0);
   EXPECT_NEAR(bn.running_mean.to_vector_f64()[0], rm[0], 1e-5);
