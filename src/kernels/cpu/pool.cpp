@@ -173,13 +173,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_backward_
 }
 
 // ---------------------------------------------------------------- AVX2 (hosts without AVX-512)
-// The same row kernels, 8 outputs a step: the same tournament, the same routing, masked loads and
-// stores as AVX2 has them (32-bit lanes: a bf16 row's window pair is one lane, as above).
+// The same row kernels, 8 outputs a step: the same tournament, the same routing, with AVX2's masked
+// loads on a row's last chunk (32-bit lanes: a bf16 row's window pair is one lane, as above).
 
 // A chunk's lanes: masks for the loads of its inputs (two 8-lane halves of a row) and the counts
 // for its stores. A full chunk loads and stores whole vectors; a row's last one loads masked and
-// stores its lanes in 4-, 2- and 1-lane pieces (AMD Zen's masked stores are microcoded: they were
-// 30% of the 2x2 backward's time on Zen 2).
+// stores its lanes in 4-, 2- and 1-lane pieces (f32) or by memcpy (bf16 pairs, only 2-byte
+// aligned): AMD Zen's masked stores are microcoded, and were 30% of the 2x2 backward's time on Zen 2.
 struct Masks8 {
   __m256i in_lo, in_hi, out;
   int64_t outputs;
@@ -209,8 +209,15 @@ __attribute__((target("avx2"))) inline void store_first(float* p, __m256 v, int6
   }
   if (n >= 1) _mm_store_ss(p, part);
 }
+// n 32-bit lanes (bf16 pairs) at a 2-byte aligned p: the bits as they are, through memcpy.
 __attribute__((target("avx2"))) inline void store_first(uint16_t* p, __m256i v, int64_t n) {
-  store_first(reinterpret_cast<float*>(p), _mm256_castsi256_ps(v), n);  // n 32-bit lanes: the bits as they are
+  if (n >= 8) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+    return;
+  }
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
+  std::memcpy(p, lanes, size_t(std::max<int64_t>(n, 0)) * sizeof(uint32_t));
 }
 struct Taps8 {
   __m256 a, b, c, d;
