@@ -176,41 +176,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_backward_
 // The same row kernels, 8 outputs a step: the same tournament, the same routing, with AVX2's masked
 // loads on a row's last chunk (32-bit lanes: a bf16 row's window pair is one lane, as above).
 
-// A chunk's lanes: masks for the loads of its inputs (two 8-lane halves of a row) and the counts
-// for its stores. A full chunk loads and stores whole vectors; a row's last one loads masked and
-// stores its lanes in 4-, 2- and 1-lane pieces (f32) or by memcpy (bf16 pairs, only 2-byte
-// aligned): AMD Zen's masked stores are microcoded, and were 30% of the 2x2 backward's time on Zen 2.
-struct Masks8 {
-  __m256i in_lo, in_hi, out;
-  int64_t outputs;
-};
-__attribute__((target("avx2"))) inline Masks8 masks8(int64_t outputs) {
-  return {first_lanes8(2 * outputs), first_lanes8(2 * outputs - 8), first_lanes8(outputs), outputs};
-}
-__attribute__((target("avx2"))) inline __m256 load_first(const float* p, __m256i mask, int64_t n) {
-  return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask);
-}
-// Stores the first n (clamped to 0..8) lanes of v at p, nothing past them.
-__attribute__((target("avx2"))) inline void store_first(float* p, __m256 v, int64_t n) {
-  if (n >= 8) {
-    _mm256_storeu_ps(p, v);
-    return;
-  }
-  __m128 part = _mm256_castps256_ps128(v);
-  if (n >= 4) {
-    _mm_storeu_ps(p, part);
-    part = _mm256_extractf128_ps(v, 1);
-    p += 4, n -= 4;
-  }
-  if (n >= 2) {
-    _mm_storel_pi(reinterpret_cast<__m64*>(p), part);
-    part = _mm_movehl_ps(part, part);
-    p += 2, n -= 2;
-  }
-  if (n >= 1) _mm_store_ss(p, part);
-}
-// n 32-bit lanes (bf16 pairs) at a 2-byte aligned p: the bits as they are, through memcpy.
-__attribute__((target("avx2"))) inline void store_first(uint16_t* p, __m256i v, int64_t n) {
+// A chunk of n outputs: a full one loads and stores whole vectors, a row's last one loads masked
+// and stores its lanes in pieces (core/simd.h's load_first8 and store_first8; bf16 pairs, only
+// 2-byte aligned, through memcpy).
+// n 32-bit lanes (bf16 pairs) at a 2-byte aligned p: the bits as they are.
+__attribute__((target("avx2"))) inline void store_pairs8(uint16_t* p, __m256i v, int64_t n) {
   if (n >= 8) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
     return;
@@ -229,17 +199,16 @@ __attribute__((target("avx2"))) inline void split8(__m256 lo, __m256 hi, __m256&
   even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
   odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
 }
-__attribute__((target("avx2"))) inline Taps8 taps8(const float* r0, const float* r1, const Masks8& m) {
+__attribute__((target("avx2"))) inline Taps8 taps8(const float* r0, const float* r1, int64_t n) {
   Taps8 t;
-  const int64_t lo = 2 * m.outputs, hi = lo - 8;
-  split8(load_first(r0, m.in_lo, lo), load_first(r0 + 8, m.in_hi, hi), t.a, t.b);
-  split8(load_first(r1, m.in_lo, lo), load_first(r1 + 8, m.in_hi, hi), t.c, t.d);
+  split8(load_first8(r0, 2 * n), load_first8(r0 + 8, 2 * n - 8), t.a, t.b);
+  split8(load_first8(r1, 2 * n), load_first8(r1 + 8, 2 * n - 8), t.c, t.d);
   return t;
 }
-__attribute__((target("avx2"))) inline Taps8 taps8(const uint16_t* r0, const uint16_t* r1, const Masks8& m) {
+__attribute__((target("avx2"))) inline Taps8 taps8(const uint16_t* r0, const uint16_t* r1, int64_t n) {
   const __m256i high = _mm256_set1_epi32(int(0xFFFF0000u));
-  const __m256i t = _mm256_castps_si256(load_first(reinterpret_cast<const float*>(r0), m.out, m.outputs));
-  const __m256i u = _mm256_castps_si256(load_first(reinterpret_cast<const float*>(r1), m.out, m.outputs));
+  const __m256i t = _mm256_castps_si256(load_first8(reinterpret_cast<const float*>(r0), n));
+  const __m256i u = _mm256_castps_si256(load_first8(reinterpret_cast<const float*>(r1), n));
   return {_mm256_castsi256_ps(_mm256_slli_epi32(t, 16)), _mm256_castsi256_ps(_mm256_and_si256(t, high)),
           _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), _mm256_castsi256_ps(_mm256_and_si256(u, high))};
 }
@@ -265,25 +234,23 @@ __attribute__((target("avx2"))) inline Winners8 winners8(const Taps8& t) {
 __attribute__((target("avx2"))) inline __m256i pick8(__m256i g, __m256i k, int j) {
   return _mm256_and_si256(_mm256_cmpeq_epi32(k, _mm256_set1_epi32(j)), g);
 }
-__attribute__((target("avx2"))) inline void route8(__m256 g, __m256i k, const Masks8& m, float* g0, float* g1) {
+__attribute__((target("avx2"))) inline void route8(__m256 g, __m256i k, int64_t n, float* g0, float* g1) {
   const __m256i gi = _mm256_castps_si256(g);
   for (int row = 0; row < 2; ++row) {
     const __m256 l = _mm256_castsi256_ps(pick8(gi, k, 2 * row)), r = _mm256_castsi256_ps(pick8(gi, k, 2 * row + 1));
     const __m256 lo = _mm256_unpacklo_ps(l, r), hi = _mm256_unpackhi_ps(l, r);
     float* dst = row == 0 ? g0 : g1;
-    store_first(dst, _mm256_permute2f128_ps(lo, hi, 0x20), 2 * m.outputs);
-    store_first(dst + 8, _mm256_permute2f128_ps(lo, hi, 0x31), 2 * m.outputs - 8);
+    store_first8(dst, _mm256_permute2f128_ps(lo, hi, 0x20), 2 * n);
+    store_first8(dst + 8, _mm256_permute2f128_ps(lo, hi, 0x31), 2 * n - 8);
   }
 }
-__attribute__((target("avx2"))) inline void route8(__m256i g, __m256i k, const Masks8& m, uint16_t* g0, uint16_t* g1) {
-  store_first(g0, _mm256_or_si256(pick8(g, k, 0), _mm256_slli_epi32(pick8(g, k, 1), 16)), m.outputs);
-  store_first(g1, _mm256_or_si256(pick8(g, k, 2), _mm256_slli_epi32(pick8(g, k, 3), 16)), m.outputs);
+__attribute__((target("avx2"))) inline void route8(__m256i g, __m256i k, int64_t n, uint16_t* g0, uint16_t* g1) {
+  store_pairs8(g0, _mm256_or_si256(pick8(g, k, 0), _mm256_slli_epi32(pick8(g, k, 1), 16)), n);
+  store_pairs8(g1, _mm256_or_si256(pick8(g, k, 2), _mm256_slli_epi32(pick8(g, k, 3), 16)), n);
 }
 // The incoming gradients: f32 as is; bf16 bits in 32-bit lanes, a signalling NaN quieted (the
 // scalar rounding rule applied to a widened bf16 value: its own bits otherwise).
-__attribute__((target("avx2"))) inline __m256 grad8(const float* gy, const Masks8& m) {
-  return load_first(gy, m.out, m.outputs);
-}
+__attribute__((target("avx2"))) inline __m256 grad8(const float* gy, int64_t n) { return load_first8(gy, n); }
 __attribute__((target("avx2"))) inline __m256i grad8(const uint16_t* gy, int64_t n) {
   alignas(16) uint16_t buf[8] = {};
   std::memcpy(buf, gy, size_t(std::min<int64_t>(n, 8)) * 2);
@@ -291,22 +258,13 @@ __attribute__((target("avx2"))) inline __m256i grad8(const uint16_t* gy, int64_t
   const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(low, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7f80));
   return _mm256_or_si256(low, _mm256_and_si256(nan, _mm256_set1_epi32(0x0040)));
 }
-template <class T>
-__attribute__((target("avx2"))) inline auto grad_lanes8(const T* gy, const Masks8& m, int64_t n) {
-  if constexpr (std::is_same_v<T, float>)
-    return grad8(gy, m);
-  else
-    return grad8(gy, n);
-}
-
 __attribute__((target("avx2"))) void max_rows_2x2_avx2(const float* x, int64_t w, int64_t ow, int64_t rows, float* out,
                                                        uint8_t* arg) {
   for (int64_t j = 0; j < rows; ++j, x += 2 * w, out += ow, arg += ow)
     for (int64_t ox = 0; ox < ow; ox += 8) {
       const int64_t n = std::min<int64_t>(8, ow - ox);
-      const Masks8 m = masks8(n);
-      const Winners8 win = winners8(taps8(x + 2 * ox, x + w + 2 * ox, m));
-      store_first(out + ox, win.max, n);
+      const Winners8 win = winners8(taps8(x + 2 * ox, x + w + 2 * ox, n));
+      store_first8(out + ox, win.max, n);
       const __m128i k16 = _mm_packus_epi32(_mm256_castsi256_si128(win.k), _mm256_extracti128_si256(win.k, 1));
       alignas(16) uint8_t k8[16];
       _mm_store_si128(reinterpret_cast<__m128i*>(k8), _mm_packus_epi16(k16, k16));
@@ -320,11 +278,10 @@ __attribute__((target("avx2"))) void max_rows_2x2_backward_avx2(const T* gy, con
   for (int64_t j = 0; j < rows; ++j, gy += ow, arg += ow, gx += 2 * w)
     for (int64_t ox = 0; ox < ow; ox += 8) {
       const int64_t n = std::min<int64_t>(8, ow - ox);
-      const Masks8 m = masks8(n);
       alignas(8) uint8_t k8[8] = {};
       std::memcpy(k8, arg + ox, size_t(n));
       const __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(k8)));
-      route8(grad_lanes8(gy + ox, m, n), k, m, gx + 2 * ox, gx + w + 2 * ox);
+      route8(grad8(gy + ox, n), k, n, gx + 2 * ox, gx + w + 2 * ox);
     }
 }
 
@@ -334,9 +291,8 @@ __attribute__((target("avx2"))) void max_rows_2x2_backward_from_input_avx2(const
   for (int64_t j = 0; j < rows; ++j, x += 2 * w, gy += ow, gx += 2 * w)
     for (int64_t ox = 0; ox < ow; ox += 8) {
       const int64_t n = std::min<int64_t>(8, ow - ox);
-      const Masks8 m = masks8(n);
-      const Winners8 win = winners8(taps8(x + 2 * ox, x + w + 2 * ox, m));
-      route8(grad_lanes8(gy + ox, m, n), win.k, m, gx + 2 * ox, gx + w + 2 * ox);
+      const Winners8 win = winners8(taps8(x + 2 * ox, x + w + 2 * ox, n));
+      route8(grad8(gy + ox, n), win.k, n, gx + 2 * ox, gx + w + 2 * ox);
     }
 }
 

@@ -60,18 +60,12 @@ MIXPREC_AVX512 void softmax_row_backward_avx512(const float* y, const float* g, 
 #undef MIXPREC_AVX512
 
 // The same on 8 lanes (AVX2 and FMA, hosts without AVX-512), e^x by exp256_ps; a row's last chunk
-// loads masked (the max's masked lanes -inf) and stores masked.
+// loads masked (the max's masked lanes -inf) and stores its lanes in pieces (store_first8).
 #define MIXPREC_AVX2 __attribute__((target("avx2,fma")))
 MIXPREC_AVX2 inline __m256 load8(const float* p, int64_t n, __m256 fill) {
   if (n >= 8) return _mm256_loadu_ps(p);
   const __m256i m = first_lanes8(n);
   return _mm256_blendv_ps(fill, _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
-}
-MIXPREC_AVX2 inline void store8(float* p, int64_t n, __m256 v) {
-  if (n >= 8)
-    _mm256_storeu_ps(p, v);
-  else
-    _mm256_maskstore_ps(p, first_lanes8(n), v);
 }
 
 MIXPREC_AVX2 void softmax_row_avx2(const float* v, int64_t cols, bool log, float* out) {
@@ -86,13 +80,13 @@ MIXPREC_AVX2 void softmax_row_avx2(const float* v, int64_t cols, bool log, float
   const __m256 mx = _mm256_set1_ps(row_max);
   __m256 acc = zero;
   for (int64_t c = 0; c < cols; c += 8) {
-    const __m256 e = exp256_ps(_mm256_sub_ps(load8(v + c, cols - c, zero), mx));
+    const __m256 e = exp256_ps(_mm256_sub_ps(load_first8(v + c, cols - c), mx));
     acc = _mm256_add_ps(acc, cols - c >= 8 ? e : _mm256_and_ps(e, _mm256_castsi256_ps(first_lanes8(cols - c))));
   }
   const __m256 vl = _mm256_set1_ps(row_max + std::log(lane_sum(acc)));
   for (int64_t c = 0; c < cols; c += 8) {
-    const __m256 d = _mm256_sub_ps(load8(v + c, cols - c, zero), vl);
-    store8(out + c, cols - c, log ? d : exp256_ps(d));
+    const __m256 d = _mm256_sub_ps(load_first8(v + c, cols - c), vl);
+    store_first8(out + c, log ? d : exp256_ps(d), cols - c);
   }
 }
 
@@ -100,15 +94,15 @@ MIXPREC_AVX2 void softmax_row_backward_avx2(const float* y, const float* g, int6
   const __m256 zero = _mm256_setzero_ps();
   __m256 acc = zero;
   for (int64_t c = 0; c < cols; c += 8) {
-    const __m256 gv = load8(g + c, cols - c, zero);
-    acc = log ? _mm256_add_ps(acc, gv) : _mm256_add_ps(acc, _mm256_mul_ps(gv, load8(y + c, cols - c, zero)));
+    const __m256 gv = load_first8(g + c, cols - c);
+    acc = log ? _mm256_add_ps(acc, gv) : _mm256_add_ps(acc, _mm256_mul_ps(gv, load_first8(y + c, cols - c)));
   }
   const __m256 dot = _mm256_set1_ps(lane_sum(acc));
   for (int64_t c = 0; c < cols; c += 8) {
-    const __m256 yv = load8(y + c, cols - c, zero), gv = load8(g + c, cols - c, zero);
+    const __m256 yv = load_first8(y + c, cols - c), gv = load_first8(g + c, cols - c);
     const __m256 r =
         log ? _mm256_sub_ps(gv, _mm256_mul_ps(exp256_ps(yv), dot)) : _mm256_mul_ps(yv, _mm256_sub_ps(gv, dot));
-    store8(out + c, cols - c, r);
+    store_first8(out + c, r, cols - c);
   }
 }
 #undef MIXPREC_AVX2
