@@ -257,8 +257,8 @@ TEST(ConvFast, UsesOneDnnsOptimisedImplementations) {
 
 // Each host kind's bf16 convolutions run on its matrix unit: the forward on AMX tiles on the Intel
 // kind (AMX-BF16; what oneDNN 2.6 picks for the backward passes there was not recorded, so they are
-// not asserted), every pass on AVX512-BF16 dot products on the AMD Zen 5 kind (no AMX; oneDNN 2.6
-// names them jit_bf16:avx512_core_bf16). Elsewhere nothing is asserted.
+// not asserted), every pass on AVX512-BF16 dot products on the AMD kinds (Zen 4 and Zen 5: no AMX;
+// oneDNN 2.6 names them jit_bf16:avx512_core_bf16). Elsewhere nothing is asserted.
 TEST(ConvFast, Bf16UsesTheHostsMatrixUnit) {
   std::string unit;
   std::vector<kernels::cpu::ConvPass> passes(std::begin(kConvPasses), std::end(kConvPasses));
