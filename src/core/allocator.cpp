@@ -46,23 +46,10 @@ bool huge_pages_enabled() {
 bool is_huge_block(size_t size) { return size >= kHugePage && huge_pages_enabled(); }
 size_t mapped_bytes(size_t size) { return (size + 4095) & ~size_t(4095); }
 
-// Every block the cache keeps (kCacheMinBytes and up) is a mapping of its own, unmapped when
-// released, never a piece of malloc's heap: there a freed block's pages stay resident, and a later
-// block that does not fit its place grows the heap, so the process held megabytes the count did not
-// (a bf16 step, whose buffers are half its f32 one's and more of them under 2 MiB, was 1.5-3.5 MB
-// over its counted peak with glibc's dynamic mmap threshold, 0.1-0.2 MB with a fixed one of 64 KiB:
-// MemoryBudget.CountedPeakIsTheResidentGrowthOfALargeStep). The cache makes the mapping a first-
-// step cost.
-bool is_mapped_block(size_t size) { return size >= kCacheMinBytes || is_huge_block(size); }
-
 void* system_alloc(size_t size) {
-  if (!is_mapped_block(size)) return std::aligned_alloc(kAlign, size);
-  const size_t len = mapped_bytes(size);
-  if (!is_huge_block(size)) {
-    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? nullptr : p;
-  }
+  if (!is_huge_block(size)) return std::aligned_alloc(kAlign, size);
   // Over-map by one huge page and trim both ends: what is left starts on a 2 MiB boundary.
+  const size_t len = mapped_bytes(size);
   void* raw = ::mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return nullptr;
   char* const base = static_cast<char*>(raw);
@@ -107,7 +94,7 @@ void check_guard(const void* p, size_t bytes, size_t size, MemCategory cat) {
 }
 
 void system_free(void* p, size_t size) {
-  if (is_mapped_block(size))
+  if (is_huge_block(size))
     ::munmap(p, mapped_bytes(size));
   else
     std::free(p);
