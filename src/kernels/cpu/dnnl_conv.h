@@ -34,10 +34,11 @@ struct WgradGrid {
   int64_t hp = 0, wp = 0;  // each image's grid: rows and row length
   int64_t images = 0;      // images per chunk
   int64_t positions = 0;   // images hp wp: a chunk's contraction
-  int64_t x_stride = 0;    // elements per channel of x's grid (with the zeros the last tap reads)
-  int64_t y_stride = 0;    // elements per channel of grad_y's grid
+  int64_t lead = 0;        // the last tap's offset, (kh - 1) wp + kw - 1: grad_y's leading zeros
+  int64_t stride = 0;      // elements per channel of a whole chunk's grids: the products' contraction
 };
 WgradGrid wgrad_grid(const ConvGeometry& g);
+int64_t wgrad_stride(const WgradGrid& grid, int64_t images);  // a chunk of `images` images' row length
 void backward_weights_as_gemm(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, Tensor& weight_grad);
 // Input channels up to which a convolution counts as a first layer.
 constexpr int64_t kFirstLayerChannels = 4;
