@@ -94,10 +94,9 @@ std::vector<Sizes> fast_cases() {
       {"groups4", {2, 32, 9, 9}, {32, 8, 3, 3}, {.padding = 1, .groups = 4}},
       {"depthwise", {2, 16, 10, 10}, {16, 1, 3, 3}, {.padding = 1, .groups = 16}},
       {"one_input_channel", {4, 1, 14, 14}, {40, 1, 3, 3}, {.padding = 1}},
-      // First layers (at most 32 taps): in bf16 their weight gradient is mixprec's kernel where
-      // oneDNN has only its im2col one (ConvFast.FirstLayerBf16WeightGradient...). Channel counts
-      // not a multiple of 4, positions not of 16, more images than one part of 4, strides,
-      // padding and dilation.
+      // First layers (at most 4 channels and 32 taps): their weight gradient is mixprec's kernel
+      // in f32 and bf16 (ConvFast.FirstLayerWeightGradient...). Channel counts not a multiple of 4,
+      // positions not of 16, more images than one part of 4, strides, padding and dilation.
       {"first_layer_3ch_strided_dilated",
        {6, 3, 15, 13},
        {10, 3, 3, 3},
@@ -279,54 +278,29 @@ TEST(ConvFast, Bf16UsesTheHostsMatrixUnit) {
   }
 }
 
-// A bf16 first layer's weight gradient: where oneDNN's only kernel for it is its im2col GEMM
-// (x64:gemm:jit; oneDNN 2.6 on both host kinds), mixprec's own kernel runs instead (the profile
-// names it); MatchesReferenceInEveryDType checks its values on the first_layer_* cases.
-TEST(ConvFast, FirstLayerBf16WeightGradientRunsMixprecsKernelWhereOneDnnHasOnlyIm2col) {
+// A first layer's weight gradient (at most 4 input channels and 32 taps) runs mixprec's kernel
+// (the profile names it) on the AVX2 kind and with AVX-512, in fp32 and bf16 (on the AVX2 kind
+// through f32), at 32 output channels (a width oneDNN's blocked kernels take, padding the one
+// input channel to a block) and 42 (where oneDNN 2.6's bf16 kernel is its im2col GEMM);
+// MatchesReferenceInEveryDType checks its values on the first_layer_* cases.
+TEST(ConvFast, FirstLayerWeightGradientRunsMixprecsKernel) {
   BackendGuard guard(kernels::Backend::cpu);
-  if (!kernels::cpu::has_avx512_bf16() && !kernels::cpu::has_amx_bf16())
-    GTEST_SKIP() << "no bf16 convolutions on this CPU (neither AVX512-BF16 nor AMX-BF16)";
-  kernels::ConvGeometry g{.n = 8, .c = 1, .h = 28, .w = 28, .oc = 42, .kh = 3, .kw = 3, .oh = 28, .ow = 28};
-  g.pad_h = g.pad_w = 1;
-  const std::string onednn = kernels::cpu::conv_impl_name(g, DType::bf16, kernels::cpu::ConvPass::backward_weights);
-  if (onednn.rfind("x64:gemm", 0) != 0)
-    GTEST_SKIP() << "oneDNN runs this weight gradient with " << onednn << ", not its im2col kernel";
-  Generator gen(5);
-  const Tensor x = convtest::rand(gen, {8, 1, 28, 28}, DType::bf16);
-  const Tensor w = convtest::rand(gen, {42, 1, 3, 3}, DType::bf16).set_requires_grad();
-  std::vector<profile::Row> rows;
-  profile::start();
-  ops::sum(ops::conv2d(x, w, Tensor(), {.padding = 1})).backward();
-  profile::stop();
-  bool ran = false;
-  for (const auto& r : profile::rows())
-    if (r.kernel == "conv2d_backward") ran = r.impl == "mixprec:small_k_wgrad";
-  EXPECT_TRUE(ran);
-}
-
-// An f32 first layer's weight gradient on the AVX2 kind: oneDNN's jit:avx2 backward-weights pads
-// the one input channel to a block of 8, so mixprec's kernel runs (the profile names it), in fp32
-// and, through f32, in bf16; MatchesReferenceInEveryDType checks its values on the first_layer_*
-// cases. With AVX-512, f32 keeps oneDNN's kernel (not measured against it there).
-TEST(ConvFast, FirstLayerF32WeightGradientRunsMixprecsKernelOnTheAvx2Kind) {
-  BackendGuard guard(kernels::Backend::cpu);
-  if (mixprec::cpu::has_avx512f() || !mixprec::cpu::has_avx2_fma())
-    GTEST_SKIP() << "for the AVX2 kind (AVX2 and FMA, no AVX-512); this host has "
-                 << (mixprec::cpu::has_avx512f() ? "AVX-512" : "no AVX2");
-  for (DType t : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(dtype_name(t));
-    Generator gen(5);
-    const Tensor x = convtest::rand(gen, {8, 1, 28, 28}, t);
-    const Tensor w = convtest::rand(gen, {42, 1, 3, 3}, t).set_requires_grad();
-    const Tensor b = convtest::rand(gen, {42}, t).set_requires_grad();
-    profile::start();
-    ops::sum(ops::conv2d(x, w, b, {.padding = 1})).backward();
-    profile::stop();
-    std::string impl;
-    for (const auto& r : profile::rows())
-      if (r.kernel == "conv2d_backward") impl = r.impl;
-    EXPECT_EQ(impl, "mixprec:small_k_wgrad");
-  }
+  if (!mixprec::cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2 and FMA: the scalar host runs oneDNN's kernels";
+  for (int64_t oc : {32, 42})
+    for (DType t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " oc " + std::to_string(oc));
+      Generator gen(5);
+      const Tensor x = convtest::rand(gen, {8, 1, 28, 28}, t);
+      const Tensor w = convtest::rand(gen, {oc, 1, 3, 3}, t).set_requires_grad();
+      const Tensor b = convtest::rand(gen, {oc}, t).set_requires_grad();
+      profile::start();
+      ops::sum(ops::conv2d(x, w, b, {.padding = 1})).backward();
+      profile::stop();
+      std::string impl;
+      for (const auto& r : profile::rows())
+        if (r.kernel == "conv2d_backward") impl = r.impl;
+      EXPECT_EQ(impl, "mixprec:small_k_wgrad");
+    }
 }
 
 // A bf16 first layer's forward (at most 4 input channels and 32 taps, stride 1): mixprec's own

@@ -499,18 +499,15 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
 // Whether backward-weights runs split over the batch (see backward_weights_split).
 bool split_wgrad(const ConvGeometry& g) { return omp_get_max_threads() > 1 && g.n >= 2; }
 
-// Where oneDNN 2.6 would run its im2col GEMM (x64:gemm:jit: no bf16 jit kernel exists for a short
-// contraction) for a bf16 weight gradient of at most kSmallKTaps taps: mixprec's own kernel
-// (cpu/conv_small_k.cpp) runs instead. In f32 on an AVX2 host too, for a first layer (at most
-// kFirstLayerChannels input channels): oneDNN's jit:avx2 backward-weights pads the channels to a
-// block of 8 and ran the cnn 32/64's 1 -> 32 layer at about 13 GFLOP/s (docs/conv.md).
+// A first layer's weight gradient (at most kFirstLayerChannels input channels and kSmallKTaps taps,
+// one group) runs mixprec's own kernel (cpu/conv_small_k.cpp): in f32 on AVX2 and AVX-512 hosts, in
+// bf16 with AVX-512 (bf16 convolutions run in f32 on AVX2 hosts). oneDNN 2.6's kernels for it pad
+// the input channels to a block of 8 (AVX2) or 16 (AVX-512) or, in bf16 at widths that are not a
+// multiple of 16, fall back to its im2col GEMM; mixprec's ran 1.5-2x faster on each (docs/conv.md).
 bool small_k_wgrad(const ConvGeometry& g, DType t) {
-  if (g.groups != 1 || g.c * g.kh * g.kw > kSmallKTaps) return false;
-  if (t == DType::f32) return simd_lanes() == Lanes::avx2 && g.c <= kFirstLayerChannels;
-  if (t != DType::bf16) return false;
-  ConvEntry holder;
-  const ConvEntry* e = entry(g, t, false, DType::f32, false, ConvPass::backward_weights, holder);
-  return e != nullptr && std::string_view(e->impl).starts_with("x64:gemm");
+  if (g.groups != 1 || g.c > kFirstLayerChannels || g.c * g.kh * g.kw > kSmallKTaps) return false;
+  const Lanes lanes = simd_lanes();
+  return t == DType::f32 ? lanes != Lanes::none : t == DType::bf16 && lanes == Lanes::avx512;
 }
 
 // ---- backward-data as a forward convolution ----

@@ -1,18 +1,21 @@
-// mixprec's weight gradient of a convolution with a short contraction (a first layer): in bf16 where
-// oneDNN 2.6 has only its im2col GEMM (AVX-512), in f32 on an AVX2 host, where oneDNN's kernel pads
-// the one input channel to a block of eight (see conv.cpp's small_k_wgrad and docs/conv.md).
+// mixprec's weight gradient of a convolution with a short contraction (a first layer), in f32 on
+// AVX2 and AVX-512 hosts and in bf16 with AVX-512, where oneDNN 2.6 pads the input channels to a
+// block or, in bf16, falls back to its im2col GEMM (see conv.cpp's small_k_wgrad and docs/conv.md).
 //
 // dW[oc, k] = sum over images n and output positions p of dy[n, oc, p] * cols_n[k, p], where
 // k = (c, kh, kw) runs over C * KH * KW <= kSmallKTaps taps and cols_n is image n's im2col. oneDNN's
 // im2col kernel ran the wide cnn's first layer (1 -> 420 channels, 3x3, 64 images of 28x28) at
 // 11 GFLOP/s, 34 ms of a 750 ms step (docs/hosts.md). Here: each image's cols in f32 (K rows of P,
-// zero-padded to 16 lanes), and for four output channels at a time K dot products of their dy rows
-// with the cols rows, f32 accumulation (AVX-512 from bf16 rows widened into a buffer; AVX2 from f32
-// rows read in place, three taps at a time). Images go in fixed parts of kImagesPerPart, each with its
-// own f32 partial sums, added in part order: the result does not depend on the thread count.
+// zero-padded to 16 lanes), and for four output channels at a time K dot products of their dy rows,
+// read in place (bf16 widened in registers), with the cols rows, three taps at a time, f32
+// accumulation (16 lanes with AVX-512, 8 with AVX2). Images go in fixed parts of kImagesPerPart,
+// each with its own f32 partial sums, added in part order: the result does not depend on the
+// thread count.
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 
 #include "core/profile_detail.h"
 #include "core/simd.h"
@@ -24,33 +27,56 @@ namespace {
 
 constexpr int64_t kImagesPerPart = 4;
 
-// acc[r * K + k] += sum_p rows[r][p] * cols[k][p] for the four rows r, over P16 (a multiple of 16)
-// lanes; bias[r] += sum_p rows[r][p] when bias is set.
-__attribute__((target("avx512f"))) void wgrad_four_rows(const float* cols, int64_t k_count, int64_t p16,
-                                                        const float* rows, float* acc, float* bias) {
-  const float* r0 = rows;
-  const float* r1 = rows + p16;
-  const float* r2 = rows + 2 * p16;
-  const float* r3 = rows + 3 * p16;
-  for (int64_t k = 0; k < k_count; ++k) {
-    const float* c = cols + k * p16;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-    for (int64_t p = 0; p < p16; p += 16) {
-      const __m512 cv = _mm512_loadu_ps(c + p);
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(r0 + p), cv, a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(r1 + p), cv, a1);
-      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(r2 + p), cv, a2);
-      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(r3 + p), cv, a3);
+// Sixteen values of a dy row from position p in f32, zeros past p_count (nothing past it is read):
+// f32 as stored, bf16 widened exactly.
+template <class Row>
+__attribute__((target("avx512f"))) inline __m512 load_row16(const Row* row, int64_t p, int64_t p_count) {
+  if constexpr (std::is_same_v<Row, float>) {
+    return _mm512_maskz_loadu_ps(first_lanes(p_count - p), row + p);
+  } else {
+    if (p + 16 <= p_count) return bf16_widen_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p)));
+    alignas(32) uint16_t tail[16] = {};
+    std::copy(row + p, row + p_count, tail);
+    return bf16_widen_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(tail)));
+  }
+}
+
+// acc[r * K + k] += sum_p rows[r][p] * cols[k][p] for the four rows r over the first p_count
+// positions, three taps at a time (twelve accumulators; a tap's sum has one 16-lane accumulator
+// over the positions in order, then the lanes add in lane order, so the result is fixed for a
+// given p_count); bias[r] += sum_p rows[r][p] when bias is set. The rows are read in place (grad_y's
+// planes: bf16 bits or f32); cols rows are p16 floats apart, zeros past p_count.
+template <class Row>
+__attribute__((target("avx512f"))) void wgrad_four_rows(const float* cols, int64_t k_count, int64_t p_count,
+                                                        int64_t p16, const Row* const* rows, float* acc, float* bias) {
+  const Row *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
+  for (int64_t k = 0; k < k_count; k += 3) {
+    const int64_t taps = std::min<int64_t>(3, k_count - k);
+    // A last block of one or two taps repeats its first; only the taps it has are added.
+    const float* c0 = cols + k * p16;
+    const float* c1 = taps > 1 ? c0 + p16 : c0;
+    const float* c2 = taps > 2 ? c0 + 2 * p16 : c0;
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
+    __m512 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+    for (int64_t p = 0; p < p_count; p += 16) {
+      const __m512 v0 = _mm512_loadu_ps(c0 + p), v1 = _mm512_loadu_ps(c1 + p), v2 = _mm512_loadu_ps(c2 + p);
+      __m512 y = load_row16(r0, p, p_count);
+      a00 = _mm512_fmadd_ps(y, v0, a00), a01 = _mm512_fmadd_ps(y, v1, a01), a02 = _mm512_fmadd_ps(y, v2, a02);
+      y = load_row16(r1, p, p_count);
+      a10 = _mm512_fmadd_ps(y, v0, a10), a11 = _mm512_fmadd_ps(y, v1, a11), a12 = _mm512_fmadd_ps(y, v2, a12);
+      y = load_row16(r2, p, p_count);
+      a20 = _mm512_fmadd_ps(y, v0, a20), a21 = _mm512_fmadd_ps(y, v1, a21), a22 = _mm512_fmadd_ps(y, v2, a22);
+      y = load_row16(r3, p, p_count);
+      a30 = _mm512_fmadd_ps(y, v0, a30), a31 = _mm512_fmadd_ps(y, v1, a31), a32 = _mm512_fmadd_ps(y, v2, a32);
     }
-    acc[k] += lane_sum(a0);
-    acc[k_count + k] += lane_sum(a1);
-    acc[2 * k_count + k] += lane_sum(a2);
-    acc[3 * k_count + k] += lane_sum(a3);
+    const __m512 sums[4][3] = {{a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}, {a30, a31, a32}};
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t t = 0; t < taps; ++t) acc[r * k_count + k + t] += lane_sum(sums[r][t]);
   }
   if (!bias) return;
   for (int64_t r = 0; r < 4; ++r) {
     __m512 b = _mm512_setzero_ps();
-    for (int64_t p = 0; p < p16; p += 16) b = _mm512_add_ps(b, _mm512_loadu_ps(rows + r * p16 + p));
+    for (int64_t p = 0; p < p_count; p += 16) b = _mm512_add_ps(b, load_row16(rows[r], p, p_count));
     bias[r] += lane_sum(b);
   }
 }
@@ -135,9 +161,9 @@ void im2col(const float* xf, const ConvGeometry& g, int64_t stride, float* padde
 }  // namespace
 
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
-  // bf16 on AVX-512 (each image and dy row widened into f32 buffers), f32 on AVX2 (read in place).
-  const bool f32 = x.dtype() == DType::f32;
-  MIXPREC_ASSERT(f32 ? simd_lanes() == Lanes::avx2 : x.dtype() == DType::bf16,
+  // f32 and bf16 on AVX-512, f32 on AVX2 (where bf16 convolutions run in f32); dy read in place.
+  const bool f32 = x.dtype() == DType::f32, avx512 = simd_lanes() == Lanes::avx512;
+  MIXPREC_ASSERT(f32 ? simd_lanes() != Lanes::none : x.dtype() == DType::bf16 && avx512,
                  "small-K weight gradient: ", dtype_name(x.dtype()), " on this host");
   const int64_t k_count = g.c * g.kh * g.kw, p_count = g.oh * g.ow, p16 = (p_count + 15) / 16 * 16;
   const int64_t oc4 = (g.oc + 3) / 4 * 4;  // rows padded to whole groups of four (zero rows)
@@ -150,16 +176,17 @@ void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
                        g.ow - 1 + g.kw <= wp;
   const int64_t padded_floats = by_rows ? g.c * hp * wp : 0;
   // Every buffer before the parallel region (an OutOfMemory cannot leave one): per part its f32
-  // partial sums, per thread the image in f32 (bf16), its padded copy, its cols and four dy rows
-  // (bf16; in f32 one zero row for the channels past oc).
+  // partial sums, per thread the image in f32 (bf16), its padded copy, its cols and one zero dy row
+  // (of p16 floats, read as bf16 or f32) for the channels past oc.
   const int64_t part_floats = oc4 * k_count + (with_bias ? oc4 : 0);
   WorkspaceBuffer partials(size_t(parts * part_floats) * sizeof(float));
-  const int64_t scratch_floats = (f32 ? 0 : plane) + padded_floats + k_count * p16 + (f32 ? 1 : 4) * p16;
+  const int64_t scratch_floats = (f32 ? 0 : plane) + padded_floats + k_count * p16 + p16;
   WorkspaceBuffer scratch(size_t(threads) * size_t(scratch_floats) * sizeof(float));
   float* const part_base = static_cast<float*>(partials.data());
   std::fill(part_base, part_base + parts * part_floats, 0.0f);
   const char* const xb = static_cast<const char*>(x.data_ptr());
   const char* const yb = static_cast<const char*>(grad_y.data_ptr());
+  const size_t y_bytes = f32 ? 4 : 2;
   profile::detail::note_impl("mixprec:small_k_wgrad");
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t part = 0; part < parts; ++part) {
@@ -167,11 +194,11 @@ void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
     float* const xbuf = tmp;
     float* const padded = xbuf + (f32 ? 0 : plane);
     float* const cols = padded + padded_floats;
-    float* const rows = cols + k_count * p16;
+    char* const zero_row = reinterpret_cast<char*>(cols + k_count * p16);
     float* const acc = part_base + part * part_floats;
     float* const bias_acc = with_bias ? acc + oc4 * k_count : nullptr;
     if (by_rows) std::fill(padded, padded + padded_floats, 0.0f);  // the border stays zero
-    if (f32) std::fill(rows, rows + p16, 0.0f);
+    std::memset(zero_row, 0, size_t(p16) * sizeof(float));
     for (int64_t n = part * kImagesPerPart; n < std::min(g.n, (part + 1) * kImagesPerPart); ++n) {
       const float* xf = reinterpret_cast<const float*>(xb) + n * plane;
       if (!f32) {
@@ -180,23 +207,23 @@ void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
       }
       im2col(xf, g, p16, by_rows ? padded : nullptr, cols);
       for (int64_t oc = 0; oc < oc4; oc += 4) {
-        if (f32) {
-          const float* dy = reinterpret_cast<const float*>(yb) + (n * g.oc + oc) * p_count;
-          const float* r4[4];
-          for (int64_t r = 0; r < 4; ++r) r4[r] = oc + r < g.oc ? dy + r * p_count : rows;
-          wgrad_four_rows_avx2(cols, k_count, p_count, p16, r4, acc + oc * k_count, bias_acc ? bias_acc + oc : nullptr);
+        const char* r4[4];
+        for (int64_t r = 0; r < 4; ++r)
+          r4[r] = oc + r < g.oc ? yb + size_t((n * g.oc + oc + r) * p_count) * y_bytes : zero_row;
+        float* const dw = acc + oc * k_count;
+        float* const db = bias_acc ? bias_acc + oc : nullptr;
+        if (!f32) {
+          const uint16_t* rows[4];
+          for (int64_t r = 0; r < 4; ++r) rows[r] = reinterpret_cast<const uint16_t*>(r4[r]);
+          wgrad_four_rows(cols, k_count, p_count, p16, rows, dw, db);
           continue;
         }
-        for (int64_t r = 0; r < 4; ++r) {
-          float* row = rows + r * p16;
-          if (oc + r < g.oc) {
-            convert(yb + ((n * g.oc + oc + r) * p_count) * 2, DType::bf16, row, DType::f32, size_t(p_count));
-            std::fill(row + p_count, row + p16, 0.0f);
-          } else {
-            std::fill(row, row + p16, 0.0f);
-          }
-        }
-        wgrad_four_rows(cols, k_count, p16, rows, acc + oc * k_count, bias_acc ? bias_acc + oc : nullptr);
+        const float* rows[4];
+        for (int64_t r = 0; r < 4; ++r) rows[r] = reinterpret_cast<const float*>(r4[r]);
+        if (avx512)
+          wgrad_four_rows(cols, k_count, p_count, p16, rows, dw, db);
+        else
+          wgrad_four_rows_avx2(cols, k_count, p_count, p16, rows, dw, db);
       }
     }
   }

@@ -20,8 +20,8 @@ std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass);
 
 // mixprec's own weight gradient (and the bias's, when out.bias is defined) of a one-group
 // convolution of at most kSmallKTaps taps (C x KH x KW), into out's tensors (f32 or bf16):
-// cpu/conv_small_k.cpp. x and grad_y bf16 on AVX-512 (every CPU with bf16 convolutions has it),
-// where oneDNN would run its im2col kernel; or f32 on an AVX2 host without AVX-512.
+// cpu/conv_small_k.cpp. x and grad_y f32 (AVX2 or AVX-512) or bf16 (AVX-512). conv2d_backward runs
+// it for first layers (conv.cpp, small_k_wgrad).
 constexpr int64_t kSmallKTaps = 32;
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out);
 // The weight gradient (bf16 or f32 operands) of a stride-1, undilated, one-group convolution
