@@ -33,7 +33,7 @@ constexpr int64_t kWgradChunkPositions = 4096;  // grid positions per chunk of i
 struct WgradGrid {
   int64_t hp = 0, wp = 0;  // each image's grid: rows and row length
   int64_t images = 0;      // images per chunk
-  int64_t positions = 0;   // images hp wp: a chunk's contraction
+  int64_t positions = 0;   // images hp wp: a chunk's grid positions (the products run over `stride`)
   int64_t lead = 0;        // the last tap's offset, (kh - 1) wp + kw - 1: grad_y's leading zeros
   int64_t stride = 0;      // elements per channel of a whole chunk's grids: the products' contraction
 };
