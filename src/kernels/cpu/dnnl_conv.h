@@ -21,14 +21,14 @@ std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass);
 // mixprec's own weight gradient (and the bias's, when out.bias is defined) of a one-group
 // convolution of at most kSmallKTaps taps (C x KH x KW), into out's tensors (f32 or bf16):
 // cpu/conv_small_k.cpp. x and grad_y f32 (AVX2 or AVX-512) or bf16 (AVX-512). conv2d_backward runs
-// it for first layers (conv.cpp, small_k_wgrad).
+// it for first layers (small_k_wgrad, below).
 constexpr int64_t kSmallKTaps = 32;
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out);
 // The weight gradient (bf16 or f32 operands) of a stride-1, undilated, one-group convolution
 // (padding at most k - 1 on each side) as one oneDNN matmul per tap over x and grad_y copied onto
 // a shared zero-padded grid (cpu/conv_wgrad_gemm.cpp has the identity), f32 sums rounded once into
 // weight_grad (f32, or bf16 from bf16 operands). conv2d_backward runs it for wide layers on hosts
-// with AVX512-BF16 and no AMX (conv.cpp, wgrad_as_gemm).
+// with AVX512-BF16 and no AMX (wgrad_as_gemm, below).
 constexpr int64_t kWgradChunkPositions = 4096;  // grid positions per chunk of images (whole eights), at least
 struct WgradGrid {
   int64_t hp = 0, wp = 0;  // each image's grid: rows and row length
@@ -59,9 +59,9 @@ void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bi
 // does not depend on the thread count or the host.
 void conv_bias_gradient(const Tensor& grad_y, const ConvGeometry& g, Tensor& bias);
 // Whether a bf16 backward-data that can run as the forward convolution of grad_y with the flipped,
-// transposed weight does (default on; MIXPREC_CONV_DGRAD=native starts it off): cpu/conv.cpp.
+// transposed weight does (default on; MIXPREC_CONV_DGRAD=native starts it off): cpu/conv_paths.cpp.
 void set_conv_dgrad_as_forward(bool on);
-// The same for the weight gradient (MIXPREC_CONV_WGRAD=native starts it off): cpu/conv.cpp.
+// The same for the weight gradient (MIXPREC_CONV_WGRAD=native starts it off): cpu/conv_paths.cpp.
 void set_conv_wgrad_as_forward(bool on);
 // Whether the weight gradient of a wide stride-1 layer runs as one matmul per tap
 // (backward_weights_as_gemm) rather than as a forward convolution: by default where the layer has
@@ -71,6 +71,19 @@ void set_conv_wgrad_as_forward(bool on);
 enum class WgradGemm { off, where_faster, force };
 void set_conv_wgrad_as_gemm(WgradGemm mode);
 constexpr int64_t kWgradGemmMinProducts = int64_t(1) << 17;
+
+// Paths (cpu/conv_paths.cpp, each rule with its measurements): which kernel runs a pass where it
+// is not oneDNN's own primitive for it. conv2d_backward asks them in this order for the weight
+// gradient, and dgrad_as_forward for the input gradient.
+bool small_k_wgrad(const ConvGeometry& g, DType t);     // backward_weights_small_k
+bool wgrad_as_gemm(const ConvGeometry& g, DType t);     // backward_weights_as_gemm
+bool wgrad_as_forward(const ConvGeometry& g, DType t);  // ConvPass::weights_as_forward
+bool split_wgrad(const ConvGeometry& g);                // backward-weights split over the batch
+// bf16 backward-data as the forward convolution (dgrad_geometry) of grad_y with the weight
+// transposed (O <-> I) and flipped in both spatial axes (flipped_transposed, 16-bit weights).
+bool dgrad_as_forward(const ConvGeometry& g, DType t);
+ConvGeometry dgrad_geometry(const ConvGeometry& g);
+Tensor flipped_transposed(const Tensor& w, const ConvGeometry& g);
 
 // The convolution primitive cache (one entry per shape, dtype, bias/ReLU flags and pass).
 CacheStats conv_cache_stats();

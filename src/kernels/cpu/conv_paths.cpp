@@ -1,0 +1,137 @@
+// Which path each pass of a CPU convolution takes besides oneDNN's own primitive for it (dnnl_conv.h,
+// "Paths"): mixprec's first-layer kernels, the weight gradient as matmuls or as a forward
+// convolution, backward-weights split over the batch, backward-data as a forward convolution; the
+// measurements behind each rule are in docs/conv.md.
+#include <omp.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
+
+#include "core/simd.h"
+#include "kernels/cpu/dnnl_conv.h"
+#include "mixprec/allocator.h"
+
+namespace mixprec::kernels::cpu {
+namespace {
+
+bool native_asked(const char* env_var) {
+  const char* env = std::getenv(env_var);
+  return env != nullptr && std::string_view(env) == "native";
+}
+std::atomic<bool>& dgrad_as_forward_flag() {
+  static std::atomic<bool> on{!native_asked("MIXPREC_CONV_DGRAD")};
+  return on;
+}
+std::atomic<bool>& wgrad_as_forward_flag() {
+  static std::atomic<bool> on{!native_asked("MIXPREC_CONV_WGRAD")};
+  return on;
+}
+
+std::atomic<WgradGemm>& wgrad_gemm_mode() {
+  static std::atomic<WgradGemm> mode{[] {
+    const char* env = std::getenv("MIXPREC_CONV_WGRAD");
+    const bool off = env != nullptr && (std::string_view(env) == "native" || std::string_view(env) == "forward");
+    return off ? WgradGemm::off : WgradGemm::where_faster;
+  }()};
+  return mode;
+}
+
+// One group, stride 1, no dilation, padding at most k - 1 on each side: what both rewrites need.
+bool rewritable(const ConvGeometry& g) {
+  if (g.groups != 1) return false;
+  if (g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1) return false;
+  const int64_t pad_r_h = g.oh - 1 + g.kh - g.h - g.pad_h, pad_r_w = g.ow - 1 + g.kw - g.w - g.pad_w;
+  auto in_range = [](int64_t p, int64_t k) { return p >= 0 && p <= k - 1; };
+  return in_range(g.pad_h, g.kh) && in_range(g.pad_w, g.kw) && in_range(pad_r_h, g.kh) && in_range(pad_r_w, g.kw);
+}
+
+}  // namespace
+
+// Whether backward-weights runs split over the batch (see backward_weights_split).
+bool split_wgrad(const ConvGeometry& g) { return omp_get_max_threads() > 1 && g.n >= 2; }
+
+// A first layer's weight gradient (at most kFirstLayerChannels input channels and kSmallKTaps taps,
+// one group) runs mixprec's own kernel (cpu/conv_small_k.cpp): in f32 on AVX2 and AVX-512 hosts, in
+// bf16 with AVX-512 (bf16 convolutions run in f32 on AVX2 hosts). oneDNN 2.6's kernels for it pad
+// the input channels to a block of 8 (AVX2) or 16 (AVX-512) or, in bf16 at widths that are not a
+// multiple of 16, fall back to its im2col GEMM; mixprec's ran 1.5-2x faster on each (docs/conv.md).
+bool small_k_wgrad(const ConvGeometry& g, DType t) {
+  if (g.groups != 1 || g.c > kFirstLayerChannels || g.c * g.kh * g.kw > kSmallKTaps) return false;
+  const Lanes lanes = simd_lanes();
+  return t == DType::f32 ? lanes != Lanes::none : t == DType::bf16 && lanes == Lanes::avx512;
+}
+
+// For a stride-1, undilated, one-group convolution with padding at most k - 1 on each side, the
+// input gradient is the forward convolution of grad_y with the weight transposed (O <-> I) and
+// flipped in both spatial axes, padded k - 1 - p: the same products and sums as backward-data.
+// oneDNN 2.6's bf16 forward kernel runs them faster than its backward-data kernel on the AVX512-BF16
+// kind (docs/conv.md: 196-203 against 221-233 ms for the 420 -> 1000 layer at batch 64, 2 threads);
+// in f32 the two are equal, so f32 keeps backward-data. MIXPREC_CONV_DGRAD=native turns it off.
+bool dgrad_as_forward(const ConvGeometry& g, DType t) {
+  return t == DType::bf16 && dgrad_as_forward_flag().load() && rewritable(g) && g.c > kFirstLayerChannels &&
+         g.oc > kFirstLayerChannels;
+}
+
+// The weight gradient as a forward convolution (wgrad_geometry): the same products, summed by a
+// kernel whose threads own their outputs, against oneDNN 2.6's backward-weights split over the
+// batch (one single-threaded primitive per thread and f32 partials summed after). bf16: 213-221 ms
+// against 236-261 for the 420 -> 1000 layer at batch 64; f32: as fast (the fp32 step 1473 against
+// 1476 ms), without the per-thread partial gradients (docs/conv.md). Its input channels are the
+// batch: from 16 images, so that the blocked kernel has whole channel blocks to work on. Not in f32
+// on a host without AVX512-BF16 or AMX-BF16 (where bf16 also computes in f32): on an AVX-512 Xeon
+// without them (Cascade Lake, 2026-11-27) the split ran the wide cnn's fp32 step in 1465-1998 ms
+// against 1822-2347 with the rewrite, three alternating pairs.
+bool wgrad_as_forward(const ConvGeometry& g, DType t) {
+  return (t == DType::bf16 || (t == DType::f32 && native_bf16())) && wgrad_as_forward_flag().load() && rewritable(g) &&
+         g.n >= 16 && g.c > kFirstLayerChannels;
+}
+
+// The weight gradient as one matmul per tap (cpu/conv_wgrad_gemm.cpp), where it beat the
+// forward-convolution rewrite on the AVX512-BF16 kind (2026-12-02, oneDNN alone, 2 threads, the
+// same minute; docs/conv.md, item 4). The 420 -> 1000 layer at 64 images of 14 x 14: bf16 144-152
+// ms (gemm:jit) against 186-193, f32 315-346 against 560-569. 256 x 256 at 64 images: bf16 28-29
+// against 30, f32 71-76 against 84. Smaller layers not faster: bf16 128 x 128 at 128 images 15
+// against 15, 32 -> 64 at 256 images 4.1-6.5 against 4.4 (f32 11.7-14.3 against 10.8). Hence from
+// kWgradGemmMinProducts weights per tap. f32 where the forward rewrite runs (a host with a bf16
+// unit). Not on AMX hosts, where nothing was measured and oneDNN runs other kernels.
+bool wgrad_as_gemm(const ConvGeometry& g, DType t) {
+  const WgradGemm mode = wgrad_gemm_mode().load();
+  if (mode == WgradGemm::off || !rewritable(g) || !native_bf16()) return false;
+  if (t != DType::bf16 && t != DType::f32) return false;
+  if (mode == WgradGemm::force) return true;
+  return g.oc * g.c >= kWgradGemmMinProducts && g.n >= 16 && !has_amx_bf16();
+}
+
+// The forward convolution that computes g's input gradient (its right padding, k - 1 - g's, follows
+// from the sizes in descs()).
+ConvGeometry dgrad_geometry(const ConvGeometry& g) {
+  ConvGeometry f = g;
+  f.c = g.oc, f.h = g.oh, f.w = g.ow;
+  f.oc = g.c, f.oh = g.h, f.ow = g.w;
+  f.pad_h = g.kh - 1 - g.pad_h, f.pad_w = g.kw - 1 - g.pad_w;
+  return f;
+}
+
+// w [OC, C, KH, KW] (16-bit) -> [C, OC, KH, KW], each kernel reversed in both axes.
+Tensor flipped_transposed(const Tensor& w, const ConvGeometry& g) {
+  const MemoryScope scope(MemCategory::workspace);
+  Tensor out = Tensor::empty({g.c, g.oc, g.kh, g.kw}, w.dtype());
+  const auto* src = static_cast<const uint16_t*>(w.data_ptr());
+  auto* dst = static_cast<uint16_t*>(out.data_ptr());
+  const int64_t taps = g.kh * g.kw;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < g.c; ++i)
+    for (int64_t o = 0; o < g.oc; ++o) {
+      const uint16_t* s = src + (o * g.c + i) * taps;
+      uint16_t* d = dst + (i * g.oc + o) * taps;
+      for (int64_t k = 0; k < taps; ++k) d[k] = s[taps - 1 - k];
+    }
+  return out;
+}
+
+void set_conv_dgrad_as_forward(bool on) { dgrad_as_forward_flag().store(on); }
+void set_conv_wgrad_as_forward(bool on) { wgrad_as_forward_flag().store(on); }
+void set_conv_wgrad_as_gemm(WgradGemm mode) { wgrad_gemm_mode().store(mode); }
+
+}  // namespace mixprec::kernels::cpu
