@@ -1,8 +1,10 @@
 // Fast CPU pooling: OpenMP over the N*C planes of an NCHW tensor, each plane converted to f32
 // once, pooled in f32 and stored rounded once. f32/bf16/f16; f64 goes to the reference. The
 // CNNs' 2x2/2 max pool instead runs over the whole tensor's rows in AVX-512 registers (AVX2 ones
-// on a host without AVX-512; no per-plane buffers) for its f32 forward and its backward passes in f32 and bf16 (bf16
-// widened and rounded in registers).
+// on a host without AVX-512; no per-plane buffers), forward and backward, in f32 and bf16 (bf16
+// widened in registers; the forward's maxima rounded in bulk, the gradients in registers).
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,6 +17,7 @@
 
 #include "core/parallel.h"
 #include "kernels/pool_window.h"
+#include "mixprec/allocator.h"
 #include "mixprec/convert.h"
 #include "mixprec/cpu.h"
 
@@ -132,9 +135,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i load_grad(co
 // nets' rows are 14 and 7 outputs wide, so a call, an index division and a zeroing per row cost
 // as much as the row). 16 outputs per step, masked for the last step of a row.
 
-// The 2x2/2 max pool over f32 rows. The argmax is narrowed in registers, then stored (vpmovdb
-// with a memory operand is microcoded and slow on AMD Zen).
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_avx512(const float* x, int64_t w, int64_t ow,
+// The 2x2/2 max pool over f32 or bf16 rows, the maxima in f32 (exactly a bf16 input's value). The
+// argmax is narrowed in registers, then stored (vpmovdb with a memory operand is microcoded and
+// slow on AMD Zen).
+template <class T>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_avx512(const T* x, int64_t w, int64_t ow,
                                                                               int64_t rows, float* out, uint8_t* arg) {
   for (int64_t j = 0; j < rows; ++j, x += 2 * w, out += ow, arg += ow)
     for (int64_t ox = 0; ox < ow; ox += 16) {
@@ -258,7 +263,8 @@ __attribute__((target("avx2"))) inline __m256i grad8(const uint16_t* gy, int64_t
   const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(low, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7f80));
   return _mm256_or_si256(low, _mm256_and_si256(nan, _mm256_set1_epi32(0x0040)));
 }
-__attribute__((target("avx2"))) void max_rows_2x2_avx2(const float* x, int64_t w, int64_t ow, int64_t rows, float* out,
+template <class T>
+__attribute__((target("avx2"))) void max_rows_2x2_avx2(const T* x, int64_t w, int64_t ow, int64_t rows, float* out,
                                                        uint8_t* arg) {
   for (int64_t j = 0; j < rows; ++j, x += 2 * w, out += ow, arg += ow)
     for (int64_t ox = 0; ox < ow; ox += 8) {
@@ -297,8 +303,9 @@ __attribute__((target("avx2"))) void max_rows_2x2_backward_from_input_avx2(const
 }
 
 // The row kernels of this host.
-void max_rows_2x2(const float* x, int64_t w, int64_t ow, int64_t rows, float* out, uint8_t* arg) {
-  (avx512_rows() ? max_rows_2x2_avx512 : max_rows_2x2_avx2)(x, w, ow, rows, out, arg);
+template <class T>
+void max_rows_2x2(const T* x, int64_t w, int64_t ow, int64_t rows, float* out, uint8_t* arg) {
+  (avx512_rows() ? max_rows_2x2_avx512<T> : max_rows_2x2_avx2<T>)(x, w, ow, rows, out, arg);
 }
 template <class T>
 void max_rows_2x2_backward(const T* gy, const uint8_t* arg, int64_t w, int64_t ow, int64_t rows, T* gx) {
@@ -317,12 +324,15 @@ void max_rows_2x2_backward_from_input(const T* x, const T* gy, int64_t w, int64_
 // across planes; otherwise a run is one plane, then zero_unreached(plane) after it.
 constexpr int64_t kRowBlock = 64;
 
+// Output rows per run (at most).
+int64_t row_run(const PoolGeometry& g) { return g.h == 2 * g.oh ? kRowBlock : g.oh; }
+
 template <class F>
 void for_row_runs(const PoolGeometry& g, F&& f) {
   const int64_t rows = g.n * g.c * g.oh;
   if (rows == 0) return;  // nothing to pool (and no run length to divide by where oh is 0)
   const bool across = g.h == 2 * g.oh;
-  const int64_t run = across ? kRowBlock : g.oh, runs = (rows + run - 1) / run;
+  const int64_t run = row_run(g), runs = (rows + run - 1) / run;
 #pragma omp parallel for schedule(static) if (detail::parallel_worth(rows * g.ow, 4096))
   for (int64_t k = 0; k < runs; ++k) {
     const int64_t r = k * run, n = std::min(run, rows - r);
@@ -341,17 +351,35 @@ const T* elems(const Tensor& t) {
   return static_cast<const T*>(t.data_ptr());
 }
 
-// The f32 forward over the tensor's rows. (bf16 goes through the plane buffers: measured with cold
-// caches on the AMD Zen 5 host, its row kernel stored slower than the plane's bulk rounding, 1.9
-// against 1.35 ms for the 256 x 32 x 28 x 28 pool; again with the row runs, storing the maxima's
-// high halves: 1.76 against 1.41 ms for the cnn 32/64's two pools, 6.5 against 4.3 for the wide
-// cnn's. The backward passes are as fast or faster by rows.)
+// The forward over the tensor's rows: f32 maxima stored as they are; bf16 ones staged in f32, a
+// run at a time, then rounded into dst by one bulk conversion (the plane path's bits). Storing a
+// bf16 row kernel's maxima from registers (masked 16-bit stores, 14 or 7 outputs a row) was slower
+// than the plane path on the AMD Zen 5 host, 1.76 against 1.41 ms for the cnn 32/64's two pools;
+// the plane path pays two conversion calls per plane (the cnn 32/64 has 24,576 planes of 784 or
+// 196 inputs). Staged, on the AMD Zen 4 host (2026-12-03, `bench --profile`, three alternating
+// pairs): the cnn 32/64's two pools 2.45-3.05 -> 1.77-2.00 ms, the wide cnn's 8.2-9.6 -> 5.1-6.4.
 void max_forward_2x2(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
-  const float* src = elems<float>(x);
-  float* dst = elems<float>(r.dst);
   uint8_t* arg = r.argmax.data<uint8_t>();
-  for_row_runs(g,
-               [&](int64_t o, int64_t i, int64_t rows) { max_rows_2x2(src + i, g.w, g.ow, rows, dst + o, arg + o); });
+  if (x.dtype() == DType::f32) {
+    const float* src = elems<float>(x);
+    float* dst = elems<float>(r.dst);
+    for_row_runs(g,
+                 [&](int64_t o, int64_t i, int64_t rows) { max_rows_2x2(src + i, g.w, g.ow, rows, dst + o, arg + o); });
+    return;
+  }
+  const uint16_t* src = elems<uint16_t>(x);
+  const int64_t stage_len = row_run(g) * g.ow;  // a thread's staged maxima
+  Tensor stage;
+  {
+    const MemoryScope scope(MemCategory::workspace);
+    stage = Tensor::empty({omp_get_max_threads(), stage_len}, DType::f32);
+  }
+  float* const stages = elems<float>(stage);
+  for_row_runs(g, [&](int64_t o, int64_t i, int64_t rows) {
+    float* const mine = stages + int64_t(omp_get_thread_num()) * stage_len;
+    max_rows_2x2(src + i, g.w, g.ow, rows, mine, arg + o);
+    store_f32(r.dst, o, rows * g.ow, mine);
+  });
 }
 
 // The inputs no window reaches in a run of `rows` row pairs from gx (a last odd column of each
@@ -425,7 +453,7 @@ void for_planes(const PoolGeometry& g, F&& f) {
 
 bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
   if (!f32_compute(x.dtype()) || !x.is_contiguous()) return false;
-  if (x.dtype() == DType::f32 && tensor_2x2(g, x.dtype())) {
+  if (tensor_2x2(g, x.dtype())) {
     max_forward_2x2(x, g, r);
     return true;
   }
