@@ -83,7 +83,13 @@ def host(cli):
         pass
     devices = run([cli, "devices"])
     cpu = next((line.split(":", 1)[1].strip() for line in devices.splitlines() if line.startswith("cpu:")), "?")
-    kind = "Intel, AMX-BF16" if "AMX-BF16" in cpu else ("AVX512-BF16 only" if "AVX512-BF16" in cpu else "other")
+    # `mixprec devices` ends the line with where bf16 products compute, in brackets.
+    if "AMX-BF16" in cpu:
+        kind = "Intel, AMX-BF16"
+    elif "AVX512-BF16" in cpu:
+        kind = "AVX512-BF16 only, " + ("bf16 products in f32 where large" if "in f32" in cpu else "bf16 products native")
+    else:
+        kind = "other"
     return {"model": model, "features": cpu, "kind": kind, "cores": os.cpu_count()}
 
 

@@ -238,7 +238,7 @@ constexpr kernels::cpu::ConvPass kConvPasses[] = {
 // Every pass of an f32 and a bf16 convolution reaches one of oneDNN's optimised implementations
 // (not its reference one), on any host; bf16 where oneDNN has bf16 convolutions, which all need
 // AVX-512 in oneDNN 2.6 (an AVX2 host has none: the op widens bf16 to f32 there, as
-// ProfileHost.Bf16WithoutNativeBf16RunsOneDnnsF32Kernels checks).
+// ProfileHost.Bf16InF32RunsOneDnnsF32Kernels checks).
 TEST(ConvFast, UsesOneDnnsOptimisedImplementations) {
   const kernels::ConvGeometry g = impl_test_geometry();
   std::vector<DType> types{DType::f32};

@@ -173,7 +173,7 @@ constexpr Combo kCombos[] = {{DType::f32, DType::f32}, {DType::bf16, DType::bf16
 
 // The combinations this host's oneDNN computes: bf16 only where it has a bf16 matmul (an AVX-512
 // host; not an AVX2 one, where the op layer widens bf16 to f32 instead, which
-// ProfileHost.Bf16WithoutNativeBf16RunsOneDnnsF32Kernels checks). Says so when it leaves bf16 out.
+// ProfileHost.Bf16InF32RunsOneDnnsF32Kernels checks). Says so when it leaves bf16 out.
 std::vector<Combo> host_combos() {
   if (matmul_has_bf16()) return {std::begin(kCombos), std::end(kCombos)};
   std::printf("[ skipped  ] bf16 combinations: oneDNN has no bf16 matmul on this host (ISA %s)\n",
@@ -415,7 +415,7 @@ std::vector<MatmulArgs> mlp_products(Combo d) {
 // has no brgemm matmul, its JIT GEMM. bf16 only where the host computes in bf16 (AVX512-BF16 or
 // AMX-BF16): without either, oneDNN emulates bf16 through f32 in gemm:jit (an AVX-512 Xeon without
 // BF16, 2026-11-27), or has no bf16 at all (AVX2), so mixprec's matmul widens bf16 to f32 there
-// instead (ProfileHost.Bf16WithoutNativeBf16RunsOneDnnsF32Kernels).
+// instead (ProfileHost.Bf16InF32RunsOneDnnsF32Kernels).
 TEST(DnnlMatmul, MlpProductsUseFastKernels) {
   const bool native_bf16 = has_avx512_bf16() || has_amx_bf16();
   const std::string fast = dnnl_isa_name().rfind("avx512", 0) == 0 ? "brg:" : "gemm:jit";

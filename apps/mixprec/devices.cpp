@@ -16,7 +16,7 @@ std::string version_text() {
 namespace {
 
 int cmd_devices() {
-  std::printf("cpu: %s\n", mixprec::cpu::describe().c_str());
+  std::printf("cpu: %s (%s)\n", mixprec::cpu::describe().c_str(), mixprec::cpu::describe_bf16_products().c_str());
   const auto gpus = cuda::devices();
   if (gpus.empty()) {
     std::printf("cuda: none (%s)\n", cuda::unavailable_reason().c_str());

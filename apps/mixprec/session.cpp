@@ -40,12 +40,14 @@ Precision resolve_precision(const std::string& name, const Device& device) {
     return p;
   }
   if (name == "auto") {
-    const bool amx = cpu::has_amx_bf16(), avx = cpu::has_avx512_bf16();
-    // Without AMX or AVX512-BF16, bf16 math is emulated and slower than f32: stay in f32.
-    Precision p = resolve_precision(amx || avx ? "amp-bf16" : "fp32");
-    p.why = amx   ? "the CPU has AMX-BF16"
-            : avx ? "the CPU has AVX512-BF16"
-                  : "the CPU has neither AMX-BF16 nor AVX512-BF16";
+    // bf16 only where its products outrun f32's (AMX, or AVX512-BF16 on AMD): elsewhere a bf16 step
+    // computes its products in f32 and adds the casts, so f32 is the faster step.
+    const bool fast = cpu::bf16_products_outrun_f32();
+    Precision p = resolve_precision(fast ? "amp-bf16" : "fp32");
+    p.why = cpu::has_amx_bf16()      ? "the CPU has AMX-BF16"
+            : fast                   ? "the CPU has AVX512-BF16 (AMD: bf16 products at twice f32's rate)"
+            : cpu::has_avx512_bf16() ? "the CPU's AVX512-BF16 without AMX (Intel) runs bf16 products no faster than f32"
+                                     : "the CPU has neither AMX-BF16 nor AVX512-BF16";
     return p;
   }
   Precision p;

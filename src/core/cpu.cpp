@@ -11,6 +11,7 @@ namespace {
 
 struct Features {
   bool avx512f = false, avx512bw = false, avx512_bf16 = false, avx512_fp16 = false, amx_bf16 = false;
+  bool amd = false;
 };
 
 // XCR0: which register states the OS saves on context switch. Read with inline asm so this
@@ -24,6 +25,11 @@ uint64_t read_xcr0() {
 Features detect() {
   Features f;
   unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d)) {
+    // The vendor string is EBX, EDX, ECX: "AuthenticAMD", or "HygonGenuine" (Zen cores under license).
+    f.amd = (b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163) ||
+            (b == 0x6f677948 && d == 0x6e65476e && c == 0x656e6975);
+  }
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return f;  // OSXSAVE
   const uint64_t xcr0 = read_xcr0();
   const bool os_avx512 = (xcr0 & 0xE6) == 0xE6;               // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
@@ -60,6 +66,15 @@ bool has_avx512bw() { return features().avx512bw; }
 bool has_avx512_bf16() { return features().avx512_bf16; }
 bool has_avx512_fp16() { return features().avx512_fp16; }
 bool has_amx_bf16() { return features().amx_bf16; }
+bool is_amd() { return features().amd; }
+bool bf16_products_outrun_f32() { return has_amx_bf16() || (has_avx512_bf16() && is_amd()); }
+
+std::string describe_bf16_products() {
+  if (has_amx_bf16()) return "bf16 products on AMX tiles";
+  if (has_avx512_bf16() && is_amd()) return "bf16 products by AVX512-BF16 (AMD: twice f32's flops a cycle)";
+  if (has_avx512_bf16()) return "bf16 products in f32: Intel AVX512-BF16 without AMX runs them at f32's rate at best";
+  return "bf16 products in f32: no bf16 unit";
+}
 
 std::string describe() {
   std::string s;

@@ -389,9 +389,6 @@ void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector
     if (e.outputs[i].reorder) run_reorder(e.outputs[i], staged[i], memory(e.outputs[i].user, dnnl_engine(), out[i]));
 }
 
-// A 16-bit dtype oneDNN has no convolution for on this host: computed in f32 (conv2d_forward).
-bool emulated_16bit(DType t) { return t == DType::f16 || (t == DType::bf16 && !native_bf16()); }
-
 bool shapes_ok(const ConvGeometry& g) {
   return g.n > 0 && g.c > 0 && g.oc > 0 && g.oh > 0 && g.ow > 0 && g.h > 0 && g.w > 0;
 }
@@ -503,13 +500,14 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   // oneDNN has no f16 on CPU, and without AVX512-BF16 or AMX-BF16 its bf16 convolutions are not
   // there either (ours then ran the reference loops: 4.4 s for a batch-32 cnn-bn amp-bf16 step on
   // an AVX-512 Xeon without BF16, 2026-11-27): f32 math, 16-bit storage, one rounding as before.
-  if (emulated_16bit(x.dtype())) {
+  // Wide bf16 layers on Intel's AVX512-BF16 without AMX take the same road (conv_in_f32).
+  if (conv_in_f32(g, x.dtype())) {
     Tensor dst32 = Tensor::empty(dst.shape(), DType::f32);
     if (!conv2d_forward(as_f32(x), as_f32(weight), as_f32(bias), g, relu, dst32)) return false;
     kernels::copy(dst32, dst);
     return true;
   }
-  if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && native_bf16())) return false;
+  if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && bf16_unit())) return false;
   if (bias.defined() && bias.dtype() != DType::f32 && bias.dtype() != x.dtype()) return false;
   if (weight.dtype() == x.dtype() && first_layer_applies(g, x.dtype())) {
     forward_first_layer(x, weight, bias, g, relu, dst);
@@ -531,7 +529,7 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
   if (!shapes_ok(g) || !dense(grad_y) || !dense(x) || !dense(weight)) return false;
   const bool need_x = out.x.defined(), need_w = out.weight.defined(), need_b = out.bias.defined();
   const DType t = grad_y.dtype();
-  if (emulated_16bit(t)) {
+  if (conv_in_f32(g, t)) {
     ConvGrads o32;
     if (need_x) o32.x = Tensor::empty(out.x.shape(), DType::f32);
     if (need_w) o32.weight = Tensor::empty(out.weight.shape(), DType::f32);
@@ -543,7 +541,7 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
     if (need_b) kernels::copy(o32.bias, out.bias);
     return true;
   }
-  if (t != DType::f32 && !(t == DType::bf16 && native_bf16())) return false;
+  if (t != DType::f32 && !(t == DType::bf16 && bf16_unit())) return false;
   if (need_b && out.bias.dtype() != DType::f32 && out.bias.dtype() != t) return false;
   // The weight gradient: mixprec's kernel for a short bf16 contraction, one matmul per tap (gemm),
   // a forward convolution (wf), oneDNN's backward-weights split over the batch, or one oneDNN

@@ -38,6 +38,9 @@ std::atomic<WgradGemm>& wgrad_gemm_mode() {
 }
 
 // One group, stride 1, no dilation, padding at most k - 1 on each side: what both rewrites need.
+// conv_in_f32's narrowest layer on the by_size kind (both channel counts).
+constexpr int64_t kBf16InF32MinChannels = 128;
+
 bool rewritable(const ConvGeometry& g) {
   if (g.groups != 1) return false;
   if (g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1) return false;
@@ -62,6 +65,27 @@ bool small_k_wgrad(const ConvGeometry& g, DType t) {
   return t == DType::f32 ? lanes != Lanes::none : t == DType::bf16 && lanes == Lanes::avx512;
 }
 
+// On the by_size kind (dnnl_common.h: Intel's AVX512-BF16 without AMX, where VDPBF16PS has the f32
+// FMAs' flops a cycle) a bf16 layer of at least 128 input and 128 output channels computes in f32:
+// oneDNN 2.6's f32 kernels ran its forward and both gradients faster than its bf16 ones there, the
+// casts included, and narrower layers are bandwidth-bound, where bf16's halved bytes win. One layer
+// at 14 x 14, forward and backward, best of 5 interleaved (Emerald Rapids guest, 2 cores,
+// 2026-12-03), f32/bf16 time: 32 -> 64 at 256 images 1.06, 64 -> 64 0.98, 128 -> 128 0.87,
+// 128 -> 256 0.97, 256 -> 256 0.82, 420 -> 1000 0.68. First layers keep mixprec's bf16 kernels.
+bool conv_in_f32(const ConvGeometry& g, DType t) {
+  if (t == DType::f16) return true;
+  if (t != DType::bf16) return false;
+  switch (bf16_math()) {
+    case Bf16Math::native:
+      return false;
+    case Bf16Math::f32:
+      return true;
+    case Bf16Math::by_size:
+      break;
+  }
+  return g.c >= kBf16InF32MinChannels && g.oc >= kBf16InF32MinChannels;
+}
+
 // For a stride-1, undilated, one-group convolution with padding at most k - 1 on each side, the
 // input gradient is the forward convolution of grad_y with the weight transposed (O <-> I) and
 // flipped in both spatial axes, padded k - 1 - p: the same products and sums as backward-data.
@@ -83,7 +107,7 @@ bool dgrad_as_forward(const ConvGeometry& g, DType t) {
 // without them (Cascade Lake, 2026-11-27) the split ran the wide cnn's fp32 step in 1465-1998 ms
 // against 1822-2347 with the rewrite, three alternating pairs.
 bool wgrad_as_forward(const ConvGeometry& g, DType t) {
-  return (t == DType::bf16 || (t == DType::f32 && native_bf16())) && wgrad_as_forward_flag().load() && rewritable(g) &&
+  return (t == DType::bf16 || (t == DType::f32 && bf16_unit())) && wgrad_as_forward_flag().load() && rewritable(g) &&
          g.n >= 16 && g.c > kFirstLayerChannels;
 }
 
@@ -97,7 +121,7 @@ bool wgrad_as_forward(const ConvGeometry& g, DType t) {
 // unit). Not on AMX hosts, where nothing was measured and oneDNN runs other kernels.
 bool wgrad_as_gemm(const ConvGeometry& g, DType t) {
   const WgradGemm mode = wgrad_gemm_mode().load();
-  if (mode == WgradGemm::off || !rewritable(g) || !native_bf16()) return false;
+  if (mode == WgradGemm::off || !rewritable(g) || !bf16_unit()) return false;
   if (t != DType::bf16 && t != DType::f32) return false;
   if (mode == WgradGemm::force) return true;
   return g.oc * g.c >= kWgradGemmMinProducts && g.n >= 16 && !has_amx_bf16();

@@ -1,6 +1,10 @@
 // oneDNN engine/stream, dtype mapping, user scratchpads and CPU feature queries (see dnnl_common.h).
 #include "kernels/cpu/dnnl_common.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
+
 #include "mixprec/allocator.h"
 #include "mixprec/cpu.h"
 #include "mixprec/error.h"
@@ -39,7 +43,32 @@ dnnl::primitive_attr user_scratchpad_attr() {
 
 bool has_avx512_bf16() { return mixprec::cpu::has_avx512_bf16(); }
 bool has_amx_bf16() { return mixprec::cpu::has_amx_bf16(); }
-bool native_bf16() { return has_avx512_bf16() || has_amx_bf16(); }
+bool bf16_unit() { return has_avx512_bf16() || has_amx_bf16(); }
+
+namespace {
+std::atomic<Bf16Products>& bf16_products() {
+  static std::atomic<Bf16Products> p{[] {
+    const char* env = std::getenv("MIXPREC_BF16_PRODUCTS");
+    const std::string_view v = env != nullptr ? env : "";
+    return v == "native" ? Bf16Products::native : v == "f32" ? Bf16Products::f32 : Bf16Products::host_rule;
+  }()};
+  return p;
+}
+}  // namespace
+
+Bf16Math bf16_math() {
+  if (!bf16_unit()) return Bf16Math::f32;
+  switch (bf16_products().load()) {
+    case Bf16Products::native:
+      return Bf16Math::native;
+    case Bf16Products::f32:
+      return Bf16Math::f32;
+    case Bf16Products::host_rule:
+      break;
+  }
+  return mixprec::cpu::bf16_products_outrun_f32() ? Bf16Math::native : Bf16Math::by_size;
+}
+Bf16Products set_bf16_products(Bf16Products p) { return bf16_products().exchange(p); }
 
 std::string dnnl_isa_name() {
   using isa = dnnl::cpu_isa;

@@ -34,9 +34,21 @@ dnnl::primitive_attr user_scratchpad_attr();
 // CPU features (mixprec/cpu.h: cpuid and XCR0, hardware and OS support both required).
 bool has_avx512_bf16();
 bool has_amx_bf16();
-// Whether oneDNN computes in bf16 on this CPU (AVX512-BF16 or AMX-BF16). Without either its bf16
-// matmul is an emulation through f32 and it has no bf16 convolution: the kernels widen to f32.
-bool native_bf16();
+// Whether the CPU has a bf16 unit oneDNN runs bf16 kernels on (AVX512-BF16 or AMX-BF16). Without
+// either its bf16 matmul is an emulation through f32 and it has no bf16 convolution.
+bool bf16_unit();
+// Where bf16 matmuls and convolutions compute. native: on a bf16 unit whose products outrun f32's
+// (mixprec::cpu::bf16_products_outrun_f32: AMX, or AVX512-BF16 on AMD). f32: without a bf16 unit;
+// the kernels widen to f32, run oneDNN's f32 primitive and round once on store, as for f16.
+// by_size: a bf16 unit whose products run at f32's rate at best (Intel's AVX512-BF16 without AMX),
+// where oneDNN's bf16 kernels ran at 0.6-0.8x its f32 ones on large products but win on small ones,
+// whose casts would cost more than the products: each op decides by its shape (matmul.cpp,
+// conv_paths.cpp). MIXPREC_BF16_PRODUCTS=native (where the host has a bf16 unit) or =f32 overrides
+// the host's rule; set_bf16_products does for tests (it returns the setting it replaced).
+enum class Bf16Math { native, f32, by_size };
+Bf16Math bf16_math();
+enum class Bf16Products { host_rule, native, f32 };
+Bf16Products set_bf16_products(Bf16Products p);
 // The ISA oneDNN dispatches to, e.g. "avx512_core_amx" (ONEDNN_MAX_CPU_ISA can lower it).
 std::string dnnl_isa_name();
 

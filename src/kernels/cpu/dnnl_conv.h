@@ -79,6 +79,9 @@ bool small_k_wgrad(const ConvGeometry& g, DType t);     // backward_weights_smal
 bool wgrad_as_gemm(const ConvGeometry& g, DType t);     // backward_weights_as_gemm
 bool wgrad_as_forward(const ConvGeometry& g, DType t);  // ConvPass::weights_as_forward
 bool split_wgrad(const ConvGeometry& g);                // backward-weights split over the batch
+// A 16-bit convolution oneDNN has no kernel for on this host (f16; bf16 without a bf16 unit), or
+// whose bf16 products run faster widened to f32 (Bf16Math::by_size): computed in f32, 16-bit storage.
+bool conv_in_f32(const ConvGeometry& g, DType t);
 // bf16 backward-data as the forward convolution (dgrad_geometry) of grad_y with the weight
 // transposed (O <-> I) and flipped in both spatial axes (flipped_transposed, 16-bit weights).
 bool dgrad_as_forward(const ConvGeometry& g, DType t);

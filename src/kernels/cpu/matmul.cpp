@@ -3,13 +3,40 @@
 // and the result rounded to f16 once on store: f16 storage, range and rounding stay real (design
 // decision 4). bf16 on a host without either takes the same road: oneDNN's own bf16 matmul there
 // (gemm:jit converting to f32, with packing buffers outside our allocator) ran the MLP's amp-bf16
-// step at 2.7x the time of its fp32 step on an AVX-512 Xeon without BF16 (2026-11-27).
+// step at 2.7x the time of its fp32 step on an AVX-512 Xeon without BF16 (2026-11-27). So do large
+// bf16 products on Intel's AVX512-BF16 without AMX (bf16_in_f32).
 #include "kernels/matmul.h"
 #include "kernels/cpu/dnnl_common.h"
 #include "kernels/cpu/dnnl_matmul.h"
 #include "kernels/shape.h"
 
 namespace mixprec::kernels::cpu {
+namespace {
+
+// On the by_size kind (dnnl_common.h: Intel's AVX512-BF16 without AMX) a bf16 product computes in
+// f32 where it has the work to pay for its casts: at least 2^26 flops and 64 flops per element of
+// its operands and result. A bf16 matmul through mixprec's kernel, best of 7 interleaved (Emerald
+// Rapids guest, 2 cores, 2026-12-03), f32/bf16 time by m x k x n: the MLP's 512 x 784 x 1024 0.64,
+// 512 x 1024 x 1024 0.75, 1024 x 512 x 1024 0.70; the gpt's 4096 x 128 x 384 0.90, 4096 x 128 x 81
+// 0.90, 128 x 4096 x 512 0.80, 4096 x 512 x 128 1.03; 1024^3 0.70. Losses: 512 x 1024 x 10 1.75,
+// 256 x 3136 x 10 3.12 (19 flops an element), 256^3 1.11, 128^3 1.14 (fewer than 2^26 flops).
+constexpr double kBf16InF32MinFlops = double(int64_t(1) << 26), kBf16InF32MinFlopsPerElement = 64;
+
+bool bf16_in_f32(int64_t batch, int64_t m, int64_t k, int64_t n) {
+  switch (bf16_math()) {
+    case Bf16Math::native:
+      return false;
+    case Bf16Math::f32:
+      return true;
+    case Bf16Math::by_size:
+      break;
+  }
+  const double flops = 2.0 * double(batch) * double(m) * double(k) * double(n);
+  const double elements = double(batch) * (double(m) * double(k) + double(k) * double(n) + double(m) * double(n));
+  return flops >= kBf16InF32MinFlops && flops >= kBf16InF32MinFlopsPerElement * elements;
+}
+
+}  // namespace
 
 bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) {
   const DType t = a.dtype();
@@ -18,7 +45,8 @@ bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
   if (b.dtype() != t || (rank != 2 && rank != 3) || b.dim() != rank || dst.dim() != rank || !dst.is_contiguous())
     return false;
   if (rank == 3 && (b.size(0) != a.size(0) || dst.size(0) != a.size(0))) return false;
-  if (t == DType::f16 || (t == DType::bf16 && !native_bf16())) {
+  const int64_t m = dst.size(r0), n = dst.size(r0 + 1), k = o.trans_a ? a.size(r0) : a.size(r0 + 1);
+  if (t == DType::f16 || (t == DType::bf16 && bf16_in_f32(rank == 3 ? dst.size(0) : 1, m, k, n))) {
     if (dst.dtype() != t && !(t == DType::bf16 && dst.dtype() == DType::f32)) return false;
     Tensor a32 = kernels::cast(a, DType::f32), b32 = kernels::cast(b, DType::f32);
     Tensor bias32 = o.bias ? kernels::cast(*o.bias, DType::f32) : Tensor();
@@ -35,9 +63,9 @@ bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
   MatmulArgs args;
   const auto as = [&](int64_t d) { return a.strides()[size_t(r0 + d)]; };
   const auto bs = [&](int64_t d) { return b.strides()[size_t(r0 + d)]; };
-  args.m = dst.size(r0);
-  args.n = dst.size(r0 + 1);
-  args.k = o.trans_a ? a.size(r0) : a.size(r0 + 1);
+  args.m = m;
+  args.n = n;
+  args.k = k;
   args.src_t = args.wei_t = t;
   args.dst_t = dst.dtype();
   args.src = a.data_ptr();

@@ -1,0 +1,167 @@
+// Timing probe (not a test) behind the by_size rule of kernels/cpu/dnnl_common.h (Bf16Math): on
+// this host, (1) one core's bf16 dot-product rate (VDPBF16PS) against its f32 FMA rate, in
+// register-only loops; (2) a bf16 matmul through mixprec's kernel on each road (oneDNN's bf16
+// kernel, or widened to f32 and rounded once), per shape; (3) the same for a bf16 convolution
+// layer, forward and backward. Roads interleaved, best of several, so that the machine's swings
+// hit both alike. The shapes are the models' (docs/hosts.md, "Intel Xeon without AMX").
+//
+//   cmake --build build --target bf16_road_probe
+//   OMP_WAIT_POLICY=passive build/bf16_road_probe [rates|matmul|conv ...]   (default: all three)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/dnnl_common.h"
+#include "kernels/matmul.h"
+#include "mixprec/autograd.h"
+#include "mixprec/cpu.h"
+#include "mixprec/ops.h"
+#include "mixprec/random.h"
+
+using namespace mixprec;
+using Road = kernels::cpu::Bf16Products;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Ten independent accumulators a loop (more than either instruction's latency times its issue rate).
+__attribute__((target("avx512f,avx512bf16"))) double dot_bf16_gflops(long n) {
+  __m512 a[10];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = x;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long i = 0; i < n; ++i) {
+    __asm__ volatile("" : "+v"(x), "+v"(y));
+    for (auto& v : a) v = _mm512_dpbf16_ps(v, x, y);
+  }
+  const double t = seconds_since(t0);
+  float s[16];
+  __m512 sum = a[0];
+  for (int i = 1; i < 10; ++i) sum = _mm512_add_ps(sum, a[i]);
+  _mm512_storeu_ps(s, sum);
+  std::fprintf(stderr, "%s", s[0] == 1 ? " " : "");
+  return double(n) * 10 * 64 / t / 1e9;  // 32 products and 32 additions an instruction
+}
+__attribute__((target("avx512f"))) double fma_f32_gflops(long n) {
+  __m512 a[10];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  __m512 x = _mm512_set1_ps(1), y = x;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long i = 0; i < n; ++i) {
+    __asm__ volatile("" : "+v"(x), "+v"(y));
+    for (auto& v : a) v = _mm512_fmadd_ps(x, y, v);
+  }
+  const double t = seconds_since(t0);
+  float s[16];
+  __m512 sum = a[0];
+  for (int i = 1; i < 10; ++i) sum = _mm512_add_ps(sum, a[i]);
+  _mm512_storeu_ps(s, sum);
+  std::fprintf(stderr, "%s", s[0] == 1 ? " " : "");
+  return double(n) * 10 * 32 / t / 1e9;
+}
+
+void rates() {
+  if (!cpu::has_avx512_bf16()) {
+    std::printf("rates: no AVX512-BF16 on this host\n");
+    return;
+  }
+  for (int r = 0; r < 3; ++r)
+    std::printf("one core: VDPBF16PS %.0f GFLOP/s, VFMADD231PS %.0f GFLOP/s\n", dot_bf16_gflops(100000000),
+                fma_f32_gflops(100000000));
+}
+
+// Runs fn once per road per repeat, interleaved; returns the best seconds of each road.
+template <class Fn>
+std::pair<double, double> best_of_roads(int repeats, int reps, Fn fn) {
+  double best[2] = {1e30, 1e30};
+  for (int r = 0; r < repeats; ++r)
+    for (int road = 0; road < 2; ++road) {
+      kernels::cpu::set_bf16_products(road == 0 ? Road::native : Road::f32);
+      fn();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) fn();
+      best[road] = std::min(best[road], seconds_since(t0) / reps);
+    }
+  kernels::cpu::set_bf16_products(Road::host_rule);
+  return {best[0], best[1]};
+}
+
+void matmuls() {
+  struct S {
+    int64_t m, k, n;
+    bool ta, tb;
+  };
+  const std::vector<S> shapes = {
+      {512, 784, 1024, false, true},    {512, 1024, 1024, false, true}, {512, 1024, 10, false, true},   // mlp forward
+      {512, 1024, 784, false, false},   {1024, 512, 1024, true, false},                                 // mlp backward
+      {256, 3136, 10, false, true},     {10, 256, 3136, true, false},                                   // cnn's fc
+      {4096, 128, 384, false, true},    {4096, 128, 512, false, true},  {4096, 512, 128, false, true},  // gpt
+      {4096, 128, 128, false, true},    {4096, 128, 81, false, true},   {128, 4096, 512, true, false},
+      {1024, 1024, 1024, false, false}, {256, 256, 256, false, false},  {128, 128, 128, false, false}};
+  Generator g(1);
+  for (const S& s : shapes) {
+    const Tensor a = Tensor::randn(s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k}, g, DType::bf16);
+    const Tensor b = Tensor::randn(s.tb ? Shape{s.n, s.k} : Shape{s.k, s.n}, g, DType::bf16);
+    Tensor d = Tensor::empty({s.m, s.n}, DType::bf16);
+    kernels::MatmulOpts o;
+    o.trans_a = s.ta, o.trans_b = s.tb;
+    const double flops = 2.0 * double(s.m) * double(s.k) * double(s.n);
+    const double elements = double(s.m * s.k + s.k * s.n + s.m * s.n);
+    const int reps = int(std::max(3.0, 2e8 / flops));
+    const auto [native, f32] = best_of_roads(7, reps, [&] { kernels::matmul(a, b, d, o); });
+    std::printf(
+        "matmul %5lld x %5lld x %5lld  %4.0f flops/element  bf16 %7.3f ms (%4.0f GFLOP/s)  "
+        "f32 %7.3f ms (%4.0f GFLOP/s)  f32/bf16 %.2f\n",
+        (long long)s.m, (long long)s.k, (long long)s.n, flops / elements, native * 1e3, flops / native / 1e9, f32 * 1e3,
+        flops / f32 / 1e9, f32 / native);
+  }
+}
+
+void convs() {
+  struct S {
+    int64_t n, c, oc, hw;
+  };
+  const std::vector<S> shapes = {{256, 32, 64, 14},  {64, 64, 64, 14},   {64, 128, 128, 14},
+                                 {64, 128, 256, 14}, {64, 256, 256, 14}, {64, 420, 1000, 14}};
+  Generator g(1);
+  for (const S& s : shapes) {
+    const Tensor x = Tensor::randn({s.n, s.c, s.hw, s.hw}, g, DType::bf16).set_requires_grad();
+    const Tensor w = Tensor::randn({s.oc, s.c, 3, 3}, g, DType::bf16).set_requires_grad();
+    const double flops = 3 * 2.0 * double(s.n * s.oc * s.c * 9 * s.hw * s.hw);  // forward and two gradients
+    const int reps = int(std::max(2.0, 3e9 / flops));
+    const auto [native, f32] =
+        best_of_roads(5, reps, [&] { ops::sum(ops::conv2d(x, w, Tensor(), {.padding = 1})).backward(); });
+    std::printf(
+        "conv %3lld images %4lld -> %4lld at %lldx%lld  bf16 %8.2f ms (%4.0f GFLOP/s)  f32 %8.2f ms "
+        "(%4.0f GFLOP/s)  f32/bf16 %.2f\n",
+        (long long)s.n, (long long)s.c, (long long)s.oc, (long long)s.hw, (long long)s.hw, native * 1e3,
+        flops / native / 1e9, f32 * 1e3, flops / f32 / 1e9, f32 / native);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::printf("%s (%s)\n", cpu::describe().c_str(), cpu::describe_bf16_products().c_str());
+  if (!(cpu::has_avx512_bf16() || cpu::has_amx_bf16())) {
+    std::printf("no bf16 unit: both roads are f32 here\n");
+    return 0;
+  }
+  auto wanted = [&](const char* what) {
+    if (argc < 2) return true;
+    for (int i = 1; i < argc; ++i)
+      if (std::strcmp(argv[i], what) == 0) return true;
+    return false;
+  };
+  if (wanted("rates")) rates();
+  if (wanted("matmul")) matmuls();
+  if (wanted("conv")) convs();
+  return 0;
+}

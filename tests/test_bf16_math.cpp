@@ -1,0 +1,167 @@
+// Where bf16 matmuls and convolutions compute (kernels/cpu/dnnl_common.h, Bf16Math): on the host's
+// bf16 unit, or widened to f32 and rounded once; on Intel's AVX512-BF16 without AMX, by each op's
+// shape. Both roads must give the reference's values, and each op must take the road its host kind
+// and shape say.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "conv_test_util.h"
+#include "kernels/cpu/dnnl_common.h"
+#include "mixprec/autograd.h"
+#include "mixprec/cpu.h"
+#include "mixprec/ops.h"
+#include "mixprec/profile.h"
+
+namespace mixprec {
+namespace {
+
+using kernels::cpu::Bf16Math;
+using kernels::cpu::Bf16Products;
+
+// Sets where bf16 products compute for the test's scope, then restores the setting it replaced.
+struct Bf16ProductsGuard {
+  explicit Bf16ProductsGuard(Bf16Products p) : prev(kernels::cpu::set_bf16_products(p)) {}
+  ~Bf16ProductsGuard() { kernels::cpu::set_bf16_products(prev); }
+  Bf16ProductsGuard(const Bf16ProductsGuard&) = delete;
+  Bf16ProductsGuard& operator=(const Bf16ProductsGuard&) = delete;
+  Bf16Products prev;
+};
+
+// The implementations the profile names for one op's matrix kernels, forward and backward.
+enum class Op { wide_linear, narrow_linear, wide_conv, narrow_conv };
+struct OpRun {
+  std::set<std::string> impls;
+  Tensor y, gx, gw, gb;
+};
+
+OpRun run_op(Op op, kernels::Backend be, uint64_t seed = 7) {
+  const kernels::BackendGuard backend(be);
+  Generator g(seed);
+  const DType t = DType::bf16;
+  Tensor x, w, b;
+  switch (op) {
+    case Op::wide_linear:  // 2^26.2 flops a product, 183 an element: f32 on the by_size kind
+      x = convtest::rand(g, {128, 512}, t), w = convtest::rand(g, {576, 512}, t, -0.5, 0.5);
+      break;
+    case Op::narrow_linear:  // 10 outputs: 19 flops an element, bf16 on every kind with a bf16 unit
+      x = convtest::rand(g, {128, 512}, t), w = convtest::rand(g, {10, 512}, t, -0.5, 0.5);
+      break;
+    case Op::wide_conv:  // 128 -> 128 channels: f32 on the by_size kind
+      x = convtest::rand(g, {4, 128, 6, 6}, t), w = convtest::rand(g, {128, 128, 3, 3}, t, -0.5, 0.5);
+      break;
+    case Op::narrow_conv:  // 32 -> 64: bf16 on every kind with a bf16 unit
+      x = convtest::rand(g, {4, 32, 6, 6}, t), w = convtest::rand(g, {64, 32, 3, 3}, t, -0.5, 0.5);
+      break;
+  }
+  b = convtest::rand(g, {w.size(0)}, t);
+  x.set_requires_grad(), w.set_requires_grad(), b.set_requires_grad();
+  const bool conv = op == Op::wide_conv || op == Op::narrow_conv;
+  OpRun r;
+  profile::start();
+  r.y = conv ? ops::conv2d(x, w, b, {.padding = 1}) : ops::linear(x, w, b);
+  r.y.backward(convtest::rand(g, r.y.shape(), t));
+  profile::stop();
+  for (const auto& row : profile::rows())
+    if (row.kernel == "matmul" || row.kernel.rfind("conv2d_", 0) == 0) r.impls.insert(row.impl);
+  r.gx = x.grad(), r.gw = w.grad(), r.gb = b.grad();
+  return r;
+}
+
+std::string joined(const std::set<std::string>& s) {
+  std::string out;
+  for (const auto& x : s) out += (out.empty() ? "" : " | ") + x;
+  return out;
+}
+
+// Whether the host's rule computes op in f32.
+bool rule_says_f32(Op op) {
+  switch (kernels::cpu::bf16_math()) {
+    case Bf16Math::native:
+      return false;
+    case Bf16Math::f32:
+      return true;
+    case Bf16Math::by_size:
+      break;
+  }
+  return op == Op::wide_linear || op == Op::wide_conv;
+}
+
+// AMX and AMD's AVX512-BF16 compute bf16 natively, Intel's AVX512-BF16 without AMX by shape, a host
+// without a bf16 unit in f32; the override forces either road where there is a unit.
+TEST(Bf16Math, TheHostKindDecides) {
+  const bool unit = cpu::has_avx512_bf16() || cpu::has_amx_bf16();
+  const Bf16Math m = kernels::cpu::bf16_math();
+  if (!unit) {
+    EXPECT_EQ(m, Bf16Math::f32);
+  } else if (cpu::has_amx_bf16() || cpu::is_amd()) {
+    EXPECT_EQ(m, Bf16Math::native) << cpu::describe_bf16_products();
+  } else {
+    EXPECT_EQ(m, Bf16Math::by_size) << cpu::describe_bf16_products();
+  }
+  const Bf16ProductsGuard f32(Bf16Products::f32);
+  EXPECT_EQ(kernels::cpu::bf16_math(), Bf16Math::f32);
+  kernels::cpu::set_bf16_products(Bf16Products::native);
+  EXPECT_EQ(kernels::cpu::bf16_math(), unit ? Bf16Math::native : Bf16Math::f32);  // no unit: nothing to force
+}
+
+// Each op runs the kernels of the road the host's rule picks for it: the same implementations as
+// with that road forced, and (on a host with a bf16 unit) not those of the other road.
+TEST(Bf16Math, EachOpTakesTheRoadItsHostKindAndShapeSay) {
+  const bool unit = cpu::has_avx512_bf16() || cpu::has_amx_bf16();
+  for (Op op : {Op::wide_linear, Op::narrow_linear, Op::wide_conv, Op::narrow_conv}) {
+    SCOPED_TRACE("op " + std::to_string(int(op)));
+    std::set<std::string> native, f32;
+    {
+      const Bf16ProductsGuard g(Bf16Products::native);
+      native = run_op(op, kernels::Backend::cpu).impls;
+    }
+    {
+      const Bf16ProductsGuard g(Bf16Products::f32);
+      f32 = run_op(op, kernels::Backend::cpu).impls;
+    }
+    const std::set<std::string> by_rule = run_op(op, kernels::Backend::cpu).impls;
+    EXPECT_EQ(by_rule, rule_says_f32(op) ? f32 : native)
+        << "rule: " << joined(by_rule) << "; native: " << joined(native) << "; f32: " << joined(f32);
+    for (const auto& impl : f32) EXPECT_EQ(impl.find("bf16"), std::string::npos) << impl;
+    if (unit) {
+      EXPECT_NE(native, f32) << joined(native);
+    }
+  }
+}
+
+// Both roads agree with the reference kernels within one bf16 rounding of an f32 sum's bound.
+TEST(Bf16Math, BothRoadsMatchTheReference) {
+  const bool unit = cpu::has_avx512_bf16() || cpu::has_amx_bf16();
+  for (Op op : {Op::wide_linear, Op::narrow_linear, Op::wide_conv, Op::narrow_conv}) {
+    const bool conv = op == Op::wide_conv || op == Op::narrow_conv;
+    const OpRun ref = run_op(op, kernels::Backend::ref);
+    for (Bf16Products road : {Bf16Products::native, Bf16Products::f32}) {
+      if (road == Bf16Products::native && !unit) continue;
+      SCOPED_TRACE("op " + std::to_string(int(op)) + (road == Bf16Products::native ? " native" : " f32"));
+      const Bf16ProductsGuard g(road);
+      const OpRun fast = run_op(op, kernels::Backend::cpu);
+      // Terms of each sum: the contraction length (forward, input gradient) and the batch
+      // positions (weight and bias gradients); the bound scales with the sum of |terms|, which
+      // this test bounds by the terms' count (every input in [-1, 1)).
+      const double k_fwd = conv ? double(ref.gw.size(1) * 9) : 512.0;
+      const double k_gx = conv ? double(ref.gw.size(0) * 9) : double(ref.gw.size(0));
+      const double k_gw = conv ? 4.0 * 36 : 128.0;
+      auto bound = [](const Tensor& r, double terms) {
+        const std::vector<double> v = r.to_vector_f64();
+        return [v, terms, t = r.dtype()](size_t i) {
+          return 2 * testutil::ulp_of(t, v[i]) + terms * convtest::kU32 * terms;
+        };
+      };
+      EXPECT_TRUE(convtest::close(fast.y, ref.y, bound(ref.y, k_fwd), "forward"));
+      EXPECT_TRUE(convtest::close(fast.gx, ref.gx, bound(ref.gx, k_gx), "input gradient"));
+      EXPECT_TRUE(convtest::close(fast.gw, ref.gw, bound(ref.gw, k_gw), "weight gradient"));
+      EXPECT_TRUE(convtest::close(fast.gb, ref.gb, bound(ref.gb, k_gw), "bias gradient"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mixprec
