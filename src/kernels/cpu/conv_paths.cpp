@@ -23,9 +23,10 @@ std::atomic<bool>& dgrad_as_forward_flag() {
   static std::atomic<bool> on{!native_asked("MIXPREC_CONV_DGRAD")};
   return on;
 }
-std::atomic<bool>& wgrad_as_forward_flag() {
-  static std::atomic<bool> on{!native_asked("MIXPREC_CONV_WGRAD")};
-  return on;
+std::atomic<WgradForward>& wgrad_as_forward_mode() {
+  static std::atomic<WgradForward> mode{native_asked("MIXPREC_CONV_WGRAD") ? WgradForward::off
+                                                                           : WgradForward::where_faster};
+  return mode;
 }
 
 std::atomic<WgradGemm>& wgrad_gemm_mode() {
@@ -105,10 +106,17 @@ bool dgrad_as_forward(const ConvGeometry& g, DType t) {
 // batch: from 16 images, so that the blocked kernel has whole channel blocks to work on. Not in f32
 // on a host without AVX512-BF16 or AMX-BF16 (where bf16 also computes in f32): on an AVX-512 Xeon
 // without them (Cascade Lake, 2026-11-27) the split ran the wide cnn's fp32 step in 1465-1998 ms
-// against 1822-2347 with the rewrite, three alternating pairs.
+// against 1822-2347 with the rewrite, three alternating pairs. Nor on Intel's AVX512-BF16 without
+// AMX (the by_size kind), where the split ran faster in f32 and in bf16: `bench/ab.py` with
+// MIXPREC_CONV_WGRAD=native, B/A medians of 4 interleaved repeats (Emerald Rapids guest, 2 cores,
+// 2026-12-03): cnn 32/64 fp32 0.85, amp-bf16 0.92, cnn-bn fp32 0.79; the default cnn and the wide
+// one (whose wide layer runs as matmuls) within noise.
 bool wgrad_as_forward(const ConvGeometry& g, DType t) {
-  return (t == DType::bf16 || (t == DType::f32 && bf16_unit())) && wgrad_as_forward_flag().load() && rewritable(g) &&
-         g.n >= 16 && g.c > kFirstLayerChannels;
+  const WgradForward mode = wgrad_as_forward_mode().load();
+  if (mode == WgradForward::off || (t != DType::bf16 && t != DType::f32) || !rewritable(g) || g.n < 16 ||
+      g.c <= kFirstLayerChannels)
+    return false;
+  return mode == WgradForward::force || (!by_size_kind() && (t == DType::bf16 || bf16_unit()));
 }
 
 // The weight gradient as one matmul per tap (cpu/conv_wgrad_gemm.cpp), where it beat the
@@ -155,7 +163,7 @@ Tensor flipped_transposed(const Tensor& w, const ConvGeometry& g) {
 }
 
 void set_conv_dgrad_as_forward(bool on) { dgrad_as_forward_flag().store(on); }
-void set_conv_wgrad_as_forward(bool on) { wgrad_as_forward_flag().store(on); }
+void set_conv_wgrad_as_forward(WgradForward mode) { wgrad_as_forward_mode().store(mode); }
 void set_conv_wgrad_as_gemm(WgradGemm mode) { wgrad_gemm_mode().store(mode); }
 
 }  // namespace mixprec::kernels::cpu

@@ -56,6 +56,8 @@ std::atomic<Bf16Products>& bf16_products() {
 }
 }  // namespace
 
+bool by_size_kind() { return bf16_unit() && !mixprec::cpu::bf16_products_outrun_f32(); }
+
 Bf16Math bf16_math() {
   if (!bf16_unit()) return Bf16Math::f32;
   switch (bf16_products().load()) {
@@ -66,7 +68,7 @@ Bf16Math bf16_math() {
     case Bf16Products::host_rule:
       break;
   }
-  return mixprec::cpu::bf16_products_outrun_f32() ? Bf16Math::native : Bf16Math::by_size;
+  return by_size_kind() ? Bf16Math::by_size : Bf16Math::native;
 }
 Bf16Products set_bf16_products(Bf16Products p) { return bf16_products().exchange(p); }
 

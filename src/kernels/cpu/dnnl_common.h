@@ -47,6 +47,9 @@ bool bf16_unit();
 // the host's rule; set_bf16_products does for tests (it returns the setting it replaced).
 enum class Bf16Math { native, f32, by_size };
 Bf16Math bf16_math();
+// Whether this is the by_size kind by its hardware alone (a bf16 unit whose products do not outrun
+// f32's), whatever MIXPREC_BF16_PRODUCTS says: for path choices measured on that kind.
+bool by_size_kind();
 enum class Bf16Products { host_rule, native, f32 };
 Bf16Products set_bf16_products(Bf16Products p);
 // The ISA oneDNN dispatches to, e.g. "avx512_core_amx" (ONEDNN_MAX_CPU_ISA can lower it).

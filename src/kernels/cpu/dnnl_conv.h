@@ -61,8 +61,11 @@ void conv_bias_gradient(const Tensor& grad_y, const ConvGeometry& g, Tensor& bia
 // Whether a bf16 backward-data that can run as the forward convolution of grad_y with the flipped,
 // transposed weight does (default on; MIXPREC_CONV_DGRAD=native starts it off): cpu/conv_paths.cpp.
 void set_conv_dgrad_as_forward(bool on);
-// The same for the weight gradient (MIXPREC_CONV_WGRAD=native starts it off): cpu/conv_paths.cpp.
-void set_conv_wgrad_as_forward(bool on);
+// Whether the weight gradient runs as a forward convolution (wgrad_as_forward): where the host kind
+// and the layer say (the default; MIXPREC_CONV_WGRAD=native starts it off), never, or wherever the
+// geometry allows on any host kind (tests): cpu/conv_paths.cpp.
+enum class WgradForward { off, where_faster, force };
+void set_conv_wgrad_as_forward(WgradForward mode);
 // Whether the weight gradient of a wide stride-1 layer runs as one matmul per tap
 // (backward_weights_as_gemm) rather than as a forward convolution: by default where the layer has
 // at least kWgradGemmMinProducts weight elements per tap and the host has no AMX-BF16
