@@ -49,11 +49,11 @@ OpRun run_op(Op op, kernels::Backend be, uint64_t seed = 7) {
     case Op::narrow_linear:  // 10 outputs: 19 flops an element, bf16 on every kind with a bf16 unit
       x = convtest::rand(g, {128, 512}, t), w = convtest::rand(g, {10, 512}, t, -0.5, 0.5);
       break;
-    case Op::wide_conv:  // 128 -> 128 channels: f32 on the by_size kind
+    case Op::wide_conv:  // 128 -> 128 channels (from 2048 weights a tap): f32 on the by_size kind
       x = convtest::rand(g, {4, 128, 6, 6}, t), w = convtest::rand(g, {128, 128, 3, 3}, t, -0.5, 0.5);
       break;
-    case Op::narrow_conv:  // 32 -> 64: bf16 on every kind with a bf16 unit
-      x = convtest::rand(g, {4, 32, 6, 6}, t), w = convtest::rand(g, {64, 32, 3, 3}, t, -0.5, 0.5);
+    case Op::narrow_conv:  // 16 -> 32: bf16 on every kind with a bf16 unit
+      x = convtest::rand(g, {4, 16, 6, 6}, t), w = convtest::rand(g, {32, 16, 3, 3}, t, -0.5, 0.5);
       break;
   }
   b = convtest::rand(g, {w.size(0)}, t);

@@ -39,8 +39,8 @@ std::atomic<WgradGemm>& wgrad_gemm_mode() {
 }
 
 // One group, stride 1, no dilation, padding at most k - 1 on each side: what both rewrites need.
-// conv_in_f32's narrowest layer on the by_size kind (both channel counts).
-constexpr int64_t kBf16InF32MinChannels = 128;
+// conv_in_f32's narrowest layer on the by_size kind, in weights per tap (32 -> 64).
+constexpr int64_t kBf16InF32MinProducts = 2048;
 
 bool rewritable(const ConvGeometry& g) {
   if (g.groups != 1) return false;
@@ -67,12 +67,12 @@ bool small_k_wgrad(const ConvGeometry& g, DType t) {
 }
 
 // On the by_size kind (dnnl_common.h: Intel's AVX512-BF16 without AMX, where VDPBF16PS has the f32
-// FMAs' flops a cycle) a bf16 layer of at least 128 input and 128 output channels computes in f32:
-// oneDNN 2.6's f32 kernels ran its forward and both gradients faster than its bf16 ones there, the
-// casts included, and narrower layers are bandwidth-bound, where bf16's halved bytes win. One layer
-// at 14 x 14, forward and backward, best of 5 interleaved (Emerald Rapids guest, 2 cores,
-// 2026-12-03), f32/bf16 time: 32 -> 64 at 256 images 1.06, 64 -> 64 0.98, 128 -> 128 0.87,
-// 128 -> 256 0.97, 256 -> 256 0.82, 420 -> 1000 0.68. First layers keep mixprec's bf16 kernels.
+// FMAs' flops a cycle) a bf16 layer of at least kBf16InF32MinProducts weights per tap (first layers
+// aside: they keep mixprec's bf16 kernels) computes in f32: oneDNN 2.6's f32 kernels ran its forward
+// and both gradients faster than its bf16 ones, the casts included; narrower layers tie. One layer
+// at 14 x 14, forward and both gradients, best of 5 interleaved (`bench/bf16_road_probe conv`,
+// Emerald Rapids guest, 2 cores, 2026-12-03), f32/bf16 time: 8 -> 16 1.01, 16 -> 32 1.00, 32 -> 32
+// (28 x 28) 0.99, 32 -> 64 0.90, 64 -> 64 0.86, 128 -> 128 0.76, 256 -> 256 0.65, 420 -> 1000 0.68.
 bool conv_in_f32(const ConvGeometry& g, DType t) {
   if (t == DType::f16) return true;
   if (t != DType::bf16) return false;
@@ -84,7 +84,7 @@ bool conv_in_f32(const ConvGeometry& g, DType t) {
     case Bf16Math::by_size:
       break;
   }
-  return g.c >= kBf16InF32MinChannels && g.oc >= kBf16InF32MinChannels;
+  return g.c > kFirstLayerChannels && g.c * g.oc >= kBf16InF32MinProducts;
 }
 
 // For a stride-1, undilated, one-group convolution with padding at most k - 1 on each side, the
