@@ -76,18 +76,8 @@ std::string joined(const std::set<std::string>& s) {
   return out;
 }
 
-// Whether the host's rule computes op in f32.
-bool rule_says_f32(Op op) {
-  switch (kernels::cpu::bf16_math()) {
-    case Bf16Math::native:
-      return false;
-    case Bf16Math::f32:
-      return true;
-    case Bf16Math::by_size:
-      break;
-  }
-  return op == Op::wide_linear || op == Op::wide_conv;
-}
+// Whether the host's rule computes op in f32 (the wide ops are large by both ops' rules).
+bool rule_says_f32(Op op) { return kernels::cpu::bf16_in_f32(op == Op::wide_linear || op == Op::wide_conv); }
 
 // AMX and AMD's AVX512-BF16 compute bf16 natively, Intel's AVX512-BF16 without AMX by shape, a host
 // without a bf16 unit in f32; the override forces either road where there is a unit.

@@ -75,16 +75,7 @@ bool small_k_wgrad(const ConvGeometry& g, DType t) {
 // (28 x 28) 0.99, 32 -> 64 0.90, 64 -> 64 0.86, 128 -> 128 0.76, 256 -> 256 0.65, 420 -> 1000 0.68.
 bool conv_in_f32(const ConvGeometry& g, DType t) {
   if (t == DType::f16) return true;
-  if (t != DType::bf16) return false;
-  switch (bf16_math()) {
-    case Bf16Math::native:
-      return false;
-    case Bf16Math::f32:
-      return true;
-    case Bf16Math::by_size:
-      break;
-  }
-  return g.c > kFirstLayerChannels && g.c * g.oc >= kBf16InF32MinProducts;
+  return t == DType::bf16 && bf16_in_f32(g.c > kFirstLayerChannels && g.c * g.oc >= kBf16InF32MinProducts);
 }
 
 // For a stride-1, undilated, one-group convolution with padding at most k - 1 on each side, the

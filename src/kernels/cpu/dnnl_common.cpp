@@ -70,6 +70,11 @@ Bf16Math bf16_math() {
   }
   return by_size_kind() ? Bf16Math::by_size : Bf16Math::native;
 }
+bool bf16_in_f32(bool large) {
+  const Bf16Math m = bf16_math();
+  return m == Bf16Math::f32 || (m == Bf16Math::by_size && large);
+}
+
 Bf16Products set_bf16_products(Bf16Products p) { return bf16_products().exchange(p); }
 
 std::string dnnl_isa_name() {

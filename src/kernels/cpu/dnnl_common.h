@@ -47,6 +47,9 @@ bool bf16_unit();
 // the host's rule; set_bf16_products does for tests (it returns the setting it replaced).
 enum class Bf16Math { native, f32, by_size };
 Bf16Math bf16_math();
+// Whether a bf16 product computes in f32: always on the f32 road, never on the native one, and on
+// the by_size kind where `large` (the op's own rule for its shape) says.
+bool bf16_in_f32(bool large);
 // Whether this is the by_size kind by its hardware alone (a bf16 unit whose products do not outrun
 // f32's), whatever MIXPREC_BF16_PRODUCTS says: for path choices measured on that kind.
 bool by_size_kind();

@@ -15,22 +15,15 @@ namespace {
 
 // On the by_size kind (dnnl_common.h: Intel's AVX512-BF16 without AMX) a bf16 product computes in
 // f32 where it has the work to pay for its casts: at least 2^26 flops and 64 flops per element of
-// its operands and result. A bf16 matmul through mixprec's kernel, best of 7 interleaved (Emerald
-// Rapids guest, 2 cores, 2026-12-03), f32/bf16 time by m x k x n: the MLP's 512 x 784 x 1024 0.64,
-// 512 x 1024 x 1024 0.75, 1024 x 512 x 1024 0.70; the gpt's 4096 x 128 x 384 0.90, 4096 x 128 x 81
-// 0.90, 128 x 4096 x 512 0.80, 4096 x 512 x 128 1.03; 1024^3 0.70. Losses: 512 x 1024 x 10 1.75,
-// 256 x 3136 x 10 3.12 (19 flops an element), 256^3 1.11, 128^3 1.14 (fewer than 2^26 flops).
+// its operands and result. A bf16 matmul through mixprec's kernel on each road, best of 7
+// interleaved (`bench/bf16_road_probe matmul`, Emerald Rapids guest, 2 cores, 2026-12-03), f32/bf16
+// time by m x k x n, two runs: the MLP's 512 x 784 x 1024 0.64-0.81, 512 x 1024 x 1024 0.74-0.75,
+// 1024 x 512 x 1024 0.70-0.80; the gpt's 4096 x 128 x 384 0.90-0.95, 128 x 4096 x 512 0.80-0.96,
+// 4096 x 128 x 81 0.90-1.25; 1024^3 0.70-0.71. Losses: 512 x 1024 x 10 1.75-2.43, 256 x 3136 x 10
+// 1.49-3.12 (19 flops an element), 256^3 1.06-1.11, 128^3 1.14-1.22 (fewer than 2^26 flops).
 constexpr double kBf16InF32MinFlops = double(int64_t(1) << 26), kBf16InF32MinFlopsPerElement = 64;
 
-bool bf16_in_f32(int64_t batch, int64_t m, int64_t k, int64_t n) {
-  switch (bf16_math()) {
-    case Bf16Math::native:
-      return false;
-    case Bf16Math::f32:
-      return true;
-    case Bf16Math::by_size:
-      break;
-  }
+bool large_product(int64_t batch, int64_t m, int64_t k, int64_t n) {
   const double flops = 2.0 * double(batch) * double(m) * double(k) * double(n);
   const double elements = double(batch) * (double(m) * double(k) + double(k) * double(n) + double(m) * double(n));
   return flops >= kBf16InF32MinFlops && flops >= kBf16InF32MinFlopsPerElement * elements;
@@ -46,7 +39,7 @@ bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
     return false;
   if (rank == 3 && (b.size(0) != a.size(0) || dst.size(0) != a.size(0))) return false;
   const int64_t m = dst.size(r0), n = dst.size(r0 + 1), k = o.trans_a ? a.size(r0) : a.size(r0 + 1);
-  if (t == DType::f16 || (t == DType::bf16 && bf16_in_f32(rank == 3 ? dst.size(0) : 1, m, k, n))) {
+  if (t == DType::f16 || (t == DType::bf16 && bf16_in_f32(large_product(rank == 3 ? dst.size(0) : 1, m, k, n)))) {
     if (dst.dtype() != t && !(t == DType::bf16 && dst.dtype() == DType::f32)) return false;
     Tensor a32 = kernels::cast(a, DType::f32), b32 = kernels::cast(b, DType::f32);
     Tensor bias32 = o.bias ? kernels::cast(*o.bias, DType::f32) : Tensor();
