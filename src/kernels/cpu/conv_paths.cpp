@@ -38,10 +38,10 @@ std::atomic<WgradGemm>& wgrad_gemm_mode() {
   return mode;
 }
 
-// One group, stride 1, no dilation, padding at most k - 1 on each side: what both rewrites need.
 // conv_in_f32's narrowest layer on the by_size kind, in weights per tap (32 -> 64).
 constexpr int64_t kBf16InF32MinProducts = 2048;
 
+// One group, stride 1, no dilation, padding at most k - 1 on each side: what both rewrites need.
 bool rewritable(const ConvGeometry& g) {
   if (g.groups != 1) return false;
   if (g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1) return false;
