@@ -20,15 +20,7 @@ namespace {
 
 using kernels::cpu::Bf16Math;
 using kernels::cpu::Bf16Products;
-
-// Sets where bf16 products compute for the test's scope, then restores the setting it replaced.
-struct Bf16ProductsGuard {
-  explicit Bf16ProductsGuard(Bf16Products p) : prev(kernels::cpu::set_bf16_products(p)) {}
-  ~Bf16ProductsGuard() { kernels::cpu::set_bf16_products(prev); }
-  Bf16ProductsGuard(const Bf16ProductsGuard&) = delete;
-  Bf16ProductsGuard& operator=(const Bf16ProductsGuard&) = delete;
-  Bf16Products prev;
-};
+using kernels::cpu::Bf16ProductsGuard;
 
 // The implementations the profile names for one op's matrix kernels, forward and backward.
 enum class Op { wide_linear, narrow_linear, wide_conv, narrow_conv };
@@ -82,7 +74,7 @@ bool rule_says_f32(Op op) { return kernels::cpu::bf16_in_f32(op == Op::wide_line
 // AMX and AMD's AVX512-BF16 compute bf16 natively, Intel's AVX512-BF16 without AMX by shape, a host
 // without a bf16 unit in f32; the override forces either road where there is a unit.
 TEST(Bf16Math, TheHostKindDecides) {
-  const bool unit = cpu::has_avx512_bf16() || cpu::has_amx_bf16();
+  const bool unit = kernels::cpu::bf16_unit();
   const Bf16Math m = kernels::cpu::bf16_math();
   if (!unit) {
     EXPECT_EQ(m, Bf16Math::f32);
@@ -100,7 +92,7 @@ TEST(Bf16Math, TheHostKindDecides) {
 // Each op runs the kernels of the road the host's rule picks for it: the same implementations as
 // with that road forced, and (on a host with a bf16 unit) not those of the other road.
 TEST(Bf16Math, EachOpTakesTheRoadItsHostKindAndShapeSay) {
-  const bool unit = cpu::has_avx512_bf16() || cpu::has_amx_bf16();
+  const bool unit = kernels::cpu::bf16_unit();
   for (Op op : {Op::wide_linear, Op::narrow_linear, Op::wide_conv, Op::narrow_conv}) {
     SCOPED_TRACE("op " + std::to_string(int(op)));
     std::set<std::string> native, f32;
@@ -124,7 +116,7 @@ TEST(Bf16Math, EachOpTakesTheRoadItsHostKindAndShapeSay) {
 
 // Both roads agree with the reference kernels within one bf16 rounding of an f32 sum's bound.
 TEST(Bf16Math, BothRoadsMatchTheReference) {
-  const bool unit = cpu::has_avx512_bf16() || cpu::has_amx_bf16();
+  const bool unit = kernels::cpu::bf16_unit();
   for (Op op : {Op::wide_linear, Op::narrow_linear, Op::wide_conv, Op::narrow_conv}) {
     const bool conv = op == Op::wide_conv || op == Op::narrow_conv;
     const OpRun ref = run_op(op, kernels::Backend::ref);

@@ -401,7 +401,7 @@ TEST(ConvFast, Bf16GradientsRunAsForwardConvolutionsWhereTheGeometryAllows) {
 // cnn-bn fp32 steps on Intel's AVX512-BF16 without AMX, 2026-12-03, where bf16 takes the split
 // too). bf16 on a host without a bf16 unit computes in f32 and takes the same road.
 TEST(ConvFast, F32WeightGradientPathFollowsTheHostKind) {
-  const bool unit = kernels::cpu::has_avx512_bf16() || kernels::cpu::has_amx_bf16();
+  const bool unit = kernels::cpu::bf16_unit();
   const bool rewrite = unit && !kernels::cpu::by_size_kind();
   auto impl_of = [](DType t) {
     BackendGuard guard(kernels::Backend::cpu);

@@ -119,10 +119,7 @@ TEST_P(Profile, ConvAndCausalAttentionFlopsFromTheirShapes) {
 // large ones on Intel's AVX512-BF16 without AMX (test_bf16_math.cpp). Here that road is forced, so
 // the test runs on every host kind.
 TEST(ProfileHost, Bf16InF32RunsOneDnnsF32Kernels) {
-  struct Restore {
-    kernels::cpu::Bf16Products prev = kernels::cpu::set_bf16_products(kernels::cpu::Bf16Products::f32);
-    ~Restore() { kernels::cpu::set_bf16_products(prev); }
-  } f32_road;
+  const kernels::cpu::Bf16ProductsGuard f32_road(kernels::cpu::Bf16Products::f32);
   const kernels::BackendGuard backend(kernels::Backend::cpu);
   Generator gen(4);
   const Tensor x = Tensor::randn({64, 256}, gen, DType::bf16).set_requires_grad();

@@ -71,7 +71,7 @@ bool bf16_products_outrun_f32() { return has_amx_bf16() || (has_avx512_bf16() &&
 
 std::string describe_bf16_products() {
   if (has_amx_bf16()) return "bf16 products on AMX tiles";
-  if (has_avx512_bf16() && is_amd()) return "bf16 products by AVX512-BF16 (AMD: twice f32's flops a cycle)";
+  if (bf16_products_outrun_f32()) return "bf16 products by AVX512-BF16 (AMD: twice f32's flops a cycle)";
   if (has_avx512_bf16()) return "bf16 products in f32: Intel AVX512-BF16 without AMX runs them at f32's rate at best";
   return "bf16 products in f32: no bf16 unit";
 }

@@ -55,6 +55,17 @@ bool bf16_in_f32(bool large);
 bool by_size_kind();
 enum class Bf16Products { host_rule, native, f32 };
 Bf16Products set_bf16_products(Bf16Products p);
+// Sets where bf16 products compute for a scope, then restores the setting it replaced (tests).
+class Bf16ProductsGuard {
+ public:
+  explicit Bf16ProductsGuard(Bf16Products p) : prev_(set_bf16_products(p)) {}
+  ~Bf16ProductsGuard() { set_bf16_products(prev_); }
+  Bf16ProductsGuard(const Bf16ProductsGuard&) = delete;
+  Bf16ProductsGuard& operator=(const Bf16ProductsGuard&) = delete;
+
+ private:
+  Bf16Products prev_;
+};
 // The ISA oneDNN dispatches to, e.g. "avx512_core_amx" (ONEDNN_MAX_CPU_ISA can lower it).
 std::string dnnl_isa_name();
 
