@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu/dnnl_common.h"
+#include "kernels/cpu/matmul_widened.h"
 #include "kernels/matmul.h"
 #include "mixprec/autograd.h"
 #include "mixprec/cpu.h"
@@ -131,6 +132,60 @@ void matmuls() {
   }
 }
 
+// The f32 road's own cost: the same product with f32 operands (no casts) against bf16 and f16
+// operands widened to f32 and the result rounded (f16 always takes this road), a block per thread
+// (kernels/cpu/matmul_widened.h) and as whole tensors, interleaved.
+void widened() {
+  struct S {
+    int64_t m, k, n;
+    bool ta, tb;
+    DType out;
+  };
+  const std::vector<S> shapes = {
+      {512, 784, 1024, false, true, DType::bf16},  {512, 1024, 784, false, false, DType::bf16},
+      {512, 1024, 1024, false, true, DType::bf16}, {1024, 512, 1024, true, false, DType::f32},
+      {4096, 128, 384, false, true, DType::bf16},  {4096, 128, 512, false, true, DType::bf16},
+      {4096, 512, 128, false, false, DType::bf16}, {4096, 384, 128, false, false, DType::bf16},
+      {128, 4096, 512, true, false, DType::f32},   {512, 4096, 128, true, false, DType::f16},
+      {4096, 1024, 1024, false, true, DType::bf16}};
+  Generator g(1);
+  kernels::cpu::set_bf16_products(Road::f32);
+  for (const S& s : shapes) {
+    const double flops = 2.0 * double(s.m) * double(s.k) * double(s.n);
+    const int reps = int(std::max(3.0, 2e8 / flops));
+    // f32 operands; bf16 in blocks, whole; f16 in blocks, whole. No f16 product leaves in f32 (an f16
+    // gradient keeps f16's range): with an f32 result only bf16 is timed.
+    const int roads = s.out == DType::f32 ? 3 : 5;
+    std::vector<Tensor> as, bs, ds;
+    for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+      if (t == DType::f16 && roads == 3) break;
+      as.push_back(Tensor::randn(s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k}, g, t));
+      bs.push_back(Tensor::randn(s.tb ? Shape{s.n, s.k} : Shape{s.k, s.n}, g, t));
+      ds.push_back(Tensor::empty({s.m, s.n}, t == DType::f32 || s.out == DType::f32 ? DType::f32 : t));
+    }
+    kernels::MatmulOpts o;
+    o.trans_a = s.ta, o.trans_b = s.tb;
+    std::vector<double> best(size_t(roads), 1e30);
+    for (int rep = 0; rep < 7; ++rep)
+      for (int r = 0; r < roads; ++r) {
+        const size_t t = size_t((r + 1) / 2);  // 0 f32, 1 bf16, 2 f16
+        kernels::cpu::set_matmul_widened(r % 2 == 1);
+        kernels::matmul(as[t], bs[t], ds[t], o);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < reps; ++i) kernels::matmul(as[t], bs[t], ds[t], o);
+        best[size_t(r)] = std::min(best[size_t(r)], seconds_since(t0) / reps);
+      }
+    kernels::cpu::set_matmul_widened(true);
+    std::printf(
+        "widened %5lld x %5lld x %5lld -> %-4s  f32 operands %6.3f ms (%3.0f GFLOP/s)  bf16 blocks %.2fx whole %.2fx",
+        (long long)s.m, (long long)s.k, (long long)s.n, s.out == DType::f32 ? "f32" : "16", best[0] * 1e3,
+        flops / best[0] / 1e9, best[1] / best[0], best[2] / best[0]);
+    if (roads == 5) std::printf("  f16 blocks %.2fx whole %.2fx", best[3] / best[0], best[4] / best[0]);
+    std::printf("\n");
+  }
+  kernels::cpu::set_bf16_products(Road::host_rule);
+}
+
 void convs() {
   struct S {
     int64_t n, c, oc, hw;
@@ -171,5 +226,6 @@ int main(int argc, char** argv) {
   if (wanted("rates")) rates();
   if (wanted("matmul")) matmuls();
   if (wanted("conv")) convs();
+  if (wanted("widened")) widened();
   return 0;
 }

@@ -150,15 +150,6 @@ ConvGeometry wgrad_geometry(const ConvGeometry& g) {
   return f;
 }
 
-// oneDNN (OpenMP runtime) sizes a primitive's thread team when it is created.
-struct SingleThreadScope {
-  int prev = omp_get_max_threads();
-  SingleThreadScope() { omp_set_num_threads(1); }
-  ~SingleThreadScope() { omp_set_num_threads(prev); }
-  SingleThreadScope(const SingleThreadScope&) = delete;
-  SingleThreadScope& operator=(const SingleThreadScope&) = delete;
-};
-
 ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
   const Descs d = descs(g, key.t, key.has_bias, key.bias_t);
   const dnnl::primitive_attr attr = user_scratchpad_attr();

@@ -1,6 +1,7 @@
 // oneDNN plumbing shared by the CPU primitives: engine and stream, dtype mapping, user
 // scratchpads from the counting allocator, a bounded primitive cache, and CPU feature queries.
 #pragma once
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <cstddef>
@@ -68,6 +69,16 @@ class Bf16ProductsGuard {
 };
 // The ISA oneDNN dispatches to, e.g. "avx512_core_amx" (ONEDNN_MAX_CPU_ISA can lower it).
 std::string dnnl_isa_name();
+
+// oneDNN (OpenMP runtime) sizes a primitive's thread team when it is created: a primitive created
+// in this scope runs on one thread, e.g. one per thread of the caller's own parallel region.
+struct SingleThreadScope {
+  int prev = omp_get_max_threads();
+  SingleThreadScope() { omp_set_num_threads(1); }
+  ~SingleThreadScope() { omp_set_num_threads(prev); }
+  SingleThreadScope(const SingleThreadScope&) = delete;
+  SingleThreadScope& operator=(const SingleThreadScope&) = delete;
+};
 
 // Bytes from mixprec::allocator (MemCategory::workspace), released on scope exit. Used for
 // scratchpads and for temporary dense copies of operands.

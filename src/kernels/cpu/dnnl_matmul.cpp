@@ -16,30 +16,6 @@ namespace {
 
 using dnnl::memory;
 
-// Everything that shapes the primitive, with strides canonicalised (see canonical_2d); never
-// the data pointers, so every training step after the first one is a cache hit.
-struct MatmulKey {
-  int64_t batch, m, n, k;
-  DType src_t, wei_t, dst_t, bias_t;
-  bool has_bias, relu, accumulate;
-  std::array<int64_t, 3> src_strides, wei_strides;  // batch, row, col; batch 0 = broadcast
-  std::array<int64_t, 2> dst_strides;               // batch, row (col stride is 1)
-  bool operator==(const MatmulKey&) const = default;
-};
-
-struct MatmulKeyHash {
-  size_t operator()(const MatmulKey& key) const {
-    size_t h = 0;
-    for (int64_t v : {key.batch, key.m, key.n, key.k}) h = hash_mix(h, uint64_t(v));
-    for (DType t : {key.src_t, key.wei_t, key.dst_t, key.bias_t}) h = hash_mix(h, uint64_t(t));
-    h = hash_mix(h, uint64_t(key.has_bias) | uint64_t(key.relu) << 1 | uint64_t(key.accumulate) << 2);
-    for (int64_t v : key.src_strides) h = hash_mix(h, uint64_t(v));
-    for (int64_t v : key.wei_strides) h = hash_mix(h, uint64_t(v));
-    for (int64_t v : key.dst_strides) h = hash_mix(h, uint64_t(v));
-    return h;
-  }
-};
-
 // A reorder of one operand from the caller's layout into the one the primitive wants.
 struct DenseCopy {
   dnnl::reorder::primitive_desc pd;
@@ -47,12 +23,7 @@ struct DenseCopy {
   explicit operator bool() const { return bool(prim); }
 };
 
-DenseCopy make_dense_copy(const memory::desc& from, const memory::desc& to) {
-  DenseCopy c;
-  c.pd = dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to, user_scratchpad_attr());
-  c.prim = dnnl::reorder(c.pd);
-  return c;
-}
+}  // namespace
 
 struct MatmulEntry {
   dnnl::matmul::primitive_desc pd;
@@ -63,6 +34,40 @@ struct MatmulEntry {
   DenseCopy src_copy, wei_copy;
   std::string impl;
 };
+
+namespace {
+
+// Everything that shapes the primitive, with strides canonicalised (see canonical_2d); never
+// the data pointers, so every training step after the first one is a cache hit.
+struct MatmulKey {
+  int64_t batch, m, n, k;
+  DType src_t, wei_t, dst_t, bias_t;
+  bool has_bias, relu, accumulate, one_thread;
+  std::array<int64_t, 3> src_strides, wei_strides;  // batch, row, col; batch 0 = broadcast
+  std::array<int64_t, 2> dst_strides;               // batch, row (col stride is 1)
+  bool operator==(const MatmulKey&) const = default;
+};
+
+struct MatmulKeyHash {
+  size_t operator()(const MatmulKey& key) const {
+    size_t h = 0;
+    for (int64_t v : {key.batch, key.m, key.n, key.k}) h = hash_mix(h, uint64_t(v));
+    for (DType t : {key.src_t, key.wei_t, key.dst_t, key.bias_t}) h = hash_mix(h, uint64_t(t));
+    h = hash_mix(h, uint64_t(key.has_bias) | uint64_t(key.relu) << 1 | uint64_t(key.accumulate) << 2 |
+                        uint64_t(key.one_thread) << 3);
+    for (int64_t v : key.src_strides) h = hash_mix(h, uint64_t(v));
+    for (int64_t v : key.wei_strides) h = hash_mix(h, uint64_t(v));
+    for (int64_t v : key.dst_strides) h = hash_mix(h, uint64_t(v));
+    return h;
+  }
+};
+
+DenseCopy make_dense_copy(const memory::desc& from, const memory::desc& to) {
+  DenseCopy c;
+  c.pd = dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to, user_scratchpad_attr());
+  c.prim = dnnl::reorder(c.pd);
+  return c;
+}
 
 // Entries are shared, not copied: a memory::desc is a ~1 KB struct in oneDNN 2.x.
 using EntryPtr = std::shared_ptr<const MatmulEntry>;
@@ -84,7 +89,7 @@ void canonical_2d(int64_t rows, int64_t cols, int64_t& stride_r, int64_t& stride
   }
 }
 
-MatmulKey make_key(const MatmulArgs& a) {
+MatmulKey make_key(const MatmulArgs& a, bool one_thread = false) {
   MatmulKey key{};
   key.batch = a.batch;
   key.m = a.m, key.n = a.n, key.k = a.k;
@@ -92,6 +97,7 @@ MatmulKey make_key(const MatmulArgs& a) {
   key.has_bias = a.bias != nullptr;
   key.bias_t = key.has_bias ? a.bias_t : DType::f32;
   key.relu = a.relu, key.accumulate = a.accumulate;
+  key.one_thread = one_thread;
   key.src_strides = {a.batch > 1 ? a.src_stride_batch : 0, a.src_stride_m, a.src_stride_k};
   key.wei_strides = {a.batch > 1 ? a.wei_stride_batch : 0, a.wei_stride_k, a.wei_stride_n};
   int64_t dst_stride_n = 1;
@@ -145,6 +151,8 @@ EntryPtr create_entry(const MatmulKey& key) {
   if (key.accumulate) ops.append_sum(1.f);
   attr.set_post_ops(ops);
 
+  std::optional<SingleThreadScope> one_thread;
+  if (key.one_thread) one_thread.emplace();
   try {
     e.pd = make_pd(e, key.has_bias, attr);
     // brgemm and gemm kernels need a unit stride in each operand; without one oneDNN falls to
@@ -288,6 +296,30 @@ std::string matmul_impl_name(const MatmulArgs& a) {
   static const char zeros = 0;  // not read: only the primitive is created
   const MatmulKey key = make_key(a.k == 0 ? zero_k_args(a, &zeros) : a);
   return cache().get_or_create(key, [&] { return create_entry(key); })->impl;
+}
+
+OneThreadMatmul::OneThreadMatmul(const MatmulArgs& shape) {
+  validate(shape);
+  MIXPREC_CHECK(shape.batch > 0 && shape.m > 0 && shape.n > 0 && shape.k > 0,
+                "OneThreadMatmul: empty product m=", shape.m, " n=", shape.n, " k=", shape.k);
+  const MatmulKey key = make_key(shape, true);
+  e_ = cache().get_or_create(key, [&] { return create_entry(key); });
+}
+
+bool OneThreadMatmul::ok() const { return !e_->src_copy && !e_->wei_copy; }
+size_t OneThreadMatmul::scratchpad_bytes() const { return e_->pd.scratchpad_desc().get_size(); }
+const std::string& OneThreadMatmul::impl() const { return e_->impl; }
+
+void OneThreadMatmul::run(const void* src, const void* wei, void* dst, const void* bias, void* scratchpad) const {
+  const MatmulEntry& e = *e_;
+  dnnl::engine& eng = dnnl_engine();
+  static thread_local dnnl::stream strm(eng);  // one stream per thread, as conv.cpp's split
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(e.src_md, eng, const_cast<void*>(src))},
+                                       {DNNL_ARG_WEIGHTS, memory(e.wei_md, eng, const_cast<void*>(wei))},
+                                       {DNNL_ARG_DST, memory(e.dst_md, eng, dst)}};
+  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, memory(e.bias_md, eng, const_cast<void*>(bias)));
+  if (scratchpad_bytes() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.pd.scratchpad_desc(), eng, scratchpad));
+  e.prim.execute(strm, args);
 }
 
 CacheStats matmul_cache_stats() { return cache().stats(); }

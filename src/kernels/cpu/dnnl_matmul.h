@@ -2,6 +2,7 @@
 // batched, with cached primitives. Not tensor-aware: the op layer maps tensors onto MatmulArgs.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "kernels/cpu/dnnl_common.h"
@@ -30,6 +31,8 @@ struct MatmulArgs {
   bool accumulate = false;     // dst += result (sum post-op): gradient accumulation
 };
 
+struct MatmulEntry;  // a cached primitive (dnnl_matmul.cpp)
+
 // Whether oneDNN on this CPU computes this dtype combination (never f16: the caller computes
 // f16 through f32). Shapes and strides are not judged here; matmul() checks them.
 bool matmul_supported(const MatmulArgs& args);
@@ -47,6 +50,25 @@ void matmul(const MatmulArgs& args);
 // " +dense(src)" / " +dense(wei)" when an operand is first copied to a dense layout (the fast
 // kernels reject layouts with no unit stride). Creates the primitive if needed (counts in stats).
 std::string matmul_impl_name(const MatmulArgs& args);
+
+// One product run on one thread of the caller's own OpenMP region (kernels/cpu/matmul_widened.cpp):
+// the primitive is created here, before the region, for one thread (oneDNN fixes a primitive's
+// thread count at creation; cached apart from matmul()'s), and run() takes the caller's
+// scratchpad, so that a run allocates nothing.
+class OneThreadMatmul {
+ public:
+  // `shape`'s pointers need only be non-null; throws mixprec::Error as matmul() does.
+  explicit OneThreadMatmul(const MatmulArgs& shape);
+  // False where oneDNN would first copy an operand to a dense layout (a per-call allocation).
+  bool ok() const;
+  size_t scratchpad_bytes() const;
+  const std::string& impl() const;
+  // The product on these pointers, with the shape, strides and post-ops given at construction.
+  void run(const void* src, const void* wei, void* dst, const void* bias, void* scratchpad) const;
+
+ private:
+  std::shared_ptr<const MatmulEntry> e_;
+};
 
 // The matmul primitive cache (tests check that one shape creates one primitive).
 CacheStats matmul_cache_stats();

@@ -8,6 +8,7 @@
 #include "kernels/matmul.h"
 #include "kernels/cpu/dnnl_common.h"
 #include "kernels/cpu/dnnl_matmul.h"
+#include "kernels/cpu/matmul_widened.h"
 #include "kernels/shape.h"
 
 namespace mixprec::kernels::cpu {
@@ -41,6 +42,7 @@ bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
   const int64_t m = dst.size(r0), n = dst.size(r0 + 1), k = o.trans_a ? a.size(r0) : a.size(r0 + 1);
   if (t == DType::f16 || (t == DType::bf16 && bf16_in_f32(large_product(rank == 3 ? dst.size(0) : 1, m, k, n)))) {
     if (dst.dtype() != t && !(t == DType::bf16 && dst.dtype() == DType::f32)) return false;
+    if (matmul_widened(a, b, dst, o)) return true;
     Tensor a32 = kernels::cast(a, DType::f32), b32 = kernels::cast(b, DType::f32);
     Tensor bias32 = o.bias ? kernels::cast(*o.bias, DType::f32) : Tensor();
     MatmulOpts o32 = o;

@@ -1,0 +1,213 @@
+// 16-bit products in f32, a block per thread (see matmul_widened.h).
+//
+// The whole-tensor road (cast both operands to f32, one product, copy the result back) costs
+// 1.2-1.4x the time of the same product on f32 operands (`bf16_road_probe widened`, Emerald Rapids
+// guest, 2 cores): three passes over tensors of megabytes, each its own parallel region, with the
+// product reading its operands back from memory. Here one region does it all, and each thread's
+// f32 copies (at most kBlockFloats) stay in its cache from widening to product to rounding.
+#include "kernels/cpu/matmul_widened.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <vector>
+
+#include "core/parallel.h"
+#include "core/profile_detail.h"
+#include "kernels/cpu/dnnl_common.h"
+#include "kernels/cpu/dnnl_matmul.h"
+#include "kernels/shape.h"
+#include "mixprec/convert.h"
+
+namespace mixprec::kernels::cpu {
+namespace {
+
+// f32 values a thread widens and produces per block: about 1 MiB, half of one core's L2 on the
+// Intel kinds, and at least 256 rows (or chunk rows) of them. `bf16_road_probe` with the sizes
+// 2^16..2^22 against the same product on f32 operands, best of 9 interleaved (Emerald Rapids guest):
+// the gpt's shapes did best at 2^17-2^18 (0.95-1.22x f32's time), the mlp's (k + n = 1800) at
+// 2^19-2^20 (1.14-1.20x); 2^16 lost up to 1.67x.
+constexpr int64_t kBlockFloats = int64_t(1) << 18, kMinBlockRows = 256;
+// Below this much work (flops) a block per thread costs more than the three passes save.
+constexpr double kMinFlops = double(int64_t(1) << 22);
+
+std::atomic<bool> g_on{true};
+
+// Stands in for the data pointers when a product is created (never read or written there).
+float placeholder = 0.f;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+size_t aligned(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// `count` pieces of a dimension of `extent`, as even as whole multiples of `align` allow, with
+// `count` a multiple of the thread count (each thread takes as many) and each piece at most
+// about `most`: returns the piece's size (the last one may be shorter).
+int64_t piece_size(int64_t extent, int64_t most, int64_t align, int64_t threads) {
+  const int64_t count = round_up(ceil_div(extent, std::max(most, align)), threads);
+  return std::min(extent, round_up(ceil_div(extent, count), align));
+}
+
+// n elements of a 16-bit row (contiguous) into f32.
+void widen(const void* src, DType t, float* dst, int64_t n) { convert(src, t, dst, DType::f32, size_t(n)); }
+
+// Rows of a 2-d tensor with unit column stride: [r0, r0 + rows) into a dense f32 [rows, cols].
+void widen_rows(const Tensor& x, int64_t r0, int64_t rows, float* dst) {
+  const int64_t cols = x.size(1), stride = x.strides()[0];
+  const auto* base = static_cast<const char*>(x.data_ptr()) + size_t(r0 * stride) * dtype_size(x.dtype());
+  if (stride == cols) return widen(base, x.dtype(), dst, rows * cols);
+  for (int64_t r = 0; r < rows; ++r)
+    widen(base + size_t(r * stride) * dtype_size(x.dtype()), x.dtype(), dst + r * cols, cols);
+}
+
+bool unit_rows(const Tensor& x) { return x.size(1) <= 1 || x.strides()[1] == 1; }
+
+// Runs body(piece, thread) for each piece in one parallel region; the first exception is rethrown
+// after it (an exception cannot leave an OpenMP region). Pieces go to whichever thread is free
+// (values do not depend on which thread runs a piece): a thread that starts late, e.g. a sleeping
+// worker's wake-up under OMP_WAIT_POLICY=passive, or runs slower on a shared host takes fewer.
+// In the gpt's amp-bf16 step (Emerald Rapids guest) the threads' busy times differed by 10-20%
+// with each thread's share fixed beforehand, 6-7% this way (default wait policy).
+template <class Body>
+void each_piece(int64_t pieces, int threads, Body body) {
+  std::exception_ptr err;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int64_t p = 0; p < pieces; ++p) {
+    try {
+      body(p, omp_get_thread_num());
+    } catch (...) {
+#pragma omp critical(mixprec_matmul_widened)
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+// Forward and input gradient: blocks of rows of a (and of dst); b widened once, shared.
+bool by_rows(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
+  const DType t = a.dtype();
+  const int64_t m = dst.size(0), n = dst.size(1), k = a.size(1);
+  const int64_t rows = piece_size(m, std::max(kMinBlockRows, kBlockFloats / (k + n)), 16, threads),
+                blocks = ceil_div(m, rows);
+  const int64_t last = m - (blocks - 1) * rows;
+  const bool dst32 = dst.dtype() == DType::f32;
+  const Tensor b32 = kernels::cast(b, DType::f32);  // contiguous in b's own shape
+  const Tensor bias32 = o.bias ? kernels::cast(*o.bias, DType::f32) : Tensor();
+
+  MatmulArgs args;
+  args.m = rows, args.n = n, args.k = k;
+  args.src = &placeholder, args.src_stride_m = k, args.src_stride_k = 1;
+  args.wei = b32.data_ptr();
+  args.wei_stride_k = o.trans_b ? 1 : n, args.wei_stride_n = o.trans_b ? k : 1;
+  args.dst = &placeholder, args.dst_stride_m = n;
+  args.bias = o.bias ? bias32.data_ptr() : nullptr;
+  args.relu = o.relu, args.accumulate = o.accumulate;
+  const OneThreadMatmul full(args);
+  args.m = last;
+  const OneThreadMatmul tail(args);
+  if (!full.ok() || !tail.ok()) return false;
+  // Each thread's buffers: widened a, the f32 result unless dst is f32, the primitive's scratchpad.
+  const size_t a_bytes = aligned(size_t(rows * k) * 4), d_bytes = dst32 ? 0 : aligned(size_t(rows * n) * 4);
+  const size_t pad_bytes = aligned(std::max(full.scratchpad_bytes(), tail.scratchpad_bytes()));
+  const size_t per_thread = a_bytes + d_bytes + pad_bytes;
+  WorkspaceBuffer buffers(per_thread * size_t(threads));
+  profile::detail::note_impl(full.impl());
+
+  each_piece(blocks, threads, [&](int64_t blk, int thread) {
+    char* mine = static_cast<char*>(buffers.data()) + per_thread * size_t(thread);
+    auto* a32 = reinterpret_cast<float*>(mine);
+    const int64_t r0 = blk * rows, nrows = blk == blocks - 1 ? last : rows;
+    widen_rows(a, r0, nrows, a32);
+    char* out = static_cast<char*>(dst.data_ptr()) + size_t(r0 * n) * dtype_size(dst.dtype());
+    float* d32 = dst32 ? reinterpret_cast<float*>(out) : reinterpret_cast<float*>(mine + a_bytes);
+    if (o.accumulate && !dst32) widen(out, t, d32, nrows * n);
+    (nrows == rows ? full : tail).run(a32, b32.data_ptr(), d32, args.bias, mine + a_bytes + d_bytes);
+    if (!dst32) convert(d32, DType::f32, out, t, size_t(nrows * n));
+  });
+  return true;
+}
+
+// Weight gradient (op(a) = a^T, k the batch): chunks of the shared dimension, rows of both
+// operands; each chunk's f32 product is a partial sum, and the partials are added in chunk order.
+bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
+  const int64_t m = dst.size(0), n = dst.size(1), k = a.size(0);
+  const int64_t chunk = piece_size(k, std::max(kMinBlockRows, kBlockFloats / (m + n)), 16, threads),
+                chunks = ceil_div(k, chunk);
+  const int64_t last = k - (chunks - 1) * chunk;
+  // The partials must stay smaller than the operands they replace in memory.
+  if (chunks < 2 || chunks * m * n > k * (m + n) / 2) return false;
+
+  const size_t a_bytes = aligned(size_t(chunk * m) * 4), b_bytes = aligned(size_t(chunk * n) * 4);
+  const size_t part_bytes = aligned(size_t(m * n) * 4);
+  WorkspaceBuffer partials(part_bytes * size_t(chunks));
+  MatmulArgs args;
+  args.m = m, args.n = n, args.k = chunk;
+  args.src = &placeholder, args.src_stride_m = 1, args.src_stride_k = m;
+  args.wei = &placeholder, args.wei_stride_k = n, args.wei_stride_n = 1;
+  args.dst = &placeholder, args.dst_stride_m = n;
+  const OneThreadMatmul full(args);
+  args.k = last;
+  const OneThreadMatmul tail(args);
+  if (!full.ok() || !tail.ok()) return false;
+  const size_t pad_bytes = aligned(std::max(full.scratchpad_bytes(), tail.scratchpad_bytes()));
+  const size_t per_thread = a_bytes + b_bytes + pad_bytes;
+  WorkspaceBuffer buffers(per_thread * size_t(threads));
+  profile::detail::note_impl(full.impl());
+
+  each_piece(chunks, threads, [&](int64_t c, int thread) {
+    char* mine = static_cast<char*>(buffers.data()) + per_thread * size_t(thread);
+    auto* a32 = reinterpret_cast<float*>(mine);
+    auto* b32 = reinterpret_cast<float*>(mine + a_bytes);
+    const int64_t k0 = c * chunk, nk = c == chunks - 1 ? last : chunk;
+    widen_rows(a, k0, nk, a32);
+    widen_rows(b, k0, nk, b32);
+    (nk == chunk ? full : tail)
+        .run(a32, b32, static_cast<char*>(partials.data()) + part_bytes * size_t(c), nullptr, mine + a_bytes + b_bytes);
+  });
+
+  // dst = (accumulate ? dst : 0) + the partials in chunk order, rounded once into dst's dtype.
+  constexpr int64_t kTile = 1024;
+  const int64_t total = m * n, tiles = ceil_div(total, kTile);
+  const auto* part = static_cast<const char*>(partials.data());
+  char* out = static_cast<char*>(dst.data_ptr());
+  const size_t es = dtype_size(dst.dtype());
+  const int sum_threads = detail::parallel_worth(total * chunks, int64_t(1) << 18) ? threads : 1;
+  each_piece(tiles, sum_threads, [&](int64_t tile, int) {
+    float sum[kTile];
+    const int64_t i0 = tile * kTile, len = std::min(kTile, total - i0);
+    if (o.accumulate)
+      convert(out + size_t(i0) * es, dst.dtype(), sum, DType::f32, size_t(len));
+    else
+      std::fill(sum, sum + len, 0.f);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float* p = reinterpret_cast<const float*>(part + part_bytes * size_t(c)) + i0;
+      for (int64_t i = 0; i < len; ++i) sum[i] += p[i];
+    }
+    convert(sum, DType::f32, out + size_t(i0) * es, dst.dtype(), size_t(len));
+  });
+  return true;
+}
+
+}  // namespace
+
+bool set_matmul_widened(bool on) { return g_on.exchange(on); }
+
+bool matmul_widened(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) {
+  const DType t = a.dtype();
+  if (!g_on.load(std::memory_order_relaxed) || (t != DType::bf16 && t != DType::f16) || b.dtype() != t ||
+      a.dim() != 2 || b.dim() != 2 || dst.dim() != 2 || !dst.is_contiguous() ||
+      (dst.dtype() != t && dst.dtype() != DType::f32))
+    return false;
+  if (o.bias && o.bias->dtype() != DType::f32 && o.bias->dtype() != t) return false;
+  const int64_t m = dst.size(0), n = dst.size(1), k = o.trans_a ? a.size(0) : a.size(1);
+  if (m == 0 || n == 0 || k == 0 || 2.0 * double(m) * double(k) * double(n) < kMinFlops) return false;
+  const int threads = std::max(1, omp_get_max_threads());
+  if (!o.trans_a && unit_rows(a) && m >= 32) return by_rows(a, b, dst, o, threads);
+  if (o.trans_a && !o.trans_b && !o.bias && !o.relu && unit_rows(a) && unit_rows(b))
+    return by_chunks(a, b, dst, o, threads);
+  return false;
+}
+
+}  // namespace mixprec::kernels::cpu

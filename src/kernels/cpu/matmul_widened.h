@@ -1,0 +1,22 @@
+// 16-bit products computed in f32 (kernels/cpu/matmul.cpp's f32 road) in cache-sized blocks.
+#pragma once
+#include "kernels/matmul.h"
+#include "mixprec/tensor.h"
+
+namespace mixprec::kernels::cpu {
+
+// dst = a @ b as matmul() defines it, for bf16 or f16 operands (dst in their dtype, or f32),
+// widened to f32 and multiplied by oneDNN's f32 kernel one block at a time: each thread of one
+// OpenMP region widens a block of rows of a (or, for a weight gradient, a chunk of the shared
+// dimension of both operands) into its own buffer, runs a one-thread product on it and rounds its
+// block of the result, so that the f32 copies stay in the thread's cache instead of three
+// whole-tensor passes through memory around one multi-threaded product. Values: each element an
+// f32 accumulation of the exact products, rounded once, as the whole-tensor road gives. False
+// (nothing written) for a shape it does not take: rank 3, strided rows, small products.
+bool matmul_widened(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o);
+
+// Probe and test hook: off makes matmul_widened decline every shape (the whole-tensor road runs).
+// Process-wide; returns the previous setting.
+bool set_matmul_widened(bool on);
+
+}  // namespace mixprec::kernels::cpu
