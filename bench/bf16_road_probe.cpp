@@ -2,11 +2,13 @@
 // this host, (1) one core's bf16 dot-product rate (VDPBF16PS) against its f32 FMA rate, in
 // register-only loops; (2) a bf16 matmul through mixprec's kernel on each road (oneDNN's bf16
 // kernel, or widened to f32 and rounded once), per shape; (3) the same for a bf16 convolution
-// layer, forward and backward. Roads interleaved, best of several, so that the machine's swings
-// hit both alike. The shapes are the models' (docs/hosts.md, "Intel Xeon without AMX").
+// layer, forward and backward; (4) what the f32 road's casts cost: a bf16 or f16 product computed
+// in f32 a block per thread (kernels/cpu/matmul_widened.h) and as whole tensors, against the same
+// product on f32 operands. Roads interleaved, best of several, so that the machine's swings hit
+// them alike. The shapes are the models' (docs/hosts.md, "Intel Xeon without AMX").
 //
 //   cmake --build build --target bf16_road_probe
-//   OMP_WAIT_POLICY=passive build/bf16_road_probe [rates|matmul|conv ...]   (default: all three)
+//   OMP_WAIT_POLICY=passive build/bf16_road_probe [rates|matmul|conv|widened ...]   (default: all four)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -142,12 +144,13 @@ void widened() {
     DType out;
   };
   const std::vector<S> shapes = {
-      {512, 784, 1024, false, true, DType::bf16},  {512, 1024, 784, false, false, DType::bf16},
-      {512, 1024, 1024, false, true, DType::bf16}, {1024, 512, 1024, true, false, DType::f32},
-      {4096, 128, 384, false, true, DType::bf16},  {4096, 128, 512, false, true, DType::bf16},
-      {4096, 512, 128, false, false, DType::bf16}, {4096, 384, 128, false, false, DType::bf16},
-      {128, 4096, 512, true, false, DType::f32},   {512, 4096, 128, true, false, DType::f16},
-      {4096, 1024, 1024, false, true, DType::bf16}};
+      {512, 784, 1024, false, true, DType::bf16},   {512, 1024, 784, false, false, DType::bf16},
+      {512, 1024, 1024, false, true, DType::bf16},  {1024, 512, 1024, true, false, DType::f32},
+      {4096, 128, 384, false, true, DType::bf16},   {4096, 128, 512, false, true, DType::bf16},
+      {4096, 512, 128, false, false, DType::bf16},  {4096, 384, 128, false, false, DType::bf16},
+      {128, 4096, 512, true, false, DType::f32},    {512, 4096, 128, true, false, DType::f16},
+      {4096, 1024, 1024, false, true, DType::bf16}, {512, 1024, 10, false, true, DType::bf16},
+      {256, 3136, 10, false, true, DType::bf16},    {10, 256, 3136, true, false, DType::bf16}};
   Generator g(1);
   kernels::cpu::set_bf16_products(Road::f32);
   for (const S& s : shapes) {
@@ -213,19 +216,19 @@ void convs() {
 
 int main(int argc, char** argv) {
   std::printf("%s (%s)\n", cpu::describe().c_str(), cpu::describe_bf16_products().c_str());
-  if (!(cpu::has_avx512_bf16() || cpu::has_amx_bf16())) {
-    std::printf("no bf16 unit: both roads are f32 here\n");
-    return 0;
-  }
   auto wanted = [&](const char* what) {
     if (argc < 2) return true;
     for (int i = 1; i < argc; ++i)
       if (std::strcmp(argv[i], what) == 0) return true;
     return false;
   };
-  if (wanted("rates")) rates();
-  if (wanted("matmul")) matmuls();
-  if (wanted("conv")) convs();
+  if (!(cpu::has_avx512_bf16() || cpu::has_amx_bf16())) {
+    std::printf("no bf16 unit: both roads are f32 here (only widened runs)\n");
+  } else {
+    if (wanted("rates")) rates();
+    if (wanted("matmul")) matmuls();
+    if (wanted("conv")) convs();
+  }
   if (wanted("widened")) widened();
   return 0;
 }
