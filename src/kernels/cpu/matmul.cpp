@@ -4,7 +4,8 @@
 // decision 4). bf16 on a host without either takes the same road: oneDNN's own bf16 matmul there
 // (gemm:jit converting to f32, with packing buffers outside our allocator) ran the MLP's amp-bf16
 // step at 2.7x the time of its fp32 step on an AVX-512 Xeon without BF16 (2026-11-27). So do large
-// bf16 products on Intel's AVX512-BF16 without AMX (bf16_in_f32).
+// bf16 products on Intel's AVX512-BF16 without AMX (bf16_in_f32). The road runs a block per thread
+// where matmul_widened takes the shape, else as whole tensors.
 #include "kernels/matmul.h"
 #include "kernels/cpu/dnnl_common.h"
 #include "kernels/cpu/dnnl_matmul.h"
