@@ -4,7 +4,8 @@
 // 1.2-1.4x the time of the same product on f32 operands (`bf16_road_probe widened`, Emerald Rapids
 // guest, 2 cores): three passes over tensors of megabytes, each its own parallel region, with the
 // product reading its operands back from memory. Here one region does it all, and each thread's
-// f32 copies (at most kBlockFloats) stay in its cache from widening to product to rounding.
+// f32 copies (about kBlockFloats floats a block) stay in its cache from widening to product to
+// rounding.
 #include "kernels/cpu/matmul_widened.h"
 
 #include <omp.h>
@@ -85,6 +86,33 @@ void each_piece(int64_t pieces, int threads, Body body) {
   if (err) std::rethrow_exception(err);
 }
 
+// The one-thread products of the pieces, one for the common size of the split dimension (m or k)
+// and one for the last piece's, and one allocation holding each thread's `bytes` of buffers, then
+// the larger of the two products' scratchpads.
+class PieceProducts {
+ public:
+  PieceProducts(const MatmulArgs& common, const MatmulArgs& last, int64_t common_size, size_t bytes, int threads)
+      : common_(common), last_(last), common_size_(common_size), bytes_(bytes) {
+    if (!ok()) return;
+    pad_ = aligned(std::max(common_.scratchpad_bytes(), last_.scratchpad_bytes()));
+    buffers_ = WorkspaceBuffer((bytes_ + pad_) * size_t(threads));
+    profile::detail::note_impl(common_.impl());
+  }
+  bool ok() const { return common_.ok() && last_.ok(); }
+  // Thread `thread`'s buffers (`bytes` of them).
+  char* mine(int thread) const { return static_cast<char*>(buffers_.data()) + (bytes_ + pad_) * size_t(thread); }
+  // A piece's product, on thread `thread`'s scratchpad.
+  void run(int64_t piece_size, int thread, const void* src, const void* wei, void* dst, const void* bias) const {
+    (piece_size == common_size_ ? common_ : last_).run(src, wei, dst, bias, mine(thread) + bytes_);
+  }
+
+ private:
+  OneThreadMatmul common_, last_;
+  int64_t common_size_;
+  size_t bytes_, pad_ = 0;
+  WorkspaceBuffer buffers_;
+};
+
 // Forward and input gradient: blocks of rows of a (and of dst); b widened once, shared.
 bool by_rows(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
   const DType t = a.dtype();
@@ -104,26 +132,22 @@ bool by_rows(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o,
   args.dst = &placeholder, args.dst_stride_m = n;
   args.bias = o.bias ? bias32.data_ptr() : nullptr;
   args.relu = o.relu, args.accumulate = o.accumulate;
-  const OneThreadMatmul full(args);
-  args.m = last;
-  const OneThreadMatmul tail(args);
-  if (!full.ok() || !tail.ok()) return false;
-  // Each thread's buffers: widened a, the f32 result unless dst is f32, the primitive's scratchpad.
+  MatmulArgs last_args = args;
+  last_args.m = last;
+  // Each thread's buffers: widened a, and the f32 result unless dst is f32.
   const size_t a_bytes = aligned(size_t(rows * k) * 4), d_bytes = dst32 ? 0 : aligned(size_t(rows * n) * 4);
-  const size_t pad_bytes = aligned(std::max(full.scratchpad_bytes(), tail.scratchpad_bytes()));
-  const size_t per_thread = a_bytes + d_bytes + pad_bytes;
-  WorkspaceBuffer buffers(per_thread * size_t(threads));
-  profile::detail::note_impl(full.impl());
+  const PieceProducts products(args, last_args, rows, a_bytes + d_bytes, threads);
+  if (!products.ok()) return false;
 
   each_piece(blocks, threads, [&](int64_t blk, int thread) {
-    char* mine = static_cast<char*>(buffers.data()) + per_thread * size_t(thread);
+    char* mine = products.mine(thread);
     auto* a32 = reinterpret_cast<float*>(mine);
     const int64_t r0 = blk * rows, nrows = blk == blocks - 1 ? last : rows;
     widen_rows(a, r0, nrows, a32);
     char* out = static_cast<char*>(dst.data_ptr()) + size_t(r0 * n) * dtype_size(dst.dtype());
     float* d32 = dst32 ? reinterpret_cast<float*>(out) : reinterpret_cast<float*>(mine + a_bytes);
     if (o.accumulate && !dst32) widen(out, t, d32, nrows * n);
-    (nrows == rows ? full : tail).run(a32, b32.data_ptr(), d32, args.bias, mine + a_bytes + d_bytes);
+    products.run(nrows, thread, a32, b32.data_ptr(), d32, args.bias);
     if (!dst32) convert(d32, DType::f32, out, t, size_t(nrows * n));
   });
   return true;
@@ -147,24 +171,19 @@ bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
   args.src = &placeholder, args.src_stride_m = 1, args.src_stride_k = m;
   args.wei = &placeholder, args.wei_stride_k = n, args.wei_stride_n = 1;
   args.dst = &placeholder, args.dst_stride_m = n;
-  const OneThreadMatmul full(args);
-  args.k = last;
-  const OneThreadMatmul tail(args);
-  if (!full.ok() || !tail.ok()) return false;
-  const size_t pad_bytes = aligned(std::max(full.scratchpad_bytes(), tail.scratchpad_bytes()));
-  const size_t per_thread = a_bytes + b_bytes + pad_bytes;
-  WorkspaceBuffer buffers(per_thread * size_t(threads));
-  profile::detail::note_impl(full.impl());
+  MatmulArgs last_args = args;
+  last_args.k = last;
+  const PieceProducts products(args, last_args, chunk, a_bytes + b_bytes, threads);
+  if (!products.ok()) return false;
 
   each_piece(chunks, threads, [&](int64_t c, int thread) {
-    char* mine = static_cast<char*>(buffers.data()) + per_thread * size_t(thread);
+    char* mine = products.mine(thread);
     auto* a32 = reinterpret_cast<float*>(mine);
     auto* b32 = reinterpret_cast<float*>(mine + a_bytes);
     const int64_t k0 = c * chunk, nk = c == chunks - 1 ? last : chunk;
     widen_rows(a, k0, nk, a32);
     widen_rows(b, k0, nk, b32);
-    (nk == chunk ? full : tail)
-        .run(a32, b32, static_cast<char*>(partials.data()) + part_bytes * size_t(c), nullptr, mine + a_bytes + b_bytes);
+    products.run(nk, thread, a32, b32, static_cast<char*>(partials.data()) + part_bytes * size_t(c), nullptr);
   });
 
   // dst = (accumulate ? dst : 0) + the partials in chunk order, rounded once into dst's dtype.
