@@ -17,6 +17,7 @@
 #include "error_norms.h"
 #include "error_text.h"
 #include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/dnnl_common.h"
 #include "kernels/kernels.h"
 #include "mixprec/allocator.h"
 #include "mixprec/cpu.h"
@@ -99,9 +100,18 @@ TEST_P(AttentionKernels, FastMatchesTheReference) {
     }
   };
   expect_close(fast, "");
-  // bf16 on the CPU once more on the bf16-tile kernels with AVX512-BF16 emulated: a host without
-  // those instructions ran f32 tiles above, and this is its only run of the bf16 tiles' code.
   if (t != DType::bf16 || !device.is_cpu() || !mixprec::cpu::has_avx512f()) return;
+  // bf16 on the CPU once more on each road (kernels/cpu/dnnl_common.h: the host's rule picked one
+  // above): f32 tiles, and the bf16 tiles where AVX512-BF16 is there; then on the bf16 tiles with
+  // AVX512-BF16 emulated, a host without those instructions' only run of the bf16 tiles' code.
+  {
+    const kernels::cpu::Bf16ProductsGuard road(kernels::cpu::Bf16Products::f32);
+    expect_close(run(in, t, s, kernels::Backend::cpu, device), " (f32 tiles)");
+  }
+  if (mixprec::cpu::has_avx512_bf16()) {
+    const kernels::cpu::Bf16ProductsGuard road(kernels::cpu::Bf16Products::native);
+    expect_close(run(in, t, s, kernels::Backend::cpu, device), " (bf16 tiles)");
+  }
   const kernels::cpu::EmulatedBf16Tiles emulate;
   expect_close(run(in, t, s, kernels::Backend::cpu, device), " (emulated bf16 tiles)");
 }

@@ -145,5 +145,42 @@ TEST(Bf16Math, BothRoadsMatchTheReference) {
   }
 }
 
+// The profile's implementation for a bf16 attention's forward and backward on the CPU.
+std::set<std::string> attention_impls() {
+  Generator g(11);
+  std::vector<Tensor> x;
+  for (int i = 0; i < 3; ++i) x.push_back(convtest::rand(g, {2, 2, 70, 32}, DType::bf16).set_requires_grad());
+  profile::start();
+  Tensor o = ops::scaled_dot_product_attention(x[0], x[1], x[2], {.causal = true});
+  o.backward(convtest::rand(g, o.shape(), DType::bf16));
+  profile::stop();
+  std::set<std::string> impls;
+  for (const auto& row : profile::rows())
+    if (row.kernel.rfind("attention_", 0) == 0) impls.insert(row.impl);
+  return impls;
+}
+
+// bf16 attention follows the same rule as the products (cpu/attention.cpp, tiles_for): bf16 tiles
+// where bf16 computes natively, f32 tiles (bf16 widened on load) on the f32 road and on the by_size
+// kind, whose bf16 tiles ran slower than its f32 ones (docs/hosts.md).
+TEST(Bf16Math, AttentionTakesTheTilesItsHostKindSays) {
+  if (!cpu::has_avx512f())
+    GTEST_SKIP() << "no AVX-512 on this host: attention runs the AVX2 row kernel, in f32 for every dtype";
+  const std::set<std::string> f32_tiles{"mixprec:attention_tiles_f32"}, bf16_tiles{"mixprec:attention_tiles_bf16"};
+  {
+    const Bf16ProductsGuard road(Bf16Products::f32);
+    EXPECT_EQ(attention_impls(), f32_tiles);
+  }
+  {
+    const Bf16ProductsGuard road(Bf16Products::native);
+    EXPECT_EQ(attention_impls(), cpu::has_avx512_bf16() ? bf16_tiles : f32_tiles);
+  }
+  const bool bf16_by_rule = cpu::has_avx512_bf16() && kernels::cpu::bf16_math() == Bf16Math::native;
+  EXPECT_EQ(attention_impls(), bf16_by_rule ? bf16_tiles : f32_tiles) << cpu::describe_bf16_products();
+  if (kernels::cpu::by_size_kind()) {
+    EXPECT_EQ(attention_impls(), f32_tiles);
+  }
+}
+
 }  // namespace
 }  // namespace mixprec

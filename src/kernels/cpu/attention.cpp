@@ -2,9 +2,10 @@
 // online softmax in f32, key blocks past the causal diagonal skipped, and only the output and the
 // log-sum-exp [B, H, Tq] kept; the backward (FlashAttention-2's) recomputes each block's
 // probabilities from the log-sum-exp, so no [Tq, Tk] matrix is ever stored. bf16 inputs multiply
-// on bf16 pairs with f32 accumulation (AVX512-BF16; the probabilities and dS are rounded to bf16
-// before their products, as FlashAttention does); f32 and f16 inputs compute in f32 with FMA (f16
-// converted on load: no f16 arithmetic here). Dropout's keep bits come from the same Philox words
+// on bf16 pairs with f32 accumulation where bf16 computes natively (AVX512-BF16; the probabilities
+// and dS are rounded to bf16 before their products, as FlashAttention does; tiles_for says where);
+// f32 and f16 inputs, and bf16 elsewhere, compute in f32 with FMA (converted on load: no 16-bit
+// arithmetic here). Dropout's keep bits come from the same Philox words
 // as the reference's (attention.h), recomputed by the backward. OpenMP over (batch x head, query
 // block) forward and over batch x head backward (each task owns its dK, dV and dQ).
 #include <omp.h>
@@ -14,9 +15,11 @@
 #include <utility>
 #include <vector>
 
+#include "core/profile_detail.h"
 #include "kernels/attention.h"
 #include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/dnnl_common.h"
 #include "kernels/cpu/vec_exp.h"
 #include "mixprec/allocator.h"
 #include "mixprec/cpu.h"
@@ -448,13 +451,30 @@ bool supported(const Tensor& q, const Tensor& k, const Tensor& v) {
 bool rows_kernel() { return simd_lanes() == Lanes::avx2; }
 thread_local bool emulate_bf16_tiles = false;
 
-// Which tiles a dtype's attention runs on: bf16 data on bf16 tiles where AVX512-BF16 is there (or,
-// under EmulatedBf16Tiles, on emulated ones), everything else on f32 tiles.
+// Which tiles a dtype's attention runs on: bf16 data on bf16 tiles where AVX512-BF16 is there and
+// bf16 products compute natively (or, under EmulatedBf16Tiles, on emulated ones), everything else
+// on f32 tiles (16-bit data widened on load). On the by_size kind (dnnl_common.h: Intel's
+// AVX512-BF16 without AMX, whose VDPBF16PS runs at FMA's flop rate) the bf16 tiles' pair packing
+// and roundings made the gpt's layer slower than f32 tiles (docs/hosts.md), so bf16 takes f32
+// tiles there as on the f32 road; MIXPREC_BF16_PRODUCTS=native forces the bf16 tiles.
 enum class Tiles { f32, bf16, emulated_bf16 };
 Tiles tiles_for(DType t) {
   if (t != DType::bf16) return Tiles::f32;
   if (emulate_bf16_tiles) return Tiles::emulated_bf16;
-  return mixprec::cpu::has_avx512_bf16() ? Tiles::bf16 : Tiles::f32;
+  return mixprec::cpu::has_avx512_bf16() && !bf16_in_f32(true) ? Tiles::bf16 : Tiles::f32;
+}
+// The kernel's name in the profile's implementation column.
+constexpr const char* kRowsImpl = "mixprec:attention_rows_avx2";
+const char* impl_of(Tiles t) {
+  switch (t) {
+    case Tiles::bf16:
+      return "mixprec:attention_tiles_bf16";
+    case Tiles::emulated_bf16:
+      return "mixprec:attention_tiles_emulated_bf16";
+    case Tiles::f32:
+      break;
+  }
+  return "mixprec:attention_tiles_f32";
 }
 
 }  // namespace
@@ -469,9 +489,11 @@ bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   dst.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, DType::f32);
   if (q.numel() == 0) return true;
   if (rows_kernel()) {
+    profile::detail::note_impl(kRowsImpl);
     attn::forward_rows(q, k, v, p, dst);
     return true;
   }
+  profile::detail::note_impl(impl_of(tiles_for(q.dtype())));
   switch (tiles_for(q.dtype())) {
     case Tiles::bf16:
       forward<uint16_t>(q, k, v, p, dst);
@@ -493,9 +515,11 @@ bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
     if (!g->defined() || g->shape() != like->shape() || g->dtype() != like->dtype() || g->strides().back() != 1)
       *g = Tensor::empty(like->shape(), like->dtype());
   if (rows_kernel()) {
+    profile::detail::note_impl(kRowsImpl);
     attn::backward_rows(q, k, v, fwd, grad_out, p, dst);
     return true;
   }
+  profile::detail::note_impl(impl_of(tiles_for(q.dtype())));
   switch (tiles_for(q.dtype())) {
     case Tiles::bf16:
       backward<uint16_t>(q, k, v, fwd, grad_out, p, dst);
