@@ -201,8 +201,9 @@ TEST(PoolFast, MaxPool2x2TiesAndNaNsPickWhatTheReferencePicks) {
   // Rows of 40 -> 20 outputs: 16 through the vector kernel and a tail of 4 through the scalar one.
   // Values from {0, 1, 2, NaN} make ties and NaNs common; the gradient shows which input won.
   // 7 rows: an odd last row, each plane a run; 16 rows: 288 output rows of 17 in one run of all
-  // planes, 4 blocks of 64 and one of 32, in parallel.
-  for (DType t : {DType::f32, DType::bf16})
+  // planes, 4 blocks of 64 and one of 32, in parallel. f16 runs the vector kernels with AVX-512
+  // only (elsewhere the plane path).
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
     for (const Shape& xs : {Shape{2, 3, 7, 40}, Shape{4, 9, 16, 34}}) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " " + shape_str(xs));
       Generator g(21);
@@ -302,7 +303,7 @@ int64_t held_by(F&& forward) {
 // argmax, one byte per output, is kept. The gradient is the argmax form's, through the ReLU's mask.
 TEST(PoolFromInput, AfterAReluTheForwardKeepsNoArgmax) {
   for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu}) {
-    for (DType t : {DType::f32, DType::bf16}) {
+    for (DType t : {DType::f32, DType::bf16, DType::f16}) {
       SCOPED_TRACE(std::string(be == kernels::Backend::cpu ? "cpu " : "ref ") + std::string(dtype_name(t)));
       const kernels::BackendGuard guard(be);
       Generator gen(5);

@@ -1,8 +1,9 @@
 // Fast CPU pooling: OpenMP over the N*C planes of an NCHW tensor, each plane converted to f32
 // once, pooled in f32 and stored rounded once. f32/bf16/f16; f64 goes to the reference. The
 // CNNs' 2x2/2 max pool instead runs over the whole tensor's rows in AVX-512 registers (AVX2 ones
-// on a host without AVX-512; no per-plane buffers), forward and backward, in f32 and bf16 (bf16
-// widened in registers; the forward's maxima rounded in bulk, the gradients in registers).
+// on a host without AVX-512; no per-plane buffers), forward and backward, in f32 and bf16, and in
+// f16 with AVX-512 (16-bit values widened in registers; the forward's maxima rounded in bulk, the
+// gradients in registers).
 #include <omp.h>
 
 #include <algorithm>
@@ -54,6 +55,11 @@ inline ChunkMasks chunk_masks(int64_t outputs) {
   return {first_lanes(inputs), first_lanes(inputs - 16), first_lanes(outputs)};
 }
 
+// f16 elements: the tensor's bits, a distinct type from bf16's uint16_t.
+struct F16 {
+  uint16_t bits;
+};
+
 // The four inputs of 16 (or m.out's) 2x2 windows, exactly as f32: a, b on the top row, c, d below.
 struct Taps2x2 {
   __m512 a, b, c, d;
@@ -77,6 +83,17 @@ __attribute__((target("avx512f"))) inline Taps2x2 taps_2x2(const uint16_t* r0, c
   const __m512i t = _mm512_maskz_loadu_epi32(m.out, r0), u = _mm512_maskz_loadu_epi32(m.out, r1);
   return {_mm512_castsi512_ps(_mm512_slli_epi32(t, 16)), _mm512_castsi512_ps(_mm512_and_si512(t, high)),
           _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)), _mm512_castsi512_ps(_mm512_and_si512(u, high))};
+}
+
+// From f16 rows: as bf16's, a 32-bit lane holds a window's two neighbours of a row; each is
+// narrowed out of its lane and widened by VCVTPH2PS, exact (subnormals too), a signalling NaN
+// quieted: the instruction the plane path's bulk conversion (convert.cpp) widens with.
+__attribute__((target("avx512f"))) inline __m512 f16_low_ps(__m512i v) {
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+}
+__attribute__((target("avx512f"))) inline Taps2x2 taps_2x2(const F16* r0, const F16* r1, const ChunkMasks& m) {
+  const __m512i t = _mm512_maskz_loadu_epi32(m.out, r0), u = _mm512_maskz_loadu_epi32(m.out, r1);
+  return {f16_low_ps(t), f16_low_ps(_mm512_srli_epi32(t, 16)), f16_low_ps(u), f16_low_ps(_mm512_srli_epi32(u, 16))};
 }
 
 // The winners of the windows: the maxima and their window positions (0..3). A pairwise tournament
@@ -119,14 +136,24 @@ __attribute__((target("avx512f"))) inline void route_2x2(__m512i g, __m512i k, c
   _mm512_mask_storeu_epi32(g1, m.out, _mm512_or_si512(v[2], _mm512_slli_epi32(v[3], 16)));
 }
 
+// f16 gradients are routed as bf16's bits are.
+__attribute__((target("avx512f"))) inline void route_2x2(__m512i g, __m512i k, const ChunkMasks& m, F16* g0, F16* g1) {
+  route_2x2(g, k, m, reinterpret_cast<uint16_t*>(g0), reinterpret_cast<uint16_t*>(g1));
+}
+
 // A chunk's incoming gradients in the tensor's dtype: f32 as is; bf16 rounded by the scalar rule
 // (bf16_round_epi32), which gives back a widened bf16 value's own bits, so the routed gradient is
-// what rounding an f32 copy once gives, NaNs included.
+// what rounding an f32 copy once gives, NaNs included; f16 widened and narrowed back by VCVTPH2PS
+// and VCVTPS2PH, the plane path's instructions (the value's own bits, a signalling NaN quieted).
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load_grad(const float* gy, const ChunkMasks& m) {
   return _mm512_maskz_loadu_ps(m.out, gy);
 }
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i load_grad(const uint16_t* gy, const ChunkMasks& m) {
   return bf16_round_epi32(bf16_widen_ps(_mm256_maskz_loadu_epi16(m.out, gy)));
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i load_grad(const F16* gy, const ChunkMasks& m) {
+  const __m512 g = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m.out, gy));
+  return _mm512_cvtepu16_epi32(_mm512_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
 // The row kernels below take `rows` output rows of `ow` outputs each, one after another, whose
@@ -135,7 +162,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i load_grad(co
 // nets' rows are 14 and 7 outputs wide, so a call, an index division and a zeroing per row cost
 // as much as the row). 16 outputs per step, masked for the last step of a row.
 
-// The 2x2/2 max pool over f32 or bf16 rows, the maxima in f32 (exactly a bf16 input's value). The
+// The 2x2/2 max pool over f32, bf16 or f16 rows, the maxima in f32 (exactly a 16-bit input's value). The
 // argmax is narrowed in registers, then stored (vpmovdb with a memory operand is microcoded and
 // slow on AMD Zen).
 template <class T>
@@ -302,22 +329,31 @@ __attribute__((target("avx2"))) void max_rows_2x2_backward_from_input_avx2(const
     }
 }
 
-// The row kernels of this host.
+// The row kernels of this host (f16 has AVX-512's only: tensor_2x2 sends it nowhere else).
 template <class T>
 void max_rows_2x2(const T* x, int64_t w, int64_t ow, int64_t rows, float* out, uint8_t* arg) {
-  (avx512_rows() ? max_rows_2x2_avx512<T> : max_rows_2x2_avx2<T>)(x, w, ow, rows, out, arg);
+  if constexpr (std::is_same_v<T, F16>)
+    max_rows_2x2_avx512<T>(x, w, ow, rows, out, arg);
+  else
+    (avx512_rows() ? max_rows_2x2_avx512<T> : max_rows_2x2_avx2<T>)(x, w, ow, rows, out, arg);
 }
 template <class T>
 void max_rows_2x2_backward(const T* gy, const uint8_t* arg, int64_t w, int64_t ow, int64_t rows, T* gx) {
-  (avx512_rows() ? max_rows_2x2_backward_avx512<T> : max_rows_2x2_backward_avx2<T>)(gy, arg, w, ow, rows, gx);
+  if constexpr (std::is_same_v<T, F16>)
+    max_rows_2x2_backward_avx512<T>(gy, arg, w, ow, rows, gx);
+  else
+    (avx512_rows() ? max_rows_2x2_backward_avx512<T> : max_rows_2x2_backward_avx2<T>)(gy, arg, w, ow, rows, gx);
 }
 template <class T>
 void max_rows_2x2_backward_from_input(const T* x, const T* gy, int64_t w, int64_t ow, int64_t rows, T* gx) {
-  (avx512_rows() ? max_rows_2x2_backward_from_input_avx512<T> : max_rows_2x2_backward_from_input_avx2<T>)(x, gy, w, ow,
-                                                                                                          rows, gx);
+  if constexpr (std::is_same_v<T, F16>)
+    max_rows_2x2_backward_from_input_avx512<T>(x, gy, w, ow, rows, gx);
+  else
+    (avx512_rows() ? max_rows_2x2_backward_from_input_avx512<T>
+                   : max_rows_2x2_backward_from_input_avx2<T>)(x, gy, w, ow, rows, gx);
 }
 
-// The vector kernels over whole f32 or bf16 tensors, without per-plane buffers, in runs of output
+// The vector kernels over whole f32, bf16 or f16 tensors, without per-plane buffers, in runs of output
 // rows whose input row pairs follow each other: f(first output's offset, first input row's offset,
 // rows) for every run, in parallel. Where every input row is in a window (h = 2 oh), output row r
 // of the n * c * oh reads input rows 2r and 2r + 1 of the tensor, and a run is a block of rows
@@ -340,7 +376,11 @@ void for_row_runs(const PoolGeometry& g, F&& f) {
   }
 }
 
-bool tensor_2x2(const PoolGeometry& g, DType t) { return (t == DType::f32 || t == DType::bf16) && vector_2x2(g); }
+// f16 rows with AVX-512 only (the AVX2 kernels' 8-lane loads have no f16 form; there f16 takes the
+// plane path, whose bits are the same).
+bool tensor_2x2(const PoolGeometry& g, DType t) {
+  return (t == DType::f32 || t == DType::bf16 || (t == DType::f16 && avx512_rows())) && vector_2x2(g);
+}
 
 template <class T>
 T* elems(Tensor& t) {
@@ -351,23 +391,23 @@ const T* elems(const Tensor& t) {
   return static_cast<const T*>(t.data_ptr());
 }
 
-// The forward over the tensor's rows: f32 maxima stored as they are; bf16 ones staged in f32, a
+// The forward over the tensor's rows: f32 maxima stored as they are; 16-bit ones staged in f32, a
 // run at a time, then rounded into dst by one bulk conversion (the plane path's bits). Storing a
 // bf16 row kernel's maxima from registers (masked 16-bit stores, 14 or 7 outputs a row) was slower
 // than the plane path on the AMD Zen 5 host, 1.76 against 1.41 ms for the cnn 32/64's two pools;
 // the plane path pays two conversion calls per plane (the cnn 32/64 has 24,576 planes of 784 or
 // 196 inputs). Staged, on the AMD Zen 4 host (2026-12-03, `bench --profile`, three alternating
 // pairs): the cnn 32/64's two pools 2.45-3.05 -> 1.77-2.00 ms, the wide cnn's 8.2-9.6 -> 5.1-6.4.
+template <class T>
 void max_forward_2x2(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
   uint8_t* arg = r.argmax.data<uint8_t>();
-  if (x.dtype() == DType::f32) {
-    const float* src = elems<float>(x);
+  const T* src = elems<T>(x);
+  if constexpr (std::is_same_v<T, float>) {
     float* dst = elems<float>(r.dst);
     for_row_runs(g,
                  [&](int64_t o, int64_t i, int64_t rows) { max_rows_2x2(src + i, g.w, g.ow, rows, dst + o, arg + o); });
     return;
   }
-  const uint16_t* src = elems<uint16_t>(x);
   const int64_t stage_len = row_run(g) * g.ow;  // a thread's staged maxima
   Tensor stage;
   {
@@ -388,8 +428,8 @@ void max_forward_2x2(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
 template <class T>
 void zero_unreached(T* gx, const PoolGeometry& g, int64_t rows) {
   if (g.w > 2 * g.ow)
-    for (int64_t row = 0; row < 2 * rows; ++row) std::fill(gx + row * g.w + 2 * g.ow, gx + (row + 1) * g.w, T(0));
-  if (g.h > 2 * g.oh) std::fill(gx + 2 * g.oh * g.w, gx + g.h * g.w, T(0));  // a run is one plane here
+    for (int64_t row = 0; row < 2 * rows; ++row) std::fill(gx + row * g.w + 2 * g.ow, gx + (row + 1) * g.w, T{});
+  if (g.h > 2 * g.oh) std::fill(gx + 2 * g.oh * g.w, gx + g.h * g.w, T{});  // a run is one plane here
 }
 
 template <class T>
@@ -454,7 +494,16 @@ void for_planes(const PoolGeometry& g, F&& f) {
 bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
   if (!f32_compute(x.dtype()) || !x.is_contiguous()) return false;
   if (tensor_2x2(g, x.dtype())) {
-    max_forward_2x2(x, g, r);
+    switch (x.dtype()) {
+      case DType::f32:
+        max_forward_2x2<float>(x, g, r);
+        break;
+      case DType::bf16:
+        max_forward_2x2<uint16_t>(x, g, r);
+        break;
+      default:
+        max_forward_2x2<F16>(x, g, r);
+    }
     return true;
   }
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
@@ -473,8 +522,16 @@ bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r
 bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g, Tensor& grad_x) {
   if (!f32_compute(grad_y.dtype()) || !grad_y.is_contiguous() || !argmax.is_contiguous()) return false;
   if (tensor_2x2(g, grad_y.dtype())) {
-    grad_y.dtype() == DType::f32 ? max_backward_2x2<float>(grad_y, argmax, g, grad_x)
-                                 : max_backward_2x2<uint16_t>(grad_y, argmax, g, grad_x);
+    switch (grad_y.dtype()) {
+      case DType::f32:
+        max_backward_2x2<float>(grad_y, argmax, g, grad_x);
+        break;
+      case DType::bf16:
+        max_backward_2x2<uint16_t>(grad_y, argmax, g, grad_x);
+        break;
+      default:
+        max_backward_2x2<F16>(grad_y, argmax, g, grad_x);
+    }
     return true;
   }
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
@@ -494,8 +551,16 @@ bool max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const
   if (!f32_compute(grad_y.dtype()) || !grad_y.is_contiguous() || !f32_compute(x.dtype()) || !x.is_contiguous())
     return false;
   if (tensor_2x2(g, x.dtype()) && grad_y.dtype() == x.dtype()) {
-    x.dtype() == DType::f32 ? max_backward_from_input_2x2<float>(grad_y, x, g, grad_x)
-                            : max_backward_from_input_2x2<uint16_t>(grad_y, x, g, grad_x);
+    switch (x.dtype()) {
+      case DType::f32:
+        max_backward_from_input_2x2<float>(grad_y, x, g, grad_x);
+        break;
+      case DType::bf16:
+        max_backward_from_input_2x2<uint16_t>(grad_y, x, g, grad_x);
+        break;
+      default:
+        max_backward_from_input_2x2<F16>(grad_y, x, g, grad_x);
+    }
     return true;
   }
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow, planes = g.n * g.c;
