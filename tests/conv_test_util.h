@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <sstream>
@@ -60,6 +61,19 @@ inline ::testing::AssertionResult close_accumulated(const Tensor& fast, const Te
   const DType t = ref.dtype();
   return close(
       fast, ref, [&](size_t i) { return ulp_of(t, r[i]) + terms * kU32 * a[i] + 1e-30; }, what);
+}
+
+// A kernel that rounds an f32 accumulation of `terms` products once, to nearest, against the f64
+// truth: half an ulp of the output dtype (at the larger of the two values: a rounding up across a
+// binade edge) plus the f32 accumulation's bound, terms * 2^-24 * (sum of |products|). A kernel
+// that truncates, or rounds twice, is off by up to a whole ulp and fails.
+inline ::testing::AssertionResult close_rounded_once(const Tensor& fast, const Tensor& truth, const Tensor& abs_sum,
+                                                     double terms, const std::string& what = "") {
+  const std::vector<double> f = fast.to_vector_f64(), r = truth.to_vector_f64(), a = abs_sum.to_vector_f64();
+  const DType t = fast.dtype();
+  return close(
+      fast.to(DType::f64), truth.to(DType::f64),
+      [&](size_t i) { return 0.5 * std::max(ulp_of(t, f[i]), ulp_of(t, r[i])) + terms * kU32 * a[i] + 1e-30; }, what);
 }
 
 }  // namespace mixprec::convtest

@@ -102,7 +102,7 @@ std::vector<Sizes> fast_cases() {
        {10, 3, 3, 3},
        {.stride = 2, .padding = {2, 1}, .dilation = {1, 2}}},
       {"first_layer_1ch_5x5", {5, 1, 11, 17}, {13, 1, 5, 5}, {.stride = {1, 2}, .padding = 2}},
-      // In bf16, mixprec's first-layer forward (ConvFast.FirstLayerBf16Forward...): 30 taps, 6
+      // In bf16 and f16, mixprec's first-layer forward (ConvFast.FirstLayerForward...): 30 taps, 6
       // output channels (a group of four and one of two), rows of 35 outputs (16, 16 and 3).
       {"first_layer_2ch_3x5_pad_0x2", {3, 2, 9, 35}, {6, 2, 3, 5}, {.padding = {0, 2}}},
       {"1x1", {2, 32, 7, 7}, {48, 32, 1, 1}, {}},
@@ -279,67 +279,86 @@ TEST(ConvFast, Bf16UsesTheHostsMatrixUnit) {
 }
 
 // A first layer's weight gradient (at most 4 input channels and 32 taps) runs mixprec's kernel
-// (the profile names it) on the AVX2 kind and with AVX-512, in fp32 and bf16 (on the AVX2 kind
-// through f32), at 32 output channels (a width oneDNN's blocked kernels take, padding the one
-// input channel to a block) and 42 (where oneDNN 2.6's bf16 kernel is its im2col GEMM);
-// MatchesReferenceInEveryDType checks its values on the first_layer_* cases.
+// (the profile names it) on the AVX2 kind and with AVX-512, in fp32, bf16 and f16 (on the AVX2 kind
+// the 16-bit ones through f32), at 32 output channels (a width oneDNN's blocked kernels take,
+// padding the one input channel to a block) and 42 (where oneDNN 2.6's bf16 kernel is its im2col
+// GEMM). As in the nets, the input needs no gradient (an f16 layer's weight gradient then reads the
+// f16 tensors, nothing cast): the weight and bias gradients are the f64 truth rounded once, within
+// an f32 sum's bound. MatchesReferenceInEveryDType checks the first_layer_* cases with an input
+// gradient too.
 TEST(ConvFast, FirstLayerWeightGradientRunsMixprecsKernel) {
-  BackendGuard guard(kernels::Backend::cpu);
   if (!mixprec::cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2 and FMA: the scalar host runs oneDNN's kernels";
   for (int64_t oc : {32, 42})
-    for (DType t : {DType::f32, DType::bf16}) {
+    for (DType t : {DType::f32, DType::bf16, DType::f16}) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " oc " + std::to_string(oc));
       Generator gen(5);
       const Tensor x = convtest::rand(gen, {8, 1, 28, 28}, t);
-      const Tensor w = convtest::rand(gen, {oc, 1, 3, 3}, t).set_requires_grad();
-      const Tensor b = convtest::rand(gen, {oc}, t).set_requires_grad();
+      const Tensor w = convtest::rand(gen, {oc, 1, 3, 3}, t);
+      const Tensor b = convtest::rand(gen, {oc}, t);
+      const Tensor gy = convtest::rand(gen, {8, oc, 28, 28}, t);
+      // The weight and bias gradients of conv2d(xi, wi, bi) against gyi on backend be.
+      auto grads = [](kernels::Backend be, const Tensor& xi, const Tensor& wi, const Tensor& bi, const Tensor& gyi) {
+        BackendGuard guard(be);
+        Tensor wl = wi.clone().set_requires_grad(), bl = bi.clone().set_requires_grad();
+        ops::conv2d(xi, wl, bl, {.padding = 1}).backward(gyi);
+        return std::pair{wl.grad(), bl.grad()};
+      };
       profile::start();
-      ops::sum(ops::conv2d(x, w, b, {.padding = 1})).backward();
+      const auto [gw, gb] = grads(kernels::Backend::cpu, x, w, b, gy);
       profile::stop();
       std::string impl;
       for (const auto& r : profile::rows())
         if (r.kernel == "conv2d_backward") impl = r.impl;
       EXPECT_EQ(impl, "mixprec:small_k_wgrad");
+      const auto f64 = [](const Tensor& v) { return v.to(DType::f64); };
+      const auto [tw, tb] = grads(kernels::Backend::ref, f64(x), f64(w), f64(b), f64(gy));
+      const auto [aw, ab] = grads(kernels::Backend::ref, convtest::abs_of(x), f64(w), f64(b), convtest::abs_of(gy));
+      const double terms = 8 * 28 * 28;  // images x positions
+      EXPECT_TRUE(convtest::close_rounded_once(gw, tw, aw, terms, "weight gradient"));
+      EXPECT_TRUE(convtest::close_rounded_once(gb, tb, ab, terms, "bias gradient"));
     }
 }
 
-// A bf16 first layer's forward (at most 4 input channels and 32 taps, stride 1): mixprec's own
-// kernel where oneDNN 2.6 has only its im2col GEMM for an NCHW output (the profile names it). With
-// the fused ReLU and a NaN input: the windows that hold it give NaN, the others agree with the
-// reference within an f32 sum's bound. The second shape's output, 56 x 96 x 28 x 28 bf16 (8.4 MB),
-// is stored with non-temporal stores. MatchesReferenceInEveryDType covers more geometries.
-TEST(ConvFast, FirstLayerBf16ForwardRunsMixprecsKernel) {
-  if (!kernels::cpu::has_avx512_bf16() && !kernels::cpu::has_amx_bf16())
-    GTEST_SKIP() << "no bf16 convolutions on this CPU (neither AVX512-BF16 nor AMX-BF16)";
+// A 16-bit first layer's forward (at most 4 input channels and 32 taps, stride 1): mixprec's own
+// kernel, in bf16 (where oneDNN 2.6 has only its im2col GEMM for an NCHW output) and f16 (where it
+// has no kernel at all), on every host with AVX-512BW, with or without a bf16 unit (the profile
+// names it). With the fused ReLU and a NaN input: the windows that hold it give NaN, the others are
+// the f64 truth rounded once to nearest, within an f32 sum's bound. The second shape's output, 56 x 96 x 28 x 28
+// (8.4 MB), is stored with non-temporal stores. MatchesReferenceInEveryDType covers more geometries.
+TEST(ConvFast, FirstLayerForwardRunsMixprecsKernel) {
+  if (!mixprec::cpu::has_avx512bw())
+    GTEST_SKIP() << "no AVX-512BW: 16-bit first layers run oneDNN's kernels (f32's, between casts)";
   const Conv2dOptions o{.padding = 1, .relu = true};
   auto run = [&](kernels::Backend be, const Tensor& xi, const Tensor& wi, const Tensor& bi) {
     BackendGuard guard(be);
     return ops::conv2d(xi, wi, bi, o);
   };
-  for (const auto& [xs, oc] : std::vector<std::pair<Shape, int64_t>>{{{5, 1, 13, 21}, 7}, {{56, 1, 28, 28}, 96}}) {
-    SCOPED_TRACE(shape_str(xs));
-    Generator gen(9);
-    std::vector<double> xv = convtest::rand(gen, xs, DType::f64).to_vector_f64();
-    const bool small = xs[0] == 5;
-    if (small) xv[3 * 273 + 6 * 21 + 20] = NAN;  // image 3, row 6, last column
-    const Tensor x = Tensor::from_vector(xv, xs, DType::bf16);
-    const Tensor w = convtest::rand(gen, {oc, 1, 3, 3}, DType::bf16, -0.5, 0.5);
-    const Tensor b = convtest::rand(gen, {oc}, DType::f32);
-    profile::start();
-    const Tensor fast = run(kernels::Backend::cpu, x, w, b);
-    profile::stop();
-    std::string impl;
-    for (const auto& r : profile::rows())
-      if (r.kernel == "conv2d_forward") impl = r.impl;
-    EXPECT_EQ(impl, "mixprec:first_layer_fwd");
-    const Tensor ref = run(kernels::Backend::ref, x, w, b);
-    const Tensor abs = run(kernels::Backend::ref, convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(b));
-    EXPECT_TRUE(convtest::close_accumulated(fast, ref, abs, 9 + 1, "forward"));
-    int64_t nans = 0;
-    for (double v : fast.to_vector_f64()) nans += std::isnan(v);
-    // 7 channels x the 6 outputs whose 3x3 window holds the NaN (it sits on the right edge).
-    EXPECT_EQ(nans, small ? 7 * 6 : 0);
-  }
+  for (DType t : {DType::bf16, DType::f16})
+    for (const auto& [xs, oc] : std::vector<std::pair<Shape, int64_t>>{{{5, 1, 13, 21}, 7}, {{56, 1, 28, 28}, 96}}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " " + shape_str(xs));
+      Generator gen(9);
+      std::vector<double> xv = convtest::rand(gen, xs, DType::f64).to_vector_f64();
+      const bool small = xs[0] == 5;
+      if (small) xv[3 * 273 + 6 * 21 + 20] = NAN;  // image 3, row 6, last column
+      const Tensor x = Tensor::from_vector(xv, xs, t);
+      const Tensor w = convtest::rand(gen, {oc, 1, 3, 3}, t, -0.5, 0.5);
+      const Tensor b = convtest::rand(gen, {oc}, t);  // (ops::conv2d rounds a bias to x's dtype)
+      profile::start();
+      const Tensor fast = run(kernels::Backend::cpu, x, w, b);
+      profile::stop();
+      std::string impl;
+      for (const auto& r : profile::rows())
+        if (r.kernel == "conv2d_forward") impl = r.impl;
+      EXPECT_EQ(impl, "mixprec:first_layer_fwd");
+      EXPECT_EQ(fast.dtype(), t);
+      const Tensor truth = run(kernels::Backend::ref, x.to(DType::f64), w.to(DType::f64), b.to(DType::f64));
+      const Tensor abs = run(kernels::Backend::ref, convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(b));
+      EXPECT_TRUE(convtest::close_rounded_once(fast, truth, abs, 9 + 1, "forward"));
+      int64_t nans = 0;
+      for (double v : fast.to_vector_f64()) nans += std::isnan(v);
+      // 7 channels x the 6 outputs whose 3x3 window holds the NaN (it sits on the right edge).
+      EXPECT_EQ(nans, small ? 7 * 6 : 0);
+    }
 }
 
 // bf16 gradients of a stride-1 convolution run as forward convolutions (the input gradient with

@@ -488,6 +488,12 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
 bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                     Tensor& dst) {
   if (!shapes_ok(g) || !dense(x) || !dense(weight) || !dense(bias)) return false;
+  // A 16-bit first layer: mixprec's own kernel (f32 math, rounded once), on every road.
+  if (weight.dtype() == x.dtype() && (!bias.defined() || bias.dtype() == DType::f32 || bias.dtype() == x.dtype()) &&
+      first_layer_applies(g, x.dtype())) {
+    forward_first_layer(x, weight, bias, g, relu, dst);
+    return true;
+  }
   // oneDNN has no f16 on CPU, and without AVX512-BF16 or AMX-BF16 its bf16 convolutions are not
   // there either (ours then ran the reference loops: 4.4 s for a batch-32 cnn-bn amp-bf16 step on
   // an AVX-512 Xeon without BF16, 2026-11-27): f32 math, 16-bit storage, one rounding as before.
@@ -500,10 +506,6 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   }
   if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && bf16_unit())) return false;
   if (bias.defined() && bias.dtype() != DType::f32 && bias.dtype() != x.dtype()) return false;
-  if (weight.dtype() == x.dtype() && first_layer_applies(g, x.dtype())) {
-    forward_first_layer(x, weight, bias, g, relu, dst);
-    return true;
-  }
   ConvEntry holder;
   const ConvEntry* e =
       entry(g, x.dtype(), bias.defined(), bias.defined() ? bias.dtype() : DType::f32, relu, ConvPass::forward, holder);
@@ -521,15 +523,22 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
   const bool need_x = out.x.defined(), need_w = out.weight.defined(), need_b = out.bias.defined();
   const DType t = grad_y.dtype();
   if (conv_in_f32(g, t)) {
+    // An f16 first layer's weight and bias gradients: mixprec's kernel on the f16 tensors (the cnns'
+    // first layers need nothing else, so grad_y is never cast); the rest in f32.
+    const bool small_k = need_w && t == DType::f16 && x.dtype() == t && small_k_wgrad(g, t) &&
+                         out.weight.dtype() == t && (!need_b || out.bias.dtype() == t);
+    if (small_k) backward_weights_small_k(grad_y, x, g, out);
+    const bool wide_w = need_w && !small_k, wide_b = need_b && !small_k;
+    if (!need_x && !wide_w && !wide_b) return true;
     ConvGrads o32;
     if (need_x) o32.x = Tensor::empty(out.x.shape(), DType::f32);
-    if (need_w) o32.weight = Tensor::empty(out.weight.shape(), DType::f32);
-    if (need_b) o32.bias = Tensor::empty(out.bias.shape(), DType::f32);
-    if (!conv2d_backward(as_f32(grad_y), need_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g, o32))
+    if (wide_w) o32.weight = Tensor::empty(out.weight.shape(), DType::f32);
+    if (wide_b) o32.bias = Tensor::empty(out.bias.shape(), DType::f32);
+    if (!conv2d_backward(as_f32(grad_y), wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g, o32))
       return false;
     if (need_x) kernels::copy(o32.x, out.x);
-    if (need_w) kernels::copy(o32.weight, out.weight);
-    if (need_b) kernels::copy(o32.bias, out.bias);
+    if (wide_w) kernels::copy(o32.weight, out.weight);
+    if (wide_b) kernels::copy(o32.bias, out.bias);
     return true;
   }
   if (t != DType::f32 && !(t == DType::bf16 && bf16_unit())) return false;

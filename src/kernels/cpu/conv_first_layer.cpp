@@ -1,7 +1,8 @@
 // A first layer's forward convolution (at most kFirstLayerChannels input channels and kSmallKTaps
-// taps, stride 1, no dilation, one group) in bf16: mixprec's own, direct loops over each image
-// zero-padded in f32 (dnnl_conv.h; docs/conv.md, item 1). oneDNN 2.6 has only its im2col GEMM for
-// such a forward with an NCHW output.
+// taps, stride 1, no dilation, one group) in bf16 or f16: mixprec's own, direct loops over each
+// image zero-padded in f32 (dnnl_conv.h; docs/conv.md, item 1), rounded once on store. oneDNN 2.6
+// has only its im2col GEMM for such a forward with an NCHW output in bf16, and no f16 at all (f16
+// convolutions otherwise run its f32 kernels between two whole-tensor casts).
 #include <omp.h>
 
 #include <algorithm>
@@ -49,12 +50,13 @@ void pad_image(const char* xb, DType t, int64_t n, const ConvGeometry& g, const 
 // tail): acc_r = bias_r + sum over taps k = (c, ky, kx) of w[r][k] * xp[c][oy + ky][ox + kx], xp
 // the image zero-padded in f32 (rows of pw; off[k] = the tap's offset in it), each tap's inputs
 // loaded once for the four channels. ReLU as the reference's (NaN and -0 kept). The planes are
-// computed into `planes` (f32, L1-sized), then each is rounded once into y with whole-vector
+// computed into `planes` (f32, L1-sized), then each is rounded once into y (bf16 by the scalar
+// rule, bf16_round_epi32; f16 by VCVTPS2PH to nearest, convert()'s instruction) with whole-vector
 // stores, non-temporal where `stream` (an output far larger than the caches, whose lines would
 // only be read for ownership and evicted).
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
     const float* xp, int64_t pw, const int64_t* off, int64_t taps, const ConvGeometry& g, const float* w4,
-    const float* b4, int64_t channels, bool relu, bool stream, float* planes, uint16_t* y) {
+    const float* b4, int64_t channels, bool relu, bool stream, bool f16, float* planes, uint16_t* y) {
   const int64_t plane = g.oh * g.ow;
   const __m512 zero = _mm512_setzero_ps();
   const float *w0 = w4, *w1 = w4 + taps, *w2 = w4 + 2 * taps, *w3 = w4 + 3 * taps;
@@ -79,12 +81,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
   for (int64_t r = 0; r < channels; ++r)
     for (int64_t i = 0; i < plane; i += 16) {
       const __mmask16 m = first_lanes(plane - i);
-      const __m512i bits = bf16_round_epi32(_mm512_maskz_loadu_ps(m, planes + r * plane + i));
+      const __m512 v = _mm512_maskz_loadu_ps(m, planes + r * plane + i);
+      const __m256i h = f16 ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                            : _mm512_cvtepi32_epi16(bf16_round_epi32(v));  // not vpmovdw to memory: slow on AMD
       if (stream)
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(y + r * plane + i), _mm512_cvtepi32_epi16(bits));
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(y + r * plane + i), h);
       else
-        _mm256_mask_storeu_epi16(y + r * plane + i, m,
-                                 _mm512_cvtepi32_epi16(bits));  // not vpmovdw to memory: slow on AMD
+        _mm256_mask_storeu_epi16(y + r * plane + i, m, h);
     }
 }
 
@@ -93,8 +96,9 @@ constexpr size_t kStreamBytes = size_t(8) << 20;
 }  // namespace
 
 bool first_layer_applies(const ConvGeometry& g, DType t) {
-  return t == DType::bf16 && g.groups == 1 && g.c <= kFirstLayerChannels && g.c * g.kh * g.kw <= kSmallKTaps &&
-         g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1 && mixprec::cpu::has_avx512bw();
+  return (t == DType::bf16 || t == DType::f16) && g.groups == 1 && g.c <= kFirstLayerChannels &&
+         g.c * g.kh * g.kw <= kSmallKTaps && g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1 &&
+         mixprec::cpu::has_avx512bw();
 }
 
 void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
@@ -114,6 +118,7 @@ void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bi
   // Non-temporal stores need 32-byte aligned planes. On the AMD Zen 5 host (micro-benchmark, 2
   // threads) they took the wide cnn's first layer (64 x 420 x 28 x 28 out, 42 MB) from 3.9-4.5 to
   // 3.3-4.2 ms and the 256 x 32 x 28 x 28 one (13 MB) from 1.18-1.24 to 1.09-1.17 ms.
+  const bool f16 = dst.dtype() == DType::f16;
   const bool stream = dst.nbytes() >= kStreamBytes && plane % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 32 == 0;
   profile::detail::note_impl("mixprec:first_layer_fwd");
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -123,7 +128,7 @@ void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bi
     pad_image(xb, x.dtype(), n, g, pd, xp);
     for (int64_t o = 0; o < g.oc; o += 4)
       forward_four_channels(xp, pd.pw, pd.off, taps, g, wf.data() + o * taps, bf.data() + o,
-                            std::min<int64_t>(4, g.oc - o), relu, stream, planes, y + (n * g.oc + o) * plane);
+                            std::min<int64_t>(4, g.oc - o), relu, stream, f16, planes, y + (n * g.oc + o) * plane);
     if (stream) _mm_sfence();  // the streamed lines are in memory before the region's barrier
   }
 }

@@ -1,6 +1,7 @@
 // mixprec's weight gradient of a convolution with a short contraction (a first layer), in f32 on
-// AVX2 and AVX-512 hosts and in bf16 with AVX-512, where oneDNN 2.6 pads the input channels to a
-// block or, in bf16, falls back to its im2col GEMM (see conv.cpp's small_k_wgrad and docs/conv.md).
+// AVX2 and AVX-512 hosts and in bf16 and f16 with AVX-512, where oneDNN 2.6 pads the input channels
+// to a block or, in bf16, falls back to its im2col GEMM, and has no f16 (see conv.cpp's
+// small_k_wgrad and docs/conv.md).
 //
 // dW[oc, k] = sum over images n and output positions p of dy[n, oc, p] * cols_n[k, p], where
 // k = (c, kh, kw) runs over C * KH * KW <= kSmallKTaps taps and cols_n is image n's im2col. oneDNN's
@@ -8,7 +9,8 @@
 // 11 GFLOP/s, 34 ms of a 750 ms step (docs/hosts.md). Here: each image's cols in x's dtype (K rows
 // of P, zero-padded to whole vectors), and for four output channels by three taps at a time the
 // dot products of their dy rows, read in place, with the cols rows, f32 accumulation: f32 by FMA
-// (16 lanes with AVX-512, 8 with AVX2), bf16 by VDPBF16PS (pairs of positions). Images go in fixed
+// (16 lanes with AVX-512, 8 with AVX2), f16 by the same FMAs on values widened as they are loaded
+// (VCVTPH2PS, exact), bf16 by VDPBF16PS (pairs of positions). Images go in fixed
 // parts of kImagesPerPart, each with its own f32 partial sums, added in part order: the result does
 // not depend on the thread count.
 #include <omp.h>
@@ -27,34 +29,53 @@ namespace {
 
 constexpr int64_t kImagesPerPart = 4;
 
+// f16 elements: the tensor's bits, a distinct type from bf16's uint16_t.
+struct F16 {
+  uint16_t bits;
+};
+
+// 16 elements as f32 lanes (f16 widened exactly), and the first lanes of m (zeros past them).
+__attribute__((target("avx512f"))) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+__attribute__((target("avx512f"))) inline __m512 load16(const F16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+__attribute__((target("avx512f"))) inline __m512 load16(__mmask16 m, const float* p) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(__mmask16 m, const F16* p) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
 // acc[r * K + k] += sum_p rows[r][p] * cols[k][p] for the four rows r over the first p_count
 // positions, three taps at a time (twelve accumulators; a tap's sum has one 16-lane accumulator
 // over the positions in order, then the lanes add in lane order, so the result is fixed for a
 // given p_count); bias[r] += sum_p rows[r][p] when bias is set. The rows are read in place (grad_y's
 // planes), masked past p_count; cols rows are `stride` elements apart, zeros past p_count. A last
 // block of one or two taps repeats its first; only the taps it has are added.
-// f32: 16 positions a step, FMA.
-__attribute__((target("avx512f"))) void wgrad_four_rows(const float* cols, int64_t k_count, int64_t p_count,
-                                                        int64_t stride, const float* const* rows, float* acc,
-                                                        float* bias) {
-  const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
+// f32 and f16 (widened on load): 16 positions a step, FMA.
+template <class T>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void wgrad_four_rows_fma(const T* cols, int64_t k_count,
+                                                                              int64_t p_count, int64_t stride,
+                                                                              const T* const* rows, float* acc,
+                                                                              float* bias) {
+  const T *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
   for (int64_t k = 0; k < k_count; k += 3) {
     const int64_t taps = std::min<int64_t>(3, k_count - k);
-    const float* c0 = cols + k * stride;
-    const float* c1 = taps > 1 ? c0 + stride : c0;
-    const float* c2 = taps > 2 ? c0 + 2 * stride : c0;
+    const T* c0 = cols + k * stride;
+    const T* c1 = taps > 1 ? c0 + stride : c0;
+    const T* c2 = taps > 2 ? c0 + 2 * stride : c0;
     __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
     __m512 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
     for (int64_t p = 0; p < p_count; p += 16) {
       const __mmask16 m = first_lanes(p_count - p);
-      const __m512 v0 = _mm512_loadu_ps(c0 + p), v1 = _mm512_loadu_ps(c1 + p), v2 = _mm512_loadu_ps(c2 + p);
-      __m512 y = _mm512_maskz_loadu_ps(m, r0 + p);
+      const __m512 v0 = load16(c0 + p), v1 = load16(c1 + p), v2 = load16(c2 + p);
+      __m512 y = load16(m, r0 + p);
       a00 = _mm512_fmadd_ps(y, v0, a00), a01 = _mm512_fmadd_ps(y, v1, a01), a02 = _mm512_fmadd_ps(y, v2, a02);
-      y = _mm512_maskz_loadu_ps(m, r1 + p);
+      y = load16(m, r1 + p);
       a10 = _mm512_fmadd_ps(y, v0, a10), a11 = _mm512_fmadd_ps(y, v1, a11), a12 = _mm512_fmadd_ps(y, v2, a12);
-      y = _mm512_maskz_loadu_ps(m, r2 + p);
+      y = load16(m, r2 + p);
       a20 = _mm512_fmadd_ps(y, v0, a20), a21 = _mm512_fmadd_ps(y, v1, a21), a22 = _mm512_fmadd_ps(y, v2, a22);
-      y = _mm512_maskz_loadu_ps(m, r3 + p);
+      y = load16(m, r3 + p);
       a30 = _mm512_fmadd_ps(y, v0, a30), a31 = _mm512_fmadd_ps(y, v1, a31), a32 = _mm512_fmadd_ps(y, v2, a32);
     }
     const __m512 sums[4][3] = {{a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}, {a30, a31, a32}};
@@ -64,8 +85,7 @@ __attribute__((target("avx512f"))) void wgrad_four_rows(const float* cols, int64
   if (!bias) return;
   for (int64_t r = 0; r < 4; ++r) {
     __m512 b = _mm512_setzero_ps();
-    for (int64_t p = 0; p < p_count; p += 16)
-      b = _mm512_add_ps(b, _mm512_maskz_loadu_ps(first_lanes(p_count - p), rows[r] + p));
+    for (int64_t p = 0; p < p_count; p += 16) b = _mm512_add_ps(b, load16(first_lanes(p_count - p), rows[r] + p));
     bias[r] += lane_sum(b);
   }
 }
@@ -160,7 +180,7 @@ __attribute__((target("avx2,fma"))) void wgrad_four_rows_avx2(const float* cols,
   }
 }
 
-// Image n's im2col (f32 or bf16 bits, as x): K rows of `stride` elements, zeros past P and wherever
+// Image n's im2col (f32, or bf16 or f16 bits, as x): K rows of `stride` elements, zeros past P and wherever
 // a tap falls in the padding. A stride-1, undilated layer copies whole output rows from a
 // zero-padded copy of the image (`padded`: (h + 2 pad_h) x (w + 2 pad_w) per channel, its border
 // zero).
@@ -177,7 +197,7 @@ void im2col(const T* x, const ConvGeometry& g, int64_t stride, T* padded, T* col
         for (int64_t j = 0; j < g.kw; ++j) {
           T* col = cols + ((c * g.kh + i) * g.kw + j) * stride;
           for (int64_t oh = 0; oh < g.oh; ++oh) std::copy_n(padded + (c * hp + oh + i) * wp + j, g.ow, col + oh * g.ow);
-          std::fill(col + p_count, col + stride, T(0));
+          std::fill(col + p_count, col + stride, T{});
         }
     return;
   }
@@ -189,15 +209,15 @@ void im2col(const T* x, const ConvGeometry& g, int64_t stride, T* padded, T* col
           const int64_t ih = oh * g.stride_h - g.pad_h + i * g.dil_h;
           for (int64_t ow = 0; ow < g.ow; ++ow) {
             const int64_t iw = ow * g.stride_w - g.pad_w + j * g.dil_w;
-            col[oh * g.ow + ow] = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w ? x[(c * g.h + ih) * g.w + iw] : T(0);
+            col[oh * g.ow + ow] = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w ? x[(c * g.h + ih) * g.w + iw] : T{};
           }
         }
-        std::fill(col + p_count, col + stride, T(0));
+        std::fill(col + p_count, col + stride, T{});
       }
 }
 
-// One part's images [first, last) into its partial sums: T is x's and grad_y's element (float or
-// bf16 bits); scratch holds the padded image, the cols (K rows of `stride`) and one zero dy row.
+// One part's images [first, last) into its partial sums: T is x's and grad_y's element (float, or
+// bf16 or f16 bits); scratch holds the padded image, the cols (K rows of `stride`) and one zero dy row.
 template <class T>
 void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, int64_t last, int64_t stride,
                bool by_rows, T* scratch, float* acc, float* bias_acc) {
@@ -206,8 +226,8 @@ void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, in
   T* const padded = scratch;
   T* const cols = padded + padded_count;
   T* const zero_row = cols + k_count * stride;
-  std::fill(padded, padded + padded_count, T(0));  // the border stays zero
-  std::fill(zero_row, zero_row + stride, T(0));
+  std::fill(padded, padded + padded_count, T{});  // the border stays zero
+  std::fill(zero_row, zero_row + stride, T{});
   for (int64_t n = first; n < last; ++n) {
     im2col(x + n * g.c * g.h * g.w, g, stride, by_rows ? padded : nullptr, cols);
     for (int64_t oc = 0; oc < oc4; oc += 4) {
@@ -215,13 +235,17 @@ void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, in
       for (int64_t r = 0; r < 4; ++r) rows[r] = oc + r < g.oc ? dy + (n * g.oc + oc + r) * p_count : zero_row;
       float* const dw = acc + oc * k_count;
       float* const db = bias_acc ? bias_acc + oc : nullptr;
-      if constexpr (std::is_same_v<T, float>) {
-        if (simd_lanes() == Lanes::avx2) {
-          wgrad_four_rows_avx2(cols, k_count, p_count, stride, rows, dw, db);
-          continue;
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        wgrad_four_rows(cols, k_count, p_count, stride, rows, dw, db);
+      } else {
+        if constexpr (std::is_same_v<T, float>) {
+          if (simd_lanes() == Lanes::avx2) {
+            wgrad_four_rows_avx2(cols, k_count, p_count, stride, rows, dw, db);
+            continue;
+          }
         }
+        wgrad_four_rows_fma(cols, k_count, p_count, stride, rows, dw, db);
       }
-      wgrad_four_rows(cols, k_count, p_count, stride, rows, dw, db);
     }
   }
 }
@@ -229,12 +253,16 @@ void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, in
 }  // namespace
 
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
-  // f32 on AVX2 and AVX-512, bf16 with AVX512-BF16 (conv2d_backward runs bf16 in f32 elsewhere).
-  const bool f32 = x.dtype() == DType::f32;
-  MIXPREC_ASSERT(f32 ? simd_lanes() != Lanes::none : x.dtype() == DType::bf16 && mixprec::cpu::has_avx512_bf16(),
-                 "small-K weight gradient: ", dtype_name(x.dtype()), " on this host");
+  // f32 on AVX2 and AVX-512, bf16 with AVX512-BF16 (conv2d_backward runs bf16 in f32 elsewhere),
+  // f16 with AVX-512.
+  const DType t = x.dtype();
+  const bool f32 = t == DType::f32;
+  MIXPREC_ASSERT(f32                ? simd_lanes() != Lanes::none
+                 : t == DType::bf16 ? mixprec::cpu::has_avx512_bf16()
+                                    : t == DType::f16 && simd_lanes() == Lanes::avx512,
+                 "small-K weight gradient: ", dtype_name(t), " on this host");
   const int64_t k_count = g.c * g.kh * g.kw, p_count = g.oh * g.ow;
-  const int64_t vector = f32 ? 16 : 32;  // elements of a cols row's vectors
+  const int64_t vector = t == DType::bf16 ? 32 : 16;  // elements of a cols row's vectors
   const int64_t stride = (p_count + vector - 1) / vector * vector;
   const int64_t oc4 = (g.oc + 3) / 4 * 4;  // rows padded to whole groups of four (zero rows)
   const int64_t parts = (g.n + kImagesPerPart - 1) / kImagesPerPart;
@@ -263,9 +291,12 @@ void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
     if (f32)
       part_sums(static_cast<const float*>(x.data_ptr()), static_cast<const float*>(grad_y.data_ptr()), g, first, last,
                 stride, by_rows, static_cast<float*>(tmp), acc, bias_acc);
-    else
+    else if (t == DType::bf16)
       part_sums(static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint16_t*>(grad_y.data_ptr()), g, first,
                 last, stride, by_rows, static_cast<uint16_t*>(tmp), acc, bias_acc);
+    else
+      part_sums(static_cast<const F16*>(x.data_ptr()), static_cast<const F16*>(grad_y.data_ptr()), g, first, last,
+                stride, by_rows, static_cast<F16*>(tmp), acc, bias_acc);
   }
   // The parts in order, then one rounding into the gradients' dtypes.
   for (int64_t part = 1; part < parts; ++part) {
