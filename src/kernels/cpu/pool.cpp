@@ -382,6 +382,17 @@ bool tensor_2x2(const PoolGeometry& g, DType t) {
   return (t == DType::f32 || t == DType::bf16 || (t == DType::f16 && avx512_rows())) && vector_2x2(g);
 }
 
+// f(T{}) with T the row kernels' element for a dtype tensor_2x2 takes: float, bf16's uint16_t, F16.
+template <class F>
+void with_row_type(DType t, F&& f) {
+  if (t == DType::f32)
+    f(float{});
+  else if (t == DType::bf16)
+    f(uint16_t{});
+  else
+    f(F16{});
+}
+
 template <class T>
 T* elems(Tensor& t) {
   return static_cast<T*>(t.data_ptr());
@@ -494,16 +505,7 @@ void for_planes(const PoolGeometry& g, F&& f) {
 bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
   if (!f32_compute(x.dtype()) || !x.is_contiguous()) return false;
   if (tensor_2x2(g, x.dtype())) {
-    switch (x.dtype()) {
-      case DType::f32:
-        max_forward_2x2<float>(x, g, r);
-        break;
-      case DType::bf16:
-        max_forward_2x2<uint16_t>(x, g, r);
-        break;
-      default:
-        max_forward_2x2<F16>(x, g, r);
-    }
+    with_row_type(x.dtype(), [&](auto e) { max_forward_2x2<decltype(e)>(x, g, r); });
     return true;
   }
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
@@ -522,16 +524,7 @@ bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r
 bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g, Tensor& grad_x) {
   if (!f32_compute(grad_y.dtype()) || !grad_y.is_contiguous() || !argmax.is_contiguous()) return false;
   if (tensor_2x2(g, grad_y.dtype())) {
-    switch (grad_y.dtype()) {
-      case DType::f32:
-        max_backward_2x2<float>(grad_y, argmax, g, grad_x);
-        break;
-      case DType::bf16:
-        max_backward_2x2<uint16_t>(grad_y, argmax, g, grad_x);
-        break;
-      default:
-        max_backward_2x2<F16>(grad_y, argmax, g, grad_x);
-    }
+    with_row_type(grad_y.dtype(), [&](auto e) { max_backward_2x2<decltype(e)>(grad_y, argmax, g, grad_x); });
     return true;
   }
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
@@ -551,16 +544,7 @@ bool max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const
   if (!f32_compute(grad_y.dtype()) || !grad_y.is_contiguous() || !f32_compute(x.dtype()) || !x.is_contiguous())
     return false;
   if (tensor_2x2(g, x.dtype()) && grad_y.dtype() == x.dtype()) {
-    switch (x.dtype()) {
-      case DType::f32:
-        max_backward_from_input_2x2<float>(grad_y, x, g, grad_x);
-        break;
-      case DType::bf16:
-        max_backward_from_input_2x2<uint16_t>(grad_y, x, g, grad_x);
-        break;
-      default:
-        max_backward_from_input_2x2<F16>(grad_y, x, g, grad_x);
-    }
+    with_row_type(x.dtype(), [&](auto e) { max_backward_from_input_2x2<decltype(e)>(grad_y, x, g, grad_x); });
     return true;
   }
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow, planes = g.n * g.c;
