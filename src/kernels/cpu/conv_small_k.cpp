@@ -29,20 +29,15 @@ namespace {
 
 constexpr int64_t kImagesPerPart = 4;
 
-// f16 elements: the tensor's bits, a distinct type from bf16's uint16_t.
-struct F16 {
-  uint16_t bits;
-};
-
 // 16 elements as f32 lanes (f16 widened exactly), and the first lanes of m (zeros past them).
 __attribute__((target("avx512f"))) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-__attribute__((target("avx512f"))) inline __m512 load16(const F16* p) {
+__attribute__((target("avx512f"))) inline __m512 load16(const f16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 __attribute__((target("avx512f"))) inline __m512 load16(__mmask16 m, const float* p) {
   return _mm512_maskz_loadu_ps(m, p);
 }
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(__mmask16 m, const F16* p) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(__mmask16 m, const f16_t* p) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
@@ -295,8 +290,8 @@ void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
       part_sums(static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint16_t*>(grad_y.data_ptr()), g, first,
                 last, stride, by_rows, static_cast<uint16_t*>(tmp), acc, bias_acc);
     else
-      part_sums(static_cast<const F16*>(x.data_ptr()), static_cast<const F16*>(grad_y.data_ptr()), g, first, last,
-                stride, by_rows, static_cast<F16*>(tmp), acc, bias_acc);
+      part_sums(static_cast<const f16_t*>(x.data_ptr()), static_cast<const f16_t*>(grad_y.data_ptr()), g, first, last,
+                stride, by_rows, static_cast<f16_t*>(tmp), acc, bias_acc);
   }
   // The parts in order, then one rounding into the gradients' dtypes.
   for (int64_t part = 1; part < parts; ++part) {

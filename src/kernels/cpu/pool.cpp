@@ -55,11 +55,6 @@ inline ChunkMasks chunk_masks(int64_t outputs) {
   return {first_lanes(inputs), first_lanes(inputs - 16), first_lanes(outputs)};
 }
 
-// f16 elements: the tensor's bits, a distinct type from bf16's uint16_t.
-struct F16 {
-  uint16_t bits;
-};
-
 // The four inputs of 16 (or m.out's) 2x2 windows, exactly as f32: a, b on the top row, c, d below.
 struct Taps2x2 {
   __m512 a, b, c, d;
@@ -91,7 +86,7 @@ __attribute__((target("avx512f"))) inline Taps2x2 taps_2x2(const uint16_t* r0, c
 __attribute__((target("avx512f"))) inline __m512 f16_low_ps(__m512i v) {
   return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
 }
-__attribute__((target("avx512f"))) inline Taps2x2 taps_2x2(const F16* r0, const F16* r1, const ChunkMasks& m) {
+__attribute__((target("avx512f"))) inline Taps2x2 taps_2x2(const f16_t* r0, const f16_t* r1, const ChunkMasks& m) {
   const __m512i t = _mm512_maskz_loadu_epi32(m.out, r0), u = _mm512_maskz_loadu_epi32(m.out, r1);
   return {f16_low_ps(t), f16_low_ps(_mm512_srli_epi32(t, 16)), f16_low_ps(u), f16_low_ps(_mm512_srli_epi32(u, 16))};
 }
@@ -137,7 +132,8 @@ __attribute__((target("avx512f"))) inline void route_2x2(__m512i g, __m512i k, c
 }
 
 // f16 gradients are routed as bf16's bits are.
-__attribute__((target("avx512f"))) inline void route_2x2(__m512i g, __m512i k, const ChunkMasks& m, F16* g0, F16* g1) {
+__attribute__((target("avx512f"))) inline void route_2x2(__m512i g, __m512i k, const ChunkMasks& m, f16_t* g0,
+                                                         f16_t* g1) {
   route_2x2(g, k, m, reinterpret_cast<uint16_t*>(g0), reinterpret_cast<uint16_t*>(g1));
 }
 
@@ -151,7 +147,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load_grad(con
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i load_grad(const uint16_t* gy, const ChunkMasks& m) {
   return bf16_round_epi32(bf16_widen_ps(_mm256_maskz_loadu_epi16(m.out, gy)));
 }
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i load_grad(const F16* gy, const ChunkMasks& m) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i load_grad(const f16_t* gy, const ChunkMasks& m) {
   const __m512 g = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m.out, gy));
   return _mm512_cvtepu16_epi32(_mm512_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
@@ -332,21 +328,21 @@ __attribute__((target("avx2"))) void max_rows_2x2_backward_from_input_avx2(const
 // The row kernels of this host (f16 has AVX-512's only: tensor_2x2 sends it nowhere else).
 template <class T>
 void max_rows_2x2(const T* x, int64_t w, int64_t ow, int64_t rows, float* out, uint8_t* arg) {
-  if constexpr (std::is_same_v<T, F16>)
+  if constexpr (std::is_same_v<T, f16_t>)
     max_rows_2x2_avx512<T>(x, w, ow, rows, out, arg);
   else
     (avx512_rows() ? max_rows_2x2_avx512<T> : max_rows_2x2_avx2<T>)(x, w, ow, rows, out, arg);
 }
 template <class T>
 void max_rows_2x2_backward(const T* gy, const uint8_t* arg, int64_t w, int64_t ow, int64_t rows, T* gx) {
-  if constexpr (std::is_same_v<T, F16>)
+  if constexpr (std::is_same_v<T, f16_t>)
     max_rows_2x2_backward_avx512<T>(gy, arg, w, ow, rows, gx);
   else
     (avx512_rows() ? max_rows_2x2_backward_avx512<T> : max_rows_2x2_backward_avx2<T>)(gy, arg, w, ow, rows, gx);
 }
 template <class T>
 void max_rows_2x2_backward_from_input(const T* x, const T* gy, int64_t w, int64_t ow, int64_t rows, T* gx) {
-  if constexpr (std::is_same_v<T, F16>)
+  if constexpr (std::is_same_v<T, f16_t>)
     max_rows_2x2_backward_from_input_avx512<T>(x, gy, w, ow, rows, gx);
   else
     (avx512_rows() ? max_rows_2x2_backward_from_input_avx512<T>
@@ -382,7 +378,7 @@ bool tensor_2x2(const PoolGeometry& g, DType t) {
   return (t == DType::f32 || t == DType::bf16 || (t == DType::f16 && avx512_rows())) && vector_2x2(g);
 }
 
-// f(T{}) with T the row kernels' element for a dtype tensor_2x2 takes: float, bf16's uint16_t, F16.
+// f(T{}) with T the row kernels' element for a dtype tensor_2x2 takes: float, bf16's uint16_t, f16_t.
 template <class F>
 void with_row_type(DType t, F&& f) {
   if (t == DType::f32)
@@ -390,7 +386,7 @@ void with_row_type(DType t, F&& f) {
   else if (t == DType::bf16)
     f(uint16_t{});
   else
-    f(F16{});
+    f(f16_t{});
 }
 
 template <class T>
