@@ -10,8 +10,9 @@ Usage (standard library only):
     python3 bench/ab.py OLD_BINARY NEW_BINARY [--repeats 5] [--steps 30] [--warmup 5]
         [--configs "mlp:fp32,mlp:amp-bf16,cnn:amp-bf16"] [--threads 2]
 
-A configuration is NAME:PRECISION; NAME is a model (mlp, cnn, cnn-bn, gpt) or cnn32 (channels
-32,64 at batch 256) or cnn-wide (420,1000 at batch 64).
+A configuration is NAME:PRECISION; NAME is a model (mlp, cnn, cnn-bn, gpt) or one of
+bench/compare.py's other shapes: mlp256 (hidden 2048,512 at batch 256), mlp1024 (hidden
+512,512,512 at batch 1024), cnn32 (channels 32,64 at batch 256), cnn-wide (420,1000 at batch 64).
 """
 
 import argparse
@@ -20,8 +21,10 @@ import statistics
 import subprocess
 
 # config name -> `mixprec bench`'s model and extra flags (the default recipes' batch sizes, and
-# bench/compare.py's two cnn shapes)
+# bench/compare.py's other shapes)
 MODELS = {"mlp": ("mlp", ["--batch-size", "512"]), "cnn": ("cnn", ["--batch-size", "64"]),
+          "mlp256": ("mlp", ["--hidden", "2048,512", "--batch-size", "256"]),
+          "mlp1024": ("mlp", ["--hidden", "512,512,512", "--batch-size", "1024"]),
           "cnn-bn": ("cnn-bn", ["--batch-size", "128"]),
           "cnn32": ("cnn", ["--channels", "32,64", "--batch-size", "256"]),
           "cnn-wide": ("cnn", ["--channels", "420,1000", "--batch-size", "64"]), "gpt": ("gpt", [])}

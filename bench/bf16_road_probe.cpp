@@ -4,11 +4,11 @@
 // kernel, or widened to f32 and rounded once), per shape; (3) the same for a bf16 convolution
 // layer, forward and backward; (4) what the f32 road's casts cost: a bf16 or f16 product computed
 // in f32 a block per thread (kernels/cpu/matmul_widened.h) and as whole tensors, against the same
-// product on f32 operands. Roads interleaved, best of several, so that the machine's swings hit
+// product on f32 operands; (5) its blocks of b's columns against what it took before them. Roads interleaved, best of several, so that the machine's swings hit
 // them alike. The shapes are the models' (docs/hosts.md, "Intel Xeon without AMX").
 //
 //   cmake --build build --target bf16_road_probe
-//   OMP_WAIT_POLICY=passive build/bf16_road_probe [rates|matmul|conv|widened ...]   (default: all four)
+//   OMP_WAIT_POLICY=passive build/bf16_road_probe [rates|matmul|conv|widened|columns ...]   (default: all five)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -189,6 +189,58 @@ void widened() {
   kernels::cpu::set_bf16_products(Road::host_rule);
 }
 
+// Where b is the larger operand (n > m), the f32 road's blocks of b's columns against what it took
+// before (blocks of rows, or whole tensors for a weight gradient), both as multiples of the same
+// product on f32 operands; 15 interleaved repeats, best and median.
+void columns() {
+  struct S {
+    int64_t m, k, n;
+    bool ta, tb;
+    DType out;
+  };
+  // The mlp 512's and mlp 256 (2048, 512)'s products with n > m; the weight gradients with m >= n
+  // (which stay off columns) as a control.
+  const std::vector<S> shapes = {
+      {512, 784, 1024, false, true, DType::bf16},  {512, 1024, 1024, false, true, DType::bf16},
+      {512, 1024, 784, false, false, DType::bf16}, {256, 784, 2048, false, true, DType::bf16},
+      {256, 2048, 512, false, true, DType::bf16},  {256, 512, 2048, false, false, DType::bf16},
+      {512, 256, 2048, true, false, DType::f32},   {1024, 512, 784, true, false, DType::f32},
+      {10, 256, 3136, true, false, DType::bf16}};
+  Generator g(1);
+  kernels::cpu::set_bf16_products(Road::f32);
+  for (const S& s : shapes) {
+    const double flops = 2.0 * double(s.m) * double(s.k) * double(s.n);
+    const int reps = int(std::max(3.0, 2e8 / flops)), repeats = 15;
+    const Tensor a32 = Tensor::randn(s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k}, g);
+    const Tensor b32 = Tensor::randn(s.tb ? Shape{s.n, s.k} : Shape{s.k, s.n}, g);
+    const Tensor a = a32.to(DType::bf16), b = b32.to(DType::bf16);
+    Tensor d32 = Tensor::empty({s.m, s.n}, DType::f32), d = Tensor::empty({s.m, s.n}, s.out);
+    kernels::MatmulOpts o;
+    o.trans_a = s.ta, o.trans_b = s.tb;
+    std::vector<std::vector<double>> t(3);  // f32 operands, bf16 before, bf16 by columns
+    for (int rep = 0; rep < repeats; ++rep)
+      for (size_t r = 0; r < 3; ++r) {
+        kernels::cpu::set_matmul_widened_columns(r == 2);
+        const Tensor& x = r == 0 ? a32 : a;
+        const Tensor& y = r == 0 ? b32 : b;
+        Tensor& z = r == 0 ? d32 : d;
+        kernels::matmul(x, y, z, o);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < reps; ++i) kernels::matmul(x, y, z, o);
+        t[r].push_back(seconds_since(t0) / reps);
+      }
+    kernels::cpu::set_matmul_widened_columns(true);
+    for (auto& v : t) std::sort(v.begin(), v.end());
+    const size_t mid = repeats / 2;
+    std::printf("columns %5lld x %5lld x %5lld %s%s  f32 operands %6.3f ms (%3.0f GFLOP/s)  bf16 before %.2fx / %.2fx"
+                "  by columns %.2fx / %.2fx (best / median)\n",
+                (long long)s.m, (long long)s.k, (long long)s.n, s.ta ? "T" : "N", s.tb ? "T" : "N", t[0][0] * 1e3,
+                flops / t[0][0] / 1e9, t[1][0] / t[0][0], t[1][mid] / t[0][mid], t[2][0] / t[0][0],
+                t[2][mid] / t[0][mid]);
+  }
+  kernels::cpu::set_bf16_products(Road::host_rule);
+}
+
 void convs() {
   struct S {
     int64_t n, c, oc, hw;
@@ -230,5 +282,6 @@ int main(int argc, char** argv) {
     if (wanted("conv")) convs();
   }
   if (wanted("widened")) widened();
+  if (wanted("columns")) columns();
   return 0;
 }

@@ -85,7 +85,9 @@ Expected expected(const Case& c, const Operands& p) {
 
 TEST(MatmulWidened, EveryShapeItTakesMatchesTheReference) {
   // Blocks of 600 rows: one on one thread, two (304 + 296) on two, three (208, 208, 184) on three;
-  // chunks of 2000: two on one or two threads (1008 + 992), three on three.
+  // chunks of 2000: two on one or two threads (1008 + 992), three on three; 600 columns (b the
+  // larger operand, blocks of at most 256): three (208, 208, 184) on one or three threads, four
+  // (3 x 160 + 120) on two.
   const Case cases[] = {
       {.what = "rows", .m = 600, .k = 128, .n = 256},
       {.what = "rows, b transposed, bias, relu",
@@ -107,6 +109,29 @@ TEST(MatmulWidened, EveryShapeItTakesMatchesTheReference) {
        .trans_a = true,
        .strided = true,
        .f32_dst = true},
+      {.what = "columns", .m = 16, .k = 1024, .n = 600},
+      {.what = "columns, b transposed, bias, relu",
+       .m = 16,
+       .k = 1024,
+       .n = 600,
+       .trans_b = true,
+       .bias = true,
+       .relu = true},
+      {.what = "columns, accumulate", .m = 16, .k = 1024, .n = 600, .accumulate = true},
+      {.what = "columns into f32, a transposed and strided",
+       .m = 16,
+       .k = 1024,
+       .n = 600,
+       .trans_a = true,
+       .strided = true,
+       .f32_dst = true},
+      {.what = "columns, both transposed, accumulate",
+       .m = 16,
+       .k = 1024,
+       .n = 600,
+       .trans_a = true,
+       .trans_b = true,
+       .accumulate = true},
   };
   for (DType t : {DType::bf16, DType::f16})
     for (const Case& c : cases) {
@@ -130,7 +155,8 @@ TEST(MatmulWidened, EveryShapeItTakesMatchesTheReference) {
 // partial sums, whichever thread runs which).
 TEST(MatmulWidened, RepeatsBitForBit) {
   for (const Case& c : {Case{.what = "rows", .m = 600, .k = 128, .n = 256},
-                        Case{.what = "chunks", .m = 64, .k = 2000, .n = 128, .trans_a = true}}) {
+                        Case{.what = "chunks", .m = 64, .k = 2000, .n = 128, .trans_a = true},
+                        Case{.what = "columns", .m = 16, .k = 1024, .n = 600}}) {
     const Operands p = make(c, DType::bf16, 5);
     Tensor first = p.dst.clone(), second = p.dst.clone();
     ASSERT_TRUE(matmul_widened(p.a, p.b, first, opts(c, p)));
@@ -158,14 +184,20 @@ TEST(MatmulWidened, LeavesOtherShapesToTheWholeTensorRoad) {
   // a transposed by its strides (columns of unit stride, not rows) without trans_a
   const Tensor at = ops::transpose(convtest::rand(g, {256, 512}, DType::bf16), 0, 1).detach();
   EXPECT_TRUE(declines(at, p.b, Tensor::zeros({512, 256}, DType::bf16), {})) << "a's rows not contiguous";
-  // A weight gradient with a bias or b transposed, or whose partial sums would outweigh its operands.
-  const Tensor ga = convtest::rand(g, {3000, 96}, DType::bf16), gb = convtest::rand(g, {3000, 160}, DType::bf16);
-  const Tensor bias = convtest::rand(g, {160}, DType::bf16);
-  EXPECT_TRUE(declines(ga, gb, Tensor::zeros({96, 160}, DType::bf16), {.trans_a = true, .bias = &bias}))
+  // A weight gradient with a bias or b transposed (where b is not the larger operand, which goes
+  // by columns), or whose partial sums would outweigh its operands.
+  const Tensor ga = convtest::rand(g, {3000, 160}, DType::bf16), gb = convtest::rand(g, {3000, 96}, DType::bf16);
+  const Tensor bias = convtest::rand(g, {96}, DType::bf16);
+  EXPECT_TRUE(declines(ga, gb, Tensor::zeros({160, 96}, DType::bf16), {.trans_a = true, .bias = &bias}))
       << "chunks with a bias";
-  const Tensor gbt = convtest::rand(g, {160, 3000}, DType::bf16);
-  EXPECT_TRUE(declines(ga, gbt, Tensor::zeros({96, 160}, DType::bf16), {.trans_a = true, .trans_b = true}))
+  const Tensor gbt = convtest::rand(g, {96, 3000}, DType::bf16);
+  EXPECT_TRUE(declines(ga, gbt, Tensor::zeros({160, 96}, DType::bf16), {.trans_a = true, .trans_b = true}))
       << "chunks with b transposed";
+  // b the larger operand but strided along its columns (a transpose's view), and too few rows for
+  // blocks of rows.
+  const Tensor bt = ops::transpose(convtest::rand(g, {1200, 448}, DType::bf16), 0, 1).detach();
+  const Tensor ca = convtest::rand(g, {16, 448}, DType::bf16);
+  EXPECT_TRUE(declines(ca, bt, Tensor::zeros({16, 1200}, DType::bf16), {})) << "b not of unit column stride, m < 32";
   const Tensor sa = convtest::rand(g, {300, 512}, DType::bf16), sb = convtest::rand(g, {300, 512}, DType::bf16);
   EXPECT_TRUE(declines(sa, sb, Tensor::zeros({512, 512}, DType::bf16), {.trans_a = true}))
       << "partials would outweigh the operands";

@@ -34,7 +34,7 @@ constexpr int64_t kBlockFloats = int64_t(1) << 18, kMinBlockRows = 256;
 // Below this much work (flops) a block per thread costs more than the three passes save.
 constexpr double kMinFlops = double(int64_t(1) << 22);
 
-std::atomic<bool> g_on{true};
+std::atomic<bool> g_on{true}, g_columns{true};
 
 // Stands in for the data pointers when a product is created (never read or written there).
 float placeholder = 0.f;
@@ -153,6 +153,61 @@ bool by_rows(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o,
   return true;
 }
 
+// Blocks of columns of dst (and of b); a widened once, shared. For products whose b is the larger
+// operand (a layer's weight against a batch of a few hundred rows: the mlps' forward, input
+// gradient and weight gradient): by_rows would widen all of b through memory and have every thread
+// read all of it back, where here each thread widens only its own columns of b, into its cache.
+bool by_cols(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
+  const DType t = a.dtype();
+  const int64_t m = dst.size(0), n = dst.size(1), k = o.trans_a ? a.size(0) : a.size(1);
+  const int64_t cols = piece_size(n, std::max(kMinBlockRows, kBlockFloats / (k + m)), 16, threads),
+                blocks = ceil_div(n, cols);
+  const int64_t last = n - (blocks - 1) * cols;
+  const bool dst32 = dst.dtype() == DType::f32;
+  const Tensor a32 = kernels::cast(a, DType::f32);  // contiguous in a's own shape
+  const Tensor bias32 = o.bias ? kernels::cast(*o.bias, DType::f32) : Tensor();
+
+  // b's block: rows n0.. of b^T ([cols, k]) or columns n0.. of b ([k, cols]), dense.
+  const auto make_args = [&](int64_t nc) {
+    MatmulArgs args;
+    args.m = m, args.n = nc, args.k = k;
+    args.src = a32.data_ptr();
+    args.src_stride_m = o.trans_a ? 1 : k, args.src_stride_k = o.trans_a ? m : 1;
+    args.wei = &placeholder;
+    args.wei_stride_k = o.trans_b ? 1 : nc, args.wei_stride_n = o.trans_b ? k : 1;
+    args.dst = &placeholder, args.dst_stride_m = dst32 ? n : nc;
+    args.bias = o.bias ? bias32.data_ptr() : nullptr;
+    args.relu = o.relu, args.accumulate = o.accumulate;
+    return args;
+  };
+  // Each thread's buffers: b's block widened, and the f32 result unless dst is f32.
+  const size_t b_bytes = aligned(size_t(cols * k) * 4), d_bytes = dst32 ? 0 : aligned(size_t(m * cols) * 4);
+  const PieceProducts products(make_args(cols), make_args(last), cols, b_bytes + d_bytes, threads);
+  if (!products.ok()) return false;
+
+  const size_t es = dtype_size(t);
+  each_piece(blocks, threads, [&](int64_t blk, int thread) {
+    char* mine = products.mine(thread);
+    auto* b32 = reinterpret_cast<float*>(mine);
+    const int64_t n0 = blk * cols, nc = blk == blocks - 1 ? last : cols;
+    if (o.trans_b) {
+      widen_rows(b, n0, nc, b32);
+    } else {
+      const auto* base = static_cast<const char*>(b.data_ptr()) + size_t(n0) * es;
+      for (int64_t r = 0; r < k; ++r) widen(base + size_t(r * b.strides()[0]) * es, t, b32 + r * nc, nc);
+    }
+    char* out = static_cast<char*>(dst.data_ptr()) + size_t(n0) * dtype_size(dst.dtype());
+    float* d32 = dst32 ? reinterpret_cast<float*>(out) : reinterpret_cast<float*>(mine + b_bytes);
+    if (o.accumulate && !dst32)
+      for (int64_t r = 0; r < m; ++r) widen(out + size_t(r * n) * es, t, d32 + r * nc, nc);
+    const float* bias = o.bias ? static_cast<const float*>(bias32.data_ptr()) + n0 : nullptr;
+    products.run(nc, thread, a32.data_ptr(), b32, d32, bias);
+    if (!dst32)
+      for (int64_t r = 0; r < m; ++r) convert(d32 + r * nc, DType::f32, out + size_t(r * n) * es, t, size_t(nc));
+  });
+  return true;
+}
+
 // Weight gradient (op(a) = a^T, k the batch): chunks of the shared dimension, rows of both
 // operands; each chunk's f32 product is a partial sum, and the partials are added in chunk order.
 bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
@@ -212,6 +267,7 @@ bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
 }  // namespace
 
 bool set_matmul_widened(bool on) { return g_on.exchange(on); }
+bool set_matmul_widened_columns(bool on) { return g_columns.exchange(on); }
 
 bool matmul_widened(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) {
   const DType t = a.dtype();
@@ -223,9 +279,12 @@ bool matmul_widened(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulO
   const int64_t m = dst.size(0), n = dst.size(1), k = o.trans_a ? a.size(0) : a.size(1);
   if (m == 0 || n == 0 || k == 0 || 2.0 * double(m) * double(k) * double(n) < kMinFlops) return false;
   const int threads = std::max(1, omp_get_max_threads());
+  if (o.trans_a && !o.trans_b && !o.bias && !o.relu && unit_rows(a) && unit_rows(b) &&
+      by_chunks(a, b, dst, o, threads))
+    return true;
+  if (n > m && unit_rows(b) && g_columns.load(std::memory_order_relaxed) && by_cols(a, b, dst, o, threads))
+    return true;
   if (!o.trans_a && unit_rows(a) && m >= 32) return by_rows(a, b, dst, o, threads);
-  if (o.trans_a && !o.trans_b && !o.bias && !o.relu && unit_rows(a) && unit_rows(b))
-    return by_chunks(a, b, dst, o, threads);
   return false;
 }
 
