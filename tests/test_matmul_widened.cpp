@@ -87,7 +87,8 @@ TEST(MatmulWidened, EveryShapeItTakesMatchesTheReference) {
   // Blocks of 600 rows: one on one thread, two (304 + 296) on two, three (208, 208, 184) on three;
   // chunks of 2000: two on one or two threads (1008 + 992), three on three; 600 columns (b the
   // larger operand, blocks of at most 256): three (208, 208, 184) on one or three threads, four
-  // (3 x 160 + 120) on two.
+  // (3 x 160 + 120) on two; a transposed with b not (a weight gradient's product), 200 x 800 x 600,
+  // whose chunks' partials would outweigh the operands: the same columns (blocks of at most 262).
   const Case cases[] = {
       {.what = "rows", .m = 600, .k = 128, .n = 256},
       {.what = "rows, b transposed, bias, relu",
@@ -119,11 +120,18 @@ TEST(MatmulWidened, EveryShapeItTakesMatchesTheReference) {
        .relu = true},
       {.what = "columns, accumulate", .m = 16, .k = 1024, .n = 600, .accumulate = true},
       {.what = "columns into f32, a transposed and strided",
-       .m = 16,
-       .k = 1024,
+       .m = 200,
+       .k = 800,
        .n = 600,
        .trans_a = true,
        .strided = true,
+       .f32_dst = true},
+      {.what = "columns into f32, accumulate",
+       .m = 200,
+       .k = 800,
+       .n = 600,
+       .trans_a = true,
+       .accumulate = true,
        .f32_dst = true},
       {.what = "columns, both transposed, accumulate",
        .m = 16,
