@@ -4,8 +4,9 @@
 // kernel, or widened to f32 and rounded once), per shape; (3) the same for a bf16 convolution
 // layer, forward and backward; (4) what the f32 road's casts cost: a bf16 or f16 product computed
 // in f32 a block per thread (kernels/cpu/matmul_widened.h) and as whole tensors, against the same
-// product on f32 operands; (5) its blocks of b's columns against what it took before them. Roads interleaved, best of several, so that the machine's swings hit
-// them alike. The shapes are the models' (docs/hosts.md, "Intel Xeon without AMX").
+// product on f32 operands; (5) its blocks of b's columns against what it took before them. Roads interleaved, best of
+// several, so that the machine's swings hit them alike. The shapes are the models' (docs/hosts.md, "Intel Xeon without
+// AMX").
 //
 //   cmake --build build --target bf16_road_probe
 //   OMP_WAIT_POLICY=passive build/bf16_road_probe [rates|matmul|conv|widened|columns ...]   (default: all five)
@@ -232,11 +233,11 @@ void columns() {
     kernels::cpu::set_matmul_widened_columns(true);
     for (auto& v : t) std::sort(v.begin(), v.end());
     const size_t mid = repeats / 2;
-    std::printf("columns %5lld x %5lld x %5lld %s%s  f32 operands %6.3f ms (%3.0f GFLOP/s)  bf16 before %.2fx / %.2fx"
-                "  by columns %.2fx / %.2fx (best / median)\n",
-                (long long)s.m, (long long)s.k, (long long)s.n, s.ta ? "T" : "N", s.tb ? "T" : "N", t[0][0] * 1e3,
-                flops / t[0][0] / 1e9, t[1][0] / t[0][0], t[1][mid] / t[0][mid], t[2][0] / t[0][0],
-                t[2][mid] / t[0][mid]);
+    std::printf(
+        "columns %5lld x %5lld x %5lld %s%s  f32 operands %6.3f ms (%3.0f GFLOP/s)  bf16 before %.2fx / %.2fx"
+        "  by columns %.2fx / %.2fx (best / median)\n",
+        (long long)s.m, (long long)s.k, (long long)s.n, s.ta ? "T" : "N", s.tb ? "T" : "N", t[0][0] * 1e3,
+        flops / t[0][0] / 1e9, t[1][0] / t[0][0], t[1][mid] / t[0][mid], t[2][0] / t[0][0], t[2][mid] / t[0][mid]);
   }
   kernels::cpu::set_bf16_products(Road::host_rule);
 }

@@ -43,12 +43,20 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 size_t aligned(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-// `count` pieces of a dimension of `extent`, as even as whole multiples of `align` allow, with
-// `count` a multiple of the thread count (each thread takes as many) and each piece at most
-// about `most`: returns the piece's size (the last one may be shorter).
-int64_t piece_size(int64_t extent, int64_t most, int64_t align, int64_t threads) {
-  const int64_t count = round_up(ceil_div(extent, std::max(most, align)), threads);
-  return std::min(extent, round_up(ceil_div(extent, count), align));
+// The pieces a dimension of `extent` is split into: `count` of `size`, the last `last` long.
+struct Pieces {
+  int64_t size, count, last;
+};
+// Pieces of whole multiples of 16, as even as that allows, their count a multiple of the thread
+// count (each thread takes as many), each about kBlockFloats / `across` long (at least
+// kMinBlockRows): a piece and the `across` elements of each of its rows or columns (the operands'
+// and the result's) make one block.
+Pieces pieces_of(int64_t extent, int64_t across, int64_t threads) {
+  constexpr int64_t kAlign = 16;
+  const int64_t most = std::max({kMinBlockRows, kBlockFloats / across, kAlign});
+  const int64_t wanted = round_up(ceil_div(extent, most), threads);
+  const int64_t size = std::min(extent, round_up(ceil_div(extent, wanted), kAlign)), count = ceil_div(extent, size);
+  return {size, count, extent - (count - 1) * size};
 }
 
 // n elements of a 16-bit row (contiguous) into f32.
@@ -117,9 +125,8 @@ class PieceProducts {
 bool by_rows(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
   const DType t = a.dtype();
   const int64_t m = dst.size(0), n = dst.size(1), k = a.size(1);
-  const int64_t rows = piece_size(m, std::max(kMinBlockRows, kBlockFloats / (k + n)), 16, threads),
-                blocks = ceil_div(m, rows);
-  const int64_t last = m - (blocks - 1) * rows;
+  const Pieces split = pieces_of(m, k + n, threads);
+  const int64_t rows = split.size, blocks = split.count, last = split.last;
   const bool dst32 = dst.dtype() == DType::f32;
   const Tensor b32 = kernels::cast(b, DType::f32);  // contiguous in b's own shape
   const Tensor bias32 = o.bias ? kernels::cast(*o.bias, DType::f32) : Tensor();
@@ -160,9 +167,8 @@ bool by_rows(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o,
 bool by_cols(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
   const DType t = a.dtype();
   const int64_t m = dst.size(0), n = dst.size(1), k = o.trans_a ? a.size(0) : a.size(1);
-  const int64_t cols = piece_size(n, std::max(kMinBlockRows, kBlockFloats / (k + m)), 16, threads),
-                blocks = ceil_div(n, cols);
-  const int64_t last = n - (blocks - 1) * cols;
+  const Pieces split = pieces_of(n, k + m, threads);
+  const int64_t cols = split.size, blocks = split.count, last = split.last;
   const bool dst32 = dst.dtype() == DType::f32;
   const Tensor a32 = kernels::cast(a, DType::f32);  // contiguous in a's own shape
   const Tensor bias32 = o.bias ? kernels::cast(*o.bias, DType::f32) : Tensor();
@@ -212,9 +218,8 @@ bool by_cols(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o,
 // operands; each chunk's f32 product is a partial sum, and the partials are added in chunk order.
 bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
   const int64_t m = dst.size(0), n = dst.size(1), k = a.size(0);
-  const int64_t chunk = piece_size(k, std::max(kMinBlockRows, kBlockFloats / (m + n)), 16, threads),
-                chunks = ceil_div(k, chunk);
-  const int64_t last = k - (chunks - 1) * chunk;
+  const Pieces split = pieces_of(k, m + n, threads);
+  const int64_t chunk = split.size, chunks = split.count, last = split.last;
   // The partials must stay smaller than the operands they replace in memory.
   if (chunks < 2 || chunks * m * n > k * (m + n) / 2) return false;
 
@@ -279,11 +284,9 @@ bool matmul_widened(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulO
   const int64_t m = dst.size(0), n = dst.size(1), k = o.trans_a ? a.size(0) : a.size(1);
   if (m == 0 || n == 0 || k == 0 || 2.0 * double(m) * double(k) * double(n) < kMinFlops) return false;
   const int threads = std::max(1, omp_get_max_threads());
-  if (o.trans_a && !o.trans_b && !o.bias && !o.relu && unit_rows(a) && unit_rows(b) &&
-      by_chunks(a, b, dst, o, threads))
+  if (o.trans_a && !o.trans_b && !o.bias && !o.relu && unit_rows(a) && unit_rows(b) && by_chunks(a, b, dst, o, threads))
     return true;
-  if (n > m && unit_rows(b) && g_columns.load(std::memory_order_relaxed) && by_cols(a, b, dst, o, threads))
-    return true;
+  if (n > m && unit_rows(b) && g_columns.load(std::memory_order_relaxed) && by_cols(a, b, dst, o, threads)) return true;
   if (!o.trans_a && unit_rows(a) && m >= 32) return by_rows(a, b, dst, o, threads);
   return false;
 }
