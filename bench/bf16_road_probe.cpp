@@ -4,9 +4,9 @@
 // kernel, or widened to f32 and rounded once), per shape; (3) the same for a bf16 convolution
 // layer, forward and backward; (4) what the f32 road's casts cost: a bf16 or f16 product computed
 // in f32 a block per thread (kernels/cpu/matmul_widened.h) and as whole tensors, against the same
-// product on f32 operands; (5) its blocks of b's columns against what it took before them. Roads interleaved, best of
-// several, so that the machine's swings hit them alike. The shapes are the models' (docs/hosts.md, "Intel Xeon without
-// AMX").
+// product on f32 operands; (5) its blocks of b's columns against what it took before them. Roads
+// interleaved, best of several, so that the machine's swings hit them alike. The shapes are the
+// models' (docs/hosts.md, "Intel Xeon without AMX").
 //
 //   cmake --build build --target bf16_road_probe
 //   OMP_WAIT_POLICY=passive build/bf16_road_probe [rates|matmul|conv|widened|columns ...]   (default: all five)
