@@ -62,13 +62,24 @@ Pieces pieces_of(int64_t extent, int64_t across, int64_t threads) {
 // n elements of a 16-bit row (contiguous) into f32.
 void widen(const void* src, DType t, float* dst, int64_t n) { convert(src, t, dst, DType::f32, size_t(n)); }
 
+// rows x cols 16-bit elements, row r at src + r * ld elements, into a dense f32 [rows, cols].
+void widen_block(const char* src, DType t, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+  if (ld == cols) return widen(src, t, dst, rows * cols);
+  for (int64_t r = 0; r < rows; ++r) widen(src + size_t(r * ld) * dtype_size(t), t, dst + r * cols, cols);
+}
+
+// A dense f32 [rows, cols] rounded into rows x cols elements of t, row r at dst + r * ld elements.
+void round_block(const float* src, int64_t rows, int64_t cols, char* dst, int64_t ld, DType t) {
+  if (ld == cols) return convert(src, DType::f32, dst, t, size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    convert(src + r * cols, DType::f32, dst + size_t(r * ld) * dtype_size(t), t, size_t(cols));
+}
+
 // Rows of a 2-d tensor with unit column stride: [r0, r0 + rows) into a dense f32 [rows, cols].
 void widen_rows(const Tensor& x, int64_t r0, int64_t rows, float* dst) {
-  const int64_t cols = x.size(1), stride = x.strides()[0];
+  const int64_t stride = x.strides()[0];
   const auto* base = static_cast<const char*>(x.data_ptr()) + size_t(r0 * stride) * dtype_size(x.dtype());
-  if (stride == cols) return widen(base, x.dtype(), dst, rows * cols);
-  for (int64_t r = 0; r < rows; ++r)
-    widen(base + size_t(r * stride) * dtype_size(x.dtype()), x.dtype(), dst + r * cols, cols);
+  widen_block(base, x.dtype(), stride, rows, x.size(1), dst);
 }
 
 bool unit_rows(const Tensor& x) { return x.size(1) <= 1 || x.strides()[1] == 1; }
@@ -191,25 +202,20 @@ bool by_cols(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o,
   const PieceProducts products(make_args(cols), make_args(last), cols, b_bytes + d_bytes, threads);
   if (!products.ok()) return false;
 
-  const size_t es = dtype_size(t);
   each_piece(blocks, threads, [&](int64_t blk, int thread) {
     char* mine = products.mine(thread);
     auto* b32 = reinterpret_cast<float*>(mine);
     const int64_t n0 = blk * cols, nc = blk == blocks - 1 ? last : cols;
-    if (o.trans_b) {
+    if (o.trans_b)
       widen_rows(b, n0, nc, b32);
-    } else {
-      const auto* base = static_cast<const char*>(b.data_ptr()) + size_t(n0) * es;
-      for (int64_t r = 0; r < k; ++r) widen(base + size_t(r * b.strides()[0]) * es, t, b32 + r * nc, nc);
-    }
+    else
+      widen_block(static_cast<const char*>(b.data_ptr()) + size_t(n0) * dtype_size(t), t, b.strides()[0], k, nc, b32);
     char* out = static_cast<char*>(dst.data_ptr()) + size_t(n0) * dtype_size(dst.dtype());
     float* d32 = dst32 ? reinterpret_cast<float*>(out) : reinterpret_cast<float*>(mine + b_bytes);
-    if (o.accumulate && !dst32)
-      for (int64_t r = 0; r < m; ++r) widen(out + size_t(r * n) * es, t, d32 + r * nc, nc);
+    if (o.accumulate && !dst32) widen_block(out, t, n, m, nc, d32);
     const float* bias = o.bias ? static_cast<const float*>(bias32.data_ptr()) + n0 : nullptr;
     products.run(nc, thread, a32.data_ptr(), b32, d32, bias);
-    if (!dst32)
-      for (int64_t r = 0; r < m; ++r) convert(d32 + r * nc, DType::f32, out + size_t(r * n) * es, t, size_t(nc));
+    if (!dst32) round_block(d32, m, nc, out, n, t);
   });
   return true;
 }
