@@ -135,16 +135,35 @@ void matmuls() {
   }
 }
 
+// A product op(a) @ op(b) of m x k x n, transposes as flagged, its 16-bit result in `out`.
+struct ProductShape {
+  int64_t m, k, n;
+  bool ta, tb;
+  DType out;
+};
+
+// Seconds per call of `product(road)` for each of `roads` roads, over `repeats` rounds that take
+// the roads in turn (one untimed call, then `reps` timed), each road's times sorted: [0] is the
+// best, [repeats / 2] the median.
+template <class F>
+std::vector<std::vector<double>> interleaved(int roads, int repeats, int reps, F product) {
+  std::vector<std::vector<double>> t(static_cast<size_t>(roads));
+  for (int rep = 0; rep < repeats; ++rep)
+    for (int r = 0; r < roads; ++r) {
+      product(r);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) product(r);
+      t[size_t(r)].push_back(seconds_since(t0) / reps);
+    }
+  for (auto& v : t) std::sort(v.begin(), v.end());
+  return t;
+}
+
 // The f32 road's own cost: the same product with f32 operands (no casts) against bf16 and f16
 // operands widened to f32 and the result rounded (f16 always takes this road), a block per thread
 // (kernels/cpu/matmul_widened.h) and as whole tensors, interleaved.
 void widened() {
-  struct S {
-    int64_t m, k, n;
-    bool ta, tb;
-    DType out;
-  };
-  const std::vector<S> shapes = {
+  const std::vector<ProductShape> shapes = {
       {512, 784, 1024, false, true, DType::bf16},   {512, 1024, 784, false, false, DType::bf16},
       {512, 1024, 1024, false, true, DType::bf16},  {1024, 512, 1024, true, false, DType::f32},
       {4096, 128, 384, false, true, DType::bf16},   {4096, 128, 512, false, true, DType::bf16},
@@ -154,7 +173,7 @@ void widened() {
       {256, 3136, 10, false, true, DType::bf16},    {10, 256, 3136, true, false, DType::bf16}};
   Generator g(1);
   kernels::cpu::set_bf16_products(Road::f32);
-  for (const S& s : shapes) {
+  for (const ProductShape& s : shapes) {
     const double flops = 2.0 * double(s.m) * double(s.k) * double(s.n);
     const int reps = int(std::max(3.0, 2e8 / flops));
     // f32 operands; bf16 in blocks, whole; f16 in blocks, whole. No f16 product leaves in f32 (an f16
@@ -169,17 +188,14 @@ void widened() {
     }
     kernels::MatmulOpts o;
     o.trans_a = s.ta, o.trans_b = s.tb;
-    std::vector<double> best(size_t(roads), 1e30);
-    for (int rep = 0; rep < 7; ++rep)
-      for (int r = 0; r < roads; ++r) {
-        const size_t t = size_t((r + 1) / 2);  // 0 f32, 1 bf16, 2 f16
-        kernels::cpu::set_matmul_widened(r % 2 == 1);
-        kernels::matmul(as[t], bs[t], ds[t], o);
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < reps; ++i) kernels::matmul(as[t], bs[t], ds[t], o);
-        best[size_t(r)] = std::min(best[size_t(r)], seconds_since(t0) / reps);
-      }
+    const auto times = interleaved(roads, 7, reps, [&](int r) {
+      const size_t t = size_t((r + 1) / 2);  // 0 f32, 1 bf16, 2 f16
+      kernels::cpu::set_matmul_widened(r % 2 == 1);
+      kernels::matmul(as[t], bs[t], ds[t], o);
+    });
     kernels::cpu::set_matmul_widened(true);
+    std::vector<double> best;
+    for (const auto& v : times) best.push_back(v[0]);
     std::printf(
         "widened %5lld x %5lld x %5lld -> %-4s  f32 operands %6.3f ms (%3.0f GFLOP/s)  bf16 blocks %.2fx whole %.2fx",
         (long long)s.m, (long long)s.k, (long long)s.n, s.out == DType::f32 ? "f32" : "16", best[0] * 1e3,
@@ -194,14 +210,9 @@ void widened() {
 // before (blocks of rows, or whole tensors for a weight gradient), both as multiples of the same
 // product on f32 operands; 15 interleaved repeats, best and median.
 void columns() {
-  struct S {
-    int64_t m, k, n;
-    bool ta, tb;
-    DType out;
-  };
   // The mlp 512's and mlp 256 (2048, 512)'s products with n > m; the weight gradients with m >= n
   // (which stay off columns) as a control.
-  const std::vector<S> shapes = {
+  const std::vector<ProductShape> shapes = {
       {512, 784, 1024, false, true, DType::bf16},  {512, 1024, 1024, false, true, DType::bf16},
       {512, 1024, 784, false, false, DType::bf16}, {256, 784, 2048, false, true, DType::bf16},
       {256, 2048, 512, false, true, DType::bf16},  {256, 512, 2048, false, false, DType::bf16},
@@ -209,7 +220,7 @@ void columns() {
       {10, 256, 3136, true, false, DType::bf16}};
   Generator g(1);
   kernels::cpu::set_bf16_products(Road::f32);
-  for (const S& s : shapes) {
+  for (const ProductShape& s : shapes) {
     const double flops = 2.0 * double(s.m) * double(s.k) * double(s.n);
     const int reps = int(std::max(3.0, 2e8 / flops)), repeats = 15;
     const Tensor a32 = Tensor::randn(s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k}, g);
@@ -218,20 +229,15 @@ void columns() {
     Tensor d32 = Tensor::empty({s.m, s.n}, DType::f32), d = Tensor::empty({s.m, s.n}, s.out);
     kernels::MatmulOpts o;
     o.trans_a = s.ta, o.trans_b = s.tb;
-    std::vector<std::vector<double>> t(3);  // f32 operands, bf16 before, bf16 by columns
-    for (int rep = 0; rep < repeats; ++rep)
-      for (size_t r = 0; r < 3; ++r) {
-        kernels::cpu::set_matmul_widened_columns(r == 2);
-        const Tensor& x = r == 0 ? a32 : a;
-        const Tensor& y = r == 0 ? b32 : b;
-        Tensor& z = r == 0 ? d32 : d;
-        kernels::matmul(x, y, z, o);
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < reps; ++i) kernels::matmul(x, y, z, o);
-        t[r].push_back(seconds_since(t0) / reps);
-      }
+    // f32 operands, bf16 as before, bf16 by columns
+    const auto t = interleaved(3, repeats, reps, [&](int r) {
+      kernels::cpu::set_matmul_widened_columns(r == 2);
+      if (r == 0)
+        kernels::matmul(a32, b32, d32, o);
+      else
+        kernels::matmul(a, b, d, o);
+    });
     kernels::cpu::set_matmul_widened_columns(true);
-    for (auto& v : t) std::sort(v.begin(), v.end());
     const size_t mid = repeats / 2;
     std::printf(
         "columns %5lld x %5lld x %5lld %s%s  f32 operands %6.3f ms (%3.0f GFLOP/s)  bf16 before %.2fx / %.2fx"
