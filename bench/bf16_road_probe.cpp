@@ -4,12 +4,14 @@
 // kernel, or widened to f32 and rounded once), per shape; (3) the same for a bf16 convolution
 // layer, forward and backward; (4) what the f32 road's casts cost: a bf16 or f16 product computed
 // in f32 a block per thread (kernels/cpu/matmul_widened.h) and as whole tensors, against the same
-// product on f32 operands; (5) its blocks of b's columns against what it took before them. Roads
+// product on f32 operands; (5) its blocks of b's columns against what it took before them; (6) a
+// bf16 convolution layer on the f32 road with its inputs widened by a cast pass each (before) and by
+// the reorders into oneDNN's layouts (kernels/cpu/dnnl_conv.h), against f32 operands. Roads
 // interleaved, best of several, so that the machine's swings hit them alike. The shapes are the
 // models' (docs/hosts.md, "Intel Xeon without AMX").
 //
 //   cmake --build build --target bf16_road_probe
-//   OMP_WAIT_POLICY=passive build/bf16_road_probe [rates|matmul|conv|widened|columns ...]   (default: all five)
+//   OMP_WAIT_POLICY=passive build/bf16_road_probe [rates|matmul|conv|widened|columns|convwiden ...]   (default: all)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cpu/dnnl_common.h"
+#include "kernels/cpu/dnnl_conv.h"
 #include "kernels/cpu/matmul_widened.h"
 #include "kernels/matmul.h"
 #include "mixprec/autograd.h"
@@ -271,6 +274,39 @@ void convs() {
   }
 }
 
+// A conv layer (forward, both gradients) on the f32 road: f32 operands, bf16 widened by casts as
+// before, bf16 widened by the reorders; 11 interleaved repeats, best and median.
+void conv_widening() {
+  struct S {
+    int64_t n, c, oc, hw;
+  };
+  const std::vector<S> shapes = {
+      {256, 32, 64, 14}, {64, 64, 64, 14}, {64, 128, 128, 14}, {64, 256, 256, 14}, {64, 420, 1000, 14}};
+  Generator g(1);
+  kernels::cpu::set_bf16_products(Road::f32);
+  for (const S& s : shapes) {
+    const Tensor x32 = Tensor::randn({s.n, s.c, s.hw, s.hw}, g).set_requires_grad();
+    const Tensor w32 = Tensor::randn({s.oc, s.c, 3, 3}, g).set_requires_grad();
+    const Tensor x = x32.detach().to(DType::bf16).set_requires_grad();
+    const Tensor w = w32.detach().to(DType::bf16).set_requires_grad();
+    const double flops = 3 * 2.0 * double(s.n * s.oc * s.c * 9 * s.hw * s.hw);
+    const int reps = int(std::max(2.0, 3e9 / flops)), repeats = 11;
+    const auto t = interleaved(3, repeats, reps, [&](int r) {
+      kernels::cpu::set_conv_widening_reorders(r == 2);
+      const bool f32 = r == 0;
+      ops::sum(ops::conv2d(f32 ? x32 : x, f32 ? w32 : w, Tensor(), {.padding = 1})).backward();
+    });
+    kernels::cpu::set_conv_widening_reorders(true);
+    const size_t mid = repeats / 2;
+    std::printf(
+        "convwiden %3lld images %4lld -> %4lld at %lldx%lld  f32 operands %8.2f ms (%4.0f GFLOP/s)  bf16 by casts "
+        "%.2fx / %.2fx  by reorders %.2fx / %.2fx (best / median)\n",
+        (long long)s.n, (long long)s.c, (long long)s.oc, (long long)s.hw, (long long)s.hw, t[0][0] * 1e3,
+        flops / t[0][0] / 1e9, t[1][0] / t[0][0], t[1][mid] / t[0][mid], t[2][0] / t[0][0], t[2][mid] / t[0][mid]);
+  }
+  kernels::cpu::set_bf16_products(Road::host_rule);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -290,5 +326,6 @@ int main(int argc, char** argv) {
   }
   if (wanted("widened")) widened();
   if (wanted("columns")) columns();
+  if (wanted("convwiden")) conv_widening();
   return 0;
 }

@@ -4,16 +4,20 @@
 // and shape say.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <set>
 #include <string>
 #include <vector>
 
 #include "conv_test_util.h"
 #include "kernels/cpu/dnnl_common.h"
+#include "kernels/cpu/dnnl_conv.h"
 #include "mixprec/autograd.h"
 #include "mixprec/cpu.h"
 #include "mixprec/ops.h"
 #include "mixprec/profile.h"
+#include "tensor_bytes.h"
 
 namespace mixprec {
 namespace {
@@ -143,6 +147,60 @@ TEST(Bf16Math, BothRoadsMatchTheReference) {
       EXPECT_TRUE(convtest::close(fast.gb, ref.gb, bound(ref.gb, k_gw), "bias gradient"));
     }
   }
+}
+
+// bf16 convolutions on the f32 road widen their inputs in the reorders into oneDNN's f32 layouts
+// (cpu/conv.cpp) instead of a cast pass each: the same f32 values reach the same f32 primitives, so
+// every output has the casts' bits. On 1-3 threads: backward-weights split over one to three shares
+// of the batch, the last shorter, each read from backward-data's reordered grad_y.
+TEST(Bf16Math, ConvInputsWidenedByTheReordersGiveTheCastsBits) {
+  if (!cpu::has_avx512f()) GTEST_SKIP() << "AVX-512 hosts only: without it the casts widen (cpu/conv.cpp)";
+  const Bf16ProductsGuard road(Bf16Products::f32);
+  struct Case {
+    const char* name;
+    Shape x, w;
+    ops::Conv2dOptions o;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {"3x3 pad 1, bias", {5, 32, 7, 7}, {64, 32, 3, 3}, {.padding = 1}, true},
+      {"stride 2, relu", {5, 64, 9, 9}, {48, 64, 3, 3}, {.stride = 2, .padding = 1, .relu = true}, true},
+      {"two groups, no bias", {4, 64, 6, 6}, {64, 32, 3, 3}, {.padding = 1, .groups = 2}, false},
+      {"1x1", {3, 64, 5, 5}, {64, 64, 1, 1}, {}, true}};
+  const int threads_before = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(c.name) + ", threads " + std::to_string(threads));
+      std::vector<std::vector<uint8_t>> runs[2];
+      for (int by_reorders = 0; by_reorders < 2; ++by_reorders) {
+        kernels::cpu::set_conv_widening_reorders(by_reorders == 1);
+        Generator g(3);
+        Tensor x = convtest::rand(g, c.x, DType::bf16).set_requires_grad();
+        Tensor w = convtest::rand(g, c.w, DType::bf16, -0.5, 0.5).set_requires_grad();
+        Tensor b = c.bias ? convtest::rand(g, {c.w[0]}, DType::bf16).set_requires_grad() : Tensor();
+        profile::start();
+        Tensor y = ops::conv2d(x, w, b, c.o);
+        y.backward(convtest::rand(g, y.shape(), DType::bf16));
+        profile::stop();
+        int widened = 0;  // forward and backward
+        for (const auto& row : profile::rows())
+          widened += row.kernel.rfind("conv2d_", 0) == 0 && row.impl.find("widened_by_reorders") != std::string::npos;
+        EXPECT_EQ(widened, by_reorders ? 2 : 0);
+        runs[by_reorders] = {testutil::bytes_of(y), testutil::bytes_of(x.grad()), testutil::bytes_of(w.grad()),
+                             c.bias ? testutil::bytes_of(b.grad()) : std::vector<uint8_t>()};
+      }
+      kernels::cpu::set_conv_widening_reorders(true);
+      const char* what[] = {"forward", "input gradient", "weight gradient", "bias gradient"};
+      for (size_t i = 0; i < 4; ++i) {
+        ASSERT_EQ(runs[0][i].size(), runs[1][i].size()) << what[i];
+        size_t differ = 0;
+        for (size_t j = 0; j < runs[0][i].size(); ++j) differ += runs[0][i][j] != runs[1][i][j];
+        EXPECT_EQ(differ, 0u) << what[i] << ": bytes that differ";
+      }
+    }
+  }
+  omp_set_num_threads(threads_before);
 }
 
 // The profile's implementation for a bf16 attention's forward and backward on the CPU.

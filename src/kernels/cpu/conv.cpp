@@ -1,6 +1,7 @@
 // Fast CPU convolution (kernels::cpu::conv2d_*, see dnnl_conv.h): oneDNN for NCHW tensors, f32 and
 // bf16 (AMX where present), f16 through f32. Primitives take oneDNN's preferred layouts; the user's
 // NCHW/OIHW buffers are reordered in and out around them, weights once per version via the weight cache.
+// bf16 layers on the f32 road have their inputs widened by those reorders (widening_reorders).
 // Stride-1 layers take their weight gradient (bf16, f32) and bf16 input gradient as forward
 // convolutions, which oneDNN 2.6 runs faster than its backward kernels (docs/conv.md, item 3); the
 // rules for which path a pass takes are in cpu/conv_paths.cpp.
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +37,7 @@ struct ConvKey {
   bool wgrad_f32;  // backward-weights writes an f32 weight gradient from bf16 operands
   ConvPass pass;
   bool split;  // backward-weights over one thread's share of the batch (see backward_weights_split)
+  DType in_t;  // the caller's inputs (x, weight, grad_y): t, or bf16 widened by the reorders (f32 t)
   bool operator==(const ConvKey&) const = default;
 };
 struct ConvKeyHash {
@@ -42,13 +45,14 @@ struct ConvKeyHash {
     size_t h = 0;
     for (int64_t v : k.geometry) h = hash_mix(h, uint64_t(v));
     h = hash_mix(h, uint64_t(k.t) | uint64_t(k.bias_t) << 8 | uint64_t(k.has_bias) << 16 | uint64_t(k.relu) << 17 |
-                        uint64_t(k.pass) << 18 | uint64_t(k.split) << 20 | uint64_t(k.wgrad_f32) << 21);
+                        uint64_t(k.pass) << 18 | uint64_t(k.split) << 20 | uint64_t(k.wgrad_f32) << 21 |
+                        uint64_t(k.in_t) << 24);
     return h;
   }
 };
 
 ConvKey make_key(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bool relu, ConvPass pass, bool split,
-                 bool wgrad_f32) {
+                 bool wgrad_f32, DType in_t) {
   return ConvKey{{g.n, g.c, g.h, g.w, g.oc, g.kh, g.kw, g.oh, g.ow, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.dil_h,
                   g.dil_w, g.groups, 0},
                  t,
@@ -57,7 +61,8 @@ ConvKey make_key(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bo
                  relu,
                  wgrad_f32,
                  pass,
-                 split};
+                 split,
+                 in_t};
 }
 
 // One operand: the caller's dense layout and the primitive's; a reorder between them (user ->
@@ -109,9 +114,10 @@ struct Descs {
   memory::dims strides, dilates, pad_l, pad_r;
   memory::desc src, wei, bias, dst;  // `any` layouts for the primitive
   memory::desc user_src, user_wei, user_bias, user_dst;
+  memory::desc in_src, in_wei, in_dst;  // the caller's layouts read as inputs, in in_t
 };
 
-Descs descs(const ConvGeometry& g, DType t, bool has_bias, DType bias_t) {
+Descs descs(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, DType in_t) {
   Descs d;
   d.strides = {g.stride_h, g.stride_w};
   d.dilates = {g.dil_h - 1, g.dil_w - 1};  // oneDNN counts the gaps: PyTorch's dilation 1 is 0
@@ -125,7 +131,14 @@ Descs descs(const ConvGeometry& g, DType t, bool has_bias, DType bias_t) {
   d.user_src = act_md(g.n, g.c, g.h, g.w, t, Tag::nchw);
   d.user_dst = act_md(g.n, g.oc, g.oh, g.ow, t, Tag::nchw);
   d.user_wei = wei_md(g, t, false);
-  if (has_bias) d.bias = d.user_bias = memory::desc({g.oc}, to_dnnl(bias_t), Tag::x);
+  d.in_src = act_md(g.n, g.c, g.h, g.w, in_t, Tag::nchw);
+  d.in_dst = act_md(g.n, g.oc, g.oh, g.ow, in_t, Tag::nchw);
+  d.in_wei = wei_md(g, in_t, false);
+  // An f32 primitive takes an f32 bias: a 16-bit one is widened by its reorder.
+  if (has_bias) {
+    d.user_bias = memory::desc({g.oc}, to_dnnl(bias_t), Tag::x);
+    d.bias = memory::desc({g.oc}, to_dnnl(t == DType::f32 ? t : bias_t), Tag::x);
+  }
   return d;
 }
 
@@ -151,7 +164,7 @@ ConvGeometry wgrad_geometry(const ConvGeometry& g) {
 }
 
 ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
-  const Descs d = descs(g, key.t, key.has_bias, key.bias_t);
+  const Descs d = descs(g, key.t, key.has_bias, key.bias_t, key.in_t);
   const dnnl::primitive_attr attr = user_scratchpad_attr();
   ConvEntry e;
   const auto alg = dnnl::algorithm::convolution_direct;
@@ -178,15 +191,16 @@ ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
     }
     e.pd = pd;
     e.prim = dnnl::convolution_forward(pd);
-    e.inputs.push_back(operand(DNNL_ARG_SRC, d.user_src, pd.src_desc(), true));
-    e.inputs.push_back(operand(DNNL_ARG_WEIGHTS, d.user_wei, pd.weights_desc(), true));
+    e.inputs.push_back(operand(DNNL_ARG_SRC, d.in_src, pd.src_desc(), true));
+    e.inputs.push_back(operand(DNNL_ARG_WEIGHTS, d.in_wei, pd.weights_desc(), true));
     if (key.has_bias) e.inputs.push_back(operand(DNNL_ARG_BIAS, d.user_bias, pd.bias_desc(), true));
     e.outputs.push_back(operand(DNNL_ARG_DST, d.user_dst, pd.dst_desc(), false));
   } else if (key.pass == ConvPass::weights_as_forward) {
     // Operands read and written in place through strides: x as [C, N, H, W], grad_y as
     // [OC, N, OH, OW], the f32 gradient [OC, C, KH, KW] written as [C, OC, KH, KW].
     const ConvGeometry f = wgrad_geometry(g);
-    Descs df = descs(f, key.t, false, DType::f32);
+    MIXPREC_ASSERT(key.in_t == key.t, "the weight gradient as a forward reads its operands in place");
+    Descs df = descs(f, key.t, false, DType::f32, key.t);
     df.dst = act_md(f.n, f.oc, f.oh, f.ow, DType::f32, Tag::any);
     df.user_src = memory::desc({f.n, f.c, f.h, f.w}, to_dnnl(key.t), {g.h * g.w, g.c * g.h * g.w, g.w, 1});
     df.user_wei = memory::desc({f.oc, f.c, f.kh, f.kw}, to_dnnl(key.t), {g.oh * g.ow, g.oc * g.oh * g.ow, g.ow, 1});
@@ -205,8 +219,8 @@ ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
                                dnnl_engine(), hint);
     e.pd = pd;
     e.prim = B(pd);
-    e.inputs.push_back(operand(DNNL_ARG_DIFF_DST, d.user_dst, pd.diff_dst_desc(), true));
-    e.inputs.push_back(operand(DNNL_ARG_WEIGHTS, d.user_wei, pd.weights_desc(), true));
+    e.inputs.push_back(operand(DNNL_ARG_DIFF_DST, d.in_dst, pd.diff_dst_desc(), true));
+    e.inputs.push_back(operand(DNNL_ARG_WEIGHTS, d.in_wei, pd.weights_desc(), true));
     e.outputs.push_back(operand(DNNL_ARG_DIFF_SRC, d.user_src, pd.diff_src_desc(), false));
   } else {
     using W = dnnl::convolution_backward_weights;
@@ -215,7 +229,7 @@ ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
     std::optional<SingleThreadScope> one_thread;
     Descs dw = d;
     if (key.split) one_thread.emplace();
-    if (key.split || key.wgrad_f32) {
+    if (key.split || key.wgrad_f32 || key.in_t != key.t) {
       dw.wei = wei_md(g, DType::f32, true);
       dw.user_wei = wei_md(g, DType::f32, false);
     }
@@ -227,20 +241,26 @@ ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
     const W::primitive_desc pd(desc, attr, dnnl_engine(), hint);
     e.pd = pd;
     e.prim = W(pd);
-    e.inputs.push_back(operand(DNNL_ARG_SRC, d.user_src, pd.src_desc(), true));
-    e.inputs.push_back(operand(DNNL_ARG_DIFF_DST, d.user_dst, pd.diff_dst_desc(), true));
+    e.inputs.push_back(operand(DNNL_ARG_SRC, d.in_src, pd.src_desc(), true));
+    e.inputs.push_back(operand(DNNL_ARG_DIFF_DST, d.in_dst, pd.diff_dst_desc(), true));
     e.outputs.push_back(operand(DNNL_ARG_DIFF_WEIGHTS, dw.user_wei, pd.diff_weights_desc(), false));
     if (key.has_bias) e.outputs.push_back(operand(DNNL_ARG_DIFF_BIAS, dw.user_bias, pd.diff_bias_desc(), false));
   }
   e.impl = e.pd.impl_info_str();
+  // Widening in the reorders only where oneDNN has a jit reorder for it (its reference one runs
+  // scalar): no entry otherwise, and the caller widens by casts.
+  if (key.in_t != key.t)
+    for (const Operand& op : e.inputs)
+      if (op.reorder && !std::string_view(op.reorder_pd.impl_info_str()).starts_with("jit")) return ConvEntry{};
   return e;
 }
 
 // The cached entry, or nullptr when oneDNN cannot run this convolution (the caller falls back to
 // the reference). Creation failures are cached too, as an entry without a primitive.
 const ConvEntry* entry(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bool relu, ConvPass pass,
-                       ConvEntry& holder, bool split = false, bool wgrad_f32 = false) {
-  const ConvKey key = make_key(g, t, has_bias, bias_t, relu, pass, split, wgrad_f32 && !split);
+                       ConvEntry& holder, bool split = false, bool wgrad_f32 = false,
+                       std::optional<DType> in_t = std::nullopt) {
+  const ConvKey key = make_key(g, t, has_bias, bias_t, relu, pass, split, wgrad_f32 && !split, in_t.value_or(t));
   holder = cache().get_or_create(key, [&] {
     try {
       return create_entry(g, key);
@@ -329,6 +349,12 @@ struct CallState {
     bufs.push_back(std::make_unique<WorkspaceBuffer>(md.get_size()));
     return memory(md, dnnl_engine(), bufs.back()->data());
   }
+  // The input at user_ptr as reordered earlier in this call, or null.
+  const memory* find(const void* user_ptr) const {
+    for (const auto& r : reordered)
+      if (r.user_ptr == user_ptr) return &r.mem;
+    return nullptr;
+  }
 };
 
 void run_reorder(const Operand& op, const memory& from, const memory& to) {
@@ -366,10 +392,12 @@ void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector
     const Operand& op = e.inputs[i];
     args[op.arg] = in[i].weight && op.reorder ? weight_cache().get(*in[i].weight, op) : bind_input(op, in[i].ptr, cs);
   }
+  // Outputs staged in the primitive's layout live until they are reordered out, not for the call.
+  CallState staging;
   std::vector<memory> staged(e.outputs.size());
   for (size_t i = 0; i < e.outputs.size(); ++i) {
     const Operand& op = e.outputs[i];
-    staged[i] = op.reorder ? cs.buffer(op.prim) : memory(op.user, dnnl_engine(), out[i]);
+    staged[i] = op.reorder ? staging.buffer(op.prim) : memory(op.user, dnnl_engine(), out[i]);
     args[op.arg] = staged[i];
   }
   Scratchpad pad(e.pd);
@@ -386,12 +414,41 @@ bool shapes_ok(const ConvGeometry& g) {
 bool dense(const Tensor& t) { return !t.defined() || t.is_contiguous(); }
 Tensor as_f32(const Tensor& t) { return t.defined() && t.dtype() != DType::f32 ? kernels::cast(t, DType::f32) : t; }
 
+// Bytes per image of `full` ([N, ...], images outermost and not blocked) when `part` lays out a
+// share of its images the same way, so that the share is a slice of full's buffer; else 0.
+int64_t image_bytes_if_slices(const memory::desc& full, const memory::desc& part) {
+  const dnnl_memory_desc_t& f = full.data;
+  const dnnl_memory_desc_t& p = part.data;
+  if (f.format_kind != dnnl_blocked || p.format_kind != dnnl_blocked || f.ndims != p.ndims ||
+      f.data_type != p.data_type || f.offset0 != 0 || p.offset0 != 0 || f.extra.flags != 0 || p.extra.flags != 0)
+    return 0;
+  const auto& fb = f.format_desc.blocking;
+  const auto& pb = p.format_desc.blocking;
+  if (fb.inner_nblks != pb.inner_nblks) return 0;
+  for (int i = 0; i < fb.inner_nblks; ++i)
+    if (fb.inner_blks[i] != pb.inner_blks[i] || fb.inner_idxs[i] != pb.inner_idxs[i] || fb.inner_idxs[i] == 0) return 0;
+  int64_t elems = 1;  // one image's, padded
+  for (int i = 0; i < f.ndims; ++i) {
+    if (fb.strides[i] != pb.strides[i] || (i > 0 && f.padded_dims[i] != p.padded_dims[i])) return 0;
+    if (i > 0) elems *= f.padded_dims[i];
+  }
+  if (fb.strides[0] != elems || f.padded_dims[0] != f.dims[0] || p.padded_dims[0] != p.dims[0]) return 0;
+  const size_t bytes = full.get_size();
+  if (bytes % size_t(f.dims[0] * elems) != 0) return 0;
+  const int64_t image = int64_t(bytes / size_t(f.dims[0]));
+  return part.get_size() == size_t(image * p.dims[0]) ? image : 0;
+}
+
 // Backward-weights split over the batch: each OpenMP thread runs a single-threaded primitive on
 // its share of the images (reordering its share in and its f32 partial gradient out), and the
 // partials are summed. oneDNN 2.6's own multi-threaded backward-weights reduces across threads
 // behind spinning barriers, which stall for whole scheduler slices when the cores are shared:
 // measured 1.5 ms or 750 ms for one 64x64x3x3 layer depending on the neighbours (docs/conv.md).
-bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
+// t: the primitives' dtype (x's, or f32 with bf16 operands widened by the reorders). gy_prim:
+// grad_y already reordered into the layout of the whole batch (by backward-data), or null; where
+// each share's layout is a slice of it, the parts read their shares there instead of reordering.
+bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out, DType t,
+                            const memory* gy_prim) {
   const int64_t threads = omp_get_max_threads();
   const int64_t share = (g.n + threads - 1) / threads, parts = (g.n + share - 1) / share;
   const int64_t last = g.n - (parts - 1) * share;
@@ -399,13 +456,19 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
   ConvGeometry gs = g, gl = g;
   gs.n = share, gl.n = last;
   ConvEntry hold_s, hold_l;
-  const ConvEntry* es = entry(gs, x.dtype(), with_bias, DType::f32, false, ConvPass::backward_weights, hold_s, true);
-  const ConvEntry* el =
-      last == share ? es : entry(gl, x.dtype(), with_bias, DType::f32, false, ConvPass::backward_weights, hold_l, true);
+  const ConvEntry* es =
+      entry(gs, t, with_bias, DType::f32, false, ConvPass::backward_weights, hold_s, true, false, x.dtype());
+  const ConvEntry* el = last == share ? es
+                                      : entry(gl, t, with_bias, DType::f32, false, ConvPass::backward_weights, hold_l,
+                                              true, false, x.dtype());
   if (!es || !el) return false;
+  const int64_t gy_image_bytes = gy_prim ? image_bytes_if_slices(gy_prim->get_desc(), es->inputs[1].prim) : 0;
+  const int64_t gy_last_bytes =
+      gy_prim && el != es ? image_bytes_if_slices(gy_prim->get_desc(), el->inputs[1].prim) : gy_image_bytes;
+  const bool gy_sliced = gy_image_bytes > 0 && gy_last_bytes == gy_image_bytes;
   const int64_t w_count = out.weight.numel();
   const int64_t x_share = share * g.c * g.h * g.w, y_share = share * g.oc * g.oh * g.ow;
-  const size_t es_bytes = dtype_size(x.dtype());
+  const size_t es_bytes = dtype_size(x.dtype());  // the caller's x and grad_y
   // Every buffer of every part is allocated here, before the parallel region: an OutOfMemory cannot
   // leave an OpenMP region (it would terminate the process), and this way it leaves the call cleanly.
   // The f32 partial gradients are workspace bytes like the rest (one weight's size per part).
@@ -425,9 +488,14 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
                           static_cast<const char*>(grad_y.data_ptr()) + p * y_share * int64_t(es_bytes)};
     for (size_t i = 0; i < 2; ++i) {
       const Operand& op = e.inputs[i];
+      const bool sliced = i == 1 && gy_sliced;
       pt.in_user.emplace_back(op.user, dnnl_engine(), const_cast<void*>(src[i]));
-      pt.args[op.arg] = op.reorder ? pt.cs.buffer(op.prim) : pt.in_user.back();
-      pt.in_pads.push_back(op.reorder ? std::make_unique<Scratchpad>(op.reorder_pd) : nullptr);
+      if (sliced)
+        pt.args[op.arg] =
+            memory(op.prim, dnnl_engine(), static_cast<char*>(gy_prim->get_data_handle()) + p * share * gy_image_bytes);
+      else
+        pt.args[op.arg] = op.reorder ? pt.cs.buffer(op.prim) : pt.in_user.back();
+      pt.in_pads.push_back(op.reorder && !sliced ? std::make_unique<Scratchpad>(op.reorder_pd) : nullptr);
     }
     pt.dw = WorkspaceBuffer(size_t(w_count) * sizeof(float));
     if (with_bias) pt.db = WorkspaceBuffer(size_t(g.oc) * sizeof(float));
@@ -450,7 +518,7 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
     static thread_local dnnl::stream strm(dnnl_engine());  // one stream per thread
     for (size_t i = 0; i < 2; ++i) {
       const Operand& op = e.inputs[i];
-      if (!op.reorder) continue;
+      if (!op.reorder || (i == 1 && gy_sliced)) continue;
       std::unordered_map<int, memory> rargs{{DNNL_ARG_FROM, pt.in_user[i]}, {DNNL_ARG_TO, pt.args[op.arg]}};
       pt.in_pads[i]->add_to(rargs);
       op.reorder.execute(strm, rargs);
@@ -483,7 +551,119 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
   return true;
 }
 
+std::atomic<bool>& widening_reorders_flag() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+// bf16 operands of a convolution on the f32 road (conv_in_f32) widened by the reorders into the f32
+// primitive's layouts, which read them anyway, instead of by a cast pass each before (f16 has no
+// jit reorder in oneDNN 2.6: its reference one took 130 ms for a 256x64x14x14 tensor, so f16 keeps
+// the casts), on AVX-512 hosts (the bf16 reorders' jit kernels need it; an entry whose reorder
+// would run oneDNN's reference kernel is refused, and the casts run). Outputs are still reordered
+// into f32 and rounded by mixprec, which keeps f32 subnormals where oneDNN's AVX512-BF16
+// conversion flushes them.
+constexpr const char* kWideningReorders = "widened_by_reorders";  // the profile's name for it
+bool widening_reorders() { return widening_reorders_flag().load() && simd_lanes() == Lanes::avx512; }
+
+// A convolution on oneDNN's primitives of dtype t; the caller's x and weight in t, or bf16 for t f32.
+bool forward_on(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
+                Tensor& dst, DType t) {
+  ConvEntry holder;
+  const ConvEntry* e = entry(g, t, bias.defined(), bias.defined() ? bias.dtype() : DType::f32, relu, ConvPass::forward,
+                             holder, false, false, x.dtype());
+  if (!e) return false;
+  if (x.dtype() != t) profile::detail::note_impl(kWideningReorders);
+  CallState cs;
+  std::vector<Input> in{{x.data_ptr()}, {weight.data_ptr(), &weight}};
+  if (bias.defined()) in.push_back({bias.data_ptr()});
+  execute(*e, in, {dst.data_ptr()}, cs);
+  return true;
+}
+
+// The gradients on primitives of dtype t (the caller's grad_y, x and weight in t, or bf16 for t f32,
+// where only oneDNN's own primitives run: conv2d_backward checks), into out's tensors.
+bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g, ConvGrads& out,
+                 DType t) {
+  const bool need_x = out.x.defined(), need_w = out.weight.defined(), need_b = out.bias.defined();
+  const DType in_t = grad_y.dtype();
+  if (need_b && out.bias.dtype() != DType::f32 && out.bias.dtype() != t) return false;
+  // The weight gradient: mixprec's kernel for a short bf16 contraction, one matmul per tap (gemm),
+  // a forward convolution (wf), oneDNN's backward-weights split over the batch, or one oneDNN
+  // primitive (bw).
+  const bool small_k = need_w && x.dtype() == t && small_k_wgrad(g, t);
+  const bool gemm = need_w && !small_k && x.dtype() == t && wgrad_as_gemm(g, t);
+  ConvEntry hold_d, hold_w, hold_wf;
+  const ConvEntry* wf = need_w && !small_k && !gemm && x.dtype() == t && wgrad_as_forward(g, t)
+                            ? entry(g, t, false, DType::f32, false, ConvPass::weights_as_forward, hold_wf)
+                            : nullptr;
+  const bool split = need_w && !small_k && !gemm && !wf && split_wgrad(g);
+  const bool one_primitive = need_w && !small_k && !gemm && !wf && !split;
+  // The bias gradient rides on backward-weights; otherwise (frozen weight, or the weight gradient
+  // as matmuls or a forward convolution) it is a plain reduction.
+  const bool fused_bias = need_b && need_w && !wf && !gemm;
+  // The input gradient: a forward convolution of the flipped weight, else oneDNN's backward-data.
+  const ConvEntry* bd = need_x && in_t == t && dgrad_as_forward(g, t)
+                            ? entry(dgrad_geometry(g), t, false, DType::f32, false, ConvPass::forward, hold_d)
+                            : nullptr;
+  const bool as_forward = bd != nullptr;
+  if (need_x && !bd) bd = entry(g, t, false, DType::f32, false, ConvPass::backward_data, hold_d, false, false, in_t);
+  const bool wgrad_f32 = need_w && out.weight.dtype() == DType::f32 && t == DType::bf16;
+  if (need_w && out.weight.dtype() != t && !wgrad_f32) return false;
+  const ConvEntry* bw = one_primitive ? entry(g, t, fused_bias, need_b ? out.bias.dtype() : DType::f32, false,
+                                              ConvPass::backward_weights, hold_w, false, wgrad_f32, in_t)
+                                      : nullptr;
+  if ((need_x && !bd) || (one_primitive && !bw)) return false;
+  if (in_t != t) profile::detail::note_impl(kWideningReorders);
+  CallState cs;
+  // Backward-data first where the split follows: the parts then read their shares of grad_y from
+  // the copy it reordered, where the layouts agree, instead of reordering them again.
+  const bool data_first = split && need_x && !as_forward;
+  if (data_first) execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {out.x.data_ptr()}, cs);
+  if (small_k || split) {
+    ConvGrads wgrads;  // weight (and bias) only: backward-data runs below
+    wgrads.weight = out.weight;
+    if (fused_bias) wgrads.bias = out.bias;
+    if (small_k)
+      backward_weights_small_k(grad_y, x, g, wgrads);
+    else if (!backward_weights_split(grad_y, x, g, wgrads, t, data_first ? cs.find(grad_y.data_ptr()) : nullptr))
+      return false;
+  }
+  if (gemm) {
+    profile::detail::note_impl("wgrad_as_gemm");
+    backward_weights_as_gemm(grad_y, x, g, out.weight);
+  }
+  if (wf) {
+    // The primitive writes f32; a bf16 gradient is rounded once from it. Its own call state: its
+    // reordered x and grad_y are freed before the input gradient reorders grad_y its own way (held
+    // together, they cost the 420->1000 cnn a fifth of its largest batch in 1 GiB).
+    CallState wcs;
+    const bool direct = out.weight.dtype() == DType::f32;
+    WorkspaceBuffer staging(direct ? 0 : size_t(out.weight.numel()) * sizeof(float));
+    void* dw = direct ? out.weight.data_ptr() : staging.data();
+    profile::detail::note_impl("wgrad_as_fwd");
+    execute(*wf, {{x.data_ptr()}, {grad_y.data_ptr()}}, {dw}, wcs);
+    if (!direct) convert(dw, DType::f32, out.weight.data_ptr(), out.weight.dtype(), size_t(out.weight.numel()));
+  }
+  if (need_x && as_forward) {
+    const Tensor flipped = flipped_transposed(weight, g);
+    profile::detail::note_impl("dgrad_as_fwd");
+    execute(*bd, {{grad_y.data_ptr()}, {flipped.data_ptr()}}, {out.x.data_ptr()}, cs);
+  } else if (need_x && !data_first) {
+    execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {out.x.data_ptr()}, cs);
+  }
+  if (one_primitive) {
+    std::vector<void*> outs{out.weight.data_ptr()};
+    if (fused_bias) outs.push_back(out.bias.data_ptr());
+    execute(*bw, {{x.data_ptr()}, {grad_y.data_ptr()}}, outs, cs);
+  }
+  if (need_b && !fused_bias) conv_bias_gradient(grad_y, g, out.bias);
+  return true;
+}
+
 }  // namespace
+
+void set_conv_widening_reorders(bool on) { widening_reorders_flag().store(on); }
 
 bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                     Tensor& dst) {
@@ -500,21 +680,17 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   // Wide bf16 layers on Intel's AVX512-BF16 without AMX take the same road (conv_in_f32).
   if (conv_in_f32(g, x.dtype())) {
     Tensor dst32 = Tensor::empty(dst.shape(), DType::f32);
-    if (!conv2d_forward(as_f32(x), as_f32(weight), as_f32(bias), g, relu, dst32)) return false;
+    const bool by_reorders = widening_reorders() && x.dtype() == DType::bf16 && weight.dtype() == DType::bf16 &&
+                             (!bias.defined() || bias.dtype() == DType::f32 || bias.dtype() == DType::bf16);
+    if (!(by_reorders && forward_on(x, weight, bias, g, relu, dst32, DType::f32)) &&
+        !conv2d_forward(as_f32(x), as_f32(weight), as_f32(bias), g, relu, dst32))
+      return false;
     kernels::copy(dst32, dst);
     return true;
   }
   if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && bf16_unit())) return false;
   if (bias.defined() && bias.dtype() != DType::f32 && bias.dtype() != x.dtype()) return false;
-  ConvEntry holder;
-  const ConvEntry* e =
-      entry(g, x.dtype(), bias.defined(), bias.defined() ? bias.dtype() : DType::f32, relu, ConvPass::forward, holder);
-  if (!e) return false;
-  CallState cs;
-  std::vector<Input> in{{x.data_ptr()}, {weight.data_ptr(), &weight}};
-  if (bias.defined()) in.push_back({bias.data_ptr()});
-  execute(*e, in, {dst.data_ptr()}, cs);
-  return true;
+  return forward_on(x, weight, bias, g, relu, dst, x.dtype());
 }
 
 bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
@@ -534,7 +710,15 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
     if (need_x) o32.x = Tensor::empty(out.x.shape(), DType::f32);
     if (wide_w) o32.weight = Tensor::empty(out.weight.shape(), DType::f32);
     if (wide_b) o32.bias = Tensor::empty(out.bias.shape(), DType::f32);
-    if (!conv2d_backward(as_f32(grad_y), wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g, o32))
+    // bf16 operands widened by the reorders where f32 would run oneDNN's primitives alone (the
+    // weight gradient's other paths read f32 x and grad_y from memory).
+    // x is there for a weight gradient, the weight for an input gradient.
+    const bool by_reorders =
+        widening_reorders() && t == DType::bf16 && (!wide_w || x.dtype() == t) && (!need_x || weight.dtype() == t) &&
+        (!wide_w ||
+         (!small_k_wgrad(g, DType::f32) && !wgrad_as_gemm(g, DType::f32) && !wgrad_as_forward(g, DType::f32)));
+    if (!(by_reorders && backward_on(grad_y, x, weight, g, o32, DType::f32)) &&
+        !conv2d_backward(as_f32(grad_y), wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g, o32))
       return false;
     if (need_x) kernels::copy(o32.x, out.x);
     if (wide_w) kernels::copy(o32.weight, out.weight);
@@ -542,73 +726,7 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
     return true;
   }
   if (t != DType::f32 && !(t == DType::bf16 && bf16_unit())) return false;
-  if (need_b && out.bias.dtype() != DType::f32 && out.bias.dtype() != t) return false;
-  // The weight gradient: mixprec's kernel for a short bf16 contraction, one matmul per tap (gemm),
-  // a forward convolution (wf), oneDNN's backward-weights split over the batch, or one oneDNN
-  // primitive (bw).
-  const bool small_k = need_w && x.dtype() == t && small_k_wgrad(g, t);
-  const bool gemm = need_w && !small_k && x.dtype() == t && wgrad_as_gemm(g, t);
-  ConvEntry hold_d, hold_w, hold_wf;
-  const ConvEntry* wf = need_w && !small_k && !gemm && x.dtype() == t && wgrad_as_forward(g, t)
-                            ? entry(g, t, false, DType::f32, false, ConvPass::weights_as_forward, hold_wf)
-                            : nullptr;
-  const bool split = need_w && !small_k && !gemm && !wf && split_wgrad(g);
-  const bool one_primitive = need_w && !small_k && !gemm && !wf && !split;
-  // The bias gradient rides on backward-weights; otherwise (frozen weight, or the weight gradient
-  // as matmuls or a forward convolution) it is a plain reduction.
-  const bool fused_bias = need_b && need_w && !wf && !gemm;
-  // The input gradient: a forward convolution of the flipped weight, else oneDNN's backward-data.
-  const ConvEntry* bd = need_x && dgrad_as_forward(g, t)
-                            ? entry(dgrad_geometry(g), t, false, DType::f32, false, ConvPass::forward, hold_d)
-                            : nullptr;
-  const bool as_forward = bd != nullptr;
-  if (need_x && !bd) bd = entry(g, t, false, DType::f32, false, ConvPass::backward_data, hold_d);
-  const bool wgrad_f32 = need_w && out.weight.dtype() == DType::f32 && t == DType::bf16;
-  if (need_w && out.weight.dtype() != t && !wgrad_f32) return false;
-  const ConvEntry* bw = one_primitive ? entry(g, t, fused_bias, need_b ? out.bias.dtype() : DType::f32, false,
-                                              ConvPass::backward_weights, hold_w, false, wgrad_f32)
-                                      : nullptr;
-  if ((need_x && !bd) || (one_primitive && !bw)) return false;
-  if (small_k || split) {
-    ConvGrads wgrads;  // weight (and bias) only: backward-data runs below
-    wgrads.weight = out.weight;
-    if (fused_bias) wgrads.bias = out.bias;
-    if (small_k)
-      backward_weights_small_k(grad_y, x, g, wgrads);
-    else if (!backward_weights_split(grad_y, x, g, wgrads))
-      return false;
-  }
-  if (gemm) {
-    profile::detail::note_impl("wgrad_as_gemm");
-    backward_weights_as_gemm(grad_y, x, g, out.weight);
-  }
-  if (wf) {
-    // The primitive writes f32; a bf16 gradient is rounded once from it. Its own call state: its
-    // reordered x and grad_y are freed before the input gradient reorders grad_y its own way (held
-    // together, they cost the 420->1000 cnn a fifth of its largest batch in 1 GiB).
-    CallState wcs;
-    const bool direct = out.weight.dtype() == DType::f32;
-    WorkspaceBuffer staging(direct ? 0 : size_t(out.weight.numel()) * sizeof(float));
-    void* dw = direct ? out.weight.data_ptr() : staging.data();
-    profile::detail::note_impl("wgrad_as_fwd");
-    execute(*wf, {{x.data_ptr()}, {grad_y.data_ptr()}}, {dw}, wcs);
-    if (!direct) convert(dw, DType::f32, out.weight.data_ptr(), out.weight.dtype(), size_t(out.weight.numel()));
-  }
-  CallState cs;
-  if (need_x && as_forward) {
-    const Tensor flipped = flipped_transposed(weight, g);
-    profile::detail::note_impl("dgrad_as_fwd");
-    execute(*bd, {{grad_y.data_ptr()}, {flipped.data_ptr()}}, {out.x.data_ptr()}, cs);
-  } else if (need_x) {
-    execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {out.x.data_ptr()}, cs);
-  }
-  if (one_primitive) {
-    std::vector<void*> outs{out.weight.data_ptr()};
-    if (fused_bias) outs.push_back(out.bias.data_ptr());
-    execute(*bw, {{x.data_ptr()}, {grad_y.data_ptr()}}, outs, cs);
-  }
-  if (need_b && !fused_bias) conv_bias_gradient(grad_y, g, out.bias);
-  return true;
+  return backward_on(grad_y, x, weight, g, out, t);
 }
 
 std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass) {

@@ -74,6 +74,10 @@ void set_conv_wgrad_as_forward(WgradForward mode);
 // allows, at any size, on any host with a bf16 unit (tests).
 enum class WgradGemm { off, where_faster, force };
 void set_conv_wgrad_as_gemm(WgradGemm mode);
+// Whether bf16 convolutions on the f32 road (conv_in_f32) have their bf16 inputs widened by the
+// reorders into the f32 primitives' layouts (the default) rather than by a cast pass before each
+// (the probe's and tests' "before"): cpu/conv.cpp.
+void set_conv_widening_reorders(bool on);
 constexpr int64_t kWgradGemmMinProducts = int64_t(1) << 17;
 
 // Paths (cpu/conv_paths.cpp, each rule with its measurements): which kernel runs a pass where it
