@@ -10,8 +10,8 @@
 
 namespace mixprec::kernels::cpu {
 
-// weights_as_forward: the weight gradient as a forward convolution (cpu/conv.cpp, wgrad_geometry),
-// keyed by the layer's own geometry.
+// weights_as_forward: the weight gradient as a forward convolution (cpu/conv_entries.cpp,
+// wgrad_geometry), keyed by the layer's own geometry.
 enum class ConvPass { forward, backward_data, backward_weights, weights_as_forward };
 
 // The oneDNN implementation a pass of this convolution runs, e.g. "brgconv:avx512_core_amx_bf16"
