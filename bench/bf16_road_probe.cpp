@@ -292,11 +292,11 @@ void conv_widening() {
     const double flops = 3 * 2.0 * double(s.n * s.oc * s.c * 9 * s.hw * s.hw);
     const int reps = int(std::max(2.0, 3e9 / flops)), repeats = 11;
     const auto t = interleaved(3, repeats, reps, [&](int r) {
-      kernels::cpu::set_conv_widening_reorders(r == 2);
+      kernels::cpu::set_conv_fused_casts(r == 2);
       const bool f32 = r == 0;
       ops::sum(ops::conv2d(f32 ? x32 : x, f32 ? w32 : w, Tensor(), {.padding = 1})).backward();
     });
-    kernels::cpu::set_conv_widening_reorders(true);
+    kernels::cpu::set_conv_fused_casts(true);
     const size_t mid = repeats / 2;
     std::printf(
         "convwiden %3lld images %4lld -> %4lld at %lldx%lld  f32 operands %8.2f ms (%4.0f GFLOP/s)  bf16 by casts "

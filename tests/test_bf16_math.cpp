@@ -6,6 +6,8 @@
 
 #include <omp.h>
 
+#include <iterator>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "kernels/cpu/dnnl_common.h"
 #include "kernels/cpu/dnnl_conv.h"
 #include "mixprec/autograd.h"
+#include "mixprec/convert.h"
 #include "mixprec/cpu.h"
 #include "mixprec/ops.h"
 #include "mixprec/profile.h"
@@ -149,12 +152,14 @@ TEST(Bf16Math, BothRoadsMatchTheReference) {
   }
 }
 
-// bf16 convolutions on the f32 road widen their inputs in the reorders into oneDNN's f32 layouts
-// (cpu/conv.cpp) instead of a cast pass each: the same f32 values reach the same f32 primitives, so
-// every output has the casts' bits. On 1-3 threads: backward-weights split over one to three shares
-// of the batch, the last shorter, each read from backward-data's reordered grad_y.
-TEST(Bf16Math, ConvInputsWidenedByTheReordersGiveTheCastsBits) {
-  if (!cpu::has_avx512f()) GTEST_SKIP() << "AVX-512 hosts only: without it the casts widen (cpu/conv.cpp)";
+// 16-bit convolutions on the f32 road fuse their casts with the layout changes around oneDNN's f32
+// primitives (cpu/conv.cpp, fused_casts): bf16 inputs widened by the reorders, 16-bit outputs
+// rounded by mixprec from the primitive's layout. The same f32 values reach the same f32
+// primitives and are rounded once by the same rule, so every output has the casts' bits. bf16
+// (the road forced) and f16 (always on it), on 1-3 threads: backward-weights split over one to
+// three shares of the batch, the last shorter, each read from backward-data's reordered grad_y.
+TEST(Bf16Math, ConvCastsFusedWithTheReordersGiveTheCastsBits) {
+  if (!cpu::has_avx512f()) GTEST_SKIP() << "AVX-512 hosts only: without it the casts run as passes (cpu/conv.cpp)";
   const Bf16ProductsGuard road(Bf16Products::f32);
   struct Case {
     const char* name;
@@ -164,43 +169,90 @@ TEST(Bf16Math, ConvInputsWidenedByTheReordersGiveTheCastsBits) {
   };
   const std::vector<Case> cases = {
       {"3x3 pad 1, bias", {5, 32, 7, 7}, {64, 32, 3, 3}, {.padding = 1}, true},
-      {"stride 2, relu", {5, 64, 9, 9}, {48, 64, 3, 3}, {.stride = 2, .padding = 1, .relu = true}, true},
+      {"stride 2, relu, 48 channels", {5, 64, 9, 9}, {48, 64, 3, 3}, {.stride = 2, .padding = 1, .relu = true}, true},
       {"two groups, no bias", {4, 64, 6, 6}, {64, 32, 3, 3}, {.padding = 1, .groups = 2}, false},
-      {"1x1", {3, 64, 5, 5}, {64, 64, 1, 1}, {}, true}};
+      {"1x1, 20 channels", {3, 64, 5, 5}, {20, 64, 1, 1}, {}, true}};
   const int threads_before = omp_get_max_threads();
-  for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
-    for (const Case& c : cases) {
-      SCOPED_TRACE(std::string(c.name) + ", threads " + std::to_string(threads));
-      std::vector<std::vector<uint8_t>> runs[2];
-      for (int by_reorders = 0; by_reorders < 2; ++by_reorders) {
-        kernels::cpu::set_conv_widening_reorders(by_reorders == 1);
-        Generator g(3);
-        Tensor x = convtest::rand(g, c.x, DType::bf16).set_requires_grad();
-        Tensor w = convtest::rand(g, c.w, DType::bf16, -0.5, 0.5).set_requires_grad();
-        Tensor b = c.bias ? convtest::rand(g, {c.w[0]}, DType::bf16).set_requires_grad() : Tensor();
-        profile::start();
-        Tensor y = ops::conv2d(x, w, b, c.o);
-        y.backward(convtest::rand(g, y.shape(), DType::bf16));
-        profile::stop();
-        int widened = 0;  // forward and backward
-        for (const auto& row : profile::rows())
-          widened += row.kernel.rfind("conv2d_", 0) == 0 && row.impl.find("widened_by_reorders") != std::string::npos;
-        EXPECT_EQ(widened, by_reorders ? 2 : 0);
-        runs[by_reorders] = {testutil::bytes_of(y), testutil::bytes_of(x.grad()), testutil::bytes_of(w.grad()),
-                             c.bias ? testutil::bytes_of(b.grad()) : std::vector<uint8_t>()};
-      }
-      kernels::cpu::set_conv_widening_reorders(true);
-      const char* what[] = {"forward", "input gradient", "weight gradient", "bias gradient"};
-      for (size_t i = 0; i < 4; ++i) {
-        ASSERT_EQ(runs[0][i].size(), runs[1][i].size()) << what[i];
-        size_t differ = 0;
-        for (size_t j = 0; j < runs[0][i].size(); ++j) differ += runs[0][i][j] != runs[1][i][j];
-        EXPECT_EQ(differ, 0u) << what[i] << ": bytes that differ";
+  for (DType t : {DType::bf16, DType::f16})
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      for (const Case& c : cases) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + ", " + c.name + ", threads " + std::to_string(threads));
+        std::vector<std::vector<uint8_t>> runs[2];
+        for (int fused = 0; fused < 2; ++fused) {
+          kernels::cpu::set_conv_fused_casts(fused == 1);
+          Generator g(3);
+          Tensor x = convtest::rand(g, c.x, t).set_requires_grad();
+          Tensor w = convtest::rand(g, c.w, t, -0.5, 0.5).set_requires_grad();
+          Tensor b = c.bias ? convtest::rand(g, {c.w[0]}, t).set_requires_grad() : Tensor();
+          profile::start();
+          Tensor y = ops::conv2d(x, w, b, c.o);
+          y.backward(convtest::rand(g, y.shape(), t));
+          profile::stop();
+          int marked = 0;  // forward and backward
+          for (const auto& row : profile::rows())
+            marked += row.kernel.rfind("conv2d_", 0) == 0 && row.impl.find("casts_in_reorders") != std::string::npos;
+          EXPECT_EQ(marked, fused ? 2 : 0);
+          runs[fused] = {testutil::bytes_of(y), testutil::bytes_of(x.grad()), testutil::bytes_of(w.grad()),
+                         c.bias ? testutil::bytes_of(b.grad()) : std::vector<uint8_t>()};
+        }
+        kernels::cpu::set_conv_fused_casts(true);
+        const char* what[] = {"forward", "input gradient", "weight gradient", "bias gradient"};
+        for (size_t i = 0; i < 4; ++i) {
+          ASSERT_EQ(runs[0][i].size(), runs[1][i].size()) << what[i];
+          size_t differ = 0;
+          for (size_t j = 0; j < runs[0][i].size(); ++j) differ += runs[0][i][j] != runs[1][i][j];
+          EXPECT_EQ(differ, 0u) << what[i] << ": bytes that differ";
+        }
       }
     }
-  }
   omp_set_num_threads(threads_before);
+}
+
+// round_nchw16c against convert() on the same values in NCHW: every bit, specials included (NaN,
+// infinities, subnormals, -0, ties to even, values that round up to infinity), at channel counts
+// that leave the last block part-filled (whose padding lanes hold NaN, and must not be written)
+// and plane sizes that leave the last 16 positions part-filled.
+TEST(Bf16Math, RoundingFromOneDnnsBlocksIsConvertsBits) {
+  if (!cpu::has_avx512bw()) GTEST_SKIP() << "AVX-512BW hosts only (cpu/conv_round.cpp)";
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::denorm_min(),
+                            -1e-39f,
+                            -0.0f,
+                            1.0f + 1.0f / 256,   // a bf16 tie, to even (down)
+                            1.0f + 3.0f / 256,   // a bf16 tie, to even (up)
+                            1.0f + 1.0f / 2048,  // an f16 tie
+                            3.4e38f,
+                            65519.0f};
+  struct Size {
+    int64_t n, c, hw;
+  };
+  for (const Size sz : {Size{2, 20, 196}, Size{3, 33, 5}, Size{1, 16, 16}, Size{2, 7, 49}})
+    for (DType t : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " c " + std::to_string(sz.c) + " hw " + std::to_string(sz.hw));
+      const int64_t blocks = (sz.c + 15) / 16;
+      std::vector<float> plain(size_t(sz.n * sz.c * sz.hw));
+      std::vector<float> blocked(size_t(sz.n * blocks * 16 * sz.hw), std::numeric_limits<float>::quiet_NaN());
+      Generator g(5);
+      const std::vector<double> r = Tensor::randn({int64_t(plain.size())}, g).to_vector_f64();
+      for (int64_t n = 0; n < sz.n; ++n)
+        for (int64_t c = 0; c < sz.c; ++c)
+          for (int64_t p = 0; p < sz.hw; ++p) {
+            const size_t i = size_t((n * sz.c + c) * sz.hw + p);
+            const float v = i % 7 == 3 ? specials[(i / 7) % std::size(specials)] : float(r[i] * 100);
+            plain[i] = v;
+            blocked[size_t(((n * blocks + c / 16) * sz.hw + p) * 16 + c % 16)] = v;
+          }
+      std::vector<uint16_t> want(plain.size()), got(plain.size() + 8, 0xabcd);
+      convert(plain.data(), DType::f32, want.data(), t, plain.size());
+      kernels::cpu::round_nchw16c(blocked.data(), sz.n, sz.c, sz.hw, t, got.data());
+      size_t differ = 0;
+      for (size_t i = 0; i < want.size(); ++i) differ += want[i] != got[i];
+      EXPECT_EQ(differ, 0u) << "elements whose bits differ";
+      for (size_t i = want.size(); i < got.size(); ++i) EXPECT_EQ(got[i], 0xabcd) << "written past the end";
+    }
 }
 
 // The profile's implementation for a bf16 attention's forward and backward on the CPU.

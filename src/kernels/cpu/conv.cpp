@@ -1,10 +1,9 @@
 // Fast CPU convolution (kernels::cpu::conv2d_*, see dnnl_conv.h): oneDNN for NCHW tensors, f32 and
 // bf16 (AMX where present), f16 through f32, on the primitives of cpu/conv_entries.h, which
 // reorders the user's NCHW/OIHW buffers into oneDNN's preferred layouts and back, weights once per
-// version. bf16 layers on the f32 road have their inputs widened by those reorders
-// (widening_reorders). Stride-1 layers take their weight gradient (bf16, f32) and bf16 input
-// gradient as forward convolutions, which oneDNN 2.6 runs faster than its backward kernels
-// (docs/conv.md, item 3); the rules for which path a pass takes are in cpu/conv_paths.cpp.
+// version. 16-bit layers on the f32 road fuse their casts with those layout changes (fused_casts). Stride-1 layers take
+// their weight gradient (bf16, f32) and bf16 input gradient as forward convolutions, which oneDNN 2.6 runs faster than
+// its backward kernels (docs/conv.md, item 3); the rules for which path a pass takes are in cpu/conv_paths.cpp.
 #include <omp.h>
 
 #include <algorithm>
@@ -175,38 +174,41 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
   return true;
 }
 
-std::atomic<bool>& widening_reorders_flag() {
+std::atomic<bool>& fused_casts_flag() {
   static std::atomic<bool> on{true};
   return on;
 }
 
-// bf16 operands of a convolution on the f32 road (conv_in_f32) widened by the reorders into the f32
-// primitive's layouts, which read them anyway, instead of by a cast pass each before (f16 has no
-// jit reorder in oneDNN 2.6: its reference one took 130 ms for a 256x64x14x14 tensor, so f16 keeps
-// the casts), on AVX-512 hosts (the bf16 reorders' jit kernels need it; an entry whose reorder
-// would run oneDNN's reference kernel is refused, and the casts run). Outputs are still reordered
-// into f32 and rounded by mixprec, which keeps f32 subnormals where oneDNN's AVX512-BF16
-// conversion flushes them.
-constexpr const char* kWideningReorders = "widened_by_reorders";  // the profile's name for it
-bool widening_reorders() { return widening_reorders_flag().load() && simd_lanes() == Lanes::avx512; }
+// The f32 road's casts (conv_in_f32: a 16-bit layer computed by oneDNN's f32 primitives) fused
+// with the layout changes around those primitives, on AVX-512 hosts: bf16 inputs widened by the
+// reorders into the primitives' layouts, which read them anyway, and 16-bit outputs rounded by
+// mixprec from the primitive's layout (conv_entries.h, Output), keeping f32 subnormals where
+// oneDNN's AVX512-BF16 conversion flushes them. f16 inputs are still cast first: oneDNN 2.6 has no
+// jit reorder from f16 (its reference one took 130 ms for a 256x64x14x14 tensor, against about 1);
+// an entry whose bf16 reorder would be the reference kernel is refused, and the casts run. Without
+// it, a cast pass before each input, and each output reordered into f32 NCHW and cast after.
+constexpr const char* kFusedCasts = "casts_in_reorders";  // the profile's name for it
+bool fused_casts() { return fused_casts_flag().load() && simd_lanes() == Lanes::avx512; }
 
-// A convolution on oneDNN's primitives of dtype t; the caller's x and weight in t, or bf16 for t f32.
+// A convolution on oneDNN's primitives of dtype t; the caller's x and weight in t, or bf16 for t f32
+// (widened by the reorders); dst in t, or 16-bit for t f32 (rounded by mixprec).
 bool forward_on(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                 Tensor& dst, DType t) {
   ConvEntry holder;
   const ConvEntry* e = entry(g, t, bias.defined(), bias.defined() ? bias.dtype() : DType::f32, relu, ConvPass::forward,
                              holder, false, false, x.dtype());
   if (!e) return false;
-  if (x.dtype() != t) profile::detail::note_impl(kWideningReorders);
+  if (x.dtype() != t || dst.dtype() != t) profile::detail::note_impl(kFusedCasts);
   CallState cs;
   std::vector<Input> in{{x.data_ptr()}, {weight.data_ptr(), &weight}};
   if (bias.defined()) in.push_back({bias.data_ptr()});
-  execute(*e, in, {dst.data_ptr()}, cs);
+  execute(*e, in, {{dst.data_ptr(), dst.dtype()}}, cs);
   return true;
 }
 
 // The gradients on primitives of dtype t (the caller's grad_y, x and weight in t, or bf16 for t f32,
-// where only oneDNN's own primitives run: conv2d_backward checks), into out's tensors.
+// where only oneDNN's own primitives run: conv2d_backward checks), into out's tensors (out.x may be
+// 16-bit for t f32).
 bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g, ConvGrads& out,
                  DType t) {
   const bool need_x = out.x.defined(), need_w = out.weight.defined(), need_b = out.bias.defined();
@@ -238,12 +240,13 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
                                               ConvPass::backward_weights, hold_w, false, wgrad_f32, in_t)
                                       : nullptr;
   if ((need_x && !bd) || (one_primitive && !bw)) return false;
-  if (in_t != t) profile::detail::note_impl(kWideningReorders);
+  if (in_t != t || (need_x && out.x.dtype() != t)) profile::detail::note_impl(kFusedCasts);
   CallState cs;
   // Backward-data first where the split follows: the parts then read their shares of grad_y from
   // the copy it reordered, where the layouts agree, instead of reordering them again.
   const bool data_first = split && need_x && !as_forward;
-  if (data_first) execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {out.x.data_ptr()}, cs);
+  const conv_detail::Output dx{need_x ? out.x.data_ptr() : nullptr, need_x ? out.x.dtype() : t};
+  if (data_first) execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {dx}, cs);
   if (small_k || split) {
     ConvGrads wgrads;  // weight (and bias) only: backward-data runs below
     wgrads.weight = out.weight;
@@ -266,19 +269,19 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
     WorkspaceBuffer staging(direct ? 0 : size_t(out.weight.numel()) * sizeof(float));
     void* dw = direct ? out.weight.data_ptr() : staging.data();
     profile::detail::note_impl("wgrad_as_fwd");
-    execute(*wf, {{x.data_ptr()}, {grad_y.data_ptr()}}, {dw}, wcs);
+    execute(*wf, {{x.data_ptr()}, {grad_y.data_ptr()}}, {{dw}}, wcs);
     if (!direct) convert(dw, DType::f32, out.weight.data_ptr(), out.weight.dtype(), size_t(out.weight.numel()));
   }
   if (need_x && as_forward) {
     const Tensor flipped = flipped_transposed(weight, g);
     profile::detail::note_impl("dgrad_as_fwd");
-    execute(*bd, {{grad_y.data_ptr()}, {flipped.data_ptr()}}, {out.x.data_ptr()}, cs);
+    execute(*bd, {{grad_y.data_ptr()}, {flipped.data_ptr()}}, {dx}, cs);
   } else if (need_x && !data_first) {
-    execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {out.x.data_ptr()}, cs);
+    execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {dx}, cs);
   }
   if (one_primitive) {
-    std::vector<void*> outs{out.weight.data_ptr()};
-    if (fused_bias) outs.push_back(out.bias.data_ptr());
+    std::vector<conv_detail::Output> outs{{out.weight.data_ptr(), out.weight.dtype()}};
+    if (fused_bias) outs.push_back({out.bias.data_ptr(), out.bias.dtype()});
     execute(*bw, {{x.data_ptr()}, {grad_y.data_ptr()}}, outs, cs);
   }
   if (need_b && !fused_bias) conv_bias_gradient(grad_y, g, out.bias);
@@ -287,7 +290,7 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
 
 }  // namespace
 
-void set_conv_widening_reorders(bool on) { widening_reorders_flag().store(on); }
+void set_conv_fused_casts(bool on) { fused_casts_flag().store(on); }
 
 bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                     Tensor& dst) {
@@ -303,12 +306,14 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   // an AVX-512 Xeon without BF16, 2026-11-27): f32 math, 16-bit storage, one rounding as before.
   // Wide bf16 layers on Intel's AVX512-BF16 without AMX take the same road (conv_in_f32).
   if (conv_in_f32(g, x.dtype())) {
+    if (fused_casts()) {
+      const bool widened = x.dtype() == DType::bf16 && weight.dtype() == DType::bf16 &&
+                           (!bias.defined() || bias.dtype() == DType::f32 || bias.dtype() == DType::bf16);
+      return (widened && forward_on(x, weight, bias, g, relu, dst, DType::f32)) ||
+             forward_on(as_f32(x), as_f32(weight), as_f32(bias), g, relu, dst, DType::f32);
+    }
     Tensor dst32 = Tensor::empty(dst.shape(), DType::f32);
-    const bool by_reorders = widening_reorders() && x.dtype() == DType::bf16 && weight.dtype() == DType::bf16 &&
-                             (!bias.defined() || bias.dtype() == DType::f32 || bias.dtype() == DType::bf16);
-    if (!(by_reorders && forward_on(x, weight, bias, g, relu, dst32, DType::f32)) &&
-        !conv2d_forward(as_f32(x), as_f32(weight), as_f32(bias), g, relu, dst32))
-      return false;
+    if (!forward_on(as_f32(x), as_f32(weight), as_f32(bias), g, relu, dst32, DType::f32)) return false;
     kernels::copy(dst32, dst);
     return true;
   }
@@ -330,21 +335,22 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
     if (small_k) backward_weights_small_k(grad_y, x, g, out);
     const bool wide_w = need_w && !small_k, wide_b = need_b && !small_k;
     if (!need_x && !wide_w && !wide_b) return true;
+    // The input gradient rounded straight into out.x where the casts are fused, else into f32 first.
+    const bool fused = fused_casts();
     ConvGrads o32;
-    if (need_x) o32.x = Tensor::empty(out.x.shape(), DType::f32);
+    if (need_x) o32.x = fused ? out.x : Tensor::empty(out.x.shape(), DType::f32);
     if (wide_w) o32.weight = Tensor::empty(out.weight.shape(), DType::f32);
     if (wide_b) o32.bias = Tensor::empty(out.bias.shape(), DType::f32);
     // bf16 operands widened by the reorders where f32 would run oneDNN's primitives alone (the
-    // weight gradient's other paths read f32 x and grad_y from memory).
-    // x is there for a weight gradient, the weight for an input gradient.
-    const bool by_reorders =
-        widening_reorders() && t == DType::bf16 && (!wide_w || x.dtype() == t) && (!need_x || weight.dtype() == t) &&
-        (!wide_w ||
-         (!small_k_wgrad(g, DType::f32) && !wgrad_as_gemm(g, DType::f32) && !wgrad_as_forward(g, DType::f32)));
-    if (!(by_reorders && backward_on(grad_y, x, weight, g, o32, DType::f32)) &&
-        !conv2d_backward(as_f32(grad_y), wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g, o32))
+    // weight gradient's other paths read f32 x and grad_y from memory). x is there for a weight
+    // gradient, the weight for an input gradient.
+    const bool widened = fused && t == DType::bf16 && (!wide_w || x.dtype() == t) && (!need_x || weight.dtype() == t) &&
+                         (!wide_w || (!small_k_wgrad(g, DType::f32) && !wgrad_as_gemm(g, DType::f32) &&
+                                      !wgrad_as_forward(g, DType::f32)));
+    if (!(widened && backward_on(grad_y, x, weight, g, o32, DType::f32)) &&
+        !backward_on(as_f32(grad_y), wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g, o32, DType::f32))
       return false;
-    if (need_x) kernels::copy(o32.x, out.x);
+    if (need_x && !fused) kernels::copy(o32.x, out.x);
     if (wide_w) kernels::copy(o32.weight, out.weight);
     if (wide_b) kernels::copy(o32.bias, out.bias);
     return true;

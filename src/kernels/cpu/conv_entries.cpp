@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/profile_detail.h"
+#include "mixprec/convert.h"
 #include "mixprec/error.h"
 
 namespace mixprec::kernels::cpu {
@@ -310,6 +311,25 @@ memory bind_input(const Operand& op, const void* user_ptr, CallState& cs) {
   return prim;
 }
 
+// An f32 primitive's output rounded into the caller's 16-bit buffer (out.t) in the user layout:
+// straight from nChw16c, else from the user layout in f32 (reordered into it when the primitive's
+// differs). One rounding to nearest either way, convert()'s bits.
+void round_out(const Operand& op, const memory& staged, const Output& out, CallState& staging) {
+  MIXPREC_ASSERT(op.user.data_type() == memory::data_type::f32, "conv: rounds only an f32 output");
+  const memory::dims d = op.user.dims();
+  const auto* f32 = static_cast<const float*>(staged.get_data_handle());
+  if (d.size() == 4 && is_f32_nchw16c(op.prim)) {
+    round_nchw16c(f32, d[0], d[1], d[2] * d[3], out.t, out.ptr);
+    return;
+  }
+  if (op.reorder) {
+    const memory plain = staging.buffer(op.user);
+    run_reorder(op, staged, plain);
+    f32 = static_cast<const float*>(plain.get_data_handle());
+  }
+  convert(f32, DType::f32, out.ptr, out.t, op.user.get_size() / sizeof(float));
+}
+
 }  // namespace
 
 const ConvEntry* entry(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bool relu, ConvPass pass,
@@ -325,7 +345,7 @@ const ConvEntry* entry(const ConvGeometry& g, DType t, bool has_bias, DType bias
   return holder.prim ? &holder : nullptr;
 }
 
-void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector<void*>& out, CallState& cs) {
+void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector<Output>& out, CallState& cs) {
   MIXPREC_ASSERT(in.size() == e.inputs.size() && out.size() == e.outputs.size(), "conv operand count");
   std::unordered_map<int, memory> args;
   for (size_t i = 0; i < e.inputs.size(); ++i) {
@@ -335,17 +355,24 @@ void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector
   // Outputs staged in the primitive's layout live until they are reordered out, not for the call.
   CallState staging;
   std::vector<memory> staged(e.outputs.size());
+  std::vector<bool> rounds(e.outputs.size());
   for (size_t i = 0; i < e.outputs.size(); ++i) {
     const Operand& op = e.outputs[i];
-    staged[i] = op.reorder ? staging.buffer(op.prim) : memory(op.user, dnnl_engine(), out[i]);
+    rounds[i] = to_dnnl(out[i].t) != op.user.data_type();
+    staged[i] = op.reorder || rounds[i] ? staging.buffer(op.prim) : memory(op.user, dnnl_engine(), out[i].ptr);
     args[op.arg] = staged[i];
   }
   Scratchpad pad(e.pd);
   pad.add_to(args);
   profile::detail::note_impl(e.impl);
   e.prim.execute(dnnl_stream(), args);
-  for (size_t i = 0; i < e.outputs.size(); ++i)
-    if (e.outputs[i].reorder) run_reorder(e.outputs[i], staged[i], memory(e.outputs[i].user, dnnl_engine(), out[i]));
+  for (size_t i = 0; i < e.outputs.size(); ++i) {
+    const Operand& op = e.outputs[i];
+    if (rounds[i])
+      round_out(op, staged[i], out[i], staging);
+    else if (op.reorder)
+      run_reorder(op, staged[i], memory(op.user, dnnl_engine(), out[i].ptr));
+  }
 }
 
 }  // namespace conv_detail

@@ -66,8 +66,16 @@ struct Input {
   const Tensor* weight = nullptr;
 };
 
+// One output: the caller's buffer and its dtype. A 16-bit buffer behind an f32 primitive (the f32
+// road) is rounded into by mixprec: from the primitive's layout where it is nChw16c
+// (round_nchw16c), else after a reorder into f32 NCHW.
+struct Output {
+  void* ptr;
+  DType t = DType::f32;
+};
+
 // Runs the primitive on user buffers: inputs reordered in as needed, outputs staged in the
-// primitive's layout and reordered out.
-void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector<void*>& out, CallState& cs);
+// primitive's layout and reordered (or rounded) out.
+void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector<Output>& out, CallState& cs);
 
 }  // namespace mixprec::kernels::cpu::conv_detail

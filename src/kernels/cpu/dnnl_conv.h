@@ -74,10 +74,18 @@ void set_conv_wgrad_as_forward(WgradForward mode);
 // allows, at any size, on any host with a bf16 unit (tests).
 enum class WgradGemm { off, where_faster, force };
 void set_conv_wgrad_as_gemm(WgradGemm mode);
-// Whether bf16 convolutions on the f32 road (conv_in_f32) have their bf16 inputs widened by the
-// reorders into the f32 primitives' layouts (the default) rather than by a cast pass before each
-// (the probe's and tests' "before"): cpu/conv.cpp.
-void set_conv_widening_reorders(bool on);
+// Whether 16-bit convolutions on the f32 road (conv_in_f32) fuse their casts with the layout
+// changes around oneDNN's f32 primitives (the default): bf16 inputs widened by oneDNN's reorders
+// into the primitives' layouts, 16-bit outputs rounded by mixprec straight from the primitive's
+// layout (round_nchw16c); rather than a cast pass before each input and after each output (the
+// probe's and tests' "before"): cpu/conv.cpp.
+void set_conv_fused_casts(bool on);
+// Whether md is f32 in oneDNN's nChw16c layout (channels in blocks of 16, the last zero-padded,
+// images outermost), as round_nchw16c reads it, on a host with AVX-512BW.
+bool is_f32_nchw16c(const dnnl::memory::desc& md);
+// src: [n, c, hw] f32 in nChw16c -> dst: [n, c, hw] dense 16-bit (t bf16 or f16), each value
+// rounded once to nearest, convert()'s bits (cpu/conv_round.cpp).
+void round_nchw16c(const float* src, int64_t n, int64_t c, int64_t hw, DType t, void* dst);
 constexpr int64_t kWgradGemmMinProducts = int64_t(1) << 17;
 
 // Paths (cpu/conv_paths.cpp, each rule with its measurements): which kernel runs a pass where it
