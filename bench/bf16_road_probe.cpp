@@ -5,8 +5,8 @@
 // layer, forward and backward; (4) what the f32 road's casts cost: a bf16 or f16 product computed
 // in f32 a block per thread (kernels/cpu/matmul_widened.h) and as whole tensors, against the same
 // product on f32 operands; (5) its blocks of b's columns against what it took before them; (6) a
-// bf16 convolution layer on the f32 road with its inputs widened by a cast pass each (before) and by
-// the reorders into oneDNN's layouts (kernels/cpu/dnnl_conv.h), against f32 operands. Roads
+// bf16 convolution layer on the f32 road with its casts as passes (before) and fused with the
+// reorders around oneDNN's primitives (kernels/cpu/dnnl_conv.h), against f32 operands. Roads
 // interleaved, best of several, so that the machine's swings hit them alike. The shapes are the
 // models' (docs/hosts.md, "Intel Xeon without AMX").
 //
@@ -274,9 +274,9 @@ void convs() {
   }
 }
 
-// A conv layer (forward, both gradients) on the f32 road: f32 operands, bf16 widened by casts as
-// before, bf16 widened by the reorders; 11 interleaved repeats, best and median.
-void conv_widening() {
+// A conv layer (forward, both gradients) on the f32 road: f32 operands, bf16 with its casts as
+// passes (before), bf16 with them fused with the reorders; 11 interleaved repeats, best and median.
+void conv_fused_casts() {
   struct S {
     int64_t n, c, oc, hw;
   };
@@ -299,8 +299,9 @@ void conv_widening() {
     kernels::cpu::set_conv_fused_casts(true);
     const size_t mid = repeats / 2;
     std::printf(
-        "convwiden %3lld images %4lld -> %4lld at %lldx%lld  f32 operands %8.2f ms (%4.0f GFLOP/s)  bf16 by casts "
-        "%.2fx / %.2fx  by reorders %.2fx / %.2fx (best / median)\n",
+        "convwiden %3lld images %4lld -> %4lld at %lldx%lld  f32 operands %8.2f ms (%4.0f GFLOP/s)  bf16 casts as "
+        "passes "
+        "%.2fx / %.2fx  fused %.2fx / %.2fx (best / median)\n",
         (long long)s.n, (long long)s.c, (long long)s.oc, (long long)s.hw, (long long)s.hw, t[0][0] * 1e3,
         flops / t[0][0] / 1e9, t[1][0] / t[0][0], t[1][mid] / t[0][mid], t[2][0] / t[0][0], t[2][mid] / t[0][mid]);
   }
@@ -326,6 +327,6 @@ int main(int argc, char** argv) {
   }
   if (wanted("widened")) widened();
   if (wanted("columns")) columns();
-  if (wanted("convwiden")) conv_widening();
+  if (wanted("convwiden")) conv_fused_casts();
   return 0;
 }
