@@ -2,7 +2,7 @@
 // taps, stride 1, no dilation, one group) in bf16 or f16: mixprec's own, direct loops over each
 // image zero-padded in f32 (dnnl_conv.h; docs/conv.md, item 1), rounded once on store. oneDNN 2.6
 // has only its im2col GEMM for such a forward with an NCHW output in bf16, and no f16 at all (f16
-// convolutions otherwise run its f32 kernels between two whole-tensor casts).
+// convolutions otherwise run its f32 kernels, on the f32 road: dnnl_conv.h, conv_in_f32).
 #include <omp.h>
 
 #include <algorithm>

@@ -48,7 +48,7 @@ constexpr int64_t kFirstLayerChannels = 4;
 // in f32, four output channels at a time from the same tap loads, f32 accumulation, fused ReLU, one
 // rounding; bias optional (x's dtype or f32), dst in x's dtype. It replaces oneDNN 2.6's im2col
 // GEMM, all it has for a bf16 first layer writing NCHW (docs/conv.md, item 1), and for f16 (and
-// bf16 without a bf16 unit) its f32 kernel between two whole-tensor casts.
+// bf16 without a bf16 unit) its f32 kernel on the f32 road (conv_in_f32).
 bool first_layer_applies(const ConvGeometry& g, DType t);
 void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                          Tensor& dst);
