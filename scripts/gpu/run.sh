@@ -18,6 +18,8 @@
 #   bench      bench/peers/torch_gpu.py: mixprec bench against PyTorch eager and torch.compile
 #   profile    mixprec bench --profile on the GPU (mlp, cnn 420/1000 and 32/64, gpt; amp-bf16, amp-fp16, fp32): each
 #              kernel's time (the profiler waits for the stream around each) against cuBLASLt's rate
+#              (PROFILE_MODELS: those four by default, and gpt2: GPT-2 124M's shape at batch 8;
+#              PROFILE_PRECISIONS)
 #   max-batch  the seeds' experiment: `mixprec max-batch --device cuda` on cnn 420,1000 and
 #              bench/peers/torch_max_batch.py under the same limit(s) (MAXBATCH_LIMITS, 3GiB), each
 #              precision's largest batch and its ratio to fp32's, side by side
@@ -430,13 +432,14 @@ step_profile() {
   need_gpu
   need_binary
   local model args p
-  for model in mlp cnn cnn-small gpt; do
+  for model in ${PROFILE_MODELS:-mlp cnn cnn-small gpt}; do
     # The bench step's configurations (bench/peers/torch_gpu.py): mlp 1024,1024 at batch 512, cnn
     # 420,1000 and 32,64 at batch 256, the char gpt.
     case $model in
     mlp) args=(--model mlp --hidden 1024,1024 --batch-size 512) ;;
     cnn) args=(--model cnn --channels 420,1000 --batch-size 256) ;;
     cnn-small) args=(--model cnn --channels 32,64 --batch-size 256) ;;
+    gpt2) args=(--model gpt --layers 12 --heads 12 --d-model 768 --block-size 1024 --vocab-size 50304 --batch-size 8) ;;
     *) args=(--model "$model") ;;
     esac
     for p in ${PROFILE_PRECISIONS:-amp-bf16 amp-fp16 fp32}; do
