@@ -310,6 +310,39 @@ TEST(Attention, PackedQkvIsTheAttentionOfItsThreeViews) {
             "5, 24]");
 }
 
+// On a GPU, bf16 and f16 at head dims 16, 32 and 64 run the tensor-core kernels, which stage
+// contiguous, 16-byte aligned rows 8 elements per load and any other view element by element
+// (attention_mma.cuh, stage): q, k and v as rows of E + 1 from their second element (an odd row
+// stride, addresses off 16 bytes) give the bits of their contiguous copies, forward and backward.
+TEST(Attention, CudaViewsOfAnyStrideGiveTheBitsOfContiguousCopies) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  const int64_t b = 2, tt = 70, h = 3;
+  for (DType t : {DType::bf16, DType::f16})
+    for (int64_t e : {16, 32, 64}) {
+      std::vector<Tensor> bases;
+      for (uint64_t i = 0; i < 3; ++i)
+        bases.push_back(values({b, tt, h, e + 1}, -1, 1, 21 + 3 * uint64_t(e) + i, t).to(Device::cuda(0)));
+      const Tensor gy = values({b, h, tt, e}, -1, 1, 22, t).to(Device::cuda(0));
+      // The output and the three bases' gradients.
+      auto run = [&](bool copies) {
+        std::vector<Tensor> x, v;
+        for (const Tensor& base : bases) {
+          x.push_back(base.detach().set_requires_grad());
+          v.push_back(x.back().slice(3, 1, e + 1).transpose(1, 2));
+          if (copies) v.back() = v.back().contiguous();
+        }
+        Tensor y = ops::scaled_dot_product_attention(v[0], v[1], v[2], {.causal = true});
+        y.backward(gy);
+        std::vector<std::vector<double>> r{y.to_vector_f64()};
+        for (const Tensor& xi : x) r.push_back(xi.grad().to_vector_f64());
+        return r;
+      };
+      const auto views = run(false), copies = run(true);
+      const char* names[] = {"output", "dq", "dk", "dv"};
+      for (size_t i = 0; i < 4; ++i) EXPECT_EQ(views[i], copies[i]) << names[i] << ", " << dtype_name(t) << " E " << e;
+    }
+}
+
 // One key: every probability is exactly 1 and O is V, so dS = P (dP - D) is exactly zero, and dq
 // and dk with it, when D = rowsum(dO O) is summed in the order the dP product sums dO V^T: on
 // every kind of tile (f32; bf16 native where the host has it, and emulated).

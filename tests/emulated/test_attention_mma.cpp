@@ -41,9 +41,11 @@ using kernels::cuda::attn::view_of;
 struct Case {
   int64_t b, h, tq, tk, e;
   bool causal;
+  bool kv_unaligned = false;  // k and v as views the 16-byte staging cannot take (stage()'s other path)
 };
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.b << "x" << c.h << " Tq " << c.tq << " Tk " << c.tk << " E " << c.e << (c.causal ? " causal" : "");
+  *os << c.b << "x" << c.h << " Tq " << c.tq << " Tk " << c.tk << " E " << c.e << (c.causal ? " causal" : "")
+      << (c.kv_unaligned ? " k, v unaligned" : "");
 }
 
 struct Result {
@@ -102,8 +104,14 @@ TEST_P(EmulatedMmaAttention, MatchesTheReference) {
   Generator gen(0x3a7 + uint64_t(c.tq * 131 + c.tk * 7 + c.e) + uint64_t(t));
   // Inputs in t (q a strided view); the f64 truth reads the same values.
   const auto input = [&](const Shape& s) { return Tensor::uniform(s, gen, -2, 2, DType::f64).to(t); };
-  const Tensor q = input({c.b, c.tq, c.h, c.e}).transpose(1, 2), k = input({c.b, c.h, c.tk, c.e});
-  const Tensor v = input({c.b, c.h, c.tk, c.e}), go = input({c.b, c.h, c.tq, c.e});
+  // k and v, where the case says so: rows of E + 1 from their second element (an odd row stride and
+  // an address off 16 bytes), read element by element; every other operand in 16-byte pieces.
+  const auto key_side = [&] {
+    if (!c.kv_unaligned) return input({c.b, c.h, c.tk, c.e});
+    return input({c.b, c.h, c.tk, c.e + 1}).slice(3, 1, c.e + 1);
+  };
+  const Tensor q = input({c.b, c.tq, c.h, c.e}).transpose(1, 2), k = key_side();
+  const Tensor v = key_side(), go = input({c.b, c.h, c.tq, c.e});
   const auto f64 = [](const Tensor& x) { return x.to(DType::f64); };
   AttentionParams p;
   p.causal = c.causal;
@@ -133,10 +141,12 @@ TEST_P(EmulatedMmaAttention, MatchesTheReference) {
 }
 
 // Tiles of 64 cut everywhere: one row; 65; Tq > Tk and Tk > Tq under the causal mask (whose rows
-// see from 1 key to all); full attention with Tk > 2 tiles; two whole tiles.
+// see from 1 key to all); full attention with Tk > 2 tiles; two whole tiles. Three of them again
+// with k and v unaligned.
 const std::vector<Case> kCases = {
-    {1, 2, 1, 1, 16, false},   {2, 1, 65, 65, 32, true},   {1, 2, 130, 70, 64, true},
-    {1, 1, 70, 130, 16, true}, {1, 2, 47, 190, 64, false}, {2, 1, 128, 128, 32, true},
+    {1, 2, 1, 1, 16, false},        {2, 1, 65, 65, 32, true},        {1, 2, 130, 70, 64, true},
+    {1, 1, 70, 130, 16, true},      {1, 2, 47, 190, 64, false},      {2, 1, 128, 128, 32, true},
+    {2, 1, 65, 65, 32, true, true}, {1, 2, 130, 70, 64, true, true}, {1, 1, 70, 130, 16, true, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedMmaAttention,
@@ -144,8 +154,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedMmaAttention,
                          [](const ::testing::TestParamInfo<Param>& p) {
                            const Case& c = std::get<0>(p.param);
                            std::ostringstream name;
-                           name << "T" << c.tq << "x" << c.tk << "_E" << c.e << (c.causal ? "_causal" : "") << "_"
-                                << dtype_name(std::get<1>(p.param));
+                           name << "T" << c.tq << "x" << c.tk << "_E" << c.e << (c.causal ? "_causal" : "")
+                                << (c.kv_unaligned ? "_kv_unaligned" : "") << "_" << dtype_name(std::get<1>(p.param));
                            return name.str();
                          });
 

@@ -15,9 +15,10 @@ template <class T>
 struct View {
   const T* p;
   int64_t heads, sb, sh, st, se;
-  __device__ T raw(int64_t bh, int64_t t, int64_t e) const {
-    return p[(bh / heads) * sb + (bh % heads) * sh + t * st + e * se];
-  }
+  // Row t of (batch, head) bh: its element e at row(bh, t)[e * se]. The division by the head count
+  // is a 64-bit one (a call of tens of instructions): a loop over a row forms it once.
+  __device__ const T* row(int64_t bh, int64_t t) const { return p + (bh / heads) * sb + (bh % heads) * sh + t * st; }
+  __device__ T raw(int64_t bh, int64_t t, int64_t e) const { return row(bh, t)[e * se]; }
   __device__ acc_t<T> at(int64_t bh, int64_t t, int64_t e) const { return to_acc(raw(bh, t, e)); }
 };
 template <class T>

@@ -79,12 +79,30 @@ __device__ __forceinline__ T zero() {
 }
 
 // Rows [t0, t0 + n) of x into a [kTile][E] tile (leading dim E + 8), zero rows past n: a padded
-// key's scores are masked, and its zero V row adds nothing.
+// key's scores are masked, and its zero V row adds nothing. The rows' base is formed once per tile:
+// View::raw divided by the head count in 64 bits for every element (the 18 kernels' PTX held 414
+// such divisions, unrolled into the tile loops; now 72, one per staged tile). Rows whose elements
+// are contiguous and 16-byte aligned (the GPT's q, k and v: head slices of the packed qkv, and
+// every contiguous [B, H, T, E]) move 8 elements per load; other views element by element.
 template <class T, int E>
 __device__ void stage(const View<T>& x, int64_t bh, int64_t t0, int64_t n, T* dst) {
+  constexpr int ld = Layout<E>::kLdH;
+  const T* base = x.row(bh, t0);
+  static_assert(sizeof(T) == 2 && E % 8 == 0 && ld % 8 == 0);
+  if (x.se == 1 && x.st % 8 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0) {
+    using Bits = Vec<uint32_t, 4>;  // 16 bytes: 8 elements, copied as they are
+    constexpr int kChunks = E / 8;
+    for (int idx = threadIdx.x; idx < kTile * kChunks; idx += kThreads) {
+      const int r = idx / kChunks, c = (idx % kChunks) * 8;
+      Bits v{};  // +0 in bf16 and f16
+      if (r < n) v = *reinterpret_cast<const Bits*>(base + r * x.st + c);
+      *reinterpret_cast<Bits*>(dst + r * ld + c) = v;
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < kTile * E; idx += kThreads) {
     const int r = idx / E, c = idx % E;
-    dst[r * Layout<E>::kLdH + c] = r < n ? x.raw(bh, t0 + r, c) : zero<T>();
+    dst[r * ld + c] = r < n ? base[r * x.st + c * x.se] : zero<T>();
   }
 }
 
@@ -254,8 +272,11 @@ __global__ void __launch_bounds__(kThreads)
   stage<T, E>(q, bh, i0, min64(kRows, z.tq - i0), qs);
   stage<T, E>(go, bh, i0, min64(kRows, z.tq - i0), gs);
   float d = 0.0f;
-  if (active)
-    for (int c = me.half * (E / 2); c < (me.half + 1) * (E / 2); ++c) d += go.at(bh, i, c) * o.at(bh, i, c);
+  if (active) {
+    const T *gr = go.row(bh, i), *orow = o.row(bh, i);
+    for (int c = me.half * (E / 2); c < (me.half + 1) * (E / 2); ++c)
+      d += to_acc(gr[c * go.se]) * to_acc(orow[c * o.se]);
+  }
   d = pair_sum(d);
   if (active && me.half == 0) dsum[bh * z.tq + i] = d;
   const float row_lse = active ? lse[bh * z.tq + i] : 0.0f;

@@ -2,6 +2,7 @@
 // kernel under emulation uses, on mixprec's CPU 16-bit types (convert.h: the same round to nearest
 // even as CUDA's __float2bfloat16_rn and __float2half_rn). cuda_shim.h first.
 #pragma once
+#include <cstdint>
 #include <type_traits>
 
 #include "mixprec/convert.h"
@@ -11,6 +12,12 @@ namespace mixprec::kernels::cuda {
 
 using bf16 = bf16_t;
 using f16 = f16_t;
+
+// kVec elements of T in one aligned load or store (common.cuh's).
+template <class T, int kVec>
+struct alignas(sizeof(T) * kVec) Vec {
+  T v[kVec];
+};
 
 template <class T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
