@@ -129,6 +129,21 @@ TEST_F(CliCompare, MaxBatchFindsABatchPerPrecision) {
     EXPECT_LE(p.at("batch").get<int64_t>(), 4096) << p;
     EXPECT_LE(p.at("peak_bytes").get<int64_t>(), 8 << 20) << p;
     EXPECT_GT(p.at("peak_by_category").at("activations").get<int64_t>(), 0) << p;
+    // Every step run: as many as the attempts, the answer among those that fitted, and the smallest
+    // refused batch (one past the answer: the search ends bisecting) with the allocator's refusal.
+    const nlohmann::json& trials = p.at("trials");
+    ASSERT_EQ(trials.size(), p.at("attempts").get<size_t>()) << p;
+    const int64_t failed = p.at("smallest_failed").get<int64_t>();
+    EXPECT_EQ(failed, p.at("batch").get<int64_t>() + 1) << p;
+    bool answer = false, refused = false;
+    for (const nlohmann::json& t : trials) {
+      answer = answer ||
+               (t.at("fitted") == true && t.at("batch") == p.at("batch") && t.at("peak_bytes") == p.at("peak_bytes"));
+      if (t.at("fitted") == false && t.at("batch") == failed)
+        refused = t.at("refusal").get<std::string>().find("out of memory") != std::string::npos;
+    }
+    EXPECT_TRUE(answer) << trials;
+    EXPECT_TRUE(refused) << trials;
   }
   EXPECT_EQ(j.at("precisions")[1].at("ratio").get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(j.at("precisions")[0].at("ratio").get<double>(),
@@ -138,6 +153,8 @@ TEST_F(CliCompare, MaxBatchFindsABatchPerPrecision) {
   ASSERT_EQ(text.exit_code, 0) << text.err;
   EXPECT_NE(text.out.find("\nhalf-bf16 "), std::string::npos) << text.out;  // the default list's last
   EXPECT_NE(text.out.find("activations"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("\nfp32 at batch "), std::string::npos) << text.out;  // why not one more
+  EXPECT_NE(text.out.find(": out of memory"), std::string::npos) << text.out;
   for (const auto& bad :
        {std::pair<std::string, std::string>{"max-batch --precisions fp32", "--memory-limit SIZE is required"},
         {"max-batch --memory-limit 1GiB --batch-size 8", "--batch-size: max-batch searches the batch size"},

@@ -11,6 +11,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "autocast/autocast_state.h"
 #include "mixprec/allocator.h"
@@ -53,6 +54,21 @@ TEST(MemoryBudget, DoublesThenBisectsToTheLargestBatch) {
   EXPECT_EQ(fit.stats.at_peak_bytes[size_t(MemCategory::activations)] -
                 allocator::stats().live_bytes[size_t(MemCategory::activations)],
             37 * kBlock);
+  // Every step, in order, with what it asked for; a refused one with the allocator's message.
+  const std::vector<int64_t> batches = {1, 2, 4, 8, 16, 32, 64, 48, 40, 36, 38, 37};
+  ASSERT_EQ(fit.trials.size(), batches.size());
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const BatchTrial& t = fit.trials[i];
+    EXPECT_EQ(t.batch, batches[i]);
+    EXPECT_EQ(t.fitted, t.batch <= 37) << t.batch;
+    EXPECT_EQ(t.refusal.empty(), t.fitted) << t.batch;
+    if (t.fitted) {
+      EXPECT_EQ(t.peak_total, live0 + t.batch * kBlock) << t.batch;
+    } else {
+      EXPECT_NE(t.refusal.find("out of memory"), std::string::npos) << t.refusal;
+    }
+    EXPECT_GE(t.peak_reserved_bytes, t.peak_total) << t.batch;
+  }
   EXPECT_EQ(live(), live0);
   EXPECT_EQ(allocator::stats().budget_bytes, 0);  // the budget before the search is back
 }

@@ -50,6 +50,8 @@ MaxBatchResult find_max_batch(const SessionOptions& opt, int64_t budget_bytes, i
   r.peak_bytes = fit.batch > 0 ? fit.stats.peak_total : 0;
   r.peak_by_category = fit.batch > 0 ? peak_memory_json(fit.stats) : Json::object();
   r.attempts = fit.attempts;
+  r.smallest_failed = fit.smallest_failed;
+  r.trials = fit.trials;
   return r;
 }
 

@@ -2,8 +2,10 @@
 // budget, for one model and precision (the search itself: mixprec/memory_budget.h).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "metrics.h"
+#include "mixprec/memory_budget.h"
 #include "session.h"
 
 namespace mixprec::cli {
@@ -13,6 +15,8 @@ struct MaxBatchResult {
   int64_t peak_bytes = 0;                  // that batch's step, measured from its start
   Json peak_by_category = Json::object();  // the split at the moment of that peak ("total" first), as peak_memory_json
   int64_t attempts = 0;                    // training steps run, those that ran out of memory included
+  int64_t smallest_failed = 0;             // the smallest batch seen not to fit; 0 when --max-batch fitted
+  std::vector<BatchTrial> trials;          // every step run, in order
 };
 
 // The largest batch (<= max_batch) whose whole training step (forward, backward, optimizer step

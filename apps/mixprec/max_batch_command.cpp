@@ -43,6 +43,20 @@ std::string model_line(const ModelSpec& m) {
   return s;
 }
 
+// Every step the search ran, in order: batch, fitted, peaks, and the refusal of one that did not fit.
+Json trials_json(const std::vector<BatchTrial>& trials) {
+  Json a = Json::array();
+  for (const BatchTrial& t : trials) {
+    Json o = {{"batch", t.batch},
+              {"fitted", t.fitted},
+              {"peak_bytes", t.peak_total},
+              {"peak_reserved_bytes", t.peak_reserved_bytes}};
+    if (!t.fitted) o["refusal"] = t.refusal;
+    a.push_back(o);
+  }
+  return a;
+}
+
 int cmd_max_batch(const Command& c, const MaxBatchFlags& f) {
   MIXPREC_CHECK(!c.given("batch-size"), "--batch-size: max-batch searches the batch size (--max-batch bounds it)");
   // Every precision's settings first: a flag that does not fit one of them fails before any search.
@@ -78,7 +92,9 @@ int cmd_max_batch(const Command& c, const MaxBatchFlags& f) {
                                {"ratio", base > 0 ? Json(double(r.batch) / double(base)) : Json()},
                                {"peak_bytes", r.peak_bytes},
                                {"peak_by_category", r.peak_by_category},
-                               {"attempts", r.attempts}});
+                               {"attempts", r.attempts},
+                               {"smallest_failed", r.smallest_failed > 0 ? Json(r.smallest_failed) : Json()},
+                               {"trials", trials_json(r.trials)}});
   }
   if (f.json) {
     std::printf("%s\n", j.dump(2).c_str());
@@ -108,6 +124,13 @@ int cmd_max_batch(const Command& c, const MaxBatchFlags& f) {
     std::printf("\n");
   }
   std::printf("(memory in MiB at each batch's step peak, by category)\n");
+  // Why not one more: the refusal of the smallest batch that did not fit.
+  for (size_t i = 0; i < results.size(); ++i)
+    for (const BatchTrial& t : results[i].trials)
+      if (!t.fitted && t.batch == results[i].smallest_failed) {
+        std::printf("%s at batch %lld: %s\n", f.precisions[i].c_str(), (long long)t.batch, t.refusal.c_str());
+        break;
+      }
   return 0;
 }
 

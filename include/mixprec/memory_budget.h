@@ -4,17 +4,31 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "mixprec/allocator.h"
 #include "mixprec/device.h"
 
 namespace mixprec {
 
+// One step the search ran: what it asked of the allocator, and the refusal of one that did not fit
+// (whose message says which request, of which category, against what: the answer to "why not a
+// larger batch", where the steps' sizes do not grow smoothly, as cuDNN's workspaces do not).
+struct BatchTrial {
+  int64_t batch = 0;
+  bool fitted = false;
+  int64_t peak_total = 0;           // live bytes at the step's peak (up to the refusal, for one that failed)
+  int64_t peak_reserved_bytes = 0;  // live and cached: what a device's budget counts
+  std::string refusal;              // the OutOfMemory's message; empty for a step that fitted
+};
+
 struct BatchFit {
   int64_t batch = 0;            // the largest batch whose step fitted; 0 when not even a batch of 1 did
   MemoryStats stats;            // the allocator's stats after that batch's step (peak_total, at_peak_bytes: its peak)
   int64_t attempts = 0;         // steps run, those that ran out of memory included
   int64_t smallest_failed = 0;  // the smallest batch seen not to fit; 0 when max_batch fitted
+  std::vector<BatchTrial> trials;  // every step run, in order (attempts of them)
 };
 
 // Runs step(b), one whole training step at batch b (the batch made inside it, so it counts), under a

@@ -44,12 +44,23 @@ BatchFit find_largest_batch(const std::function<void(int64_t batch)>& step, int6
       const int64_t live_before = allocator::stats(device).live_total;
       allocator::reset_peak(device);
       ++fit.attempts;
+      BatchTrial& trial = fit.trials.emplace_back();
+      trial.batch = b;
+      const auto measure = [&] {
+        const MemoryStats now = allocator::stats(device);
+        trial.peak_total = now.peak_total;
+        trial.peak_reserved_bytes = now.peak_reserved_bytes;
+        return now;
+      };
       try {
         step(b);
-      } catch (const OutOfMemory&) {
+      } catch (const OutOfMemory& e) {
+        measure();
+        trial.refusal = e.what();
         return false;
       }
-      stats = allocator::stats(device);
+      trial.fitted = true;
+      stats = measure();
       if (stats.live_total <= live_before) break;
     }
     return true;
