@@ -204,6 +204,29 @@ TEST(CudaTrain, CapturedStepsReplayBitIdenticalToEagerSteps) {
   }
 }
 
+// The smallest captured work in which a kernel of ours reads what cuBLASLt wrote: a product into
+// the graph's pool, then a sum over it, replayed twice: the eager values, in f32, bf16 and f16. Also
+// run.sh initcheck-probe's first case (docs/gpu.md, 2026-12-04: initcheck's reports in the
+// captured steps all read buffers a replayed cuBLASLt kernel wrote; this says whether it reports
+// them here too, where nothing else runs).
+TEST(CudaTrain, AReplayedProductReadByOurKernelGivesTheEagerValues) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    Generator gen(7);
+    const Tensor a = Tensor::uniform({24, 40}, gen, -1, 1).to(t).to(Device::cuda());
+    const Tensor b = Tensor::uniform({40, 56}, gen, -1, 1).to(t).to(Device::cuda());
+    const Tensor eager = ops::sum(ops::matmul(a, b), {0});
+    cuda::Graph graph;
+    graph.capture_begin();
+    const Tensor captured = ops::sum(ops::matmul(a, b), {0});
+    graph.capture_end();
+    for (int replay = 0; replay < 2; ++replay) {
+      graph.replay();
+      EXPECT_EQ(bytes_of(captured), bytes_of(eager)) << dtype_name(t) << ", replay " << replay;
+    }
+  }
+}
+
 TEST(CudaTrain, InjectedInfAndNaNSkipTheSameStepsAndBackOffTheSameScaleAsTheCpu) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
   for (double bad : {INFINITY, -INFINITY, NAN})
