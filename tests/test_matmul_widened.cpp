@@ -110,6 +110,16 @@ TEST(MatmulWidened, EveryShapeItTakesMatchesTheReference) {
        .trans_a = true,
        .strided = true,
        .f32_dst = true},
+      // 256 x 2000 x 256: a partial per chunk (4, or 6 on three threads) would outweigh the
+      // operands, one per thread's share (1, 2, 3) does not.
+      {.what = "chunks, a partial per share", .m = 256, .k = 2000, .n = 256, .trans_a = true},
+      {.what = "chunks into f32, a partial per share, accumulate",
+       .m = 256,
+       .k = 2000,
+       .n = 256,
+       .trans_a = true,
+       .accumulate = true,
+       .f32_dst = true},
       {.what = "columns", .m = 16, .k = 1024, .n = 600},
       {.what = "columns, b transposed, bias, relu",
        .m = 16,
@@ -164,6 +174,7 @@ TEST(MatmulWidened, EveryShapeItTakesMatchesTheReference) {
 TEST(MatmulWidened, RepeatsBitForBit) {
   for (const Case& c : {Case{.what = "rows", .m = 600, .k = 128, .n = 256},
                         Case{.what = "chunks", .m = 64, .k = 2000, .n = 128, .trans_a = true},
+                        Case{.what = "chunks, a partial per share", .m = 256, .k = 2000, .n = 256, .trans_a = true},
                         Case{.what = "columns", .m = 16, .k = 1024, .n = 600}}) {
     const Operands p = make(c, DType::bf16, 5);
     Tensor first = p.dst.clone(), second = p.dst.clone();

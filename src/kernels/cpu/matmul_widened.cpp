@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <optional>
 #include <vector>
 
 #include "core/parallel.h"
@@ -222,16 +223,25 @@ bool by_cols(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o,
 
 // Weight gradient (op(a) = a^T, k the batch): chunks of the shared dimension, rows of both
 // operands; each chunk's f32 product is a partial sum, and the partials are added in chunk order.
+// Where a partial per chunk would outweigh the operands it saves widening whole (the mlp's square
+// hidden layers: 10 chunks of 1024 x 1024 against a batch of 2000), one partial per thread's share
+// instead: share s sums chunks s, s + shares, ... in that order into its own (the first chunk
+// written, the others added by the product), so the values do not depend on which thread runs a
+// share; without it the whole-tensor road widened both operands, 8 bytes per batch row and
+// hidden unit, which halved amp-bf16's largest batch against fp32's (`max-batch`, the f32 road).
 bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
   const int64_t m = dst.size(0), n = dst.size(1), k = a.size(0);
   const Pieces split = pieces_of(k, m + n, threads);
   const int64_t chunk = split.size, chunks = split.count, last = split.last;
+  if (chunks < 2) return false;
   // The partials must stay smaller than the operands they replace in memory.
-  if (chunks < 2 || chunks * m * n > k * (m + n) / 2) return false;
+  const bool per_chunk = chunks * m * n <= k * (m + n) / 2;
+  const int64_t parts = per_chunk ? chunks : std::min<int64_t>(threads, chunks);
+  if (parts * m * n > k * (m + n) / 2) return false;
 
   const size_t a_bytes = aligned(size_t(chunk * m) * 4), b_bytes = aligned(size_t(chunk * n) * 4);
   const size_t part_bytes = aligned(size_t(m * n) * 4);
-  WorkspaceBuffer partials(part_bytes * size_t(chunks));
+  WorkspaceBuffer partials(part_bytes * size_t(parts));
   MatmulArgs args;
   args.m = m, args.n = n, args.k = chunk;
   args.src = &placeholder, args.src_stride_m = 1, args.src_stride_k = m;
@@ -241,24 +251,35 @@ bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
   last_args.k = last;
   const PieceProducts products(args, last_args, chunk, a_bytes + b_bytes, threads);
   if (!products.ok()) return false;
+  // The shares' later chunks: the same products adding into the partial (their scratchpads apart).
+  std::optional<PieceProducts> adding;
+  if (!per_chunk) {
+    MatmulArgs add_args = args, add_last = last_args;
+    add_args.accumulate = add_last.accumulate = true;
+    adding.emplace(add_args, add_last, chunk, 0, threads);
+    if (!adding->ok()) return false;
+  }
 
-  each_piece(chunks, threads, [&](int64_t c, int thread) {
+  each_piece(parts, threads, [&](int64_t part, int thread) {
     char* mine = products.mine(thread);
     auto* a32 = reinterpret_cast<float*>(mine);
     auto* b32 = reinterpret_cast<float*>(mine + a_bytes);
-    const int64_t k0 = c * chunk, nk = c == chunks - 1 ? last : chunk;
-    widen_rows(a, k0, nk, a32);
-    widen_rows(b, k0, nk, b32);
-    products.run(nk, thread, a32, b32, static_cast<char*>(partials.data()) + part_bytes * size_t(c), nullptr);
+    char* sum = static_cast<char*>(partials.data()) + part_bytes * size_t(part);
+    for (int64_t c = part; c < chunks; c += per_chunk ? chunks : parts) {
+      const int64_t k0 = c * chunk, nk = c == chunks - 1 ? last : chunk;
+      widen_rows(a, k0, nk, a32);
+      widen_rows(b, k0, nk, b32);
+      (c == part ? products : *adding).run(nk, thread, a32, b32, sum, nullptr);
+    }
   });
 
-  // dst = (accumulate ? dst : 0) + the partials in chunk order, rounded once into dst's dtype.
+  // dst = (accumulate ? dst : 0) + the partials in order, rounded once into dst's dtype.
   constexpr int64_t kTile = 1024;
   const int64_t total = m * n, tiles = ceil_div(total, kTile);
   const auto* part = static_cast<const char*>(partials.data());
   char* out = static_cast<char*>(dst.data_ptr());
   const size_t es = dtype_size(dst.dtype());
-  const int sum_threads = detail::parallel_worth(total * chunks, int64_t(1) << 18) ? threads : 1;
+  const int sum_threads = detail::parallel_worth(total * parts, int64_t(1) << 18) ? threads : 1;
   each_piece(tiles, sum_threads, [&](int64_t tile, int) {
     float sum[kTile];
     const int64_t i0 = tile * kTile, len = std::min(kTile, total - i0);
@@ -266,7 +287,7 @@ bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
       convert(out + size_t(i0) * es, dst.dtype(), sum, DType::f32, size_t(len));
     else
       std::fill(sum, sum + len, 0.f);
-    for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t c = 0; c < parts; ++c) {
       const float* p = reinterpret_cast<const float*>(part + part_bytes * size_t(c)) + i0;
       for (int64_t i = 0; i < len; ++i) sum[i] += p[i];
     }
