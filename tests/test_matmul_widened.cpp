@@ -113,13 +113,24 @@ TEST(MatmulWidened, EveryShapeItTakesMatchesTheReference) {
       // 256 x 2000 x 256: a partial per chunk (4, or 6 on three threads) would outweigh the
       // operands, one per thread's share (1, 2, 3) does not.
       {.what = "chunks, a partial per share", .m = 256, .k = 2000, .n = 256, .trans_a = true},
-      {.what = "chunks into f32, a partial per share, accumulate",
+      // Into f32 there: each thread's share of dst's columns adds every chunk itself; 300 columns
+      // in shares of 160 + 140 on two threads, 112 + 112 + 76 on three.
+      {.what = "chunks into f32 columns", .m = 256, .k = 2000, .n = 256, .trans_a = true, .f32_dst = true},
+      {.what = "chunks into f32 columns, accumulate",
        .m = 256,
        .k = 2000,
        .n = 256,
        .trans_a = true,
        .accumulate = true,
        .f32_dst = true},
+      {.what = "chunks into f32 columns, a narrower last share, strided",
+       .m = 512,
+       .k = 1500,
+       .n = 300,
+       .trans_a = true,
+       .strided = true,
+       .f32_dst = true},
+      {.what = "chunks, a partial per share, 300 columns", .m = 512, .k = 1500, .n = 300, .trans_a = true},
       {.what = "columns", .m = 16, .k = 1024, .n = 600},
       {.what = "columns, b transposed, bias, relu",
        .m = 16,
@@ -172,10 +183,12 @@ TEST(MatmulWidened, EveryShapeItTakesMatchesTheReference) {
 // The same call twice on one thread count gives the same bits (a fixed order of blocks and
 // partial sums, whichever thread runs which).
 TEST(MatmulWidened, RepeatsBitForBit) {
-  for (const Case& c : {Case{.what = "rows", .m = 600, .k = 128, .n = 256},
-                        Case{.what = "chunks", .m = 64, .k = 2000, .n = 128, .trans_a = true},
-                        Case{.what = "chunks, a partial per share", .m = 256, .k = 2000, .n = 256, .trans_a = true},
-                        Case{.what = "columns", .m = 16, .k = 1024, .n = 600}}) {
+  for (const Case& c :
+       {Case{.what = "rows", .m = 600, .k = 128, .n = 256},
+        Case{.what = "chunks", .m = 64, .k = 2000, .n = 128, .trans_a = true},
+        Case{.what = "chunks, a partial per share", .m = 256, .k = 2000, .n = 256, .trans_a = true},
+        Case{.what = "chunks into f32 columns", .m = 512, .k = 1500, .n = 300, .trans_a = true, .f32_dst = true},
+        Case{.what = "columns", .m = 16, .k = 1024, .n = 600}}) {
     const Operands p = make(c, DType::bf16, 5);
     Tensor first = p.dst.clone(), second = p.dst.clone();
     ASSERT_TRUE(matmul_widened(p.a, p.b, first, opts(c, p)));
