@@ -221,80 +221,107 @@ bool by_cols(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o,
   return true;
 }
 
-// Weight gradient into f32 (AMP's, for f32 master weights) where a partial per chunk would
-// outweigh the operands: dst's columns in a share per thread, each share running over every chunk
-// of the shared dimension and adding each chunk's product into its own columns of dst (zeroed
-// first unless accumulating), so no partial is held at all. A share widens the chunk's rows of a
-// whole and its own columns of b's. The chunks are added in order in each column, whichever
-// thread runs a share.
+// Weight gradient (op(a) = a^T, k the batch) where a partial sum per chunk of the shared dimension
+// would outweigh the operands (by_chunks): dst's columns in a share per thread, each share running
+// over every chunk and adding each chunk's product into its own columns, of dst itself where dst
+// is f32 (AMP's gradients of f32 master weights; zeroed first unless accumulating), else of an
+// f32 block of the share's, rounded once into dst at the end. A share widens the chunk's rows of a
+// whole and its own columns of b's. The chunks are added in order in each column, whichever thread
+// runs a share. Before, these shapes took the whole-tensor road, which widened both operands, 8
+// bytes per batch row and hidden unit: amp-bf16's largest batch of the mlp 1024,1024 under 64 MiB
+// was 0.88x fp32's, now 1.66x (`max-batch`, Emerald Rapids guest without AMX).
+// Its split: dst's columns in shares, the shared dimension in chunks; and the bytes of its
+// buffers, all threads'.
+struct ColumnSplit {
+  Pieces shares, chunks;
+  size_t a_bytes, b_bytes, d_bytes;
+  size_t bytes(int threads) const { return (a_bytes + b_bytes + d_bytes) * size_t(threads); }
+};
+ColumnSplit column_split(int64_t m, int64_t n, int64_t k, bool dst32, int threads) {
+  ColumnSplit c;
+  c.shares = pieces_of(n, 1, threads);  // about n / threads columns each (whole 16s)
+  const int64_t cols = c.shares.size;
+  c.chunks = pieces_of(k, m + cols, 1);
+  c.a_bytes = aligned(size_t(c.chunks.size * m) * 4), c.b_bytes = aligned(size_t(c.chunks.size * cols) * 4);
+  c.d_bytes = dst32 ? 0 : aligned(size_t(m * cols) * 4);
+  return c;
+}
+
 bool by_chunks_into_columns(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
   const DType t = a.dtype();
   const int64_t m = dst.size(0), n = dst.size(1), k = a.size(0);
-  const Pieces shares = pieces_of(n, 1, threads);  // columns: about n / threads each (whole 16s)
-  const int64_t cols = shares.size;
-  const Pieces split = pieces_of(k, m + cols, 1);
-  const int64_t chunk = split.size, chunks = split.count;
+  const bool dst32 = dst.dtype() == DType::f32;
+  const ColumnSplit cs = column_split(m, n, k, dst32, threads);
+  const Pieces shares = cs.shares, split = cs.chunks;
+  const int64_t cols = shares.size, chunk = split.size, chunks = split.count;
   const auto make_args = [&](int64_t width, int64_t nk) {
     MatmulArgs args;
     args.m = m, args.n = width, args.k = nk;
     args.src = &placeholder, args.src_stride_m = 1, args.src_stride_k = m;
     args.wei = &placeholder, args.wei_stride_k = width, args.wei_stride_n = 1;
-    args.dst = &placeholder, args.dst_stride_m = n;
+    args.dst = &placeholder, args.dst_stride_m = dst32 ? n : width;
     args.accumulate = true;
     return args;
   };
-  const size_t a_bytes = aligned(size_t(chunk * m) * 4), b_bytes = aligned(size_t(chunk * cols) * 4);
-  const PieceProducts wide(make_args(cols, chunk), make_args(cols, split.last), chunk, a_bytes + b_bytes, threads);
+  // Each thread's buffers: the chunk's rows of a and its share of b's, widened, and the share's f32
+  // block unless dst is f32.
+  const size_t a_bytes = cs.a_bytes, b_bytes = cs.b_bytes, d_bytes = cs.d_bytes;
+  const PieceProducts wide(make_args(cols, chunk), make_args(cols, split.last), chunk, a_bytes + b_bytes + d_bytes,
+                           threads);
   if (!wide.ok()) return false;
   std::optional<PieceProducts> narrow;  // the last share's, where it is narrower
   if (shares.last != cols) {
     narrow.emplace(make_args(shares.last, chunk), make_args(shares.last, split.last), chunk, 0, threads);
     if (!narrow->ok()) return false;
   }
-  if (!o.accumulate) std::fill_n(static_cast<float*>(dst.data_ptr()), m * n, 0.f);
+  if (dst32 && !o.accumulate) std::fill_n(static_cast<float*>(dst.data_ptr()), m * n, 0.f);
   const auto* b_base = static_cast<const char*>(b.data_ptr());
   const int64_t ldb = b.strides()[0];
+  const size_t es = dtype_size(dst.dtype());
   each_piece(shares.count, threads, [&](int64_t share, int thread) {
     char* mine = wide.mine(thread);
     auto* a32 = reinterpret_cast<float*>(mine);
     auto* b32 = reinterpret_cast<float*>(mine + a_bytes);
     const int64_t n0 = share * cols, width = share == shares.count - 1 ? shares.last : cols;
     const PieceProducts& products = width == cols ? wide : *narrow;
-    float* out = static_cast<float*>(dst.data_ptr()) + n0;
+    char* out = static_cast<char*>(dst.data_ptr()) + size_t(n0) * es;
+    float* d32 = dst32 ? reinterpret_cast<float*>(out) : reinterpret_cast<float*>(mine + a_bytes + b_bytes);
+    if (!dst32 && o.accumulate) widen_block(out, t, n, m, width, d32);
+    if (!dst32 && !o.accumulate) std::fill_n(d32, m * width, 0.f);
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t k0 = c * chunk, nk = c == chunks - 1 ? split.last : chunk;
       widen_rows(a, k0, nk, a32);
       widen_block(b_base + size_t(k0 * ldb + n0) * dtype_size(t), t, ldb, nk, width, b32);
-      products.run(nk, thread, a32, b32, out, nullptr);
+      products.run(nk, thread, a32, b32, d32, nullptr);
     }
+    if (!dst32) round_block(d32, m, width, out, n, t);
   });
   return true;
 }
 
 // Weight gradient (op(a) = a^T, k the batch): chunks of the shared dimension, rows of both
 // operands; each chunk's f32 product is a partial sum, and the partials are added in chunk order.
-// Where a partial per chunk would outweigh the operands it saves widening whole (the mlp's square
-// hidden layers: 10 chunks of 1024 x 1024 against a batch of 2000), an f32 dst goes to
-// by_chunks_into_columns, and a 16-bit one keeps one partial per thread's share instead: share s
-// sums chunks s, s + shares, ... in that order into its own (the first chunk written, the others
-// added by the product), so the values do not depend on which thread runs a share. Before, such
-// shapes took the whole-tensor road, which widened both operands, 8 bytes per batch row and hidden
-// unit: amp-bf16's largest batch of the mlp 1024,1024 under 64 MiB was 0.88x fp32's, now 1.66x
-// (`max-batch`, Emerald Rapids guest without AMX).
-bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
+// Where the partials would outweigh the operands they save widening whole, by_chunks_into_columns
+// if `into_columns` (by_cols takes a b wider than a: it widens a, the smaller, whole).
+bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads, bool into_columns) {
   const int64_t m = dst.size(0), n = dst.size(1), k = a.size(0);
   const Pieces split = pieces_of(k, m + n, threads);
   const int64_t chunk = split.size, chunks = split.count, last = split.last;
   if (chunks < 2) return false;
-  // The partials must stay smaller than the operands they replace in memory.
-  const bool per_chunk = chunks * m * n <= k * (m + n) / 2;
-  if (!per_chunk && dst.dtype() == DType::f32) return by_chunks_into_columns(a, b, dst, o, threads);
-  const int64_t parts = per_chunk ? chunks : std::min<int64_t>(threads, chunks);
-  if (parts * m * n > k * (m + n) / 2) return false;
+  // The partials must stay smaller than the operands they replace in memory. Else by columns where
+  // its buffers are under half the whole-tensor road's widened operands, which is faster where the
+  // two hold about as much (the mlp's 1024 x 1024 at a batch of 512: 7% in `bench/ab.py`); else
+  // that road.
+  if (chunks * m * n > k * (m + n) / 2) {
+    if (!into_columns) return false;
+    const bool f32 = dst.dtype() == DType::f32;
+    if (2 * column_split(m, n, k, f32, threads).bytes(threads) >= size_t(k * (m + n)) * 4) return false;
+    return by_chunks_into_columns(a, b, dst, o, threads);
+  }
 
   const size_t a_bytes = aligned(size_t(chunk * m) * 4), b_bytes = aligned(size_t(chunk * n) * 4);
   const size_t part_bytes = aligned(size_t(m * n) * 4);
-  WorkspaceBuffer partials(part_bytes * size_t(parts));
+  WorkspaceBuffer partials(part_bytes * size_t(chunks));
   MatmulArgs args;
   args.m = m, args.n = n, args.k = chunk;
   args.src = &placeholder, args.src_stride_m = 1, args.src_stride_k = m;
@@ -304,35 +331,24 @@ bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
   last_args.k = last;
   const PieceProducts products(args, last_args, chunk, a_bytes + b_bytes, threads);
   if (!products.ok()) return false;
-  // The shares' later chunks: the same products adding into the partial (their scratchpads apart).
-  std::optional<PieceProducts> adding;
-  if (!per_chunk) {
-    MatmulArgs add_args = args, add_last = last_args;
-    add_args.accumulate = add_last.accumulate = true;
-    adding.emplace(add_args, add_last, chunk, 0, threads);
-    if (!adding->ok()) return false;
-  }
 
-  each_piece(parts, threads, [&](int64_t part, int thread) {
+  each_piece(chunks, threads, [&](int64_t c, int thread) {
     char* mine = products.mine(thread);
     auto* a32 = reinterpret_cast<float*>(mine);
     auto* b32 = reinterpret_cast<float*>(mine + a_bytes);
-    char* sum = static_cast<char*>(partials.data()) + part_bytes * size_t(part);
-    for (int64_t c = part; c < chunks; c += per_chunk ? chunks : parts) {
-      const int64_t k0 = c * chunk, nk = c == chunks - 1 ? last : chunk;
-      widen_rows(a, k0, nk, a32);
-      widen_rows(b, k0, nk, b32);
-      (c == part ? products : *adding).run(nk, thread, a32, b32, sum, nullptr);
-    }
+    const int64_t k0 = c * chunk, nk = c == chunks - 1 ? last : chunk;
+    widen_rows(a, k0, nk, a32);
+    widen_rows(b, k0, nk, b32);
+    products.run(nk, thread, a32, b32, static_cast<char*>(partials.data()) + part_bytes * size_t(c), nullptr);
   });
 
-  // dst = (accumulate ? dst : 0) + the partials in order, rounded once into dst's dtype.
+  // dst = (accumulate ? dst : 0) + the partials in chunk order, rounded once into dst's dtype.
   constexpr int64_t kTile = 1024;
   const int64_t total = m * n, tiles = ceil_div(total, kTile);
   const auto* part = static_cast<const char*>(partials.data());
   char* out = static_cast<char*>(dst.data_ptr());
   const size_t es = dtype_size(dst.dtype());
-  const int sum_threads = detail::parallel_worth(total * parts, int64_t(1) << 18) ? threads : 1;
+  const int sum_threads = detail::parallel_worth(total * chunks, int64_t(1) << 18) ? threads : 1;
   each_piece(tiles, sum_threads, [&](int64_t tile, int) {
     float sum[kTile];
     const int64_t i0 = tile * kTile, len = std::min(kTile, total - i0);
@@ -340,7 +356,7 @@ bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
       convert(out + size_t(i0) * es, dst.dtype(), sum, DType::f32, size_t(len));
     else
       std::fill(sum, sum + len, 0.f);
-    for (int64_t c = 0; c < parts; ++c) {
+    for (int64_t c = 0; c < chunks; ++c) {
       const float* p = reinterpret_cast<const float*>(part + part_bytes * size_t(c)) + i0;
       for (int64_t i = 0; i < len; ++i) sum[i] += p[i];
     }
@@ -364,9 +380,11 @@ bool matmul_widened(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulO
   const int64_t m = dst.size(0), n = dst.size(1), k = o.trans_a ? a.size(0) : a.size(1);
   if (m == 0 || n == 0 || k == 0 || 2.0 * double(m) * double(k) * double(n) < kMinFlops) return false;
   const int threads = std::max(1, omp_get_max_threads());
-  if (o.trans_a && !o.trans_b && !o.bias && !o.relu && unit_rows(a) && unit_rows(b) && by_chunks(a, b, dst, o, threads))
+  const bool columns = n > m && unit_rows(b) && g_columns.load(std::memory_order_relaxed);
+  if (o.trans_a && !o.trans_b && !o.bias && !o.relu && unit_rows(a) && unit_rows(b) &&
+      by_chunks(a, b, dst, o, threads, !columns))
     return true;
-  if (n > m && unit_rows(b) && g_columns.load(std::memory_order_relaxed) && by_cols(a, b, dst, o, threads)) return true;
+  if (columns && by_cols(a, b, dst, o, threads)) return true;
   if (!o.trans_a && unit_rows(a) && m >= 32) return by_rows(a, b, dst, o, threads);
   return false;
 }
