@@ -8,10 +8,12 @@ namespace mixprec::kernels::cpu {
 // dst = a @ b as matmul() defines it, for bf16 or f16 operands (dst in their dtype, or f32),
 // widened to f32 and multiplied by oneDNN's f32 kernel one block at a time: each thread of one
 // OpenMP region widens a block of rows of a (or, for a weight gradient, a chunk of the shared
-// dimension of both operands; or, where b is the larger operand, a block of b's columns) into its
-// own buffer, runs a one-thread product on it and rounds its block of the result, so that the f32
-// copies stay in the thread's cache instead of three whole-tensor passes through memory around one
-// multi-threaded product. Values: each element an f32 accumulation of the exact products, rounded
+// dimension of both operands, or of a batch too long for a partial sum per chunk, each chunk's
+// rows against the thread's own columns of dst; or, where b is the larger operand, a block of b's
+// columns) into its own buffer, runs a one-thread product on it and rounds its block of the
+// result, so that the f32 copies stay in the thread's cache instead of three whole-tensor passes
+// through memory around one multi-threaded product, and the memory a step holds stays near the
+// native bf16 products' (`max-batch`). Values: each element an f32 accumulation of the exact products, rounded
 // once, as the whole-tensor road gives. False (nothing written) for a shape it does not take: rank
 // 3, strided rows, small products.
 bool matmul_widened(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o);
