@@ -100,7 +100,9 @@ void with_kernel_types(DType t, int64_t e, F&& f) {
 }
 
 TEST_P(EmulatedMmaAttention, MatchesTheReference) {
-  const auto [c, t] = GetParam();
+  // Not a structured binding: clang 14 cannot capture one in the lambdas below.
+  const Case c = std::get<0>(GetParam());
+  const DType t = std::get<1>(GetParam());
   Generator gen(0x3a7 + uint64_t(c.tq * 131 + c.tk * 7 + c.e) + uint64_t(t));
   // Inputs in t (q a strided view); the f64 truth reads the same values.
   const auto input = [&](const Shape& s) { return Tensor::uniform(s, gen, -2, 2, DType::f64).to(t); };
