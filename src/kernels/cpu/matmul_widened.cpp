@@ -221,17 +221,8 @@ bool by_cols(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o,
   return true;
 }
 
-// Weight gradient (op(a) = a^T, k the batch) where a partial sum per chunk of the shared dimension
-// would outweigh the operands (by_chunks): dst's columns in a share per thread, each share running
-// over every chunk and adding each chunk's product into its own columns, of dst itself where dst
-// is f32 (AMP's gradients of f32 master weights; zeroed first unless accumulating), else of an
-// f32 block of the share's, rounded once into dst at the end. A share widens the chunk's rows of a
-// whole and its own columns of b's. The chunks are added in order in each column, whichever thread
-// runs a share. Before, these shapes took the whole-tensor road, which widened both operands, 8
-// bytes per batch row and hidden unit: amp-bf16's largest batch of the mlp 1024,1024 under 64 MiB
-// was 0.88x fp32's, now 1.66x (`max-batch`, Emerald Rapids guest without AMX).
-// Its split: dst's columns in shares, the shared dimension in chunks; and the bytes of its
-// buffers, all threads'.
+// by_chunks_into_columns's split: dst's columns in shares, the shared dimension in chunks; and
+// the bytes of its buffers, all threads'.
 struct ColumnSplit {
   Pieces shares, chunks;
   size_t a_bytes, b_bytes, d_bytes;
@@ -247,6 +238,15 @@ ColumnSplit column_split(int64_t m, int64_t n, int64_t k, bool dst32, int thread
   return c;
 }
 
+// Weight gradient (op(a) = a^T, k the batch) where a partial sum per chunk of the shared dimension
+// would outweigh the operands (by_chunks): dst's columns in a share per thread, each share running
+// over every chunk and adding each chunk's product into its own columns, of dst itself where dst
+// is f32 (AMP's gradients of f32 master weights; zeroed first unless accumulating), else of an
+// f32 block of the share's, rounded once into dst at the end. A share widens the chunk's rows of a
+// whole and its own columns of b's. The chunks are added in order in each column, whichever thread
+// runs a share. Before, these shapes took the whole-tensor road, which widened both operands, 8
+// bytes per batch row and hidden unit: amp-bf16's largest batch of the mlp 1024,1024 under 64 MiB
+// was 0.88x fp32's, now 1.66x (`max-batch`, Emerald Rapids guest without AMX).
 bool by_chunks_into_columns(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
   const DType t = a.dtype();
   const int64_t m = dst.size(0), n = dst.size(1), k = a.size(0);
