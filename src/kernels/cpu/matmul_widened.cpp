@@ -221,6 +221,18 @@ bool by_cols(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o,
   return true;
 }
 
+// A weight gradient's one-thread product on widened chunks: dst [m, n] (row stride ld) from a
+// chunk's k rows of a ([k, m], read transposed) and of b ([k, n]), both dense f32.
+MatmulArgs weight_grad_args(int64_t m, int64_t n, int64_t k, int64_t ld, bool accumulate) {
+  MatmulArgs args;
+  args.m = m, args.n = n, args.k = k;
+  args.src = &placeholder, args.src_stride_m = 1, args.src_stride_k = m;
+  args.wei = &placeholder, args.wei_stride_k = n, args.wei_stride_n = 1;
+  args.dst = &placeholder, args.dst_stride_m = ld;
+  args.accumulate = accumulate;
+  return args;
+}
+
 // by_chunks_into_columns's split: dst's columns in shares, the shared dimension in chunks; and
 // the bytes of its buffers, all threads'.
 struct ColumnSplit {
@@ -247,26 +259,21 @@ ColumnSplit column_split(int64_t m, int64_t n, int64_t k, bool dst32, int thread
 // runs a share. Before, these shapes took the whole-tensor road, which widened both operands, 8
 // bytes per batch row and hidden unit: amp-bf16's largest batch of the mlp 1024,1024 under 64 MiB
 // was 0.88x fp32's, now 1.66x (`max-batch`, Emerald Rapids guest without AMX).
-bool by_chunks_into_columns(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads) {
+// `cs`: column_split's for these sizes, dst's dtype and `threads` (by_chunks judged by it).
+bool by_chunks_into_columns(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o, int threads,
+                            const ColumnSplit& cs) {
   const DType t = a.dtype();
-  const int64_t m = dst.size(0), n = dst.size(1), k = a.size(0);
+  const int64_t m = dst.size(0), n = dst.size(1);
   const bool dst32 = dst.dtype() == DType::f32;
-  const ColumnSplit cs = column_split(m, n, k, dst32, threads);
   const Pieces shares = cs.shares, split = cs.chunks;
   const int64_t cols = shares.size, chunk = split.size, chunks = split.count;
   const auto make_args = [&](int64_t width, int64_t nk) {
-    MatmulArgs args;
-    args.m = m, args.n = width, args.k = nk;
-    args.src = &placeholder, args.src_stride_m = 1, args.src_stride_k = m;
-    args.wei = &placeholder, args.wei_stride_k = width, args.wei_stride_n = 1;
-    args.dst = &placeholder, args.dst_stride_m = dst32 ? n : width;
-    args.accumulate = true;
-    return args;
+    return weight_grad_args(m, width, nk, dst32 ? n : width, /*accumulate=*/true);
   };
   // Each thread's buffers: the chunk's rows of a and its share of b's, widened, and the share's f32
   // block unless dst is f32.
-  const size_t a_bytes = cs.a_bytes, b_bytes = cs.b_bytes, d_bytes = cs.d_bytes;
-  const PieceProducts wide(make_args(cols, chunk), make_args(cols, split.last), chunk, a_bytes + b_bytes + d_bytes,
+  const size_t a_bytes = cs.a_bytes, b_bytes = cs.b_bytes;
+  const PieceProducts wide(make_args(cols, chunk), make_args(cols, split.last), chunk, a_bytes + b_bytes + cs.d_bytes,
                            threads);
   if (!wide.ok()) return false;
   std::optional<PieceProducts> narrow;  // the last share's, where it is narrower
@@ -314,22 +321,16 @@ bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
   // that road.
   if (chunks * m * n > k * (m + n) / 2) {
     if (!into_columns) return false;
-    const bool f32 = dst.dtype() == DType::f32;
-    if (2 * column_split(m, n, k, f32, threads).bytes(threads) >= size_t(k * (m + n)) * 4) return false;
-    return by_chunks_into_columns(a, b, dst, o, threads);
+    const ColumnSplit cs = column_split(m, n, k, dst.dtype() == DType::f32, threads);
+    if (2 * cs.bytes(threads) >= size_t(k * (m + n)) * 4) return false;
+    return by_chunks_into_columns(a, b, dst, o, threads, cs);
   }
 
   const size_t a_bytes = aligned(size_t(chunk * m) * 4), b_bytes = aligned(size_t(chunk * n) * 4);
   const size_t part_bytes = aligned(size_t(m * n) * 4);
   WorkspaceBuffer partials(part_bytes * size_t(chunks));
-  MatmulArgs args;
-  args.m = m, args.n = n, args.k = chunk;
-  args.src = &placeholder, args.src_stride_m = 1, args.src_stride_k = m;
-  args.wei = &placeholder, args.wei_stride_k = n, args.wei_stride_n = 1;
-  args.dst = &placeholder, args.dst_stride_m = n;
-  MatmulArgs last_args = args;
-  last_args.k = last;
-  const PieceProducts products(args, last_args, chunk, a_bytes + b_bytes, threads);
+  const PieceProducts products(weight_grad_args(m, n, chunk, n, false), weight_grad_args(m, n, last, n, false), chunk,
+                               a_bytes + b_bytes, threads);
   if (!products.ok()) return false;
 
   each_piece(chunks, threads, [&](int64_t c, int thread) {
