@@ -5,12 +5,15 @@
 // family's fast CPU kernels against the reference in f32, bf16 and f16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "error_norms.h"
 #include "kernels/optim.h"
 #include "kernels/shape.h"
 #include "mixprec/autocast.h"
@@ -224,6 +227,38 @@ TEST(CudaTrain, AReplayedProductReadByOurKernelGivesTheEagerValues) {
       graph.replay();
       EXPECT_EQ(bytes_of(captured), bytes_of(eager)) << dtype_name(t) << ", replay " << replay;
     }
+  }
+}
+
+// The same without a graph: products (a plain one and the ReLU + bias epilogue of the mlp's first
+// layer) written by eager cuBLASLt calls into memory nothing wrote before (every tensor is kept, so
+// the caching allocator hands out fresh bytes), then summed by our kernel, in f32, bf16 and f16:
+// the CPU's sums. run.sh initcheck-probe's second case: whether initcheck sees cuBLASLt's eager
+// 16-bit writes (2026-12-04, fourth session: its only reports outside graphs were reads of
+// 16-bit products in the first training of a process, docs/gpu.md).
+TEST(CudaTrain, EagerProductsInFreshMemoryReadByOurKernelGiveTheCpuSums) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::unavailable_reason();
+  std::vector<Tensor> kept;
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    Generator gen(7);
+    const Tensor a = Tensor::uniform({8, 64}, gen, -1, 1).to(t);
+    const Tensor w = Tensor::uniform({32, 64}, gen, -1, 1).to(t);
+    const Tensor bias = Tensor::uniform({32}, gen, -1, 1).to(t);
+    const Tensor b = Tensor::uniform({64, 40}, gen, -1, 1).to(t);
+    const Tensor da = a.to(Device::cuda()), dw = w.to(Device::cuda()), dbias = bias.to(Device::cuda()),
+                 db = b.to(Device::cuda());
+    const Tensor plain = ops::matmul(da, db), fused = ops::linear_relu(da, dw, dbias);
+    const Tensor plain_sum = ops::sum(plain, {0}), fused_sum = ops::sum(fused, {0});
+    // Our sums of what cuBLASLt wrote are the CPU's sums of the same values copied back, within
+    // one rounding of the sum's dtype (the two add in different orders).
+    const double tol = t == DType::f32 ? 1e-5 : 1e-2;
+    for (const auto& [product, sum] : {std::pair{plain, plain_sum}, std::pair{fused, fused_sum}}) {
+      const Tensor cpu = ops::sum(product.to(Device::cpu()), {0});
+      double largest = 0;
+      for (double v : cpu.to_vector_f64()) largest = std::max(largest, std::fabs(v));
+      EXPECT_LE(mixprec::testing::error_of(sum.to(Device::cpu()), cpu).max, tol * largest) << dtype_name(t);
+    }
+    kept.insert(kept.end(), {da, dw, dbias, db, plain, fused, plain_sum, fused_sum});
   }
 }
 
