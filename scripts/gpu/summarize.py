@@ -86,6 +86,10 @@ def memcheck(work):
         name = "memcheck-tests.json" if tool == "memcheck" else f"{tool}-tests.json"
         tools[tool] = {"processes_checked": len(counts), "errors": sum(counts),
                        "tests": gtest_counts(os.path.join(work, "results", name))}
+        if tool == "initcheck_apart":  # the reports' classification (run.sh initcheck_apart)
+            m = os.path.join(work, "results", "initcheck-apart-map.txt")
+            lines = open(m, errors="replace").read().splitlines() if os.path.exists(m) else []
+            tools[tool]["check"] = next((x[len("check: "):] for x in lines if x.startswith("check: ")), None)
     return tools or None
 
 
@@ -224,7 +228,7 @@ def markdown(s):
         tests = m.get("tests") or {}
         L += ["", f"**compute-sanitizer {tool}**: {fmt(m['errors'], 'd', '?')} errors in "
                   f"{m['processes_checked']} processes; {tests.get('run', '?')} tests run under it, "
-                  f"{tests.get('failed', '?')} failed"]
+                  f"{tests.get('failed', '?')} failed" + (f"; {m['check']}" if m.get("check") else "")]
     acc = s.get("accuracy")
     if acc:
         L += ["", f"**Test accuracy after {s.get('train_epochs', 5)} epochs** (%, mean of seeds; "
