@@ -276,9 +276,11 @@ INSTANTIATE_TEST_SUITE_P(Gpu, CudaConv, ::testing::ValuesIn(if_gpu([] {
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaConv);
 
 // A convolution under a budget that leaves no room past its output: an engine without workspace
-// runs it, or it is OutOfMemory, never another error (max-batch's search goes smaller on
-// OutOfMemory alone: on 2026-11-27 "no cuDNN engine's workspace fits" ended it); with the budget
-// lifted, the same call times its engines again and runs. Forward with bias + ReLU, and backward.
+// runs it (one of the timed candidates, or a spare: the engines past them, least workspace first),
+// or it is OutOfMemory, never another error (max-batch's search goes smaller on OutOfMemory alone:
+// on 2026-11-27 "no cuDNN engine's workspace fits" ended it); with the budget lifted, the same call
+// runs again (its engines timed again, or the spare that ran kept). Forward with bias + ReLU, and
+// backward.
 class CudaConvMemory : public ::testing::TestWithParam<DType> {};
 
 TEST_P(CudaConvMemory, NoWorkspaceThatFitsIsOutOfMemoryAndTheNextCallRuns) {

@@ -94,22 +94,6 @@ uint32_t alignment(const void* p) {
   return a;
 }
 
-// One per GPU: its handle and the plans built for it.
-struct Plan;
-struct Candidates {
-  std::mutex mu;                             // run_best: one thread times them
-  std::vector<std::shared_ptr<Plan>> plans;  // in the heuristics' order; one once timed
-  bool timed = false;
-  bool deterministic = false;  // never timed: the first plan that runs is kept
-};
-struct Plan {
-  std::shared_ptr<Desc> plan;
-  int64_t workspace_bytes = 0;
-  std::vector<int64_t> uids;  // the tensors the variant pack binds, in the call's order
-  // The descriptors the plan was built from (tensors, operations, graph, engine config), kept
-  // alive with it as cudnn_frontend keeps them.
-  std::vector<std::shared_ptr<Desc>> keep;
-};
 enum class Pass { forward, backward_data, backward_filter };
 // A graph to build: the pass, the geometry, the dtypes of the real tensors and whether the bias
 // and ReLU are fused into it.
@@ -127,6 +111,28 @@ struct GraphKey {
   }
   bool operator<(const GraphKey& o) const { return tie() < o.tie(); }
 };
+// A graph's plans: the candidates timed on its first run, then the one kept.
+struct Plan;
+struct Candidates {
+  std::mutex mu;                             // run_best: one thread times them
+  std::vector<std::shared_ptr<Plan>> plans;  // in the heuristics' order; one once timed
+  bool timed = false;
+  bool deterministic = false;  // never timed: the first plan that runs is kept
+  GraphKey key{};              // what the spares are built from
+  // The engines past the timed ones (the rest of the heuristics' list and the fallback list),
+  // least workspace first, built the first time no plan's workspace fits (run_a_spare).
+  bool spares_built = false;
+  std::vector<std::shared_ptr<Plan>> spares;
+};
+struct Plan {
+  std::shared_ptr<Desc> plan;
+  int64_t workspace_bytes = 0;
+  std::vector<int64_t> uids;  // the tensors the variant pack binds, in the call's order
+  // The descriptors the plan was built from (tensors, operations, graph, engine config), kept
+  // alive with it as cudnn_frontend keeps them.
+  std::vector<std::shared_ptr<Desc>> keep;
+};
+// One per GPU: its handle and the plans built for it.
 struct CudnnDevice {
   std::mutex mu;
   cudnnHandle_t handle = nullptr;
@@ -214,10 +220,16 @@ bool engine_allowed(const Desc& cfg, bool f32_data, bool tf32, bool deterministi
 // At most this many of the heuristics' engines are timed on a graph's first run.
 constexpr size_t kMaxCandidates = 8;
 
-// Builds the graph of `k` and the execution plans of the first kMaxCandidates engines that
-// finalize, in the order of the heuristics (mode A; the fallback list when mode A has none); empty
-// when none does.
-std::vector<std::shared_ptr<Plan>> build_plans(const GraphKey& k, cudnnHandle_t handle) {
+// Which engines build_plans makes plans of.
+enum class Engines {
+  timed,   // the first kMaxCandidates that finalize, in the order of the heuristics (mode A; the
+           // fallback list when mode A has none)
+  spares,  // every other one that finalizes (the rest of mode A's list, and the fallback list),
+           // least workspace first: what runs when no timed one's workspace fits
+};
+
+// Builds the graph of `k` and the execution plans of `which` engines; empty when none finalizes.
+std::vector<std::shared_ptr<Plan>> build_plans(const GraphKey& k, cudnnHandle_t handle, Engines which) {
   const auto x_t = cudnnDataType_t(k.x_type), w_t = cudnnDataType_t(k.w_type), y_t = cudnnDataType_t(k.y_type);
   const bool f64 = x_t == CUDNN_DATA_DOUBLE;
   const cudnnDataType_t compute = f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
@@ -331,6 +343,8 @@ std::vector<std::shared_ptr<Plan>> build_plans(const GraphKey& k, cudnnHandle_t 
   if (!graph.try_finalize()) return out;
 
   const bool f32_data = x_t == CUDNN_DATA_FLOAT;
+  const bool spares = which == Engines::spares;
+  bool timed_mode_done = false;  // a mode before this one gave the timed candidates
   for (cudnnBackendHeurMode_t mode_h : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
@@ -349,12 +363,15 @@ std::vector<std::shared_ptr<Plan>> build_plans(const GraphKey& k, cudnnHandle_t 
     int64_t got = 0;
     MIXPREC_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, cfg_handles.data()));
-    for (int64_t i = 0; i < std::min(got, count) && out.size() < kMaxCandidates; ++i) {
+    size_t finalized = 0;  // in this mode
+    for (int64_t i = 0; i < std::min(got, count) && (spares || out.size() < kMaxCandidates); ++i) {
       if (!engine_allowed(*cfgs[size_t(i)], f32_data, k.tf32, k.deterministic)) continue;
       auto plan = std::make_shared<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
       set_handle(*plan, plan_handle_attr(), handle);
       plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[size_t(i)]);
       if (!plan->try_finalize()) continue;
+      const bool timed_one = !timed_mode_done && finalized++ < kMaxCandidates;
+      if (timed_one == spares) continue;
       auto p = std::make_shared<Plan>();
       p->plan = plan;
       int64_t n_ws = 0;
@@ -366,8 +383,13 @@ std::vector<std::shared_ptr<Plan>> build_plans(const GraphKey& k, cudnnHandle_t 
       p->keep.insert(p->keep.end(), {x, w, conv_out, graph_ptr, cfgs[size_t(i)]});
       out.push_back(p);
     }
-    if (!out.empty()) break;
+    timed_mode_done = timed_mode_done || finalized > 0;
+    if (!spares && !out.empty()) break;
   }
+  if (spares)
+    std::stable_sort(out.begin(), out.end(), [](const std::shared_ptr<Plan>& a, const std::shared_ptr<Plan>& b) {
+      return a->workspace_bytes < b->workspace_bytes;
+    });
   return out;
 }
 
@@ -378,8 +400,9 @@ std::shared_ptr<Candidates> plans_for(const GraphKey& k) {
   auto it = dev.plans.find(k);
   if (it == dev.plans.end()) {
     auto c = std::make_shared<Candidates>();
-    c->plans = build_plans(k, dev.handle);
+    c->plans = build_plans(k, dev.handle, Engines::timed);
     c->deterministic = k.deterministic;
+    c->key = k;
     it = dev.plans.emplace(k, c).first;
   }
   return it->second;
@@ -438,11 +461,33 @@ Tried try_candidate(const Plan& p, int index, const std::vector<void*>& ptrs) {
   throw Error(mixprec::detail::concat("conv2d on cuda:", index, ": no ", what, "cuDNN engine runs this convolution"));
 }
 
+// None of `c`'s plans fits its workspace: the spares, least workspace first (built on first
+// need); the first that runs is kept as the shape's plan from then on, as PyTorch's benchmark
+// cache keeps what ran. False when none runs.
+bool run_a_spare(Candidates& c, int index, const std::vector<void*>& ptrs) {
+  if (!c.spares_built) {
+    CudnnDevice& dev = cudnn_device(index);
+    const std::lock_guard<std::mutex> lock(dev.mu);
+    c.spares = build_plans(c.key, dev.handle, Engines::spares);
+    c.spares_built = true;
+  }
+  for (const std::shared_ptr<Plan>& p : c.spares) {
+    if (try_candidate(*p, index, ptrs) == Tried::ran) {
+      c.plans = {p};
+      c.timed = true;
+      return true;
+    }
+  }
+  return false;
+}
+
 // Runs the fastest of `c`'s plans. On the first run with several, each is timed on these very
 // tensors (PyTorch's cudnn.benchmark; every pass writes its output with beta 0, so a rerun gives
 // the same bits), the fastest is kept, and it runs last so that the output is its own. A
-// candidate whose workspace does not fit is dropped; when none fits, OutOfMemory (the convolution
-// does not fit: the next call, with more memory free, times them all again). A capture
+// candidate whose workspace does not fit is dropped; when none fits, or the kept plan's does not
+// on a later call, a spare with less workspace runs and is kept (run_a_spare); when no spare
+// fits either, OutOfMemory (the convolution does not fit: the next call, with more memory free,
+// times them all again). A capture
 // (cuda::Graph) cannot time: warm up eagerly first, as with PyTorch. Deterministic candidates are
 // not timed: the first in the heuristics' order that runs is kept (cudnn.benchmark off), the same
 // engine in every process.
@@ -460,6 +505,7 @@ void run_best(Candidates& c, int index, const std::vector<void*>& ptrs) {
       }
       if (t == Tried::no_memory) no_memory = true;
     }
+    if (no_memory && run_a_spare(c, index, ptrs)) return;
     no_candidate_ran(index, no_memory, "deterministic ");
   }
   if (!c.timed && c.plans.size() > 1) {
@@ -475,11 +521,18 @@ void run_best(Candidates& c, int index, const std::vector<void*>& ptrs) {
       for (double e : mixprec::cuda::time_each(index, 2, [&] { execute(*c.plans[i], index, ptrs); })) ms += e;
       if (best == c.plans.size() || ms < best_ms) best = i, best_ms = ms;
     }
-    if (best == c.plans.size()) no_candidate_ran(index, no_memory, "");
+    if (best == c.plans.size()) {
+      if (no_memory && run_a_spare(c, index, ptrs)) return;
+      no_candidate_ran(index, no_memory, "");
+    }
     c.plans = {c.plans[best]};
   }
   c.timed = true;
-  execute(*c.plans.front(), index, ptrs);
+  try {
+    execute(*c.plans.front(), index, ptrs);
+  } catch (const OutOfMemory&) {  // its workspace, on this call
+    if (!run_a_spare(c, index, ptrs)) throw;
+  }
 }
 
 GraphKey key_of(const ConvGeometry& g, Pass pass, const Tensor& x, const Tensor& w, const Tensor& y) {
