@@ -357,7 +357,8 @@ const std::vector<kernels::PoolGeometry>& pool_cases() {
       g.oh = (h + 2 * p - d * (k - 1) - 1) / s + 1, g.ow = (w + 2 * p - d * (k - 1) - 1) / s + 1;
       v.push_back(g);
     };
-    win(4, 6, 2, 2, 0, 1, true);    // the CNN's 2x2
+    win(4, 6, 2, 2, 0, 1, true);    // the CNN's 2x2 (pool_2x2.cuh's kernels: an exact tiling)
+    win(28, 14, 2, 2, 0, 1, true);  // the same kernels on planes of the models' sizes
     win(7, 5, 3, 2, 1, 1, true);    // overlapping, padded
     win(9, 8, 3, 1, 1, 1, false);   // stride 1: every input in nine windows; pad not counted
     win(11, 10, 3, 2, 1, 2, true);  // dilation 2 (max only: avg ignores dilation)

@@ -8,6 +8,7 @@
 // device); the max scan's comparison restated once (window_winner), as window_max is host-only
 // (std::isnan, std::numeric_limits).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/pool_2x2.cuh"
 #include "kernels/pool.h"
 #include "kernels/pool_window.h"
 #include "kernels/shape.h"
@@ -139,6 +140,20 @@ __global__ void max_backward_tiled_kernel(const T* gy, TapOf tap_of, Geo<I> g, I
   }
 }
 
+// The 2x2 windows of stride 2 that tile exactly (pool_2x2.cuh): one thread per output.
+template <class T, class Arg, class I>
+__global__ void max2x2_forward_kernel(const T* x, I ow, I total, T* y, Arg* arg) {
+  for (I i = I(global_thread()); i < total; i += I(grid_threads())) pool2x2::forward_at(x, ow, i, y, arg);
+}
+template <class T, class Arg, class I>
+__global__ void max2x2_backward_kernel(const T* gy, const Arg* arg, I ow, I total, T* gx) {
+  for (I i = I(global_thread()); i < total; i += I(grid_threads())) pool2x2::backward_at(gy, arg, ow, i, gx);
+}
+template <class T, class I>
+__global__ void max2x2_backward_from_input_kernel(const T* gy, const T* x, I ow, I total, T* gx) {
+  for (I i = I(global_thread()); i < total; i += I(grid_threads())) pool2x2::backward_from_input_at(gy, x, ow, i, gx);
+}
+
 bool tiles(const PoolGeometry& g) {
   return !g.adaptive && g.stride_h == g.kh && g.stride_w == g.kw && g.pad_h == 0 && g.pad_w == 0 && g.dil_h == 1 &&
          g.dil_w == 1 && g.oh * g.kh <= g.h && g.ow * g.kw <= g.w;
@@ -235,9 +250,15 @@ MaxPoolResult max_pool2d_forward(const Tensor& x_in, const PoolGeometry& g) {
       using Arg = decltype(a);
       dispatch_index(g, [&](auto index) {
         using I = decltype(index);
-        max_forward_kernel<T, Arg, I><<<blocks_for(total), kThreads, 0, on.stream()>>>(
-            static_cast<const T*>(x.data_ptr()), Geo<I>(g), I(total), static_cast<T*>(r.dst.data_ptr()),
-            static_cast<Arg*>(r.argmax.data_ptr()));
+        const auto* xp = static_cast<const T*>(x.data_ptr());
+        auto* yp = static_cast<T*>(r.dst.data_ptr());
+        auto* argp = static_cast<Arg*>(r.argmax.data_ptr());
+        if (pool2x2::takes(g, sizeof(T), xp, xp))
+          max2x2_forward_kernel<T, Arg, I>
+              <<<blocks_for(total), kThreads, 0, on.stream()>>>(xp, I(g.ow), I(total), yp, argp);
+        else
+          max_forward_kernel<T, Arg, I>
+              <<<blocks_for(total), kThreads, 0, on.stream()>>>(xp, Geo<I>(g), I(total), yp, argp);
       });
     });
   });
@@ -260,7 +281,11 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax_in, const 
         const auto* gyp = static_cast<const T*>(gy.data_ptr());
         const auto* argp = static_cast<const Arg*>(argmax.data_ptr());
         auto* gxp = static_cast<T*>(gx.data_ptr());
-        if (tiles(g)) {
+        const int64_t outputs = gy.numel();
+        if (pool2x2::takes(g, sizeof(T), gxp, gxp)) {
+          max2x2_backward_kernel<T, Arg, I>
+              <<<blocks_for(outputs), kThreads, 0, on.stream()>>>(gyp, argp, I(g.ow), I(outputs), gxp);
+        } else if (tiles(g)) {
           launch_tiled<T, I>(gyp, TapFromArgmax<Arg, I>{argp}, g, gxp, gx.nbytes(), on.stream());
         } else {
           max_backward_kernel<T, Arg, I>
@@ -288,9 +313,15 @@ Tensor max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x_in, 
     using T = decltype(t);
     dispatch_index(g, [&](auto index) {
       using I = decltype(index);
-      launch_tiled<T, I>(static_cast<const T*>(gy.data_ptr()),
-                         TapFromInput<T, I>{static_cast<const T*>(x.data_ptr()), Geo<I>(g)}, g,
-                         static_cast<T*>(gx.data_ptr()), gx.nbytes(), on.stream());
+      const auto* gyp = static_cast<const T*>(gy.data_ptr());
+      const auto* xp = static_cast<const T*>(x.data_ptr());
+      auto* gxp = static_cast<T*>(gx.data_ptr());
+      const int64_t outputs = gy.numel();
+      if (pool2x2::takes(g, sizeof(T), gxp, xp))
+        max2x2_backward_from_input_kernel<T, I>
+            <<<blocks_for(outputs), kThreads, 0, on.stream()>>>(gyp, xp, I(g.ow), I(outputs), gxp);
+      else
+        launch_tiled<T, I>(gyp, TapFromInput<T, I>{xp, Geo<I>(g)}, g, gxp, gx.nbytes(), on.stream());
     });
   });
   MIXPREC_CUDA_CHECK_LAUNCH();
