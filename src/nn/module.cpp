@@ -191,10 +191,23 @@ void Sequential::push_back(std::shared_ptr<Module> m) {
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   const auto& ch = children();
+  const auto relu_at = [&](size_t i) { return i < ch.size() && dynamic_cast<ReLU*>(ch[i].second.get()); };
+  const auto max_pool_at = [&](size_t i) { return i < ch.size() && dynamic_cast<MaxPool2d*>(ch[i].second.get()); };
   for (size_t i = 0; i < ch.size(); ++i) {
+    // ReLU then MaxPool2d run as MaxPool2d then ReLU: the same values and gradients bit for bit (a
+    // ReLU is monotonic and maps every value <= 0 to +0, so it commutes with a window's max, and a
+    // window whose max is <= 0 passes no gradient either way), with the ReLU and its mask on the
+    // pooled tensor (a quarter of the elements after a 2x2 pool), and the full-size activation
+    // before the pool no longer kept for the backward (the pool keeps its argmax instead, one byte
+    // per output). A Conv2d or Linear before the ReLU then runs without its fused ReLU.
+    if (relu_at(i) && max_pool_at(i + 1)) {
+      h = ch[i].second->forward(ch[i + 1].second->forward(h));
+      ++i;
+      continue;
+    }
     // Conv2d or Linear then ReLU run as one oneDNN primitive with a ReLU post-op: the same
     // values and gradients, one pass over the activation fewer (src/ops/conv.cpp, matmul.cpp).
-    const bool relu_next = i + 1 < ch.size() && dynamic_cast<ReLU*>(ch[i + 1].second.get());
+    const bool relu_next = relu_at(i + 1) && !max_pool_at(i + 2);
     if (relu_next) {
       if (auto* conv = dynamic_cast<Conv2d*>(ch[i].second.get())) {
         h = conv->forward_relu(h);
