@@ -365,7 +365,7 @@ step_memcheck() {
     # (CudaTrain.EagerProductsInFreshMemoryReadByOurKernelGiveTheCpuSums: f32 products in fresh
     # memory are seen, 16-bit ones are not, and our sums of them are the CPU's; docs/gpu.md,
     # 2026-12-04, fourth session). The tests that read such memory run apart, below.
-    [ "$tool" = initcheck ] && f="$f:$initcheck_apart"
+    [ "$tool" = initcheck ] && f="$f:$initcheck_apart_tests"
     MIXPREC_SOURCE_DIR=$root MIXPREC_CLI=$MIXPREC LD_LIBRARY_PATH=$MIXPREC_LD_PATH \
       "$cs" --tool "$tool" --target-processes all --report-api-errors no --error-exitcode 99 --print-limit 50 \
       "$MIXPREC_REAL_TESTS" --gtest_filter="$f" --gtest_output="json:$out" || rc=$?
@@ -374,19 +374,27 @@ step_memcheck() {
   return $rc
 }
 
-# The tests whose reads of cuBLASLt's 16-bit products initcheck reports (above), under initcheck
-# with MIXPREC_TRACE_CUBLASLT=1: they pass when the tests pass and every report lies in a 16-bit
-# product a traced cuBLASLt call wrote (scripts/gpu/initcheck_map.py --check); a report anywhere
-# else fails the step. results/initcheck-apart.log, results/initcheck-apart-map.txt.
-initcheck_apart=${INITCHECK_APART:-CudaTrain.CapturedStepsReplayBitIdenticalToEagerSteps:CudaTrain.AReplayedProduct*:CudaTrain.InjectedInf*:CudaTrain.EagerProductsInFresh*}
+# initcheck over the tests `filter` with MIXPREC_TRACE_CUBLASLT=1, every report printed (the map
+# needs the addresses) and the trace's lines in the same log; further arguments go to the tests.
+traced_initcheck() {
+  local cs=$1 filter=$2 log=$3
+  shift 3
+  MIXPREC_TRACE_CUBLASLT=1 MIXPREC_SOURCE_DIR=$root MIXPREC_CLI=$MIXPREC LD_LIBRARY_PATH=$MIXPREC_LD_PATH \
+    "$cs" --tool initcheck --report-api-errors no --print-limit 100000 --show-backtrace no \
+    "$MIXPREC_REAL_TESTS" --gtest_filter="$filter" "$@" >"$log" 2>&1
+}
+
+# The tests whose reads of cuBLASLt's 16-bit products initcheck reports (above), under traced
+# initcheck: they pass when the tests pass and every report lies in a 16-bit product a traced
+# cuBLASLt call wrote (scripts/gpu/initcheck_map.py --check); a report anywhere else fails the
+# step. results/initcheck-apart.log, results/initcheck-apart-map.txt.
+initcheck_apart_tests=${INITCHECK_APART:-CudaTrain.CapturedStepsReplayBitIdenticalToEagerSteps:CudaTrain.AReplayedProduct*:CudaTrain.InjectedInf*:CudaTrain.EagerProductsInFresh*}
 initcheck_apart() {
   local cs=$1 log=$W/results/initcheck-apart.log rc=0
   echo "=== sanitizer initcheck_apart"  # a section of its own for summarize.py
-  echo "the tests that read cuBLASLt's 16-bit products: $initcheck_apart"
-  MIXPREC_TRACE_CUBLASLT=1 MIXPREC_SOURCE_DIR=$root MIXPREC_CLI=$MIXPREC LD_LIBRARY_PATH=$MIXPREC_LD_PATH \
-    "$cs" --tool initcheck --report-api-errors no --print-limit 100000 --show-backtrace no \
-    "$MIXPREC_REAL_TESTS" --gtest_filter="$initcheck_apart" \
-    --gtest_output="json:$W/results/initcheck_apart-tests.json" >"$log" 2>&1 || rc=$?
+  echo "the tests that read cuBLASLt's 16-bit products: $initcheck_apart_tests"
+  traced_initcheck "$cs" "$initcheck_apart_tests" "$log" \
+    --gtest_output="json:$W/results/initcheck_apart-tests.json" || rc=$?
   grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY' "$log" || true
   python3 "$root/scripts/gpu/initcheck_map.py" --check "$log" >"$W/results/initcheck-apart-map.txt" || rc=1
   grep '^check:' "$W/results/initcheck-apart-map.txt"
@@ -400,11 +408,7 @@ step_initcheck-probe() {
   need_binary
   local cs log=$W/results/initcheck-probe.log rc=0
   cs=$(sanitizer_path) || return 1
-  # Every report printed (the map needs the addresses); the trace's lines land in the same log.
-  MIXPREC_TRACE_CUBLASLT=1 MIXPREC_SOURCE_DIR=$root MIXPREC_CLI=$MIXPREC LD_LIBRARY_PATH=$MIXPREC_LD_PATH \
-    "$cs" --tool initcheck --report-api-errors no --print-limit 100000 --show-backtrace no \
-    "$MIXPREC_REAL_TESTS" --gtest_filter="${PROBE_FILTER:-CudaTrain.CapturedStepsReplayBitIdenticalToEagerSteps}" \
-    >"$log" 2>&1 || rc=$?
+  traced_initcheck "$cs" "${PROBE_FILTER:-CudaTrain.CapturedStepsReplayBitIdenticalToEagerSteps}" "$log" || rc=$?
   tail -5 "$log"
   python3 "$root/scripts/gpu/initcheck_map.py" "$log" | tee "$W/results/initcheck-map.txt"
   return $rc
