@@ -408,6 +408,21 @@ TEST_P(CudaPool, MaxAndAverageMatchTheReference) {
     // backward is a gather, so the same bits.
     EXPECT_EQ(host(kernels::max_pool2d_backward_from_input(gyg, xg, g)).to_vector_f64(),
               host(kernels::max_pool2d_backward(gyg, got.argmax, g)).to_vector_f64());
+    if (g.argmax_fits_two_bits()) {
+      // The argmax in two bits (what max_pool2d keeps for a 2x2 window): the reference's bytes, and
+      // the taps back; also for all taps but the last (a last byte of three).
+      const Tensor all = got.argmax.reshape({-1});
+      for (const Tensor& taps : {all, all.slice(0, 0, all.numel() - 1)}) {
+        Tensor want_packed;
+        {
+          const kernels::BackendGuard ref(kernels::Backend::ref);
+          want_packed = kernels::pack_argmax_2bit(host(taps));
+        }
+        const Tensor packed = kernels::pack_argmax_2bit(taps);
+        EXPECT_EQ(host(packed).to_vector_i64(), want_packed.to_vector_i64());
+        EXPECT_EQ(host(kernels::unpack_argmax_2bit(packed, taps.shape())).to_vector_i64(), host(taps).to_vector_i64());
+      }
+    }
   }
   if (g.dil_h == 1 || g.adaptive) {
     Tensor want_y, want_gx;

@@ -300,7 +300,7 @@ int64_t held_by(F&& forward) {
 
 // After a ReLU, whose backward keeps its output anyway, max_pool2d keeps no argmax: the forward
 // leaves the ReLU's output and the pool's and nothing else. On a leaf (nobody keeps the input) the
-// argmax, one byte per output, is kept. The gradient is the argmax form's, through the ReLU's mask.
+// argmax, two bits an output, is kept. The gradient is the argmax form's, through the ReLU's mask.
 TEST(PoolFromInput, AfterAReluTheForwardKeepsNoArgmax) {
   for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu}) {
     for (DType t : {DType::f32, DType::bf16, DType::f16}) {
@@ -327,7 +327,7 @@ TEST(PoolFromInput, AfterAReluTheForwardKeepsNoArgmax) {
 
       Tensor leaf = a.detach().clone().set_requires_grad();
       Tensor y_leaf;
-      EXPECT_EQ(held_by([&] { return y_leaf = ops::max_pool2d(leaf, 2); }), 256 * es + 256);
+      EXPECT_EQ(held_by([&] { return y_leaf = ops::max_pool2d(leaf, 2); }), 256 * es + 256 / 4);
       y_leaf.backward(gy);
       EXPECT_EQ(y.to_vector_f64(), y_leaf.to_vector_f64());
       const std::vector<double> av = a.to_vector_f64(), gl = leaf.grad().to_vector_f64();
@@ -359,6 +359,81 @@ TEST(PoolFromInput, KeptMeansSavedByTheProducerAtThisVersion) {
   {
     const autograd::NoGradGuard no_grad;
     EXPECT_FALSE(autograd::kept_by_grad_fn(ops::relu(x))) << "no graph, nothing kept";
+  }
+}
+
+// ---- the argmax in two bits ----
+
+// Windows of up to 4 taps keep their argmax in two bits an output. Known bytes; the reference and
+// the fast kernels give the same bytes and the same taps back, at sizes with 0-3 taps in the
+// last byte and one large enough for two threads; the reference refuses a tap of 4.
+TEST(PoolArgmax2bit, PacksAndUnpacksTheSameOnBothBackends) {
+  const std::vector<uint8_t> known{1, 2, 3, 0, 2};
+  const Tensor known_t = Tensor::from_vector(std::vector<double>(known.begin(), known.end()), {5}, DType::u8);
+  for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu}) {
+    const BackendGuard guard(be);
+    const Tensor packed = kernels::pack_argmax_2bit(known_t);
+    EXPECT_EQ(packed.to_vector_i64(), (std::vector<int64_t>{0x39, 0x02}));
+    EXPECT_EQ(kernels::unpack_argmax_2bit(packed, {5}).to_vector_i64(), known_t.to_vector_i64());
+  }
+  Generator gen(11);
+  for (int64_t n : {int64_t(0), int64_t(1), int64_t(3), int64_t(4), int64_t(6), int64_t(255), (int64_t(1) << 23) + 7}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    std::vector<double> taps(static_cast<size_t>(n));
+    for (double& t : taps) t = double(gen.next_u64() % 4);
+    const Shape shape = n % 2 == 0 && n > 0 ? Shape{2, n / 2} : Shape{n};
+    const Tensor argmax = Tensor::from_vector(taps, shape, DType::u8);
+    Tensor want;
+    {
+      const BackendGuard ref(kernels::Backend::ref);
+      want = kernels::pack_argmax_2bit(argmax);
+      EXPECT_EQ(kernels::unpack_argmax_2bit(want, shape).to_vector_i64(), argmax.to_vector_i64());
+    }
+    const BackendGuard cpu(kernels::Backend::cpu);
+    const Tensor got = kernels::pack_argmax_2bit(argmax);
+    EXPECT_EQ(got.shape(), (Shape{(n + 3) / 4}));
+    EXPECT_EQ(got.to_vector_i64(), want.to_vector_i64());
+    const Tensor back = kernels::unpack_argmax_2bit(got, shape);
+    EXPECT_EQ(back.shape(), shape);
+    EXPECT_EQ(back.to_vector_i64(), argmax.to_vector_i64());
+  }
+  const BackendGuard ref(kernels::Backend::ref);
+  EXPECT_THROW(kernels::pack_argmax_2bit(Tensor::from_vector(std::vector<double>{0, 4}, {2}, DType::u8)), Error);
+}
+
+// Through the op: a 2x2 pool on a leaf keeps a quarter byte an output, a 3x3 one a byte, and the
+// packed form's gradient is the kernels' from the unpacked argmax, in every dtype on both backends.
+TEST(PoolArgmax2bit, TheOpKeepsAQuarterByteAnOutputAndTheSameGradient) {
+  for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu}) {
+    for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+      SCOPED_TRACE(std::string(be == kernels::Backend::cpu ? "cpu " : "ref ") + std::string(dtype_name(t)));
+      const BackendGuard guard(be);
+      Generator gen(12);
+      for (const PoolCase& c :
+           {PoolCase{"2x2", {2, 4, 16, 32}, 2, {}}, PoolCase{"2x2_ceil_odd", {1, 3, 7, 9}, 2, {.ceil_mode = true}},
+            PoolCase{"3x3", {2, 3, 8, 12}, 3, {}}}) {
+        SCOPED_TRACE(c.name);
+        Tensor x = convtest::rand(gen, c.x, t).set_requires_grad();
+        const auto [g, outputs] = [&] {
+          const Tensor y = ops::max_pool2d(x.detach(), c.k, c.o);
+          kernels::PoolGeometry pg;
+          pg.n = c.x[0], pg.c = c.x[1], pg.h = c.x[2], pg.w = c.x[3], pg.oh = y.size(2), pg.ow = y.size(3);
+          pg.kh = c.k.h, pg.kw = c.k.w, pg.stride_h = c.k.h, pg.stride_w = c.k.w;
+          return std::pair{pg, y.numel()};
+        }();
+        const int64_t es = int64_t(dtype_size(t));
+        const int64_t argmax_bytes = g.argmax_fits_two_bits() ? (outputs + 3) / 4 : outputs;
+        EXPECT_EQ(argmax_bytes, c.name == "3x3" ? outputs : (outputs + 3) / 4);
+        Tensor y;
+        const auto blocks = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };  // the CPU allocator's
+        EXPECT_EQ(held_by([&] { return y = ops::max_pool2d(x, c.k, c.o); }),
+                  blocks(outputs * es) + blocks(argmax_bytes));
+        const Tensor gy = convtest::rand(gen, y.shape(), t);
+        y.backward(gy);
+        const kernels::MaxPoolResult r = kernels::max_pool2d_forward(kernels::contig(x.detach()), g);
+        EXPECT_EQ(x.grad().to_vector_f64(), kernels::max_pool2d_backward(gy, r.argmax, g).to_vector_f64());
+      }
+    }
   }
 }
 

@@ -73,4 +73,33 @@ Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g) {
   return ref::avg_pool2d_backward(grad_y, g);
 }
 
+Tensor pack_argmax_2bit(const Tensor& argmax) {
+  const DeviceScope on(argmax);
+  MIXPREC_ASSERT(argmax.dtype() == DType::u8, "pack_argmax_2bit: a ", dtype_name(argmax.dtype()), " argmax");
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::pack_argmax_2bit(argmax);
+#endif
+  if (use_fast()) {
+    Tensor packed = Tensor::empty({(argmax.numel() + 3) / 4}, DType::u8);
+    if (cpu::pack_argmax_2bit(argmax, packed)) return packed;
+  }
+  note_reference();
+  return ref::pack_argmax_2bit(argmax);
+}
+
+Tensor unpack_argmax_2bit(const Tensor& packed, const Shape& shape) {
+  const DeviceScope on(packed);
+  MIXPREC_ASSERT(packed.dtype() == DType::u8 && packed.numel() == (shape_numel(shape) + 3) / 4,
+                 "unpack_argmax_2bit: ", packed.numel(), " bytes for ", shape_str(shape));
+#ifdef MIXPREC_WITH_CUDA
+  if (on.cuda()) return cuda::unpack_argmax_2bit(packed, shape);
+#endif
+  if (use_fast()) {
+    Tensor argmax = Tensor::empty(shape, DType::u8);
+    if (cpu::unpack_argmax_2bit(packed, argmax)) return argmax;
+  }
+  note_reference();
+  return ref::unpack_argmax_2bit(packed, shape);
+}
+
 }  // namespace mixprec::kernels

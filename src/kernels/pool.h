@@ -17,6 +17,8 @@ struct PoolGeometry {
   bool adaptive = false;
   // argmax holds the window position ky*kw + kx: u8 when the window has at most 256 elements, else i64.
   DType argmax_dtype() const { return kh * kw <= 256 ? DType::u8 : DType::i64; }
+  // Whether max pooling may keep it in two bits an output (pack_argmax_2bit).
+  bool argmax_fits_two_bits() const { return kh * kw <= 4; }
 };
 struct MaxPoolResult {
   Tensor dst, argmax;  // [n, c, oh, ow]
@@ -30,12 +32,21 @@ Tensor max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, con
 Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
 
+// Max pooling's argmax kept in two bits an output where the window has at most 4 taps (the CNNs'
+// 2x2 pool): the taps of a contiguous u8 argmax, all < 4, with output i in bits 2*(i%4) of byte
+// i/4 of a flat u8 tensor of ceil(numel/4) bytes (the last byte's unused bits zero), and back.
+// The reference refuses a tap of 4 or more; the fast kernels keep each tap's low two bits.
+Tensor pack_argmax_2bit(const Tensor& argmax);
+Tensor unpack_argmax_2bit(const Tensor& packed, const Shape& shape);  // -> u8 of `shape`
+
 namespace ref {
 MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g);
 Tensor max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
+Tensor pack_argmax_2bit(const Tensor& argmax);
+Tensor unpack_argmax_2bit(const Tensor& packed, const Shape& shape);
 }  // namespace ref
 
 namespace cpu {
@@ -44,6 +55,8 @@ bool max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolG
 bool max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g, Tensor& grad_x);
 bool avg_pool2d_forward(const Tensor& x, const PoolGeometry& g, Tensor& dst);
 bool avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g, Tensor& grad_x);
+bool pack_argmax_2bit(const Tensor& argmax, Tensor& packed);
+bool unpack_argmax_2bit(const Tensor& packed, Tensor& argmax);
 }  // namespace cpu
 
 namespace cuda {
@@ -53,6 +66,8 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Poo
 Tensor max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
+Tensor pack_argmax_2bit(const Tensor& argmax);
+Tensor unpack_argmax_2bit(const Tensor& packed, const Shape& shape);
 }  // namespace cuda
 
 }  // namespace mixprec::kernels

@@ -1,5 +1,6 @@
 // Pooling (autocast class keep): max_pool2d (for backward it keeps its input where the op before
-// keeps it anyway, else the argmax, one byte per output for windows up to 256 elements),
+// keeps it anyway, else the argmax: two bits an output for windows up to 4 elements, one byte up
+// to 256),
 // avg_pool2d and adaptive_avg_pool2d, over [N, C, H, W] or [C, H, W].
 #include "autograd/nodes.h"
 #include "ops/common.h"
@@ -59,7 +60,7 @@ Tensor max_pool2d(const Tensor& x_in, IntPair kernel_size, const Pool2dOptions& 
     kernels::MaxPoolResult r = kernels::max_pool2d_forward(xd, g);
     // An input the op before keeps for its own backward (a ReLU's output, a fused conv-ReLU's) is
     // read again rather than an argmax saved: the backward finds the same winners, and the step
-    // holds no byte per output for the pool. Otherwise the argmax is kept (1 byte per output).
+    // holds no byte per output for the pool. Otherwise the argmax is kept.
     if (xd.storage() == x.storage() && autograd::kept_by_grad_fn(x)) {
       return autograd::record(
           r.dst, "max_pool2d", {x},
@@ -67,6 +68,16 @@ Tensor max_pool2d(const Tensor& x_in, IntPair kernel_size, const Pool2dOptions& 
             return std::vector<Tensor>{kernels::max_pool2d_backward_from_input(kernels::contig(gy), xd, g)};
           },
           {xd});
+    }
+    // A window of up to 4 taps (the 2x2 pool) keeps its argmax in two bits an output; the
+    // backward unpacks it into a temporary for as long as it runs.
+    if (g.argmax_fits_two_bits() && autograd::grad_enabled() && autograd::any_requires_grad({x})) {
+      const Tensor packed = kernels::pack_argmax_2bit(r.argmax);
+      r.argmax = Tensor();
+      return autograd::record(r.dst, "max_pool2d", {x}, [packed, g](const Tensor& gy, const autograd::Node&) {
+        const Tensor argmax = kernels::unpack_argmax_2bit(packed, {g.n, g.c, g.oh, g.ow});
+        return std::vector<Tensor>{kernels::max_pool2d_backward(kernels::contig(gy), argmax, g)};
+      });
     }
     const Tensor argmax = r.argmax;
     return autograd::record(r.dst, "max_pool2d", {x}, [argmax, g](const Tensor& gy, const autograd::Node&) {

@@ -226,6 +226,23 @@ __global__ void avg_backward_kernel(const T* gy, PoolGeometry g, int64_t total, 
   }
 }
 
+// Max pooling's argmax in two bits an output (pool.h): one thread per packed byte, each gathering
+// its four taps (no two threads write one byte), and one per tap back.
+__global__ void pack_2bit_kernel(const uint8_t* taps, int64_t n, uint8_t* packed) {
+  const int64_t bytes = (n + 3) / 4;
+  for (int64_t b = global_thread(); b < bytes; b += grid_threads()) {
+    unsigned v = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (4 * b + k < n) v |= (taps[4 * b + k] & 3u) << (2 * k);
+    packed[b] = uint8_t(v);
+  }
+}
+
+__global__ void unpack_2bit_kernel(const uint8_t* packed, int64_t n, uint8_t* taps) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) taps[i] = uint8_t(packed[i / 4] >> (2 * (i % 4)) & 3);
+}
+
 template <class F>
 void dispatch_arg(DType t, F&& f) {
   if (t == DType::u8)
@@ -362,6 +379,30 @@ Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g) {
   });
   MIXPREC_CUDA_CHECK_LAUNCH();
   return gx;
+}
+
+Tensor pack_argmax_2bit(const Tensor& argmax_in) {
+  const Tensor argmax = kernels::contig(argmax_in);
+  const Launch on(argmax);
+  const int64_t n = argmax.numel();
+  Tensor packed = Tensor::empty({(n + 3) / 4}, DType::u8, argmax.device());
+  if (n == 0) return packed;
+  pack_2bit_kernel<<<blocks_for(packed.numel()), kThreads, 0, on.stream()>>>(
+      static_cast<const uint8_t*>(argmax.data_ptr()), n, static_cast<uint8_t*>(packed.data_ptr()));
+  MIXPREC_CUDA_CHECK_LAUNCH();
+  return packed;
+}
+
+Tensor unpack_argmax_2bit(const Tensor& packed_in, const Shape& shape) {
+  const Tensor packed = kernels::contig(packed_in);
+  const Launch on(packed);
+  Tensor argmax = Tensor::empty(shape, DType::u8, packed.device());
+  const int64_t n = argmax.numel();
+  if (n == 0) return argmax;
+  unpack_2bit_kernel<<<blocks_for(n), kThreads, 0, on.stream()>>>(static_cast<const uint8_t*>(packed.data_ptr()), n,
+                                                                  static_cast<uint8_t*>(argmax.data_ptr()));
+  MIXPREC_CUDA_CHECK_LAUNCH();
+  return argmax;
 }
 
 }  // namespace mixprec::kernels::cuda

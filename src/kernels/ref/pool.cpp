@@ -60,4 +60,28 @@ Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g) {
   return Tensor::from_vector(gx, {g.n, g.c, g.h, g.w}, grad_y.dtype());
 }
 
+Tensor pack_argmax_2bit(const Tensor& argmax) {
+  const std::vector<int64_t> taps = argmax.to_vector_i64();
+  const int64_t n = int64_t(taps.size());
+  Tensor packed = Tensor::zeros({(n + 3) / 4}, DType::u8);
+  auto* out = packed.data<uint8_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    MIXPREC_CHECK(taps[size_t(i)] >= 0 && taps[size_t(i)] < 4, "pack_argmax_2bit: tap ", taps[size_t(i)], " of output ",
+                  i, " does not fit in two bits");
+    out[i / 4] = uint8_t(out[i / 4] | taps[size_t(i)] << (2 * (i % 4)));
+  }
+  return packed;
+}
+
+Tensor unpack_argmax_2bit(const Tensor& packed, const Shape& shape) {
+  Tensor argmax = Tensor::empty(shape, DType::u8);
+  const int64_t n = argmax.numel();
+  MIXPREC_CHECK(packed.dtype() == DType::u8 && packed.numel() == (n + 3) / 4, "unpack_argmax_2bit: ", packed.numel(),
+                " ", dtype_name(packed.dtype()), " bytes for ", n, " taps");
+  const std::vector<int64_t> bytes = packed.to_vector_i64();
+  auto* out = argmax.data<uint8_t>();
+  for (int64_t i = 0; i < n; ++i) out[i] = uint8_t(bytes[size_t(i / 4)] >> (2 * (i % 4)) & 3);
+  return argmax;
+}
+
 }  // namespace mixprec::kernels::ref
