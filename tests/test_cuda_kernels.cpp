@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cross_entropy_checks.h"
 #include "kernels/kernels.h"
 #include "mixprec/ops.h"
 #include "op_cases.h"
@@ -294,6 +295,58 @@ TEST(CudaKernels, NllLossForwardAndBackward) {
                                 }),
                                 what + " backward"));
       }
+}
+
+// cross_entropy's kernels against the f64 reference (cross_entropy_checks.h's bounds) in every
+// dtype, on the image models' 10 classes, the char gpt's [B, T, 65] and GPT-2's vocabulary of
+// 50304, every third target ignored; then a bad target, reported at the next wait naming
+// nll_loss, its row's gradient 0; and every target ignored: mean NaN, sum 0, gradient 0.
+TEST(CudaKernels, CrossEntropyMatchesTheReference) {
+  REQUIRE_GPU();
+  using kernels::LossReduce;
+  const Device gpu = Device::cuda(0);
+  Generator g(23);
+  for (const Shape& shape : {Shape{6, 10}, Shape{3, 4, 65}, Shape{4, 50304}}) {
+    const Shape lead(shape.begin(), shape.end() - 1);
+    std::vector<int64_t> tv(static_cast<size_t>(shape_numel(lead)));
+    for (size_t i = 0; i < tv.size(); ++i) tv[i] = i % 3 == 2 ? -100 : int64_t(g.next_u64() % uint64_t(shape.back()));
+    const Tensor target = Tensor::from_vector(tv, lead);
+    for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+      const Tensor logits = Tensor::uniform(shape, g, -6, 6, DType::f64).to(t);
+      for (LossReduce r : {LossReduce::none, LossReduce::sum, LossReduce::mean}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " " + shape_str(shape) + " reduction " + std::to_string(int(r)));
+        const DType ct = t == DType::f64 ? DType::f64 : DType::f32;
+        const Tensor gy = r == LossReduce::none ? Tensor::uniform(lead, g, 0.5, 2.0, ct) : Tensor::scalar(1.5, ct);
+        const kernels::CrossEntropyResult got = kernels::cross_entropy_forward(logits.to(gpu), target.to(gpu), r, -100);
+        const Tensor dx = kernels::cross_entropy_backward(gy.to(gpu), logits.to(gpu), got.lse, target.to(gpu), r, -100);
+        EXPECT_EQ(got.loss.dtype(), ct);
+        EXPECT_EQ(dx.dtype(), t);
+        testutil::expect_cross_entropy_near_reference(logits, target, gy, r, -100, got, dx);
+      }
+    }
+  }
+  const Tensor logits = Tensor::uniform({6, 4}, g, -1, 1, DType::f32).to(gpu);
+  const Tensor bad = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3, 7, 0}, {6}).to(gpu);
+  const kernels::CrossEntropyResult r = kernels::cross_entropy_forward(logits, bad, LossReduce::sum, -100);
+  const Tensor dx = kernels::cross_entropy_backward(Tensor::scalar(1.0).to(gpu), logits, r.lse, bad, LossReduce::sum,
+                                                    -100);  // no throw at either launch
+  try {
+    (void)r.loss.item();
+    ADD_FAILURE() << "a target of 7 with 4 classes was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nll_loss: target[4] = 7 is not a class index in [0, 4)"), std::string::npos)
+        << e.what();
+  }
+  const std::vector<double> dxv = dx.to_vector_f64();
+  for (size_t c = 0; c < 4; ++c) EXPECT_EQ(dxv[16 + c], 0.0) << "the bad target's row";
+  const Tensor all_ignored = Tensor::full({6}, -100.0, DType::i64).to(gpu);
+  const kernels::CrossEntropyResult none = kernels::cross_entropy_forward(logits, all_ignored, LossReduce::mean, -100);
+  EXPECT_TRUE(std::isnan(none.loss.item()));
+  EXPECT_EQ(kernels::cross_entropy_forward(logits, all_ignored, LossReduce::sum, -100).loss.item(), 0.0);
+  for (double v : kernels::cross_entropy_backward(Tensor::scalar(1.0).to(gpu), logits, none.lse, all_ignored,
+                                                  LossReduce::mean, -100)
+                      .to_vector_f64())
+    EXPECT_EQ(v, 0.0);
 }
 
 // [B, T, C] log-probabilities with [B, T] targets, every one ignored: the mean is NaN (0/0, as

@@ -83,7 +83,7 @@ DType autocast_dtype(DeviceType type) { return ts().s.of(type).dtype; }
 bool is_autocast_cache_enabled() { return ts().s.cache_enabled; }
 size_t autocast_cache_size() { return ts().cache.size(); }
 
-void apply_autocast(OpId op, DType dtype, std::initializer_list<Tensor*> inputs) {
+void apply_autocast(OpId op, DType dtype, std::initializer_list<Tensor*> inputs, bool cast_fp32) {
   ThreadState& t = ts();
   std::string in_dtypes;
   if (t.tracing) {
@@ -102,7 +102,7 @@ void apply_autocast(OpId op, DType dtype, std::initializer_list<Tensor*> inputs)
     case AutocastClass::fp32:
       run = DType::f32;
       for (Tensor* x : inputs)
-        if (x->defined() && is_half(x->dtype())) *x = x->to(DType::f32);
+        if (cast_fp32 && x->defined() && is_half(x->dtype())) *x = x->to(DType::f32);
       break;
     case AutocastClass::promote: {
       bool any = false;

@@ -34,7 +34,8 @@ AutocastState& autocast_state();
 // Casts `inputs` in place according to op's autocast class (lower-class ops to `dtype`) and, while
 // a trace runs (start_trace), records the op with its input and run dtypes. Call it through
 // autocast().
-void apply_autocast(OpId op, DType dtype, std::initializer_list<Tensor*> inputs);
+// cast_fp32 false leaves an fp32-class op's 16-bit inputs as they are (autocast_widening).
+void apply_autocast(OpId op, DType dtype, std::initializer_list<Tensor*> inputs, bool cast_fp32 = true);
 
 // Throws mixprec::Error naming the op and the devices when its defined inputs are not all on
 // one device (PyTorch refuses the same; a silent copy would hide a slow transfer).
@@ -61,6 +62,18 @@ inline void autocast(OpId op, std::initializer_list<Tensor*> inputs) {
   if (first == nullptr) return;
   const DeviceAutocast& on = autocast_state().of(first->device().type);
   if (on.enabled && !autograd::in_backward()) apply_autocast(op, on.dtype, inputs);
+}
+
+// autocast() for an fp32-class op whose kernels widen 16-bit inputs to f32 as they read them
+// (cross_entropy): the same device check and trace, without the f32 copies. Returns the dtype the
+// op computes in: f32 where autocast() would have cast a 16-bit first input, else its dtype.
+inline DType autocast_widening(OpId op, std::initializer_list<Tensor*> inputs) {
+  const Tensor* first = check_devices(op, inputs);
+  if (first == nullptr) return DType::f32;
+  const DeviceAutocast& on = autocast_state().of(first->device().type);
+  if (!on.enabled || autograd::in_backward()) return first->dtype();
+  apply_autocast(op, on.dtype, inputs, /*cast_fp32=*/false);
+  return is_half(first->dtype()) ? DType::f32 : first->dtype();
 }
 
 // The cached 16-bit copies of leaf parameters on this thread (tests check the cache's life).

@@ -11,6 +11,15 @@ kernels::LossReduce loss_reduce(Reduction r) {
                                : kernels::LossReduce::none;
 }
 
+// The target nll_loss and cross_entropy take: i64, the leading shape of x [..., C].
+void check_target(const Tensor& x, const Tensor& target) {
+  const Shape lead(x.shape().begin(), x.shape().end() - 1);
+  MIXPREC_CHECK(target.defined() && target.dtype() == DType::i64 && target.shape() == lead,
+                "nll_loss: target must be i64 ", shape_str(lead), " (log_probs ", shape_str(x.shape()),
+                " with the class dim last), got ", target.defined() ? dtype_name(target.dtype()) : "undefined", " ",
+                target.defined() ? shape_str(target.shape()) : "");
+}
+
 }  // namespace
 
 // log_probs [..., C], target i64 of the leading shape: loss_i = -log_probs[i, target_i], 0 where
@@ -20,11 +29,7 @@ Tensor nll_loss(const Tensor& lp_in, const Tensor& target, Reduction r, int64_t 
   amp::autocast(OpId::nll_loss, {&lp});
   check_floating(lp, "nll_loss", "log_probs");
   MIXPREC_CHECK(lp.dim() >= 1, "nll_loss: log_probs must be [..., C], got ", shape_str(lp.shape()));
-  const Shape lead(lp.shape().begin(), lp.shape().end() - 1);
-  MIXPREC_CHECK(target.defined() && target.dtype() == DType::i64 && target.shape() == lead,
-                "nll_loss: target must be i64 ", shape_str(lead), " (log_probs ", shape_str(lp.shape()),
-                " with the class dim last), got ", target.defined() ? dtype_name(target.dtype()) : "undefined", " ",
-                target.defined() ? shape_str(target.shape()) : "");
+  check_target(lp, target);
   const kernels::LossReduce red = loss_reduce(r);
   Tensor out = kernels::nll_loss_forward(lp, target, red, ignore_index);
   const DType dt = lp.dtype();
@@ -35,12 +40,29 @@ Tensor nll_loss(const Tensor& lp_in, const Tensor& target, Reduction r, int64_t 
   });
 }
 
+// In f32 (f32 logits, or 16-bit ones under autocast, whose class fp32 would widen them) and f64:
+// one kernel each way from the logits as stored, keeping them and each row's log-sum-exp for the
+// backward, instead of an f32 copy, log_softmax's f32 output and nll_loss's dense f32 gradient
+// (for a vocabulary of 50304 and 8192 rows, 1.6 GB each). The f32 losses and, on the CPU, the
+// gradients are the composite's bits (kernels/loss.h). 16-bit logits outside autocast keep the
+// composite, nll_loss of log_softmax, in their dtype.
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, Reduction r, int64_t ignore_index) {
   Tensor logits = logits_in;
-  amp::autocast(OpId::cross_entropy, {&logits});
+  const DType run = amp::autocast_widening(OpId::cross_entropy, {&logits});
   check_floating(logits, "cross_entropy", "logits");
   MIXPREC_CHECK(logits.dim() >= 1, "cross_entropy: logits must be [..., C], got ", shape_str(logits.shape()));
-  return nll_loss(log_softmax(logits, -1), target, r, ignore_index);
+  if (is_half(run) || logits.numel() == 0) return nll_loss(log_softmax(logits, -1), target, r, ignore_index);
+  check_target(logits, target);
+  const kernels::LossReduce red = loss_reduce(r);
+  const Tensor x = kernels::contig(logits.detach()), t = target.detach();
+  kernels::CrossEntropyResult out = kernels::cross_entropy_forward(x, t, red, ignore_index);
+  const Tensor lse = out.lse;
+  return autograd::record(
+      out.loss, "cross_entropy", {logits},
+      [x, lse, t, red, ignore_index](const Tensor& g, const autograd::Node&) {
+        return std::vector<Tensor>{kernels::cross_entropy_backward(g, x, lse, t, red, ignore_index)};
+      },
+      {x});
 }
 
 Tensor mse_loss(const Tensor& in, const Tensor& tg, Reduction r) {

@@ -10,6 +10,7 @@
 #include "core/parallel.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/cpu/vec_exp.h"
+#include "kernels/loss.h"
 #include "kernels/softmax.h"
 #include "mixprec/cpu.h"
 
@@ -18,8 +19,8 @@ namespace {
 
 #define MIXPREC_AVX512 __attribute__((target("avx512f")))
 
-// v (cols f32) -> out: softmax or log_softmax. out may be v.
-MIXPREC_AVX512 void softmax_row_avx512(const float* v, int64_t cols, bool log, float* out) {
+// The log of the sum of e^v over a row of cols f32: max + log(sum e^(v - max)).
+MIXPREC_AVX512 float row_lse_avx512(const float* v, int64_t cols) {
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   __m512 vmax = ninf;
   for (int64_t c = 0; c < cols; c += 16)
@@ -31,8 +32,12 @@ MIXPREC_AVX512 void softmax_row_avx512(const float* v, int64_t cols, bool log, f
     const __mmask16 m = first_lanes(cols - c);
     acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, v + c), mx))));
   }
-  const float lse = _mm512_cvtss_f32(mx) + std::log(lane_sum(acc));
-  const __m512 vl = _mm512_set1_ps(lse);
+  return _mm512_cvtss_f32(mx) + std::log(lane_sum(acc));
+}
+
+// v (cols f32) -> out: softmax or log_softmax. out may be v.
+MIXPREC_AVX512 void softmax_row_avx512(const float* v, int64_t cols, bool log, float* out) {
+  const __m512 vl = _mm512_set1_ps(row_lse_avx512(v, cols));
   for (int64_t c = 0; c < cols; c += 16) {
     const __mmask16 m = first_lanes(cols - c);
     const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, v + c), vl);
@@ -57,6 +62,15 @@ MIXPREC_AVX512 void softmax_row_backward_avx512(const float* y, const float* g, 
     _mm512_mask_storeu_ps(out + c, m, r);
   }
 }
+// Cross-entropy's backward on a row, less the target's term: out = e^(v - lse) * s. out may be v.
+MIXPREC_AVX512 void ce_row_backward_avx512(const float* v, int64_t cols, float lse, float s, float* out) {
+  const __m512 vl = _mm512_set1_ps(lse), vs = _mm512_set1_ps(s);
+  for (int64_t c = 0; c < cols; c += 16) {
+    const __mmask16 m = first_lanes(cols - c);
+    const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, v + c), vl);
+    _mm512_mask_storeu_ps(out + c, m, _mm512_mul_ps(exp_ps(d), vs));
+  }
+}
 #undef MIXPREC_AVX512
 
 // The same on 8 lanes (AVX2 and FMA, hosts without AVX-512), e^x by exp256_ps; a row's last chunk
@@ -68,7 +82,7 @@ MIXPREC_AVX2 inline __m256 load8(const float* p, int64_t n, __m256 fill) {
   return _mm256_blendv_ps(fill, _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
 }
 
-MIXPREC_AVX2 void softmax_row_avx2(const float* v, int64_t cols, bool log, float* out) {
+MIXPREC_AVX2 float row_lse_avx2(const float* v, int64_t cols) {
   const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
   __m256 vmax = ninf;
   for (int64_t c = 0; c < cols; c += 8) vmax = _mm256_max_ps(vmax, load8(v + c, cols - c, ninf));
@@ -83,10 +97,22 @@ MIXPREC_AVX2 void softmax_row_avx2(const float* v, int64_t cols, bool log, float
     const __m256 e = exp256_ps(_mm256_sub_ps(load_first8(v + c, cols - c), mx));
     acc = _mm256_add_ps(acc, cols - c >= 8 ? e : _mm256_and_ps(e, _mm256_castsi256_ps(first_lanes8(cols - c))));
   }
-  const __m256 vl = _mm256_set1_ps(row_max + std::log(lane_sum(acc)));
+  return row_max + std::log(lane_sum(acc));
+}
+
+MIXPREC_AVX2 void softmax_row_avx2(const float* v, int64_t cols, bool log, float* out) {
+  const __m256 vl = _mm256_set1_ps(row_lse_avx2(v, cols));
   for (int64_t c = 0; c < cols; c += 8) {
     const __m256 d = _mm256_sub_ps(load_first8(v + c, cols - c), vl);
     store_first8(out + c, log ? d : exp256_ps(d), cols - c);
+  }
+}
+
+MIXPREC_AVX2 void ce_row_backward_avx2(const float* v, int64_t cols, float lse, float s, float* out) {
+  const __m256 vl = _mm256_set1_ps(lse), vs = _mm256_set1_ps(s);
+  for (int64_t c = 0; c < cols; c += 8) {
+    const __m256 d = _mm256_sub_ps(load_first8(v + c, cols - c), vl);
+    store_first8(out + c, _mm256_mul_ps(exp256_ps(d), vs), cols - c);
   }
 }
 
@@ -107,12 +133,16 @@ MIXPREC_AVX2 void softmax_row_backward_avx2(const float* y, const float* g, int6
 }
 #undef MIXPREC_AVX2
 
-void softmax_row_scalar(const float* x, int64_t cols, bool log, float* v) {
+float row_lse_scalar(const float* x, int64_t cols) {
   float mx = -INFINITY;
   for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, x[c]);
   float total = 0.f;
   for (int64_t c = 0; c < cols; ++c) total += std::exp(x[c] - mx);
-  const float lse = mx + std::log(total);
+  return mx + std::log(total);
+}
+
+void softmax_row_scalar(const float* x, int64_t cols, bool log, float* v) {
+  const float lse = row_lse_scalar(x, cols);
   for (int64_t c = 0; c < cols; ++c) v[c] = log ? x[c] - lse : std::exp(x[c] - lse);
 }
 
@@ -120,6 +150,10 @@ void softmax_row_backward_scalar(const float* yv, const float* gv, int64_t cols,
   float dot = 0.f;
   for (int64_t c = 0; c < cols; ++c) dot += log ? gv[c] : gv[c] * yv[c];
   for (int64_t c = 0; c < cols; ++c) g[c] = log ? gv[c] - std::exp(yv[c]) * dot : yv[c] * (gv[c] - dot);
+}
+
+void ce_row_backward_scalar(const float* x, int64_t cols, float lse, float s, float* out) {
+  for (int64_t c = 0; c < cols; ++c) out[c] = std::exp(x[c] - lse) * s;
 }
 
 }  // namespace
@@ -160,6 +194,84 @@ bool softmax_lastdim_backward(const Tensor& y, const Tensor& grad_y, bool log, T
     float* out = out_f32(dst.data_ptr(), t, r * cols, gb);
     row_fn(yv, gv, cols, log, out);
     flush_f32(dst.data_ptr(), t, r * cols, cols, out);
+  }
+  return true;
+}
+
+// Cross-entropy (loss.h) on the rows above: each row's lse by the softmax's own function, so the
+// losses and gradients are log_softmax's then nll_loss's, bit for bit, without their [N, C] f32
+// tensors (for rows of up to a block, which log_softmax's fast kernel takes; longer ones, a
+// vocabulary of 50304, run here too, where log_softmax goes to the reference). A 16-bit row is
+// widened into a per-thread buffer of the row. The per-row losses are summed in row order in f64,
+// as nll_loss's reference sums them.
+bool cross_entropy_forward(const Tensor& logits, const Tensor& target, LossReduce r, int64_t ignore_index,
+                           CrossEntropyResult& out) {
+  const DType t = logits.dtype();
+  if (!f32_compute(t) || !logits.is_contiguous() || logits.dim() == 0) return false;
+  const int64_t cols = logits.size(-1), rows = target.numel();
+  if (cols == 0) return false;
+  const std::vector<int64_t> tg = target.to_vector_i64();
+  ref::check_class_targets(tg, cols, ignore_index);
+  const auto lse_fn = simd_lanes() == Lanes::avx512 ? &row_lse_avx512
+                      : simd_lanes() == Lanes::avx2 ? &row_lse_avx2
+                                                    : &row_lse_scalar;
+  out.lse = Tensor::empty({rows}, DType::f32);
+  float* lse = out.lse.data<float>();
+  std::vector<float> losses(static_cast<size_t>(rows));
+#pragma omp parallel if (detail::parallel_worth(rows * cols, 1 << 15))
+  {
+    std::vector<float> v(t == DType::f32 ? 0 : size_t(cols));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* in = in_f32(logits.data_ptr(), t, i * cols, cols, v.data());
+      lse[i] = lse_fn(in, cols);
+      losses[size_t(i)] = tg[size_t(i)] == ignore_index ? 0.f : lse[i] - in[tg[size_t(i)]];
+    }
+  }
+  if (r == LossReduce::none) {
+    out.loss = Tensor::from_vector(losses, target.shape());
+    return true;
+  }
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    total += double(losses[size_t(i)]);
+    count += tg[size_t(i)] != ignore_index;
+  }
+  out.loss = Tensor::scalar(total * (r == LossReduce::mean ? 1.0 / double(count) : 1.0), DType::f32);
+  return true;
+}
+
+bool cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& lse, const Tensor& target,
+                            LossReduce r, int64_t ignore_index, Tensor& dst) {
+  const DType t = logits.dtype();
+  if (!f32_compute(t) || !logits.is_contiguous() || logits.dim() == 0) return false;
+  const int64_t cols = logits.size(-1), rows = target.numel();
+  if (cols == 0) return false;
+  const std::vector<int64_t> tg = target.to_vector_i64();
+  const std::vector<double> gv = grad.to_vector_f64();
+  int64_t count = 0;
+  for (int64_t v : tg) count += v != ignore_index;
+  // nll_loss's backward: its gradient, rounded to f32 from f64, is -s at the target.
+  const float reduced =
+      r == LossReduce::none ? 0.f : float(gv[0] * (r == LossReduce::mean ? 1.0 / double(count) : 1.0));
+  const auto row_fn = simd_lanes() == Lanes::avx512 ? &ce_row_backward_avx512
+                      : simd_lanes() == Lanes::avx2 ? &ce_row_backward_avx2
+                                                    : &ce_row_backward_scalar;
+  const float* l = lse.data<float>();
+#pragma omp parallel if (detail::parallel_worth(rows * cols, 1 << 15))
+  {
+    std::vector<float> v(t == DType::f32 ? 0 : size_t(cols));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t ti = tg[size_t(i)];
+      const float s = ti == ignore_index ? 0.f : r == LossReduce::none ? float(gv[size_t(i)]) : reduced;
+      const float* in = in_f32(logits.data_ptr(), t, i * cols, cols, v.data());
+      float* o = out_f32(dst.data_ptr(), t, i * cols, v.data());
+      row_fn(in, cols, l[i], s, o);
+      if (ti != ignore_index) o[ti] = o[ti] - s;
+      flush_f32(dst.data_ptr(), t, i * cols, cols, o);
+    }
   }
   return true;
 }

@@ -1,8 +1,11 @@
 // CUDA kernels of the loss family (loss.h): the negative log-likelihood gather (summed in f64 in
-// a fixed order, as the CPU's reference) and its scatter back to log_probs' shape; ignored targets
+// a fixed order, as the CPU's reference) and its scatter back to log_probs' shape, and
+// cross-entropy from the logits (one block per row each way, as softmax.cu); ignored targets
 // contribute nothing, and mean's count of the others is taken on the device (the division happens
 // in the kernel: no host read). A target out of range is recorded in a device flag
 // (bad_index.cuh) and thrown at the host's next wait (report_bad_targets), never by a sync of its own.
+#include <type_traits>
+
 #include "kernels/cuda/bad_index.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/embedding.h"
@@ -19,9 +22,8 @@ __device__ BadIndex g_bad_index;
 // ignored one's 0), times 1/count for mean (count: the targets not ignored). Else one thread per
 // sample writes its loss.
 template <class T>
-__global__ void __launch_bounds__(1024)
-    nll_forward_kernel(const T* lp, const int64_t* target, T* dst, int64_t n, int64_t classes, LossReduce r,
-                       int64_t ignore_index) {
+__global__ void __launch_bounds__(1024) nll_forward_kernel(const T* lp, const int64_t* target, T* dst, int64_t n,
+                                                           int64_t classes, LossReduce r, int64_t ignore_index) {
   __shared__ double scratch[32];
   if (r != LossReduce::none) {
     double acc = 0, count = 0;
@@ -38,9 +40,10 @@ __global__ void __launch_bounds__(1024)
   }
   for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     const int64_t t = target[i];
-    dst[i] = t == ignore_index                                       ? convert_to<T>(0.0)
-             : check_index(&g_bad_index, kNllTarget, i, t, classes) ? convert_to<T>(-double(to_acc(lp[i * classes + t])))
-                                                                     : convert_to<T>(NAN);
+    dst[i] = t == ignore_index ? convert_to<T>(0.0)
+             : check_index(&g_bad_index, kNllTarget, i, t, classes)
+                 ? convert_to<T>(-double(to_acc(lp[i * classes + t])))
+                 : convert_to<T>(NAN);
   }
 }
 
@@ -63,6 +66,74 @@ __global__ void nll_backward_kernel(const G* grad, const int64_t* target, D* dst
     const double scale = r == LossReduce::mean ? *mean_scale : 1.0;
     const double g = r != LossReduce::none ? double(to_acc(grad[0])) * scale : double(to_acc(grad[i]));
     dst[e] = convert_to<D>(c == t && t != ignore_index ? -g : 0.0);
+  }
+}
+
+// Cross-entropy's forward (loss.h): one block per row, the softmax kernel's max and sum of
+// exponentials (softmax.cu), then the row's lse and loss (0 for an ignored target; NaN for a bad
+// one, recorded in the flag as nll_loss's).
+// The compute dtype's storage for lse and the losses: f32, f64 for f64 logits.
+template <class T>
+using ce_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T>
+__global__ void __launch_bounds__(1024)
+    ce_forward_kernel(const T* x, const int64_t* target, ce_t<T>* lse, ce_t<T>* losses, int64_t rows, int64_t cols,
+                      int64_t ignore_index) {
+  using A = acc_t<T>;
+  __shared__ A scratch[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* row = x + r * cols;
+    A mx = -INFINITY;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mx = MaxOp{}(mx, to_acc(row[c]));
+    mx = block_reduce(mx, MaxOp{}, A(-INFINITY), scratch);
+    A total = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) total += exp(to_acc(row[c]) - mx);
+    total = block_reduce(total, SumOp{}, A(0), scratch);
+    if (threadIdx.x == 0) {
+      const A l = mx + ::log(total);
+      const int64_t t = target[r];
+      lse[r] = ce_t<T>(l);
+      losses[r] = t == ignore_index                                   ? ce_t<T>(0)
+                  : check_index(&g_bad_index, kNllTarget, r, t, cols) ? ce_t<T>(l - to_acc(row[t]))
+                                                                      : ce_t<T>(NAN);
+    }
+  }
+}
+
+// The per-row losses reduced as nll_forward_kernel reduces them: f64, fixed order, 1/count for mean.
+template <class L>
+__global__ void __launch_bounds__(1024)
+    ce_reduce_kernel(const L* losses, const int64_t* target, L* dst, int64_t n, LossReduce r, int64_t ignore_index) {
+  __shared__ double scratch[32];
+  double acc = 0, count = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    if (target[i] == ignore_index) continue;
+    count += 1;
+    acc += double(losses[i]);
+  }
+  acc = block_reduce(acc, SumOp{}, 0.0, scratch);
+  count = block_reduce(count, SumOp{}, 0.0, scratch);
+  if (threadIdx.x == 0) dst[0] = L(acc * (r == LossReduce::mean ? 1.0 / count : 1.0));
+}
+
+// dx[r, c] = e^(x - lse_r) * s_r - (c == t_r ? s_r : 0), one block per row; s_r = 0 on the rows of
+// ignored and bad targets (nll_loss's zero rows).
+template <class T>
+__global__ void __launch_bounds__(1024)
+    ce_backward_kernel(const ce_t<T>* grad, const T* x, const ce_t<T>* lse, const int64_t* target, T* dst, int64_t rows,
+                       int64_t cols, LossReduce r, int64_t ignore_index, const double* mean_scale) {
+  using A = acc_t<T>;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t t = target[row];
+    const bool none = t == ignore_index || t < 0 || t >= cols;
+    const double scale = r == LossReduce::mean ? *mean_scale : 1.0;
+    const A s = none ? A(0) : r != LossReduce::none ? A(ce_t<T>(double(grad[0]) * scale)) : A(grad[row]);
+    const A l = A(lse[row]);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const A e = exp(to_acc(x[row * cols + c]) - l) * s;
+      dst[row * cols + c] = from_acc<T>(c == t ? e - s : e);
+    }
   }
 }
 
@@ -120,12 +191,67 @@ Tensor nll_loss_backward(const Tensor& grad, const Tensor& target, const Shape& 
   return dst;
 }
 
+CrossEntropyResult cross_entropy_forward(const Tensor& logits, const Tensor& target, LossReduce r,
+                                         int64_t ignore_index) {
+  const Tensor x = contig(logits), t = contig(target);
+  const int64_t cols = x.size(-1), rows = t.numel();
+  const DType od = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  CrossEntropyResult out;
+  out.lse = Tensor::empty({rows}, od);
+  Tensor losses = Tensor::empty(t.shape(), od);
+  out.loss = r == LossReduce::none ? losses : Tensor::empty({}, od);
+  const Launch on(x);
+  dispatch_floating(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using L = ce_t<T>;
+    if (rows > 0) {
+      ce_forward_kernel<T><<<unsigned(std::min(rows, kMaxBlocks)), row_threads(cols), 0, on.stream()>>>(
+          static_cast<const T*>(x.data_ptr()), static_cast<const int64_t*>(t.data_ptr()),
+          static_cast<L*>(out.lse.data_ptr()), static_cast<L*>(losses.data_ptr()), rows, cols, ignore_index);
+      MIXPREC_CUDA_CHECK_LAUNCH();
+    }
+    if (r != LossReduce::none) {
+      ce_reduce_kernel<L><<<1, std::min(row_threads(rows), 1024), 0, on.stream()>>>(
+          static_cast<const L*>(losses.data_ptr()), static_cast<const int64_t*>(t.data_ptr()),
+          static_cast<L*>(out.loss.data_ptr()), rows, r, ignore_index);
+      MIXPREC_CUDA_CHECK_LAUNCH();
+    }
+  });
+  return out;
+}
+
+Tensor cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& lse, const Tensor& target,
+                              LossReduce r, int64_t ignore_index) {
+  const Tensor x = contig(logits), l = contig(lse), t = contig(target);
+  const Tensor g = contig(grad.dtype() == l.dtype() ? grad : grad.to(l.dtype()));
+  const int64_t cols = x.size(-1), rows = t.numel();
+  Tensor dst = Tensor::empty(x.shape(), x.dtype());
+  if (rows * cols == 0) return dst;
+  const Launch on(x);
+  Tensor scale;  // mean's 1/count, computed on the device
+  if (r == LossReduce::mean) {
+    scale = Tensor::empty({}, DType::f64);
+    mean_scale_kernel<<<1, std::min(row_threads(rows), 1024), 0, on.stream()>>>(
+        static_cast<const int64_t*>(t.data_ptr()), rows, ignore_index, static_cast<double*>(scale.data_ptr()));
+    MIXPREC_CUDA_CHECK_LAUNCH();
+  }
+  dispatch_floating(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using L = ce_t<T>;
+    ce_backward_kernel<T><<<unsigned(std::min(rows, kMaxBlocks)), row_threads(cols), 0, on.stream()>>>(
+        static_cast<const L*>(g.data_ptr()), static_cast<const T*>(x.data_ptr()), static_cast<const L*>(l.data_ptr()),
+        static_cast<const int64_t*>(t.data_ptr()), static_cast<T*>(dst.data_ptr()), rows, cols, r, ignore_index,
+        scale.defined() ? static_cast<const double*>(scale.data_ptr()) : nullptr);
+    MIXPREC_CUDA_CHECK_LAUNCH();
+  });
+  return dst;
+}
+
 void report_bad_targets(int device_index) {
   const Launch on(device_index);
   BadIndex bad{};
   // The callers have just waited for this stream, so the copy reads the flag of every launch so far.
-  MIXPREC_CUDA_CHECK(
-      cudaMemcpyFromSymbolAsync(&bad, g_bad_index, sizeof(bad), 0, cudaMemcpyDeviceToHost, on.stream()));
+  MIXPREC_CUDA_CHECK(cudaMemcpyFromSymbolAsync(&bad, g_bad_index, sizeof(bad), 0, cudaMemcpyDeviceToHost, on.stream()));
   MIXPREC_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
   if (!bad.flag) return;
   const BadIndex clear{};
