@@ -255,6 +255,20 @@ __device__ A block_reduce(A v, Op op, A identity, A* scratch) {
   return scratch[0];
 }
 
+// A row's log of the sum of its exponentials, max + log(sum e^(x - max)), by the block in a fixed
+// order (the CPU's formula: kernels/ref/softmax.cpp); every thread gets it. softmax.cu, loss.cu.
+template <class T>
+__device__ acc_t<T> block_row_lse(const T* row, int64_t cols, acc_t<T>* scratch) {
+  using A = acc_t<T>;
+  A mx = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mx = MaxOp{}(mx, to_acc(row[c]));
+  mx = block_reduce(mx, MaxOp{}, A(-INFINITY), scratch);
+  A total = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) total += exp(to_acc(row[c]) - mx);
+  total = block_reduce(total, SumOp{}, A(0), scratch);
+  return mx + ::log(total);
+}
+
 // Threads for a block that walks one row of `cols` elements: a multiple of 32, at most 1024.
 inline int row_threads(int64_t cols) {
   int t = 32;

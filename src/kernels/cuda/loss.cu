@@ -69,13 +69,13 @@ __global__ void nll_backward_kernel(const G* grad, const int64_t* target, D* dst
   }
 }
 
-// Cross-entropy's forward (loss.h): one block per row, the softmax kernel's max and sum of
-// exponentials (softmax.cu), then the row's lse and loss (0 for an ignored target; NaN for a bad
-// one, recorded in the flag as nll_loss's).
-// The compute dtype's storage for lse and the losses: f32, f64 for f64 logits.
+// The compute dtype's storage for cross-entropy's lse and losses: f32, f64 for f64 logits.
 template <class T>
 using ce_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
+// Cross-entropy's forward (loss.h): one block per row, its lse as the softmax kernel's
+// (block_row_lse), then the row's lse and loss (0 for an ignored target; NaN for a bad one,
+// recorded in the flag as nll_loss's).
 template <class T>
 __global__ void __launch_bounds__(1024)
     ce_forward_kernel(const T* x, const int64_t* target, ce_t<T>* lse, ce_t<T>* losses, int64_t rows, int64_t cols,
@@ -84,14 +84,8 @@ __global__ void __launch_bounds__(1024)
   __shared__ A scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* row = x + r * cols;
-    A mx = -INFINITY;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mx = MaxOp{}(mx, to_acc(row[c]));
-    mx = block_reduce(mx, MaxOp{}, A(-INFINITY), scratch);
-    A total = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) total += exp(to_acc(row[c]) - mx);
-    total = block_reduce(total, SumOp{}, A(0), scratch);
+    const A l = block_row_lse(row, cols, scratch);
     if (threadIdx.x == 0) {
-      const A l = mx + ::log(total);
       const int64_t t = target[r];
       lse[r] = ce_t<T>(l);
       losses[r] = t == ignore_index                                   ? ce_t<T>(0)

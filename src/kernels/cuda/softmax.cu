@@ -17,13 +17,7 @@ __global__ void __launch_bounds__(1024) softmax_kernel(const T* src, T* dst, int
   __shared__ A scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* s = src + r * cols;
-    A mx = -INFINITY;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) mx = MaxOp{}(mx, to_acc(s[c]));
-    mx = block_reduce(mx, MaxOp{}, A(-INFINITY), scratch);
-    A total = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) total += exp(to_acc(s[c]) - mx);
-    total = block_reduce(total, SumOp{}, A(0), scratch);
-    const A lse = mx + ::log(total);
+    const A lse = block_row_lse(s, cols, scratch);
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
       const A v = to_acc(s[c]) - lse;
       dst[r * cols + c] = from_acc<T>(log ? v : exp(v));
