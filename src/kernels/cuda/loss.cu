@@ -18,32 +18,47 @@ namespace {
 // One per GPU (a __device__ variable exists once per device): the first bad index seen.
 __device__ BadIndex g_bad_index;
 
+// A reduced loss by one block: the f64 sum, in a fixed order, of term(i, t_i) over the targets
+// not ignored, times 1/count for mean (count: those targets). Every thread gets it.
+template <class Term>
+__device__ double reduce_kept(const int64_t* target, int64_t n, LossReduce r, int64_t ignore_index, Term term,
+                              double* scratch) {
+  double acc = 0, count = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t t = target[i];
+    if (t == ignore_index) continue;
+    count += 1;
+    acc += term(i, t);
+  }
+  acc = block_reduce(acc, SumOp{}, 0.0, scratch);
+  count = block_reduce(count, SumOp{}, 0.0, scratch);
+  return acc * (r == LossReduce::mean ? 1.0 / count : 1.0);
+}
+
 // reduce: one block sums -lp[i, t_i] over i (f64, fixed order; a bad target's term is NaN, an
 // ignored one's 0), times 1/count for mean (count: the targets not ignored). Else one thread per
 // sample writes its loss.
 template <class T>
-__global__ void __launch_bounds__(1024) nll_forward_kernel(const T* lp, const int64_t* target, T* dst, int64_t n,
-                                                           int64_t classes, LossReduce r, int64_t ignore_index) {
+__global__ void __launch_bounds__(1024)
+    nll_forward_kernel(const T* lp, const int64_t* target, T* dst, int64_t n, int64_t classes, LossReduce r,
+                       int64_t ignore_index) {
   __shared__ double scratch[32];
   if (r != LossReduce::none) {
-    double acc = 0, count = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const int64_t t = target[i];
-      if (t == ignore_index) continue;
-      count += 1;
-      acc += check_index(&g_bad_index, kNllTarget, i, t, classes) ? -double(to_acc(lp[i * classes + t])) : double(NAN);
-    }
-    acc = block_reduce(acc, SumOp{}, 0.0, scratch);
-    count = block_reduce(count, SumOp{}, 0.0, scratch);
-    if (threadIdx.x == 0) dst[0] = convert_to<T>(acc * (r == LossReduce::mean ? 1.0 / count : 1.0));
+    const double v = reduce_kept(
+        target, n, r, ignore_index,
+        [&](int64_t i, int64_t t) {
+          return check_index(&g_bad_index, kNllTarget, i, t, classes) ? -double(to_acc(lp[i * classes + t]))
+                                                                      : double(NAN);
+        },
+        scratch);
+    if (threadIdx.x == 0) dst[0] = convert_to<T>(v);
     return;
   }
   for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     const int64_t t = target[i];
-    dst[i] = t == ignore_index ? convert_to<T>(0.0)
-             : check_index(&g_bad_index, kNllTarget, i, t, classes)
-                 ? convert_to<T>(-double(to_acc(lp[i * classes + t])))
-                 : convert_to<T>(NAN);
+    dst[i] = t == ignore_index                                       ? convert_to<T>(0.0)
+             : check_index(&g_bad_index, kNllTarget, i, t, classes) ? convert_to<T>(-double(to_acc(lp[i * classes + t])))
+                                                                     : convert_to<T>(NAN);
   }
 }
 
@@ -95,20 +110,14 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// The per-row losses reduced as nll_forward_kernel reduces them: f64, fixed order, 1/count for mean.
+// The per-row losses reduced as nll_forward_kernel reduces them (reduce_kept).
 template <class L>
 __global__ void __launch_bounds__(1024)
     ce_reduce_kernel(const L* losses, const int64_t* target, L* dst, int64_t n, LossReduce r, int64_t ignore_index) {
   __shared__ double scratch[32];
-  double acc = 0, count = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    if (target[i] == ignore_index) continue;
-    count += 1;
-    acc += double(losses[i]);
-  }
-  acc = block_reduce(acc, SumOp{}, 0.0, scratch);
-  count = block_reduce(count, SumOp{}, 0.0, scratch);
-  if (threadIdx.x == 0) dst[0] = L(acc * (r == LossReduce::mean ? 1.0 / count : 1.0));
+  const double v =
+      reduce_kept(target, n, r, ignore_index, [&](int64_t i, int64_t) { return double(losses[i]); }, scratch);
+  if (threadIdx.x == 0) dst[0] = L(v);
 }
 
 // dx[r, c] = e^(x - lse_r) * s_r - (c == t_r ? s_r : 0), one block per row; s_r = 0 on the rows of
@@ -245,7 +254,8 @@ void report_bad_targets(int device_index) {
   const Launch on(device_index);
   BadIndex bad{};
   // The callers have just waited for this stream, so the copy reads the flag of every launch so far.
-  MIXPREC_CUDA_CHECK(cudaMemcpyFromSymbolAsync(&bad, g_bad_index, sizeof(bad), 0, cudaMemcpyDeviceToHost, on.stream()));
+  MIXPREC_CUDA_CHECK(
+      cudaMemcpyFromSymbolAsync(&bad, g_bad_index, sizeof(bad), 0, cudaMemcpyDeviceToHost, on.stream()));
   MIXPREC_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
   if (!bad.flag) return;
   const BadIndex clear{};
