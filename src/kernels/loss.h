@@ -44,6 +44,10 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Te
 namespace ref {
 // Throws unless every target of a CPU tensor is ignore_index or in [0, classes), naming nll_loss.
 void check_class_targets(const std::vector<int64_t>& target, int64_t classes, int64_t ignore_index);
+// The reduced losses' factor: 1/count for mean (count: the targets not ignored; inf when all are:
+// the sum 0 times it is NaN, PyTorch's 0/0), 1 otherwise. Written as the multiplication the
+// [N, C] losses always did, so their bits stay.
+double mean_scale(LossReduce r, const std::vector<int64_t>& target, int64_t ignore_index);
 CrossEntropyResult cross_entropy_forward(const Tensor& logits, const Tensor& target, LossReduce r,
                                          int64_t ignore_index);
 Tensor cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& lse, const Tensor& target,

@@ -233,12 +233,8 @@ bool cross_entropy_forward(const Tensor& logits, const Tensor& target, LossReduc
     return true;
   }
   double total = 0;
-  int64_t count = 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    total += double(losses[size_t(i)]);
-    count += tg[size_t(i)] != ignore_index;
-  }
-  out.loss = Tensor::scalar(total * (r == LossReduce::mean ? 1.0 / double(count) : 1.0), DType::f32);
+  for (float l : losses) total += double(l);
+  out.loss = Tensor::scalar(total * ref::mean_scale(r, tg, ignore_index), DType::f32);
   return true;
 }
 
@@ -250,11 +246,8 @@ bool cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tens
   if (cols == 0) return false;
   const std::vector<int64_t> tg = target.to_vector_i64();
   const std::vector<double> gv = grad.to_vector_f64();
-  int64_t count = 0;
-  for (int64_t v : tg) count += v != ignore_index;
   // nll_loss's backward: its gradient, rounded to f32 from f64, is -s at the target.
-  const float reduced =
-      r == LossReduce::none ? 0.f : float(gv[0] * (r == LossReduce::mean ? 1.0 / double(count) : 1.0));
+  const float reduced = r == LossReduce::none ? 0.f : float(gv[0] * ref::mean_scale(r, tg, ignore_index));
   const auto row_fn = simd_lanes() == Lanes::avx512 ? &ce_row_backward_avx512
                       : simd_lanes() == Lanes::avx2 ? &ce_row_backward_avx2
                                                     : &ce_row_backward_scalar;

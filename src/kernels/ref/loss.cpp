@@ -8,18 +8,13 @@
 #include "mixprec/error.h"
 
 namespace mixprec::kernels::ref {
-namespace {
 
-// 1/count for mean (inf when every target is ignored: the sum 0 times it is NaN, PyTorch's 0/0),
-// 1 otherwise. Written as the multiplication the [N, C] losses always did, so their bits stay.
 double mean_scale(LossReduce r, const std::vector<int64_t>& t, int64_t ignore_index) {
   if (r != LossReduce::mean) return 1.0;
   int64_t count = 0;
   for (int64_t v : t) count += v != ignore_index;
   return 1.0 / double(count);
 }
-
-}  // namespace
 
 void check_class_targets(const std::vector<int64_t>& target, int64_t classes, int64_t ignore_index) {
   for (size_t i = 0; i < target.size(); ++i)
