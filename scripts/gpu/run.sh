@@ -21,7 +21,8 @@
 #   profile    mixprec bench --profile on the GPU (mlp, cnn 420/1000 and 32/64, gpt; amp-bf16, amp-fp16, fp32): each
 #              kernel's time (the profiler waits for the stream around each) against cuBLASLt's rate
 #              (PROFILE_MODELS: those four by default, and gpt2: GPT-2 124M's shape at batch 8;
-#              PROFILE_PRECISIONS)
+#              PROFILE_PRECISIONS; PROFILE_ATTENTION='default wmma': each profile once per attention
+#              kernel set, MIXPREC_CUDA_ATTENTION)
 #   max-batch  the seeds' experiment: `mixprec max-batch --device cuda` on cnn 420,1000 and
 #              bench/peers/torch_max_batch.py under the same limit(s) (MAXBATCH_LIMITS, 3GiB), each
 #              precision's largest batch and its ratio to fp32's, side by side
@@ -465,7 +466,7 @@ step_bench() {
 step_profile() {
   need_gpu
   need_binary
-  local model args p
+  local model args p a out
   for model in ${PROFILE_MODELS:-mlp cnn cnn-small gpt}; do
     # The bench step's configurations (bench/peers/torch_gpu.py): mlp 1024,1024 at batch 512, cnn
     # 420,1000 and 32,64 at batch 256, the char gpt.
@@ -477,9 +478,14 @@ step_profile() {
     *) args=(--model "$model") ;;
     esac
     for p in ${PROFILE_PRECISIONS:-amp-bf16 amp-fp16 fp32}; do
-      "$MIXPREC" bench "${args[@]}" --device cuda --precision "$p" --steps 10 --warmup 3 --profile \
-        >"$W/results/profile-$model-$p.txt" || return 1
-      head -2 "$W/results/profile-$model-$p.txt"
+      for a in ${PROFILE_ATTENTION:-default}; do
+        # MIXPREC_CUDA_ATTENTION=wmma: the WMMA attention kernels the mma.sync ones replace.
+        out=$W/results/profile-$model-$p$([ "$a" = default ] || echo "-attention-$a").txt
+        MIXPREC_CUDA_ATTENTION=$a "$MIXPREC" bench "${args[@]}" --device cuda --precision "$p" --steps 10 \
+          --warmup 3 --profile >"$out" || return 1
+        echo "${out##*/}:"
+        head -2 "$out"
+      done
     done
   done
 }

@@ -1,19 +1,46 @@
 // Tensor-core attention for bf16 and f16 (attention.cuh's mma_forward and mma_backward): the
-// launches of attention_mma.cuh's kernels, where they apply. The design: that header.
+// launches of attention_mma.cuh's kernels, where they apply (attention_wmma.cuh's, the ones they
+// replace, with MIXPREC_CUDA_ATTENTION=wmma). The design: those headers.
 #include <atomic>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_wmma.cuh"
 
 namespace mixprec::kernels::cuda::attn {
 namespace {
 
-using mma::backward_dkv_kernel;
-using mma::backward_dq_kernel;
-using mma::forward_kernel;
 using mma::kRows;
 using mma::kThreads;
-using mma::Layout;
+
+// MIXPREC_CUDA_ATTENTION=wmma: attention_wmma.cuh's kernels (the GPU runs' A/B of the two), read
+// once.
+bool wmma_asked() {
+  static const bool on = [] {
+    const char* v = std::getenv("MIXPREC_CUDA_ATTENTION");
+    return v != nullptr && std::string_view(v) == "wmma";
+  }();
+  return on;
+}
+
+// The kernels of one set, and the dynamic shared memory each asks for.
+template <class T, int E>
+struct Kernels {
+  decltype(&mma::forward_kernel<T, E>) forward;
+  decltype(&mma::backward_dq_kernel<T, E>) dq;
+  decltype(&mma::backward_dkv_kernel<T, E>) dkv;
+  size_t forward_bytes, backward_bytes;
+};
+template <class T, int E>
+Kernels<T, E> kernels_of() {
+  if (wmma_asked())
+    return {staged::forward_kernel<T, E>, staged::backward_dq_kernel<T, E>, staged::backward_dkv_kernel<T, E>,
+            staged::Layout<E>::kForward, staged::Layout<E>::kBackward};
+  return {mma::forward_kernel<T, E>, mma::backward_dq_kernel<T, E>, mma::backward_dkv_kernel<T, E>,
+          mma::Shared<E>::kForward, mma::Shared<E>::kBackward};
+}
 
 // Whether the build holds sm_80-or-later code of this file's kernels for the current device (a
 // build for sm_75 only, or compute_75 PTX JIT-compiled for a newer GPU, has the trapping bodies).
@@ -26,7 +53,7 @@ bool has_code() {
   std::atomic<int>& c = cached[device < 64 ? device : 63];
   if (c.load() == 0) {
     cudaFuncAttributes a{};
-    const bool ok = cudaFuncGetAttributes(&a, forward_kernel<bf16, 16>) == cudaSuccess;
+    const bool ok = cudaFuncGetAttributes(&a, mma::forward_kernel<bf16, 16>) == cudaSuccess;
     if (!ok) (void)cudaGetLastError();  // no image for this device: not an error of the op
     c.store(ok && a.ptxVersion >= 80 && a.binaryVersion >= 80 ? 1 : 2);
   }
@@ -68,11 +95,11 @@ bool mma_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   return dispatch(q.dtype(), z, p, [&](auto tag, auto dim) {
     using T = decltype(tag);
     constexpr int E = decltype(dim)::value;
-    const auto kernel = forward_kernel<T, E>;
+    const Kernels<T, E> set = kernels_of<T, E>();
     const Launch on(q);
     if (!has_code()) return false;
-    allow_shared(kernel, Layout<E>::kForward);
-    kernel<<<grid_of(z.tq, z.bh), kThreads, Layout<E>::kForward, on.stream()>>>(
+    allow_shared(set.forward, set.forward_bytes);
+    set.forward<<<grid_of(z.tq, z.bh), kThreads, set.forward_bytes, on.stream()>>>(
         view_of<T>(q), view_of<T>(k), view_of<T>(v), static_cast<T*>(dst.out.data_ptr()),
         static_cast<float*>(dst.lse.data_ptr()), z, p);
     MIXPREC_CUDA_CHECK_LAUNCH();
@@ -85,20 +112,19 @@ bool mma_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   return dispatch(q.dtype(), z, p, [&](auto tag, auto dim) {
     using T = decltype(tag);
     constexpr int E = decltype(dim)::value;
-    const auto dq_kernel = backward_dq_kernel<T, E>;
-    const auto dkv_kernel = backward_dkv_kernel<T, E>;
+    const Kernels<T, E> set = kernels_of<T, E>();
     const Launch on(q);
     if (!has_code()) return false;
     const Tensor dsum = Tensor::empty({z.bh * z.tq}, DType::f32, q.device());
     const float* lse = static_cast<const float*>(fwd.lse.data_ptr());
     float* ds = static_cast<float*>(dsum.data_ptr());
-    allow_shared(dq_kernel, Layout<E>::kBackward);
-    dq_kernel<<<grid_of(z.tq, z.bh), kThreads, Layout<E>::kBackward, on.stream()>>>(
+    allow_shared(set.dq, set.backward_bytes);
+    set.dq<<<grid_of(z.tq, z.bh), kThreads, set.backward_bytes, on.stream()>>>(
         view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(fwd.out), view_of<T>(grad_out), lse, ds,
         static_cast<T*>(dst.dq.data_ptr()), z, p);
     MIXPREC_CUDA_CHECK_LAUNCH();
-    allow_shared(dkv_kernel, Layout<E>::kBackward);
-    dkv_kernel<<<grid_of(z.tk, z.bh), kThreads, Layout<E>::kBackward, on.stream()>>>(
+    allow_shared(set.dkv, set.backward_bytes);
+    set.dkv<<<grid_of(z.tk, z.bh), kThreads, set.backward_bytes, on.stream()>>>(
         view_of<T>(q), view_of<T>(k), view_of<T>(v), view_of<T>(grad_out), lse, ds, static_cast<T*>(dst.dk.data_ptr()),
         static_cast<T*>(dst.dv.data_ptr()), z, p);
     MIXPREC_CUDA_CHECK_LAUNCH();

@@ -1,76 +1,58 @@
 // The tensor-core attention kernels of bf16 and f16 (launched by attention_mma.cu), in the
-// FlashAttention-2 manner: a block of 64 rows (4 warps of 16) against tiles of 64 rows of the other
-// side staged in shared memory; QK^T, PV, dO V^T, P^T dO, dS^T Q and dS K as 16x16x16 WMMA
-// products with f32 accumulation; the softmax online in f32; P and dS rounded to the input's type
-// before their products (as the CPU's fused kernel rounds them to bf16); only the output and the
-// log-sum-exp kept. The backward recomputes the scores twice, once in the dQ kernel (a block per 64
-// queries, over the keys) and once in the dK/dV kernel (a block per 64 keys, over the queries),
-// where FlashAttention-2 adds dQ with atomics: two passes, no atomics, so a result does not depend
-// on the order blocks run in (CUDA graph replays stay bit-identical to eager steps).
+// FlashAttention-2 manner with the scores in registers: a block of 64 rows (4 warps of 16) against
+// tiles of 64 rows of the other side staged in shared memory; every product an mma.sync.m16n8k16
+// (mma_sync.cuh) with f32 accumulation. A warp's 16 x 64 scores stay in its accumulator fragments:
+// the scale, the causal mask and the online softmax run on them (a row's four lanes combine with two
+// shuffles), and the probabilities, rounded to the input's type as the CPU's fused kernel rounds
+// them, become the next product's A fragments without leaving the registers (an accumulator's
+// layout of two 16 x 8 tiles is the A layout of one 16 x 16). Only the output and the log-sum-exp
+// are kept. The backward recomputes the scores twice, once in the dQ kernel (a block per 64
+// queries, over the keys) and once in the dK/dV kernel (a block per 64 keys, over the queries,
+// with the scores transposed: keys as rows), where FlashAttention-2 adds dQ with atomics: two
+// passes, no atomics, so a result does not depend on the order blocks run in (CUDA graph replays
+// stay bit-identical to eager steps).
 //
-// Written for the char GPT's attention, which the SIMT kernels of attention.cu ran at 256 GFLOP/s
-// on an H100 (2026-11-27). Compiled for head dims E = Ev of 16, 32, 64 only, without dropout;
-// everything else stays on attention.cu's kernels. The WMMA fragments of bf16 need sm_80: where the
-// build has no such code for the device, mma_forward and mma_backward return false.
+// These replace attention_wmma.cuh's kernels (WMMA 16x16x16 fragments, whose accumulators can only
+// be read through shared memory: every score tile went out to shared memory and back, 31.9 TFLOP/s
+// forward and 21.9 backward on GPT-2's attention on an H200, 2026-12-04); MIXPREC_CUDA_ATTENTION=
+// wmma runs those instead (attention_mma.cu) until these have been measured against them on a GPU.
+// Compiled for head dims E = Ev of 16, 32, 64 only, without dropout; everything else stays on
+// attention.cu's kernels. mma.sync with bf16 needs sm_80: where the build has no such code for the
+// device, mma_forward and mma_backward return false.
 //
 // A header so that tests/emulated/ can run them on the CPU (one thread per CUDA thread, a mock of
-// WMMA): what the emulation shows is the tiling, indexing, masking and online softmax, not the
-// hardware. Device code: included by attention_mma.cu and the emulation only.
+// mma.sync): what the emulation shows is the fragments' layout, the tiling, indexing, masking and
+// online softmax, not the hardware. Device code: included by attention_mma.cu and the emulation only.
 #pragma once
-#include <mma.h>
-
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
+#include <cstring>
 
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/mma_sync.cuh"
 
 namespace mixprec::kernels::cuda::attn::mma {
-
-namespace wmma = nvcuda::wmma;
 
 constexpr int kRows = 64;  // rows a block owns (queries, or keys for dK/dV), 16 per warp
 constexpr int kTile = 64;  // rows of the other side per shared-memory tile
 constexpr int kWarps = kRows / 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kLdS = kTile + 4;  // f32 score rows (WMMA's f32 leading dims: multiples of 4)
-constexpr int kLdP = kTile + 8;  // 16-bit probability rows (multiples of 8); the pads spread banks
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
-// Shared-memory layout: 16-bit row tiles of width E, f32 score tiles, 16-bit probability tiles.
-// Every region starts on a 32-byte boundary (WMMA's pointers: 256-bit aligned), as do fragment
-// rows 16 apart (16 x ld x 2 bytes, ld a multiple of 8).
+// A 16-bit [row][E] tile's leading dim: rows 8 elements (16 bytes, 4 banks) apart, so the eight
+// rows g = 0..7 a fragment load touches fall in different banks.
 template <int E>
-struct Layout {
-  static constexpr int kLdH = E + 8;  // a 16-bit [row][E] tile
-  static constexpr int kLdO = E + 4;  // an f32 [row][E] tile
-  static constexpr size_t kHalfTile = size_t(kRows) * kLdH * 2;
-  static constexpr size_t kScores = size_t(kRows) * kLdS * 4;
-  static constexpr size_t kProbs = size_t(kRows) * kLdP * 2;
-  static constexpr size_t kOut = size_t(kRows) * kLdO * 4;
-  // forward: q, k, v; s; p; o.  backward: BackwardShared's.
-  static constexpr size_t kForward = 3 * kHalfTile + kScores + kProbs + kOut;
-  static constexpr size_t kBackward = 4 * kHalfTile + 2 * kScores + 2 * kProbs + 2 * kTile * 4;
-  static_assert(kHalfTile % 32 == 0 && kScores % 32 == 0 && kProbs % 32 == 0 && kOut % 32 == 0);
-};
+constexpr int kLd = E + 8;
 
-// The backward kernels' shared memory: four 16-bit row tiles (the block's own two, the staged
-// other side's two), two f32 score tiles, two 16-bit probability tiles and two f32 rows of kTile
-// (the dK/dV kernel's lse and D; the dQ kernel leaves them and the second probability tile unused).
-template <class T, int E>
-struct BackwardShared {
-  T* own[2];
-  T* other[2];
-  float* scores[2];
-  T* probs[2];
-  float* rows[2];
-  __device__ explicit BackwardShared(unsigned char* smem) {
-    constexpr int ld = Layout<E>::kLdH;
-    T* h = reinterpret_cast<T*>(smem);
-    own[0] = h, own[1] = h + kRows * ld, other[0] = h + 2 * kRows * ld, other[1] = other[0] + kTile * ld;
-    scores[0] = reinterpret_cast<float*>(other[1] + kTile * ld), scores[1] = scores[0] + kRows * kLdS;
-    probs[0] = reinterpret_cast<T*>(scores[1] + kRows * kLdS), probs[1] = probs[0] + kRows * kLdP;
-    rows[0] = reinterpret_cast<float*>(probs[1] + kRows * kLdP), rows[1] = rows[0] + kTile;
-  }
+// Dynamic shared memory: forward q, k and v tiles; backward four tiles (the block's own two, the
+// staged other side's two) and, for the dK/dV kernel, two f32 rows of kTile (the queries' lse and D).
+template <int E>
+struct Shared {
+  static constexpr size_t kTileBytes = size_t(kRows) * kLd<E> * 2;
+  static constexpr size_t kForward = 3 * kTileBytes;
+  static constexpr size_t kBackward = 4 * kTileBytes + 2 * kTile * sizeof(float);
+  static_assert(kRows == kTile && kTileBytes % 16 == 0);
 };
 
 template <class T>
@@ -78,7 +60,7 @@ __device__ __forceinline__ T zero() {
   return from_acc<T>(0.0f);
 }
 
-// Rows [t0, t0 + n) of x into a [kTile][E] tile (leading dim E + 8), zero rows past n: a padded
+// Rows [t0, t0 + n) of x into a [kTile][E] tile (leading dim kLd<E>), zero rows past n: a padded
 // key's scores are masked, and its zero V row adds nothing. The rows' base is formed once per tile:
 // View::raw divided by the head count in 64 bits for every element (the 18 kernels' PTX held 414
 // such divisions, unrolled into the tile loops; now 72, one per staged tile). Rows whose elements
@@ -86,7 +68,7 @@ __device__ __forceinline__ T zero() {
 // every contiguous [B, H, T, E]) move 8 elements per load; other views element by element.
 template <class T, int E>
 __device__ void stage(const View<T>& x, int64_t bh, int64_t t0, int64_t n, T* dst) {
-  constexpr int ld = Layout<E>::kLdH;
+  constexpr int ld = kLd<E>;
   const T* base = x.row(bh, t0);
   static_assert(sizeof(T) == 2 && E % 8 == 0 && ld % 8 == 0);
   if (x.se == 1 && x.st % 8 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0) {
@@ -106,144 +88,212 @@ __device__ void stage(const View<T>& x, int64_t bh, int64_t t0, int64_t n, T* ds
   }
 }
 
-template <class T, class Layout_>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, Layout_>;
-template <class T, class Layout_>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, Layout_>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+// ----------------------------------------------------------------------------- fragments
 
-// acc += A (16 x 16K, row-major at a, leading dim lda) x B (16K x 16), B read at b with leading
-// dim ldb either row-major or column-major (B^T row-major: the other tile's rows, for X Y^T).
-template <class T, class BLayout, int K>
-__device__ __forceinline__ void mma_rows(FragC& acc, const T* a, int lda, const T* b, int ldb) {
-#pragma unroll
-  for (int kk = 0; kk < K; ++kk) {
-    FragA<T, wmma::row_major> fa;
-    FragB<T, BLayout> fb;
-    wmma::load_matrix_sync(fa, a + kk * 16, lda);
-    if constexpr (std::is_same_v<BLayout, wmma::row_major>)
-      wmma::load_matrix_sync(fb, b + kk * 16 * ldb, ldb);
-    else
-      wmma::load_matrix_sync(fb, b + kk * 16, ldb);
-    wmma::mma_sync(acc, fa, fb, acc);
-  }
+struct FragA {
+  uint32_t x[4];
+};
+struct FragB {
+  uint32_t x[2];
+};
+struct FragC {
+  float x[4];  // x[2r + c]: row g + 8r, column 2t + c
+};
+
+// A lane's place in its warp's fragments: row group g (0..7), column pair t (0..3).
+struct Lane {
+  int g, t;
+  __device__ Lane() : g(int(threadIdx.x % 32) / 4), t(int(threadIdx.x % 4)) {}
+};
+
+template <class T>
+__device__ __forceinline__ const uint16_t* bits_of(const T* p) {
+  return reinterpret_cast<const uint16_t*>(p);
+}
+__device__ __forceinline__ uint32_t pair_at(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t pair_of(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
+template <class T>
+__device__ __forceinline__ uint16_t bits16(T x) {
+  uint16_t b;
+  std::memcpy(&b, &x, 2);
+  return b;
+}
+// Two f32 values rounded to T, as one register.
+template <class T>
+__device__ __forceinline__ uint32_t round_pair(float lo, float hi) {
+  return pair_of(bits16(from_acc<T>(lo)), bits16(from_acc<T>(hi)));
 }
 
-// dst (16 x kTile f32, leading dim kLdS) = A (16 x E) x B^T, B a [kTile][E] tile: the scores of a
-// warp's 16 rows against a tile.
+// A = tile[r0 .. r0 + 16)[k0 .. k0 + 16) of a [row][ld] tile.
+__device__ __forceinline__ FragA load_a(const uint16_t* tile, int ld, int r0, int k0, const Lane& l) {
+  const uint16_t* p = tile + (r0 + l.g) * ld + k0 + 2 * l.t;
+  return {{pair_at(p), pair_at(p + 8 * ld), pair_at(p + 8), pair_at(p + 8 * ld + 8)}};
+}
+// B[k][n] = tile[n0 + n][k0 + k]: the tile's rows as B's columns, for X Y^T.
+__device__ __forceinline__ FragB load_b_rows(const uint16_t* tile, int ld, int n0, int k0, const Lane& l) {
+  const uint16_t* p = tile + (n0 + l.g) * ld + k0 + 2 * l.t;
+  return {{pair_at(p), pair_at(p + 8)}};
+}
+// B[k][n] = tile[k0 + k][n0 + n], for P Y: two 16-bit loads a register.
+__device__ __forceinline__ FragB load_b_cols(const uint16_t* tile, int ld, int k0, int n0, const Lane& l) {
+  const uint16_t* p = tile + (k0 + 2 * l.t) * ld + n0 + l.g;
+  return {{pair_of(p[0], p[ld]), pair_of(p[8 * ld], p[9 * ld])}};
+}
+
+template <class T>
+__device__ __forceinline__ void mma(FragC& d, const FragA& a, const FragB& b) {
+  mma_m16n8k16<T>(d.x, a.x, b.x);
+}
+
+// acc[n] = A (a warp's 16 rows, E wide, as E / 16 fragments) times the [kTile][E] tile's rows
+// transposed: a warp's 16 x kTile scores, n over kTile's 8-column blocks.
 template <class T, int E>
-__device__ __forceinline__ void times_transposed(const T* a, const T* b, float* dst) {
-  constexpr int ld = Layout<E>::kLdH;
+__device__ __forceinline__ void scores(FragC (&acc)[kTile / 8], const FragA (&a)[E / 16], const uint16_t* tile,
+                                       const Lane& l) {
 #pragma unroll
-  for (int n = 0; n < kTile / 16; ++n) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
-    mma_rows<T, wmma::col_major, E / 16>(acc, a, ld, b + n * 16 * ld, ld);
-    wmma::store_matrix_sync(dst + n * 16, acc, kLdS, wmma::mem_row_major);
+  for (int n = 0; n < kTile / 8; ++n) {
+    acc[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int kk = 0; kk < E / 16; ++kk) mma<T>(acc[n], a[kk], load_b_rows(tile, kLd<E>, n * 8, kk * 16, l));
   }
 }
 
-// acc[n] += A (16 x kTile, 16-bit, leading dim kLdP) x B (a [kTile][E] tile), n over E's 16-column
+// acc[n] += P (16 x kTile, as kTile / 16 fragments) times the [kTile][E] tile, n over E's 8-column
 // blocks.
 template <class T, int E>
-__device__ __forceinline__ void accumulate_times(FragC (&acc)[E / 16], const T* a, const T* b) {
-  constexpr int ld = Layout<E>::kLdH;
+__device__ __forceinline__ void accumulate(FragC (&acc)[E / 8], const FragA (&p)[kTile / 16], const uint16_t* tile,
+                                           const Lane& l) {
 #pragma unroll
-  for (int n = 0; n < E / 16; ++n) mma_rows<T, wmma::row_major, kTile / 16>(acc[n], a, kLdP, b + n * 16, ld);
+  for (int n = 0; n < E / 8; ++n)
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) mma<T>(acc[n], p[kk], load_b_cols(tile, kLd<E>, kk * 16, n * 8, l));
 }
 
-// Writes a warp's 16 x E accumulators as rows of dst (row r at dst + r * E, r < rows), times
-// `scale`, through the f32 scratch `tmp` (16 rows, leading dim kLdS >= E).
-template <class T, int E>
-__device__ void write_rows(const FragC (&acc)[E / 16], float* tmp, T* dst, int64_t rows, float scale) {
+// A warp's 16 rows of a [row][kLd<E>] tile as A fragments.
+template <int E>
+__device__ __forceinline__ void load_rows(FragA (&a)[E / 16], const uint16_t* tile, int r0, const Lane& l) {
 #pragma unroll
-  for (int n = 0; n < E / 16; ++n) wmma::store_matrix_sync(tmp + n * 16, acc[n], kLdS, wmma::mem_row_major);
-  __syncwarp();
-  const int lane = threadIdx.x % 32;
-  for (int idx = lane; idx < 16 * E; idx += 32) {
-    const int r = idx / E, c = idx % E;
-    if (r < rows) dst[int64_t(r) * E + c] = from_acc<T>(tmp[r * kLdS + c] * scale);
+  for (int kk = 0; kk < E / 16; ++kk) a[kk] = load_a(tile, kLd<E>, r0, kk * 16, l);
+}
+
+// The 16 x kTile values f(n, idx, s) of score fragments, rounded to T, as the A fragments of the next
+// product: fragments 2kk and 2kk + 1 (columns 16kk .. 16kk + 16) make A fragment kk.
+template <class T, class F>
+__device__ __forceinline__ void to_a(FragA (&a)[kTile / 16], F&& f) {
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = 2 * kk + h;
+      a[kk].x[2 * h] = round_pair<T>(f(n, 0), f(n, 1));
+      a[kk].x[2 * h + 1] = round_pair<T>(f(n, 2), f(n, 3));
+    }
+}
+
+// The four lanes of a row (lanes 4g .. 4g + 3) combined.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Writes a warp's 16 x E accumulators times `scale` as rows r0 + g and r0 + g + 8 of dst (row r at
+// dst + r * E), the rows below `rows` only.
+template <class T, int E>
+__device__ __forceinline__ void write_rows(const FragC (&acc)[E / 8], T* dst, int64_t r0, int64_t rows, float scale,
+                                           const Lane& l) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = r0 + l.g + 8 * r;
+    if (row >= rows) continue;
+    uint32_t* out = reinterpret_cast<uint32_t*>(dst + row * E + 2 * l.t);
+#pragma unroll
+    for (int n = 0; n < E / 8; ++n) out[n * 4] = round_pair<T>(acc[n].x[2 * r] * scale, acc[n].x[2 * r + 1] * scale);
   }
 }
 
-// A lane's share of its warp's 16 rows in the element-wise passes: row lane / 2, the half of the
-// tile's columns lane % 2 (the two lanes of a row combine with one shuffle).
-struct RowHalf {
-  int row;   // in the block, 0..kRows
-  int half;  // 0 or 1
-  __device__ RowHalf() : row(int(threadIdx.x / 32) * 16 + int(threadIdx.x % 32) / 2), half(int(threadIdx.x % 2)) {}
-  __device__ int first_column() const { return half * (kTile / 2); }
-};
-__device__ __forceinline__ float pair_max(float x) { return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1)); }
-__device__ __forceinline__ float pair_sum(float x) { return x + __shfl_xor_sync(0xffffffffu, x, 1); }
+// ----------------------------------------------------------------------------- kernels
 
-// One block per 64 queries of one (batch, head): out and lse.
+// One block per 64 queries of one (batch, head): out and lse. Scores in the base-2 domain (times
+// scale * log2 e), so each exponential is one exp2f.
 template <class T, int E>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(View<T> q, View<T> k, View<T> v, T* out, float* lse, Sizes z, AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using L = Layout<E>;
+  constexpr int ld = kLd<E>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);
-  T* ks = qs + kRows * L::kLdH;
-  T* vs = ks + kTile * L::kLdH;
-  float* s = reinterpret_cast<float*>(vs + kTile * L::kLdH);
-  T* ps = reinterpret_cast<T*>(s + kRows * kLdS);
-  float* os = reinterpret_cast<float*>(ps + kRows * kLdP);
+  T* ks = qs + kRows * ld;
+  T* vs = ks + kTile * ld;
+  const Lane ln;
   const int warp = int(threadIdx.x / 32);
-  const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kRows;
-  const RowHalf me;
-  const int64_t i = i0 + me.row;
-  const int64_t last = attention_last_key(p, i, z.tq, z.tk);
+  const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kRows, row0 = i0 + warp * 16 + ln.g;
+  // The keys rows row0 and row0 + 8 see (rows past Tq included: their results are not written).
+  const int64_t last[2] = {attention_last_key(p, row0, z.tq, z.tk), attention_last_key(p, row0 + 8, z.tq, z.tk)};
   const int64_t block_last = attention_last_key(p, min64(z.tq - 1, i0 + kRows - 1), z.tq, z.tk);
-  const float scale = float(p.scale);
+  const float scale2 = float(p.scale) * kLog2e;
   stage<T, E>(q, bh, i0, min64(kRows, z.tq - i0), qs);
-  for (int idx = threadIdx.x; idx < kRows * L::kLdO; idx += kThreads) os[idx] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  float* srow = s + me.row * kLdS + me.first_column();
-  T* prow = ps + me.row * kLdP + me.first_column();
-  float* orow = os + me.row * L::kLdO + me.half * (E / 2);
+  __syncthreads();
+  FragA qa[E / 16];
+  load_rows<E>(qa, bits_of(qs), warp * 16, ln);
+  FragC o[E / 8];
+#pragma unroll
+  for (int n = 0; n < E / 8; ++n) o[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns' share
   for (int64_t j0 = 0; j0 <= block_last; j0 += kTile) {
     __syncthreads();  // the last tile's reads done
     stage<T, E>(k, bh, j0, min64(kTile, z.tk - j0), ks);
     stage<T, E>(v, bh, j0, min64(kTile, z.tk - j0), vs);
     __syncthreads();
-    times_transposed<T, E>(qs + warp * 16 * L::kLdH, ks, s + warp * 16 * kLdS);
-    __syncwarp();
+    FragC s[kTile / 8];
+    scores<T, E>(s, qa, bits_of(ks), ln);
     // Online softmax: every row sees key 0, so m is finite from the first tile on.
-    const int64_t jb = j0 + me.first_column();
-    float mt = m;
-    for (int c = 0; c < kTile / 2; ++c) {
-      const float x = jb + c <= last ? srow[c] * scale : -INFINITY;
-      srow[c] = x;
-      mt = fmaxf(mt, x);
-    }
-    mt = pair_max(mt);
-    const float alpha = expf(m - mt);  // m = -inf on the first tile: 0
-    float sum = 0.0f;
-    for (int c = 0; c < kTile / 2; ++c) {
-      const float pj = expf(srow[c] - mt);
-      prow[c] = from_acc<T>(pj);
-      sum += pj;
-    }
-    l = l * alpha + pair_sum(sum);
-    m = mt;
-    for (int c = 0; c < E / 2; ++c) orow[c] *= alpha;
-    __syncwarp();
-    FragC acc[E / 16];
+    float mt[2] = {m[0], m[1]};
 #pragma unroll
-    for (int n = 0; n < E / 16; ++n)
-      wmma::load_matrix_sync(acc[n], os + warp * 16 * L::kLdO + n * 16, L::kLdO, wmma::mem_row_major);
-    accumulate_times<T, E>(acc, ps + warp * 16 * kLdP, vs);
+    for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
-    for (int n = 0; n < E / 16; ++n)
-      wmma::store_matrix_sync(os + warp * 16 * L::kLdO + n * 16, acc[n], L::kLdO, wmma::mem_row_major);
-    __syncwarp();
+      for (int idx = 0; idx < 4; ++idx) {
+        const int r = idx / 2;
+        const int64_t key = j0 + n * 8 + 2 * ln.t + idx % 2;
+        const float x = key <= last[r] ? s[n].x[idx] * scale2 : -INFINITY;
+        s[n].x[idx] = x;
+        mt[r] = fmaxf(mt[r], x);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mt[r] = quad_max(mt[r]);
+      alpha[r] = exp2f(m[r] - mt[r]);  // m = -inf on the first tile: 0
+      m[r] = mt[r];
+      l[r] *= alpha[r];
+    }
+    FragA pa[kTile / 16];
+    to_a<T>(pa, [&](int n, int idx) {
+      const float e = exp2f(s[n].x[idx] - mt[idx / 2]);
+      l[idx / 2] += e;
+      return e;
+    });
+#pragma unroll
+    for (int n = 0; n < E / 8; ++n)
+#pragma unroll
+      for (int idx = 0; idx < 4; ++idx) o[n].x[idx] *= alpha[idx / 2];
+    accumulate<T, E>(o, pa, bits_of(vs), ln);
   }
-  if (i >= z.tq) return;
-  T* dst = out + (bh * z.tq + i) * E + me.half * (E / 2);
-  for (int c = 0; c < E / 2; ++c) dst[c] = from_acc<T>(orow[c] / l);
-  if (me.half == 0) lse[bh * z.tq + i] = m + logf(l);
+  const float total[2] = {quad_sum(l[0]), quad_sum(l[1])};
+  T* dst = out + bh * z.tq * E;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = row0 + 8 * r;
+    if (i >= z.tq) continue;
+    uint32_t* row = reinterpret_cast<uint32_t*>(dst + i * E + 2 * ln.t);
+    const float inv = 1.0f / total[r];
+#pragma unroll
+    for (int n = 0; n < E / 8; ++n) row[n * 4] = round_pair<T>(o[n].x[2 * r] * inv, o[n].x[2 * r + 1] * inv);
+    if (ln.t == 0) lse[bh * z.tq + i] = (m[r] + log2f(total[r])) * kLn2;
+  }
 #elif defined(__CUDA_ARCH__)
   __trap();  // never launched: attention_mma.cu's has_code() is false for such a build
 #endif
@@ -256,54 +306,62 @@ __global__ void __launch_bounds__(kThreads)
     backward_dq_kernel(View<T> q, View<T> k, View<T> v, View<T> o, View<T> go, const float* lse, float* dsum, T* dq,
                        Sizes z, AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using L = Layout<E>;
+  constexpr int ld = kLd<E>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const BackwardShared<T, E> sh(smem);
-  T *qs = sh.own[0], *gs = sh.own[1], *ks = sh.other[0], *vs = sh.other[1], *dss = sh.probs[0];
-  float *s = sh.scores[0], *dp = sh.scores[1];
+  T* qs = reinterpret_cast<T*>(smem);
+  T* gs = qs + kRows * ld;
+  T* ks = gs + kRows * ld;
+  T* vs = ks + kTile * ld;
+  const Lane ln;
   const int warp = int(threadIdx.x / 32);
-  const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kRows;
-  const RowHalf me;
-  const int64_t i = i0 + me.row;
-  const bool active = i < z.tq;
-  const int64_t last = attention_last_key(p, i, z.tq, z.tk);
+  const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kRows, row0 = i0 + warp * 16 + ln.g;
+  const int64_t last[2] = {attention_last_key(p, row0, z.tq, z.tk), attention_last_key(p, row0 + 8, z.tq, z.tk)};
   const int64_t block_last = attention_last_key(p, min64(z.tq - 1, i0 + kRows - 1), z.tq, z.tk);
-  const float scale = float(p.scale);
+  const float scale2 = float(p.scale) * kLog2e;
   stage<T, E>(q, bh, i0, min64(kRows, z.tq - i0), qs);
   stage<T, E>(go, bh, i0, min64(kRows, z.tq - i0), gs);
-  float d = 0.0f;
-  if (active) {
-    const T *gr = go.row(bh, i), *orow = o.row(bh, i);
-    for (int c = me.half * (E / 2); c < (me.half + 1) * (E / 2); ++c)
-      d += to_acc(gr[c * go.se]) * to_acc(orow[c * o.se]);
-  }
-  d = pair_sum(d);
-  if (active && me.half == 0) dsum[bh * z.tq + i] = d;
-  const float row_lse = active ? lse[bh * z.tq + i] : 0.0f;
-  FragC acc[E / 16];
+  // D of rows row0 and row0 + 8: each of a row's four lanes sums a quarter of its columns.
+  float d[2], lse2[2];
+  bool active[2];
 #pragma unroll
-  for (int n = 0; n < E / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
-  const float* srow = s + me.row * kLdS + me.first_column();
-  const float* dprow = dp + me.row * kLdS + me.first_column();
-  T* dsrow = dss + me.row * kLdP + me.first_column();
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = row0 + 8 * r;
+    active[r] = i < z.tq;
+    float part = 0.0f;
+    if (active[r]) {
+      const T *gr = go.row(bh, i), *orow = o.row(bh, i);
+      for (int c = ln.t * (E / 4); c < (ln.t + 1) * (E / 4); ++c)
+        part += to_acc(gr[c * go.se]) * to_acc(orow[c * o.se]);
+    }
+    d[r] = quad_sum(part);
+    if (active[r] && ln.t == 0) dsum[bh * z.tq + i] = d[r];
+    lse2[r] = active[r] ? lse[bh * z.tq + i] * kLog2e : 0.0f;
+  }
+  __syncthreads();
+  FragA qa[E / 16], ga[E / 16];
+  load_rows<E>(qa, bits_of(qs), warp * 16, ln);
+  load_rows<E>(ga, bits_of(gs), warp * 16, ln);
+  FragC acc[E / 8];
+#pragma unroll
+  for (int n = 0; n < E / 8; ++n) acc[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
   for (int64_t j0 = 0; j0 <= block_last; j0 += kTile) {
     __syncthreads();
     stage<T, E>(k, bh, j0, min64(kTile, z.tk - j0), ks);
     stage<T, E>(v, bh, j0, min64(kTile, z.tk - j0), vs);
     __syncthreads();
-    times_transposed<T, E>(qs + warp * 16 * L::kLdH, ks, s + warp * 16 * kLdS);
-    times_transposed<T, E>(gs + warp * 16 * L::kLdH, vs, dp + warp * 16 * kLdS);
-    __syncwarp();
-    const int64_t jb = j0 + me.first_column();
-    for (int c = 0; c < kTile / 2; ++c) {
-      const float pj = active && jb + c <= last ? expf(srow[c] * scale - row_lse) : 0.0f;
-      dsrow[c] = from_acc<T>(pj * (dprow[c] - d));
-    }
-    __syncwarp();
-    accumulate_times<T, E>(acc, dss + warp * 16 * kLdP, ks);
+    FragC s[kTile / 8], dp[kTile / 8];
+    scores<T, E>(s, qa, bits_of(ks), ln);
+    scores<T, E>(dp, ga, bits_of(vs), ln);
+    FragA dsa[kTile / 16];
+    to_a<T>(dsa, [&](int n, int idx) {
+      const int r = idx / 2;
+      const int64_t key = j0 + n * 8 + 2 * ln.t + idx % 2;
+      const float pj = active[r] && key <= last[r] ? exp2f(s[n].x[idx] * scale2 - lse2[r]) : 0.0f;
+      return pj * (dp[n].x[idx] - d[r]);
+    });
+    accumulate<T, E>(acc, dsa, bits_of(ks), ln);
   }
-  __syncwarp();
-  write_rows<T, E>(acc, s + warp * 16 * kLdS, dq + (bh * z.tq + i0 + warp * 16) * E, z.tq - (i0 + warp * 16), scale);
+  write_rows<T, E>(acc, dq + bh * z.tq * E, i0 + warp * 16, z.tq, float(p.scale), ln);
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif
@@ -316,28 +374,28 @@ __global__ void __launch_bounds__(kThreads)
     backward_dkv_kernel(View<T> q, View<T> k, View<T> v, View<T> go, const float* lse, const float* dsum, T* dk, T* dv,
                         Sizes z, AttentionParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using L = Layout<E>;
+  constexpr int ld = kLd<E>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const BackwardShared<T, E> sh(smem);
-  T *ks = sh.own[0], *vs = sh.own[1], *qs = sh.other[0], *gs = sh.other[1], *pt = sh.probs[0], *dst = sh.probs[1];
-  float *st = sh.scores[0], *dpt = sh.scores[1], *lse_s = sh.rows[0], *d_s = sh.rows[1];
+  T* ks = reinterpret_cast<T*>(smem);
+  T* vs = ks + kRows * ld;
+  T* qs = vs + kRows * ld;
+  T* gs = qs + kTile * ld;
+  float* lse_s = reinterpret_cast<float*>(gs + kTile * ld);  // the tile's queries' lse times log2 e
+  float* d_s = lse_s + kTile;
+  const Lane ln;
   const int warp = int(threadIdx.x / 32);
-  const int64_t bh = blockIdx.y, j0 = int64_t(blockIdx.x) * kRows;
-  const RowHalf me;
-  const int64_t j = j0 + me.row;
-  const float scale = float(p.scale);
+  const int64_t bh = blockIdx.y, j0 = int64_t(blockIdx.x) * kRows, key0 = j0 + warp * 16 + ln.g;
+  const int64_t key[2] = {key0, key0 + 8};
+  const float scale2 = float(p.scale) * kLog2e;
   stage<T, E>(k, bh, j0, min64(kRows, z.tk - j0), ks);
   stage<T, E>(v, bh, j0, min64(kRows, z.tk - j0), vs);
-  FragC gk[E / 16], gv[E / 16];
+  __syncthreads();
+  FragA ka[E / 16], va[E / 16];
+  load_rows<E>(ka, bits_of(ks), warp * 16, ln);
+  load_rows<E>(va, bits_of(vs), warp * 16, ln);
+  FragC gk[E / 8], gv[E / 8];
 #pragma unroll
-  for (int n = 0; n < E / 16; ++n) {
-    wmma::fill_fragment(gk[n], 0.0f);
-    wmma::fill_fragment(gv[n], 0.0f);
-  }
-  const float* strow = st + me.row * kLdS + me.first_column();
-  const float* dptrow = dpt + me.row * kLdS + me.first_column();
-  T* ptrow = pt + me.row * kLdP + me.first_column();
-  T* dstrow = dst + me.row * kLdP + me.first_column();
+  for (int n = 0; n < E / 8; ++n) gk[n] = gv[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
   // Causal: query i sees key j from i = j - (Tk - Tq, when Tk > Tq) on; the queries before the
   // block's first key's first are unseen by all its keys.
   const int64_t first_query = p.causal ? j0 - (z.tk > z.tq ? z.tk - z.tq : 0) : 0;
@@ -347,30 +405,31 @@ __global__ void __launch_bounds__(kThreads)
     stage<T, E>(q, bh, i0, nq, qs);
     stage<T, E>(go, bh, i0, nq, gs);
     for (int idx = threadIdx.x; idx < kTile; idx += kThreads) {
-      lse_s[idx] = idx < nq ? lse[bh * z.tq + i0 + idx] : 0.0f;
+      lse_s[idx] = idx < nq ? lse[bh * z.tq + i0 + idx] * kLog2e : 0.0f;
       d_s[idx] = idx < nq ? dsum[bh * z.tq + i0 + idx] : 0.0f;
     }
     __syncthreads();
-    times_transposed<T, E>(ks + warp * 16 * L::kLdH, qs, st + warp * 16 * kLdS);
-    times_transposed<T, E>(vs + warp * 16 * L::kLdH, gs, dpt + warp * 16 * kLdS);
-    __syncwarp();
-    for (int c = 0; c < kTile / 2; ++c) {
-      const int col = me.first_column() + c;
-      const int64_t i = i0 + col;
-      const bool seen = i < z.tq && j < z.tk && attention_last_key(p, i, z.tq, z.tk) >= j;
-      const float pj = seen ? expf(strow[c] * scale - lse_s[col]) : 0.0f;
-      ptrow[c] = from_acc<T>(pj);
-      dstrow[c] = from_acc<T>(pj * (dptrow[c] - d_s[col]));
-    }
-    __syncwarp();
-    accumulate_times<T, E>(gv, pt + warp * 16 * kLdP, gs);
-    accumulate_times<T, E>(gk, dst + warp * 16 * kLdP, qs);
+    FragC st[kTile / 8], dpt[kTile / 8];
+    scores<T, E>(st, ka, bits_of(qs), ln);
+    scores<T, E>(dpt, va, bits_of(gs), ln);
+    // P^T in place of the scores, keys as rows: element (key[r], query i0 + column); then dS^T.
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int idx = 0; idx < 4; ++idx) {
+        const int col = n * 8 + 2 * ln.t + idx % 2;
+        const int64_t i = i0 + col, j = key[idx / 2];
+        const bool seen = i < z.tq && j < z.tk && attention_last_key(p, i, z.tq, z.tk) >= j;
+        st[n].x[idx] = seen ? exp2f(st[n].x[idx] * scale2 - lse_s[col]) : 0.0f;
+      }
+    FragA pa[kTile / 16], dsa[kTile / 16];
+    to_a<T>(pa, [&](int n, int idx) { return st[n].x[idx]; });
+    to_a<T>(dsa, [&](int n, int idx) { return st[n].x[idx] * (dpt[n].x[idx] - d_s[n * 8 + 2 * ln.t + idx % 2]); });
+    accumulate<T, E>(gv, pa, bits_of(gs), ln);
+    accumulate<T, E>(gk, dsa, bits_of(qs), ln);
   }
-  __syncwarp();
-  const int64_t rows = z.tk - (j0 + warp * 16);
-  write_rows<T, E>(gk, st + warp * 16 * kLdS, dk + (bh * z.tk + j0 + warp * 16) * E, rows, scale);
-  __syncwarp();
-  write_rows<T, E>(gv, dpt + warp * 16 * kLdS, dv + (bh * z.tk + j0 + warp * 16) * E, rows, 1.0f);
+  write_rows<T, E>(gk, dk + bh * z.tk * E, j0 + warp * 16, z.tk, float(p.scale), ln);
+  write_rows<T, E>(gv, dv + bh * z.tk * E, j0 + warp * 16, z.tk, 1.0f, ln);
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif
