@@ -26,7 +26,6 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/mma_sync.cuh"
@@ -110,34 +109,36 @@ template <class T>
 __device__ __forceinline__ const uint16_t* bits_of(const T* p) {
   return reinterpret_cast<const uint16_t*>(p);
 }
-__device__ __forceinline__ uint32_t pair_at(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-__device__ __forceinline__ uint32_t pair_of(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
-template <class T>
-__device__ __forceinline__ uint16_t bits16(T x) {
-  uint16_t b;
-  std::memcpy(&b, &x, 2);
-  return b;
-}
-// Two f32 values rounded to T, as one register.
-template <class T>
-__device__ __forceinline__ uint32_t round_pair(float lo, float hi) {
-  return pair_of(bits16(from_acc<T>(lo)), bits16(from_acc<T>(hi)));
-}
 
-// A = tile[r0 .. r0 + 16)[k0 .. k0 + 16) of a [row][ld] tile.
-__device__ __forceinline__ FragA load_a(const uint16_t* tile, int ld, int r0, int k0, const Lane& l) {
-  const uint16_t* p = tile + (r0 + l.g) * ld + k0 + 2 * l.t;
-  return {{pair_at(p), pair_at(p + 8 * ld), pair_at(p + 8), pair_at(p + 8 * ld + 8)}};
+// The fragments come from shared memory by ldmatrix.x4 (mma_sync.cuh), one instruction for four
+// 8 x 8 matrices: lane i names row i % 8 of matrix m = i / 8. Each function says which matrix m is.
+
+// A = tile[r0 .. r0 + 16)[k0 .. k0 + 16) of a [row][ld] tile: m = 0..3 are a[0..3], rows r0 + 8 (m % 2),
+// columns k0 + 8 (m / 2).
+__device__ __forceinline__ FragA load_a(const uint16_t* tile, int ld, int r0, int k0) {
+  const int i = int(threadIdx.x % 32), m = i / 8;
+  FragA a;
+  ldmatrix_x4<false>(a.x, tile + (r0 + (m % 2) * 8 + i % 8) * ld + k0 + (m / 2) * 8);
+  return a;
 }
-// B[k][n] = tile[n0 + n][k0 + k]: the tile's rows as B's columns, for X Y^T.
-__device__ __forceinline__ FragB load_b_rows(const uint16_t* tile, int ld, int n0, int k0, const Lane& l) {
-  const uint16_t* p = tile + (n0 + l.g) * ld + k0 + 2 * l.t;
-  return {{pair_at(p), pair_at(p + 8)}};
+// Two B fragments, b[0] and b[1] for columns n0 .. n0 + 8 and n0 + 8 .. n0 + 16, with
+// B[k][n] = tile[n][k0 + k]: the tile's rows as B's columns, for X Y^T. Matrix m: rows
+// n0 + 8 (m / 2), columns k0 + 8 (m % 2).
+__device__ __forceinline__ void load_b_rows(FragB (&b)[2], const uint16_t* tile, int ld, int n0, int k0) {
+  const int i = int(threadIdx.x % 32), m = i / 8;
+  uint32_t r[4];
+  ldmatrix_x4<false>(r, tile + (n0 + (m / 2) * 8 + i % 8) * ld + k0 + (m % 2) * 8);
+  b[0] = FragB{{r[0], r[1]}};
+  b[1] = FragB{{r[2], r[3]}};
 }
-// B[k][n] = tile[k0 + k][n0 + n], for P Y: two 16-bit loads a register.
-__device__ __forceinline__ FragB load_b_cols(const uint16_t* tile, int ld, int k0, int n0, const Lane& l) {
-  const uint16_t* p = tile + (k0 + 2 * l.t) * ld + n0 + l.g;
-  return {{pair_of(p[0], p[ld]), pair_of(p[8 * ld], p[9 * ld])}};
+// The same with B[k][n] = tile[k0 + k][n], for P Y: transposed as they load. Matrix m: rows
+// k0 + 8 (m % 2), columns n0 + 8 (m / 2).
+__device__ __forceinline__ void load_b_cols(FragB (&b)[2], const uint16_t* tile, int ld, int k0, int n0) {
+  const int i = int(threadIdx.x % 32), m = i / 8;
+  uint32_t r[4];
+  ldmatrix_x4<true>(r, tile + (k0 + (m % 2) * 8 + i % 8) * ld + n0 + (m / 2) * 8);
+  b[0] = FragB{{r[0], r[1]}};
+  b[1] = FragB{{r[2], r[3]}};
 }
 
 template <class T>
@@ -148,32 +149,40 @@ __device__ __forceinline__ void mma(FragC& d, const FragA& a, const FragB& b) {
 // acc[n] = A (a warp's 16 rows, E wide, as E / 16 fragments) times the [kTile][E] tile's rows
 // transposed: a warp's 16 x kTile scores, n over kTile's 8-column blocks.
 template <class T, int E>
-__device__ __forceinline__ void scores(FragC (&acc)[kTile / 8], const FragA (&a)[E / 16], const uint16_t* tile,
-                                       const Lane& l) {
+__device__ __forceinline__ void scores(FragC (&acc)[kTile / 8], const FragA (&a)[E / 16], const uint16_t* tile) {
 #pragma unroll
-  for (int n = 0; n < kTile / 8; ++n) {
-    acc[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
+  for (int n = 0; n < kTile / 8; ++n) acc[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-    for (int kk = 0; kk < E / 16; ++kk) mma<T>(acc[n], a[kk], load_b_rows(tile, kLd<E>, n * 8, kk * 16, l));
-  }
+  for (int n = 0; n < kTile / 8; n += 2)
+#pragma unroll
+    for (int kk = 0; kk < E / 16; ++kk) {
+      FragB b[2];
+      load_b_rows(b, tile, kLd<E>, n * 8, kk * 16);
+      mma<T>(acc[n], a[kk], b[0]);
+      mma<T>(acc[n + 1], a[kk], b[1]);
+    }
 }
 
 // acc[n] += P (16 x kTile, as kTile / 16 fragments) times the [kTile][E] tile, n over E's 8-column
 // blocks.
 template <class T, int E>
-__device__ __forceinline__ void accumulate(FragC (&acc)[E / 8], const FragA (&p)[kTile / 16], const uint16_t* tile,
-                                           const Lane& l) {
+__device__ __forceinline__ void accumulate(FragC (&acc)[E / 8], const FragA (&p)[kTile / 16], const uint16_t* tile) {
 #pragma unroll
-  for (int n = 0; n < E / 8; ++n)
+  for (int n = 0; n < E / 8; n += 2)
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) mma<T>(acc[n], p[kk], load_b_cols(tile, kLd<E>, kk * 16, n * 8, l));
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      FragB b[2];
+      load_b_cols(b, tile, kLd<E>, kk * 16, n * 8);
+      mma<T>(acc[n], p[kk], b[0]);
+      mma<T>(acc[n + 1], p[kk], b[1]);
+    }
 }
 
 // A warp's 16 rows of a [row][kLd<E>] tile as A fragments.
 template <int E>
-__device__ __forceinline__ void load_rows(FragA (&a)[E / 16], const uint16_t* tile, int r0, const Lane& l) {
+__device__ __forceinline__ void load_rows(FragA (&a)[E / 16], const uint16_t* tile, int r0) {
 #pragma unroll
-  for (int kk = 0; kk < E / 16; ++kk) a[kk] = load_a(tile, kLd<E>, r0, kk * 16, l);
+  for (int kk = 0; kk < E / 16; ++kk) a[kk] = load_a(tile, kLd<E>, r0, kk * 16);
 }
 
 // The 16 x kTile values f(n, idx, s) of score fragments, rounded to T, as the A fragments of the next
@@ -238,7 +247,7 @@ __global__ void __launch_bounds__(kThreads)
   stage<T, E>(q, bh, i0, min64(kRows, z.tq - i0), qs);
   __syncthreads();
   FragA qa[E / 16];
-  load_rows<E>(qa, bits_of(qs), warp * 16, ln);
+  load_rows<E>(qa, bits_of(qs), warp * 16);
   FragC o[E / 8];
 #pragma unroll
   for (int n = 0; n < E / 8; ++n) o[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
@@ -249,7 +258,7 @@ __global__ void __launch_bounds__(kThreads)
     stage<T, E>(v, bh, j0, min64(kTile, z.tk - j0), vs);
     __syncthreads();
     FragC s[kTile / 8];
-    scores<T, E>(s, qa, bits_of(ks), ln);
+    scores<T, E>(s, qa, bits_of(ks));
     // Online softmax: every row sees key 0, so m is finite from the first tile on.
     float mt[2] = {m[0], m[1]};
 #pragma unroll
@@ -280,7 +289,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < E / 8; ++n)
 #pragma unroll
       for (int idx = 0; idx < 4; ++idx) o[n].x[idx] *= alpha[idx / 2];
-    accumulate<T, E>(o, pa, bits_of(vs), ln);
+    accumulate<T, E>(o, pa, bits_of(vs));
   }
   const float total[2] = {quad_sum(l[0]), quad_sum(l[1])};
   T* dst = out + bh * z.tq * E;
@@ -339,8 +348,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   FragA qa[E / 16], ga[E / 16];
-  load_rows<E>(qa, bits_of(qs), warp * 16, ln);
-  load_rows<E>(ga, bits_of(gs), warp * 16, ln);
+  load_rows<E>(qa, bits_of(qs), warp * 16);
+  load_rows<E>(ga, bits_of(gs), warp * 16);
   FragC acc[E / 8];
 #pragma unroll
   for (int n = 0; n < E / 8; ++n) acc[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
@@ -350,8 +359,8 @@ __global__ void __launch_bounds__(kThreads)
     stage<T, E>(v, bh, j0, min64(kTile, z.tk - j0), vs);
     __syncthreads();
     FragC s[kTile / 8], dp[kTile / 8];
-    scores<T, E>(s, qa, bits_of(ks), ln);
-    scores<T, E>(dp, ga, bits_of(vs), ln);
+    scores<T, E>(s, qa, bits_of(ks));
+    scores<T, E>(dp, ga, bits_of(vs));
     FragA dsa[kTile / 16];
     to_a<T>(dsa, [&](int n, int idx) {
       const int r = idx / 2;
@@ -359,7 +368,7 @@ __global__ void __launch_bounds__(kThreads)
       const float pj = active[r] && key <= last[r] ? exp2f(s[n].x[idx] * scale2 - lse2[r]) : 0.0f;
       return pj * (dp[n].x[idx] - d[r]);
     });
-    accumulate<T, E>(acc, dsa, bits_of(ks), ln);
+    accumulate<T, E>(acc, dsa, bits_of(ks));
   }
   write_rows<T, E>(acc, dq + bh * z.tq * E, i0 + warp * 16, z.tq, float(p.scale), ln);
 #elif defined(__CUDA_ARCH__)
@@ -391,8 +400,8 @@ __global__ void __launch_bounds__(kThreads)
   stage<T, E>(v, bh, j0, min64(kRows, z.tk - j0), vs);
   __syncthreads();
   FragA ka[E / 16], va[E / 16];
-  load_rows<E>(ka, bits_of(ks), warp * 16, ln);
-  load_rows<E>(va, bits_of(vs), warp * 16, ln);
+  load_rows<E>(ka, bits_of(ks), warp * 16);
+  load_rows<E>(va, bits_of(vs), warp * 16);
   FragC gk[E / 8], gv[E / 8];
 #pragma unroll
   for (int n = 0; n < E / 8; ++n) gk[n] = gv[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
@@ -410,8 +419,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     FragC st[kTile / 8], dpt[kTile / 8];
-    scores<T, E>(st, ka, bits_of(qs), ln);
-    scores<T, E>(dpt, va, bits_of(gs), ln);
+    scores<T, E>(st, ka, bits_of(qs));
+    scores<T, E>(dpt, va, bits_of(gs));
     // P^T in place of the scores, keys as rows: element (key[r], query i0 + column); then dS^T.
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
@@ -425,8 +434,8 @@ __global__ void __launch_bounds__(kThreads)
     FragA pa[kTile / 16], dsa[kTile / 16];
     to_a<T>(pa, [&](int n, int idx) { return st[n].x[idx]; });
     to_a<T>(dsa, [&](int n, int idx) { return st[n].x[idx] * (dpt[n].x[idx] - d_s[n * 8 + 2 * ln.t + idx % 2]); });
-    accumulate<T, E>(gv, pa, bits_of(gs), ln);
-    accumulate<T, E>(gk, dsa, bits_of(qs), ln);
+    accumulate<T, E>(gv, pa, bits_of(gs));
+    accumulate<T, E>(gk, dsa, bits_of(qs));
   }
   write_rows<T, E>(gk, dk + bh * z.tk * E, j0 + warp * 16, z.tk, float(p.scale), ln);
   write_rows<T, E>(gv, dv + bh * z.tk * E, j0 + warp * 16, z.tk, 1.0f, ln);

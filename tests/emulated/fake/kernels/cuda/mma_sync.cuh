@@ -1,13 +1,17 @@
-// tests/emulated/'s stand-in for src/kernels/cuda/mma_sync.cuh: mma.sync.m16n8k16 on the CPU
-// (cuda_shim.h first). Each lane leaves its A, B and C registers in a table of the block, the
+// tests/emulated/'s stand-in for src/kernels/cuda/mma_sync.cuh: mma.sync.m16n8k16 and ldmatrix on
+// the CPU (cuda_shim.h first). Each lane leaves its A, B and C registers in a table of the block, the
 // block meets at a barrier, and each lane computes its own four results from its warp's 32 lanes'
 // registers, read through the fragment layout mma_sync.cuh describes, the products summed in f32 in
 // k order (the hardware's order within the instruction is its own: results agree to f32 rounding);
 // a second barrier before the table is written again. So a kernel that puts an element in the
 // wrong register or lane gets a wrong result here, as it would on a GPU. Every thread of the block
-// must reach every call in the same order (the shim's rule for its barriers).
+// must reach every call in the same order (the shim's rule for its barriers). ldmatrix the same
+// way: each lane leaves its row address (checked 16-byte aligned, as the hardware requires), and
+// takes its elements from the rows its warp's lanes gave.
 #pragma once
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -18,6 +22,7 @@ namespace emulated_mma {
 struct Registers {
   uint32_t a[emulated::kMaxThreads][4];
   uint32_t b[emulated::kMaxThreads][2];
+  const uint16_t* rows[emulated::kMaxThreads];
 };
 inline Registers& registers() {
   static Registers r;
@@ -56,6 +61,30 @@ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
   }
   emulated::barrier();
   for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+
+// Two f32 values rounded to T (to nearest even, convert.h), lo in the low half.
+template <class T>
+uint32_t round_pair(float lo, float hi) {
+  return uint32_t(from_acc<T>(lo).bits) | uint32_t(from_acc<T>(hi).bits) << 16;
+}
+
+template <bool kTrans>
+void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
+    std::fprintf(stderr, "ldmatrix mock: a row address not 16-byte aligned\n");
+    std::abort();
+  }
+  emulated_mma::Registers& regs = emulated_mma::registers();
+  const unsigned me = threadIdx.x, warp = me & ~31u, lane = me % 32, g = lane / 4, t = lane % 4;
+  regs.rows[me] = static_cast<const uint16_t*>(row);
+  emulated::barrier();
+  for (unsigned m = 0; m < 4; ++m) {
+    const uint16_t* const* rows = regs.rows + warp + 8 * m;  // matrix m's eight rows
+    r[m] = kTrans ? uint32_t(rows[2 * t][g]) | uint32_t(rows[2 * t + 1][g]) << 16
+                  : uint32_t(rows[g][2 * t]) | uint32_t(rows[g][2 * t + 1]) << 16;
+  }
+  emulated::barrier();
 }
 
 }  // namespace mixprec::kernels::cuda
