@@ -204,7 +204,8 @@ TEST(CudaKernels, SumOverDimsOfEveryViewIntoEveryDtype) {
           }
 }
 
-// The split path (few outputs, long rows), the column path with long columns, a whole-tensor sum.
+// The split path (few outputs, long rows), the column path with long columns (its rows split over
+// blocks: 40 and GPT-2's bias gradient's 770 columns), a whole-tensor sum.
 TEST(CudaKernels, LongReductions) {
   REQUIRE_GPU();
   Generator g(17);
@@ -213,8 +214,8 @@ TEST(CudaKernels, LongReductions) {
     std::vector<int64_t> dims;
     int64_t k;
   };
-  for (const R& r : {R{{3, 70001}, {1}, 70001}, R{{20001, 40}, {0}, 20001}, R{{200003}, {0}, 200003},
-                     R{{3, 5, 4099}, {0, 2}, 3 * 4099}})
+  for (const R& r : {R{{3, 70001}, {1}, 70001}, R{{20001, 40}, {0}, 20001}, R{{8195, 770}, {0}, 8195},
+                     R{{200003}, {0}, 200003}, R{{3, 5, 4099}, {0, 2}, 3 * 4099}})
     for (DType t : kFloat) {
       const Tensor xh = nonzero_values(r.shape, t, true, g);
       const std::string what = "sum of " + shape_str(r.shape) + " " + std::string(dtype_name(t));

@@ -2,6 +2,7 @@
 // accumulated in f32 (f64 for f64), in a fixed order (no atomics: the same bits on every run);
 // and the finiteness check of anomaly mode.
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/loss.h"
@@ -41,27 +42,45 @@ __device__ __forceinline__ int64_t offset1(const Strided<1>& s, int64_t i) {
 
 // Outputs adjacent in memory (the innermost kept dim has stride 1, e.g. a bias gradient summed
 // over the batch): threadIdx.x walks 32 adjacent outputs (coalesced reads), threadIdx.y splits
-// each output's reduction 8 ways; the 8 partial sums are added in a fixed order.
+// each output's reduction 8 ways; the 8 partial sums are added in a fixed order. blockIdx.y takes
+// the reduced elements [y chunk, (y + 1) chunk) and writes its sums to dst + y n_out (partial
+// sums, when gridDim.y > 1, that a second launch adds in y's order).
 template <class T, class Out>
-__global__ void sum_columns_kernel(const T* src, Out* dst, SumLayout l) {
+__global__ void sum_columns_kernel(const T* src, Out* dst, SumLayout l, int64_t chunk) {
   using A = acc_t<T>;
   __shared__ A part[8][33];
+  const int64_t begin = int64_t(blockIdx.y) * chunk, end = begin + chunk < l.len ? begin + chunk : l.len;
+  Out* out = dst + int64_t(blockIdx.y) * l.n_out;
   for (int64_t base = int64_t(blockIdx.x) * 32; base < l.n_out; base += int64_t(gridDim.x) * 32) {
     const int64_t o = base + threadIdx.x;
     A acc = 0;
     if (o < l.n_out) {
       const T* p = src + offset1(l.out, o);
-      for (int64_t r = threadIdx.y; r < l.len; r += 8) acc += to_acc(p[offset1(l.red, r)]);
+      for (int64_t r = begin + threadIdx.y; r < end; r += 8) acc += to_acc(p[offset1(l.red, r)]);
     }
     part[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.y == 0 && o < l.n_out) {
       A total = part[0][threadIdx.x];
       for (int y = 1; y < 8; ++y) total += part[y][threadIdx.x];
-      dst[o] = convert_to<Out>(total);
+      out[o] = convert_to<Out>(total);
     }
     __syncthreads();
   }
+}
+
+// The streaming multiprocessors of the current device, cached per device index.
+int sm_count() {
+  static std::atomic<int> cached[64] = {};
+  int device = 0;
+  MIXPREC_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& c = cached[device < 64 ? device : 63];
+  if (c.load() == 0) {
+    int n = 0;
+    MIXPREC_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    c.store(n > 0 ? n : 1);
+  }
+  return c.load();
 }
 
 // One block per (output, split): the block's threads stride over the split's chunk of the
@@ -91,8 +110,28 @@ void launch_sum(const Tensor& x, const std::vector<int64_t>& dims, Tensor& dst, 
   Out* out = static_cast<Out*>(dst.data_ptr());
   const bool columns = l.out.nd > 0 && l.out.strides[0][l.out.nd - 1] == 1 && l.n_out >= 32;
   if (columns) {
-    const unsigned blocks = unsigned(std::min<int64_t>((l.n_out + 31) / 32, kMaxBlocks));
-    sum_columns_kernel<T, Out><<<blocks, dim3(32, 8), 0, stream>>>(src, out, l);
+    const int64_t column_blocks = (l.n_out + 31) / 32;
+    const unsigned blocks = unsigned(std::min<int64_t>(column_blocks, kMaxBlocks));
+    // Few columns over many rows (GPT-2's bias gradients: 768 columns of 8192 rows, 24 blocks of 32
+    // columns for 132 SMs) split the rows too, at least 256 rows a block, for about four blocks an SM.
+    const int64_t most = std::clamp<int64_t>(l.len / 256, 1, 1024);
+    const int64_t splits = std::clamp<int64_t>(4 * sm_count() / column_blocks, 1, most);
+    if (splits <= 1) {
+      sum_columns_kernel<T, Out><<<blocks, dim3(32, 8), 0, stream>>>(src, out, l, l.len);
+      MIXPREC_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    const int64_t chunk = (l.len + splits - 1) / splits;
+    Tensor partial = Tensor::empty({splits, l.n_out}, std::is_same_v<A, double> ? DType::f64 : DType::f32);
+    A* part = static_cast<A*>(partial.data_ptr());
+    sum_columns_kernel<T, A><<<dim3(blocks, unsigned(splits)), dim3(32, 8), 0, stream>>>(src, part, l, chunk);
+    MIXPREC_CUDA_CHECK_LAUNCH();
+    SumLayout second;
+    second.out = make_strided<1>({l.n_out}, {Shape{1}}, "sum");
+    second.red = make_strided<1>({splits}, {Shape{l.n_out}}, "sum");
+    second.n_out = l.n_out;
+    second.len = splits;
+    sum_columns_kernel<A, Out><<<blocks, dim3(32, 8), 0, stream>>>(part, out, second, splits);
     MIXPREC_CUDA_CHECK_LAUNCH();
     return;
   }
