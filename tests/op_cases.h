@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "mixprec/random.h"
 #include "mixprec/tensor.h"
+#include "within_bound.h"
 
 namespace mixprec {
 // gtest names a failing parameter with these, not its bytes.
@@ -67,11 +68,6 @@ struct Outcome {
 // same on every backend and device. The outcome stays on `device`.
 Outcome run_case(const OpCase& c, const In& inputs, uint64_t seed, kernels::Backend b,
                  const Device& device = Device::cpu());
-
-// |got - ref| <= 2 ulp_t(ref) + (k + 2) u32 S + rounds * ulp_t(S) element by element (S: the
-// largest |ref|, u32 = 2^-24; see test_op_backends.cpp), dtype and shape equal.
-::testing::AssertionResult agree_within_bound(const Tensor& got, const Tensor& ref, int64_t k, int rounds,
-                                              const std::string& what);
 
 // The ops each driver has cases for (test_op_coverage.cpp checks them against ops.def).
 std::set<std::string> gradcheck_ops();

@@ -508,16 +508,20 @@ TEST_P(CudaNorm, BatchAndLayerNormMatchTheReference) {
   EXPECT_TRUE(agree_within_bound(host(hgot.weight), hwant.weight, 2 * shape[0], 1, "layer_norm grad weight from x̂"));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Gpu, CudaNorm, ::testing::ValuesIn(if_gpu([] {
-      std::vector<NormParam> p;
-      // inner 64 (16-byte vectors), inner 15 (scalar), 1-d-ish [N, C]; layer norm's weight and bias
-      // gradients over 300 rows (5 chunks of 64 rows, the last partial) of 75 columns (3 tiles of
-      // 32, the last partial), and over 1000 rows of 128 (the char GPT's width)
-      for (const Shape& s : {Shape{4, 3, 8, 8}, Shape{5, 6, 3, 5}, Shape{32, 7}, Shape{300, 3, 5, 5}, Shape{1000, 128}})
-        for (DType dt : {DType::f32, DType::bf16, DType::f16}) p.emplace_back(s, dt);
-      return p;
-    }())));
+// Inner 64 (16-byte vectors), inner 15 (scalar), 1-d-ish [N, C]; layer norm's weight and bias
+// gradients over 300 rows (5 chunks of 64 rows, the last partial) of 75 columns (3 tiles of 32, the
+// last partial), and over 1000 rows of 128 (the char GPT's width). Layer norm takes the warp-a-row
+// kernels (layer_norm_warp.cuh) up to 2048 columns forward and 1024 backward: 40 rows of 768
+// (GPT-2's) both ways, 9 rows of 1500 the warp forward and the block backward, 6 rows of 2100 the
+// block kernels both ways.
+std::vector<NormParam> norm_cases() {
+  std::vector<NormParam> p;
+  for (const Shape& s : {Shape{4, 3, 8, 8}, Shape{5, 6, 3, 5}, Shape{32, 7}, Shape{300, 3, 5, 5}, Shape{1000, 128},
+                         Shape{40, 768}, Shape{9, 1500}, Shape{6, 2100}})
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) p.emplace_back(s, dt);
+  return p;
+}
+INSTANTIATE_TEST_SUITE_P(Gpu, CudaNorm, ::testing::ValuesIn(if_gpu(norm_cases())));
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CudaNorm);
 
 }  // namespace

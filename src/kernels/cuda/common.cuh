@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -213,6 +214,21 @@ class Launch {
   mixprec::cuda::detail::DeviceGuard guard_;
   cudaStream_t stream_;
 };
+
+// The streaming multiprocessors of the current device, asked once per device index: for launches
+// sized to fill the GPU (a reduction's row splits, layer norm's blocks).
+inline int sm_count() {
+  static std::atomic<int> cached[64] = {};
+  int device = 0;
+  MIXPREC_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& c = cached[device < 64 ? device : 63];
+  if (c.load() == 0) {
+    int n = 0;
+    MIXPREC_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    c.store(n > 0 ? n : 1);
+  }
+  return c.load();
+}
 
 // Dynamic shared memory above the default 48 KiB must be asked for, kernel by kernel.
 template <class Kernel>

@@ -5,6 +5,7 @@
 // row (layer norm) for the reductions; element-wise passes grid-stride, 16-byte loads where the
 // planes allow.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/layer_norm_warp.cuh"
 #include "kernels/norm.h"
 #include "kernels/shape.h"
 
@@ -215,12 +216,12 @@ __global__ void ln_backward_params_partial_kernel(const T* gy, const T* x, int64
   }
 }
 
-template <class A>
-__global__ void ln_backward_params_sum_kernel(const double* part_w, const double* part_b, int64_t chunks, int64_t cols,
-                                              A* gw, A* gb) {
+template <class A, class P>
+__global__ void ln_backward_params_sum_kernel(const P* part_w, const P* part_b, int64_t chunks, int64_t cols, A* gw,
+                                              A* gb) {
   for (int64_t j = global_thread(); j < cols; j += grid_threads()) {
     double w = 0, b = 0;
-    for (int64_t c = 0; c < chunks; ++c) w += part_w[c * cols + j], b += part_b[c * cols + j];
+    for (int64_t c = 0; c < chunks; ++c) w += double(part_w[c * cols + j]), b += double(part_b[c * cols + j]);
     if (gw) gw[j] = A(w);
     if (gb) gb[j] = A(b);
   }
@@ -327,6 +328,28 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Te
   return out;
 }
 
+namespace {
+
+// f(integral_constant<kPerLane>) where layer_norm_warp.cuh's kernels take rows of `cols` (at most
+// kMaxCols; f32, bf16 and f16 only: the callers' `if constexpr`); false, nothing called, where they
+// do not.
+template <int kMaxCols, class F>
+bool with_warp_rows(int64_t cols, F&& f) {
+  const int k = ln_warp::per_lane(cols, kMaxCols);
+  const auto at = [&](auto per_lane) {
+    constexpr int kPerLane = decltype(per_lane)::value;
+    if constexpr (32 * kPerLane <= kMaxCols) {
+      if (k == kPerLane) return f(per_lane), true;
+    }
+    return false;
+  };
+  return at(std::integral_constant<int, 4>{}) || at(std::integral_constant<int, 8>{}) ||
+         at(std::integral_constant<int, 16>{}) || at(std::integral_constant<int, 32>{}) ||
+         at(std::integral_constant<int, 64>{});
+}
+
+}  // namespace
+
 Tensor layer_norm_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps, Tensor& mean,
                           Tensor& rstd, const Tensor& xhat) {
   const Tensor x = kernels::contig(x_in);
@@ -347,14 +370,26 @@ Tensor layer_norm_forward(const Tensor& x_in, const Tensor& weight_in, const Ten
     const A *w = ptr_or_null<A>(weight), *b = ptr_or_null<A>(bias);
     T* dst = static_cast<T*>(y.data_ptr());
     A *m = static_cast<A*>(mean.data_ptr()), *rs = static_cast<A*>(rstd.data_ptr());
+    // A warp a row where the row fits its registers (layer_norm_warp.cuh), else a block a row.
+    const auto run = [&](auto* xh) {
+      using U = std::remove_pointer_t<decltype(xh)>;
+      if constexpr (!std::is_same_v<T, double>) {
+        const unsigned blocks = unsigned((rows + ln_warp::kWarps - 1) / ln_warp::kWarps);
+        if (with_warp_rows<ln_warp::kMaxColsForward>(cols, [&](auto per_lane) {
+              ln_warp::forward_kernel<T, U, decltype(per_lane)::value>
+                  <<<blocks, ln_warp::kThreads, 0, on.stream()>>>(src, rows, int(cols), eps, w, b, dst, m, rs, xh);
+            }))
+          return;
+      }
+      ln_forward_kernel<T, U><<<unsigned(rows), kThreads, 0, on.stream()>>>(src, cols, eps, w, b, dst, m, rs, xh);
+    };
     if (!xhat.defined()) {
-      ln_forward_kernel<T, T><<<unsigned(rows), kThreads, 0, on.stream()>>>(src, cols, eps, w, b, dst, m, rs, nullptr);
+      run(static_cast<T*>(nullptr));
       return;
     }
     dispatch_floating(xhat.dtype(), [&](auto u) {
       using U = decltype(u);
-      ln_forward_kernel<T, U><<<unsigned(rows), kThreads, 0, on.stream()>>>(src, cols, eps, w, b, dst, m, rs,
-                                                                            static_cast<U*>(xhat.data_ptr()));
+      run(static_cast<U*>(xhat.data_ptr()));
     });
   });
   MIXPREC_CUDA_CHECK_LAUNCH();
@@ -380,6 +415,33 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Te
       using A = acc_t<T>;
       const T *g = static_cast<const T*>(gy.data_ptr()), *src = static_cast<const T*>(x.data_ptr());
       const A *m = ptr_or_null<A>(mean), *rs = ptr_or_null<A>(rstd);
+      if constexpr (!std::is_same_v<T, double>) {
+        // A warp a row, grad_x and the parameters' partial sums in one pass over gy and x
+        // (layer_norm_warp.cuh): about 4 blocks an SM, each summing its rows' columns; pass 2 adds
+        // the blocks' partials in block order.
+        const int64_t warp_rows = (rows + ln_warp::kWarps - 1) / ln_warp::kWarps;
+        const int64_t target = std::clamp<int64_t>(4 * sm_count(), 1, warp_rows);
+        const int64_t per_block = (warp_rows + target - 1) / target * ln_warp::kWarps;
+        const int64_t blocks = (rows + per_block - 1) / per_block;
+        const bool params = need_weight || need_bias;
+        Tensor part = params ? Tensor::empty({2, blocks, cols}, DType::f32, x.device()) : Tensor();
+        float* pw = params ? static_cast<float*>(part.data_ptr()) : nullptr;
+        if (with_warp_rows<ln_warp::kMaxColsBackward>(cols, [&](auto per_lane) {
+              ln_warp::backward_kernel<T, decltype(per_lane)::value><<<unsigned(blocks), ln_warp::kThreads, 0,
+                                                                       on.stream()>>>(
+                  g, src, rows, int(cols), per_block, m, rs, ptr_or_null<A>(weight),
+                  need_x ? static_cast<T*>(gx.data_ptr()) : nullptr, pw, pw ? pw + blocks * cols : nullptr);
+            })) {
+          MIXPREC_CUDA_CHECK_LAUNCH();
+          if (params) {
+            ln_backward_params_sum_kernel<A, float><<<blocks_for(cols), kThreads, 0, on.stream()>>>(
+                pw, pw + blocks * cols, blocks, cols, need_weight ? static_cast<A*>(out.weight.data_ptr()) : nullptr,
+                need_bias ? static_cast<A*>(out.bias.data_ptr()) : nullptr);
+            MIXPREC_CUDA_CHECK_LAUNCH();
+          }
+          return;
+        }
+      }
       if (need_x) {
         ln_backward_x_kernel<T><<<unsigned(rows), kThreads, 0, on.stream()>>>(
             g, src, cols, m, rs, ptr_or_null<A>(weight), static_cast<T*>(gx.data_ptr()));
@@ -393,7 +455,7 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Te
         ln_backward_params_partial_kernel<T>
             <<<grid, dim3(kLnCols, kLnRowThreads), 0, on.stream()>>>(g, src, rows, cols, m, rs, pw, pw + chunks * cols);
         MIXPREC_CUDA_CHECK_LAUNCH();
-        ln_backward_params_sum_kernel<A><<<blocks_for(cols), kThreads, 0, on.stream()>>>(
+        ln_backward_params_sum_kernel<A, double><<<blocks_for(cols), kThreads, 0, on.stream()>>>(
             pw, pw + chunks * cols, chunks, cols, need_weight ? static_cast<A*>(out.weight.data_ptr()) : nullptr,
             need_bias ? static_cast<A*>(out.bias.data_ptr()) : nullptr);
         MIXPREC_CUDA_CHECK_LAUNCH();

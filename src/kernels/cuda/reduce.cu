@@ -2,7 +2,6 @@
 // accumulated in f32 (f64 for f64), in a fixed order (no atomics: the same bits on every run);
 // and the finiteness check of anomaly mode.
 #include <algorithm>
-#include <atomic>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/loss.h"
@@ -67,20 +66,6 @@ __global__ void sum_columns_kernel(const T* src, Out* dst, SumLayout l, int64_t 
     }
     __syncthreads();
   }
-}
-
-// The streaming multiprocessors of the current device, cached per device index.
-int sm_count() {
-  static std::atomic<int> cached[64] = {};
-  int device = 0;
-  MIXPREC_CUDA_CHECK(cudaGetDevice(&device));
-  std::atomic<int>& c = cached[device < 64 ? device : 63];
-  if (c.load() == 0) {
-    int n = 0;
-    MIXPREC_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    c.store(n > 0 ? n : 1);
-  }
-  return c.load();
 }
 
 // One block per (output, split): the block's threads stride over the split's chunk of the
