@@ -21,8 +21,9 @@
 #   profile    mixprec bench --profile on the GPU (mlp, cnn 420/1000 and 32/64, gpt; amp-bf16, amp-fp16, fp32): each
 #              kernel's time (the profiler waits for the stream around each) against cuBLASLt's rate
 #              (PROFILE_MODELS: those four by default, and gpt2: GPT-2 124M's shape at batch 8;
-#              PROFILE_PRECISIONS; PROFILE_ATTENTION='default wmma': each profile once per attention
-#              kernel set, MIXPREC_CUDA_ATTENTION)
+#              PROFILE_PRECISIONS; PROFILE_VARIANTS: each profile once per variant, a variant
+#              `default` or comma-separated NAME=VALUE settings, e.g. 'default
+#              MIXPREC_CUDA_ATTENTION=wmma,MIXPREC_CUDA_LAYER_NORM=block': the new kernels and the old)
 #   max-batch  the seeds' experiment: `mixprec max-batch --device cuda` on cnn 420,1000 and
 #              bench/peers/torch_max_batch.py under the same limit(s) (MAXBATCH_LIMITS, 3GiB), each
 #              precision's largest batch and its ratio to fp32's, side by side
@@ -466,7 +467,7 @@ step_bench() {
 step_profile() {
   need_gpu
   need_binary
-  local model args p a out
+  local model args p v out
   for model in ${PROFILE_MODELS:-mlp cnn cnn-small gpt}; do
     # The bench step's configurations (bench/peers/torch_gpu.py): mlp 1024,1024 at batch 512, cnn
     # 420,1000 and 32,64 at batch 256, the char gpt.
@@ -478,11 +479,14 @@ step_profile() {
     *) args=(--model "$model") ;;
     esac
     for p in ${PROFILE_PRECISIONS:-amp-bf16 amp-fp16 fp32}; do
-      for a in ${PROFILE_ATTENTION:-default}; do
-        # MIXPREC_CUDA_ATTENTION=wmma: the WMMA attention kernels the mma.sync ones replace.
-        out=$W/results/profile-$model-$p$([ "$a" = default ] || echo "-attention-$a").txt
-        MIXPREC_CUDA_ATTENTION=$a "$MIXPREC" bench "${args[@]}" --device cuda --precision "$p" --steps 10 \
-          --warmup 3 --profile >"$out" || return 1
+      for v in ${PROFILE_VARIANTS:-default}; do
+        # A variant: comma-separated NAME=VALUE settings of the run's environment (the kernels'
+        # switches, e.g. MIXPREC_CUDA_ATTENTION=wmma), or `default` for none; named in the file.
+        local -a env=()
+        [ "$v" = default ] || IFS=, read -r -a env <<<"$v"
+        out=$W/results/profile-$model-$p$([ "$v" = default ] || echo "-${v//[^A-Za-z0-9=,_-]/_}").txt
+        env "${env[@]}" "$MIXPREC" bench "${args[@]}" --device cuda --precision "$p" --steps 10 --warmup 3 \
+          --profile >"$out" || return 1
         echo "${out##*/}:"
         head -2 "$out"
       done

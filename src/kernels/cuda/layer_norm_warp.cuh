@@ -4,8 +4,9 @@
 // grad_x and once more for the weight and bias gradients), and the row's sums meet in warp
 // shuffles, not in shared memory and two block barriers. On 2026-12-04 GPT-2's 25 layer norms took
 // 1.33 ms forward and 2.82 ms backward of its step on an H200, about 1 TB/s. norm.cu launches these
-// for f32, bf16 and f16 rows where they fit and keeps its block kernels for f64 and wider rows;
-// tests/emulated/ runs them on the CPU against the reference kernels.
+// for f32, bf16 and f16 rows where they fit and keeps its block kernels for f64 and wider rows
+// (and for every row with MIXPREC_CUDA_LAYER_NORM=block, the GPU runs' A/B until these have been
+// measured); tests/emulated/ runs them on the CPU against the reference kernels.
 //
 // The arithmetic is the block kernels' (norm.cu), in the same order within a lane: statistics in
 // two passes (the mean, then squared deviations around it) in f32, each lane's partial sums over

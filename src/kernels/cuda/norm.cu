@@ -3,7 +3,11 @@
 // combined in f64 in a fixed order (deterministic, as the CPU combines plane sums in f64);
 // weight/bias widened to the statistics dtype first. One block per channel (batch norm) or per
 // row (layer norm) for the reductions; element-wise passes grid-stride, 16-byte loads where the
-// planes allow.
+// planes allow. Layer norm over rows that fit a warp's registers runs layer_norm_warp.cuh's
+// kernels instead (f32 sums combined in a fixed order there too).
+#include <cstdlib>
+#include <string_view>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/layer_norm_warp.cuh"
 #include "kernels/norm.h"
@@ -333,8 +337,19 @@ namespace {
 // f(integral_constant<kPerLane>) where layer_norm_warp.cuh's kernels take rows of `cols` (at most
 // kMaxCols; f32, bf16 and f16 only: the callers' `if constexpr`); false, nothing called, where they
 // do not.
+// MIXPREC_CUDA_LAYER_NORM=block keeps every layer norm on the block kernels (the GPU runs' A/B of
+// the two, until the warp kernels have been measured), read once.
+bool warp_rows_allowed() {
+  static const bool on = [] {
+    const char* v = std::getenv("MIXPREC_CUDA_LAYER_NORM");
+    return v == nullptr || std::string_view(v) != "block";
+  }();
+  return on;
+}
+
 template <int kMaxCols, class F>
 bool with_warp_rows(int64_t cols, F&& f) {
+  if (!warp_rows_allowed()) return false;
   const int k = ln_warp::per_lane(cols, kMaxCols);
   const auto at = [&](auto per_lane) {
     constexpr int kPerLane = decltype(per_lane)::value;
