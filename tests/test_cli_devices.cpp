@@ -154,6 +154,23 @@ TEST_F(CliDevices, MaxBatchOnTheGpuSearchesPastConvolutionsThatDoNotFit) {
   EXPECT_GT(j.at("precisions")[1].at("ratio").get<double>(), 1.0) << j.dump();
 }
 
+// A training step of ours never waits for its device: bench's timed steps on the fenced device
+// (where every tensor copy to the host is counted) make no device-to-host copy, for each model kind
+// and precision, the GradScaler's steps included (amp-fp16: scale, unscale and its inf check, the
+// skip and the scale update on the device), the gpt's clipping and learning-rate schedule too.
+TEST_F(CliDevices, BenchStepsMakeNoDeviceToHostCopy) {
+  for (const char* model : {"--model mlp --hidden 16 --batch-size 8", "--model cnn --channels 4,8 --batch-size 4",
+                            "--model gpt --layers 1 --d-model 32 --heads 2 --block-size 16 --batch-size 4"})
+    for (const char* precision : {"fp32", "amp-bf16", "amp-fp16"}) {
+      const RunResult r = run_cli(
+          std::string("bench --device fenced --threads 1 --steps 2 --warmup 1 ") + model + " --precision " + precision,
+          dir_);
+      ASSERT_EQ(r.exit_code, 0) << model << " " << precision << ": " << r.err;
+      const nlohmann::json j = nlohmann::json::parse(r.out);
+      EXPECT_EQ(j.at("device_to_host_copies_per_step").get<double>(), 0.0) << model << " " << precision;
+    }
+}
+
 TEST_F(CliDevices, AutoTakesTheGpuWhereThereIsOne) {
   const RunResult r = run_cli("bench --device auto --hidden 16 --batch-size 8 --steps 2 --warmup 1", dir_);
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -183,8 +183,17 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
   }
   // Reading the step's loss waits for the step (on a GPU, for everything queued on its stream):
   // the time is the step's, not the time to queue it.
+  // The device-to-host copies the steps make (each a wait for the device; a step of ours makes
+  // none), counted around the steps alone: the loss read that times a CPU step is outside.
+  int64_t copies = 0;
+  const auto counted = [&](auto&& work) {
+    const int64_t before = device_to_host_copies();
+    work();
+    copies += device_to_host_copies() - before;
+  };
   auto step = [&] {
-    const StepResult r = train_step(s, x, y);
+    StepResult r;
+    counted([&] { r = train_step(s, x, y); });
     read_losses({&r.pending_loss});
   };
   // No step reads the scale or the skipped count back (a GPU would wait for each): train's steps
@@ -192,6 +201,7 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
   s.host_values = false;
   for (int64_t i = 0; i < warmup; ++i) step();
   allocator::reset_peak(opt.device);
+  copies = 0;
   std::vector<double> ms;
   cuda::Graph graph;
   if (f.cuda_graph) {
@@ -199,11 +209,11 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
     // after the warm-up and replayed: one launch a step. Its memory (the graph's pool) counts from
     // the capture on. A step that waits for the GPU cannot be captured: the error says so.
     capture_step(graph, s, x, y);
-    ms = cuda::time_each(opt.device.index, steps, [&] { graph.replay(); });
+    ms = cuda::time_each(opt.device.index, steps, [&] { counted([&] { graph.replay(); }); });
   } else if (opt.device.is_cuda()) {
     // On a GPU, CUDA events between steps and one wait at the end (the PyTorch peer's timing): the
     // host queues the next step while the GPU runs this one, as in training.
-    ms = cuda::time_each(opt.device.index, steps, [&] { (void)train_step(s, x, y); });
+    ms = cuda::time_each(opt.device.index, steps, [&] { counted([&] { (void)train_step(s, x, y); }); });
   } else {
     for (int64_t i = 0; i < steps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -211,6 +221,7 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
       ms.push_back(ms_since(t0));
     }
   }
+  const int64_t timed_copies = copies;
   std::sort(ms.begin(), ms.end());
   const double best = ms.front(), median = ms[ms.size() / 2];
   Json j = {{"impl", "mixprec"},
@@ -229,6 +240,7 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
   j["samples_per_s"] = {{"best", 1000.0 * double(opt.batch_size) / best},
                         {"median", 1000.0 * double(opt.batch_size) / median}};
   j["step_ms"] = {{"best", best}, {"median", median}};
+  j["device_to_host_copies_per_step"] = double(timed_copies) / double(steps);
   j["peak_bytes"] = peak_memory_json(opt.device);
   j["category_peak_bytes"] = category_peak_json(opt.device);
   if (opt.model.is_gpt()) {

@@ -4,6 +4,7 @@
 
 #include <charconv>
 
+#include "kernels/shape.h"
 #include "mixprec/cuda_stream.h"
 #include "mixprec/error.h"
 
@@ -33,6 +34,8 @@ std::string Device::str() const {
   }
   return "cuda:" + std::to_string(index);
 }
+
+int64_t device_to_host_copies() { return kernels::device_to_host_copies(); }
 
 namespace cuda {
 
