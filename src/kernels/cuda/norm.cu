@@ -334,9 +334,6 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Te
 
 namespace {
 
-// f(integral_constant<kPerLane>) where layer_norm_warp.cuh's kernels take rows of `cols` (at most
-// kMaxCols; f32, bf16 and f16 only: the callers' `if constexpr`); false, nothing called, where they
-// do not.
 // MIXPREC_CUDA_LAYER_NORM=block keeps every layer norm on the block kernels (the GPU runs' A/B of
 // the two, until the warp kernels have been measured), read once.
 bool warp_rows_allowed() {
@@ -347,6 +344,9 @@ bool warp_rows_allowed() {
   return on;
 }
 
+// f(integral_constant<kPerLane>) where layer_norm_warp.cuh's kernels take rows of `cols` (at most
+// kMaxCols; f32, bf16 and f16 only: the callers' `if constexpr`); false, nothing called, where they
+// do not.
 template <int kMaxCols, class F>
 bool with_warp_rows(int64_t cols, F&& f) {
   if (!warp_rows_allowed()) return false;
@@ -439,9 +439,13 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Te
         const int64_t per_block = (warp_rows + target - 1) / target * ln_warp::kWarps;
         const int64_t blocks = (rows + per_block - 1) / per_block;
         const bool params = need_weight || need_bias;
-        Tensor part = params ? Tensor::empty({2, blocks, cols}, DType::f32, x.device()) : Tensor();
-        float* pw = params ? static_cast<float*>(part.data_ptr()) : nullptr;
+        float* pw = nullptr;  // the blocks' partial sums of dw and db: [2, blocks, cols]
+        Tensor part;
         if (with_warp_rows<ln_warp::kMaxColsBackward>(cols, [&](auto per_lane) {
+              if (params) {
+                part = Tensor::empty({2, blocks, cols}, DType::f32, x.device());
+                pw = static_cast<float*>(part.data_ptr());
+              }
               ln_warp::backward_kernel<T, decltype(per_lane)::value><<<unsigned(blocks), ln_warp::kThreads, 0,
                                                                        on.stream()>>>(
                   g, src, rows, int(cols), per_block, m, rs, ptr_or_null<A>(weight),
