@@ -185,8 +185,9 @@ __device__ __forceinline__ void load_rows(FragA (&a)[E / 16], const uint16_t* ti
   for (int kk = 0; kk < E / 16; ++kk) a[kk] = load_a(tile, kLd<E>, r0, kk * 16);
 }
 
-// The 16 x kTile values f(n, idx, s) of score fragments, rounded to T, as the A fragments of the next
-// product: fragments 2kk and 2kk + 1 (columns 16kk .. 16kk + 16) make A fragment kk.
+// The 16 x kTile values f(n, idx) (element idx of score fragment n), rounded to T, as the A
+// fragments of the next product: fragments 2kk and 2kk + 1 (columns 16kk .. 16kk + 16) make A
+// fragment kk.
 template <class T, class F>
 __device__ __forceinline__ void to_a(FragA (&a)[kTile / 16], F&& f) {
 #pragma unroll
