@@ -121,22 +121,16 @@ __device__ __forceinline__ FragA load_a(const uint16_t* tile, int ld, int r0, in
   ldmatrix_x4<false>(a.x, tile + (r0 + (m % 2) * 8 + i % 8) * ld + k0 + (m / 2) * 8);
   return a;
 }
-// Two B fragments, b[0] and b[1] for columns n0 .. n0 + 8 and n0 + 8 .. n0 + 16, with
-// B[k][n] = tile[n][k0 + k]: the tile's rows as B's columns, for X Y^T. Matrix m: rows
-// n0 + 8 (m / 2), columns k0 + 8 (m % 2).
-__device__ __forceinline__ void load_b_rows(FragB (&b)[2], const uint16_t* tile, int ld, int n0, int k0) {
+// Two B fragments, b[0] and b[1] for B's columns n0 .. n0 + 8 and n0 + 8 .. n0 + 16 and its rows
+// k0 .. k0 + 16. kTrans false: the tile holds B's columns as its rows, B[k][n] = tile[n][k] (X Y^T,
+// the tile Y); kTrans true: the tile holds B itself, B[k][n] = tile[k][n] (P Y), transposed as it
+// loads. Matrix m covers B's rows k0 + 8 (m % 2) and columns n0 + 8 (m / 2).
+template <bool kTrans>
+__device__ __forceinline__ void load_b(FragB (&b)[2], const uint16_t* tile, int ld, int n0, int k0) {
   const int i = int(threadIdx.x % 32), m = i / 8;
+  const int n = n0 + (m / 2) * 8, k = k0 + (m % 2) * 8;
   uint32_t r[4];
-  ldmatrix_x4<false>(r, tile + (n0 + (m / 2) * 8 + i % 8) * ld + k0 + (m % 2) * 8);
-  b[0] = FragB{{r[0], r[1]}};
-  b[1] = FragB{{r[2], r[3]}};
-}
-// The same with B[k][n] = tile[k0 + k][n], for P Y: transposed as they load. Matrix m: rows
-// k0 + 8 (m % 2), columns n0 + 8 (m / 2).
-__device__ __forceinline__ void load_b_cols(FragB (&b)[2], const uint16_t* tile, int ld, int k0, int n0) {
-  const int i = int(threadIdx.x % 32), m = i / 8;
-  uint32_t r[4];
-  ldmatrix_x4<true>(r, tile + (k0 + (m % 2) * 8 + i % 8) * ld + n0 + (m / 2) * 8);
+  ldmatrix_x4<kTrans>(r, kTrans ? tile + (k + i % 8) * ld + n : tile + (n + i % 8) * ld + k);
   b[0] = FragB{{r[0], r[1]}};
   b[1] = FragB{{r[2], r[3]}};
 }
@@ -146,36 +140,35 @@ __device__ __forceinline__ void mma(FragC& d, const FragA& a, const FragB& b) {
   mma_m16n8k16<T>(d.x, a.x, b.x);
 }
 
-// acc[n] = A (a warp's 16 rows, E wide, as E / 16 fragments) times the [kTile][E] tile's rows
-// transposed: a warp's 16 x kTile scores, n over kTile's 8-column blocks.
+// acc[n] += A (a warp's 16 rows, K wide, as K / 16 fragments) times B (K x N, from `tile` as
+// load_b<kTrans> reads it), n over N's 8-column blocks.
+template <class T, int N, int K, bool kTrans>
+__device__ __forceinline__ void product(FragC (&acc)[N / 8], const FragA (&a)[K / 16], const uint16_t* tile, int ld) {
+#pragma unroll
+  for (int n = 0; n < N / 8; n += 2)
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+      FragB b[2];
+      load_b<kTrans>(b, tile, ld, n * 8, kk * 16);
+      mma<T>(acc[n], a[kk], b[0]);
+      mma<T>(acc[n + 1], a[kk], b[1]);
+    }
+}
+
+// acc[n] = A (a warp's 16 rows, E wide) times the [kTile][E] tile's rows transposed: a warp's
+// 16 x kTile scores, n over kTile's 8-column blocks.
 template <class T, int E>
 __device__ __forceinline__ void scores(FragC (&acc)[kTile / 8], const FragA (&a)[E / 16], const uint16_t* tile) {
 #pragma unroll
   for (int n = 0; n < kTile / 8; ++n) acc[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-  for (int n = 0; n < kTile / 8; n += 2)
-#pragma unroll
-    for (int kk = 0; kk < E / 16; ++kk) {
-      FragB b[2];
-      load_b_rows(b, tile, kLd<E>, n * 8, kk * 16);
-      mma<T>(acc[n], a[kk], b[0]);
-      mma<T>(acc[n + 1], a[kk], b[1]);
-    }
+  product<T, kTile, E, false>(acc, a, tile, kLd<E>);
 }
 
 // acc[n] += P (16 x kTile, as kTile / 16 fragments) times the [kTile][E] tile, n over E's 8-column
 // blocks.
 template <class T, int E>
 __device__ __forceinline__ void accumulate(FragC (&acc)[E / 8], const FragA (&p)[kTile / 16], const uint16_t* tile) {
-#pragma unroll
-  for (int n = 0; n < E / 8; n += 2)
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      FragB b[2];
-      load_b_cols(b, tile, kLd<E>, kk * 16, n * 8);
-      mma<T>(acc[n], p[kk], b[0]);
-      mma<T>(acc[n + 1], p[kk], b[1]);
-    }
+  product<T, E, kTile, true>(acc, p, tile, kLd<E>);
 }
 
 // A warp's 16 rows of a [row][kLd<E>] tile as A fragments.
