@@ -102,15 +102,6 @@ void with_type(DType t, F&& f) {
   if (t == DType::bf16) f(bf16_t{});
   if (t == DType::f16) f(f16_t{});
 }
-template <class F>
-void with_per_lane(int k, F&& f) {
-  if (k == 4) f(std::integral_constant<int, 4>{});
-  if (k == 8) f(std::integral_constant<int, 8>{});
-  if (k == 16) f(std::integral_constant<int, 16>{});
-  if (k == 32) f(std::integral_constant<int, 32>{});
-  if (k == 64) f(std::integral_constant<int, 64>{});
-}
-
 TEST(EmulatedLayerNormWarp, ColumnsPerLane) {
   EXPECT_EQ(lw::per_lane(0, lw::kMaxColsForward), 0);
   EXPECT_EQ(lw::per_lane(1, lw::kMaxColsForward), 4);
@@ -131,7 +122,7 @@ TEST(EmulatedLayerNormWarp, ForwardMatchesTheReference) {
     for (DType t : {DType::f32, DType::bf16, DType::f16})
       for (int variant = 0; variant < 3; ++variant)
         with_type(t, [&](auto tag) {
-          with_per_lane(lw::per_lane(c.cols, lw::kMaxColsForward), [&](auto k) {
+          lw::with_per_lane<lw::kMaxColsForward>(c.cols, [&](auto k) {
             check_forward<decltype(tag), decltype(k)::value>(c, t, variant != 1, variant == 2, gen);
           });
         });
@@ -146,7 +137,7 @@ TEST(EmulatedLayerNormWarp, BackwardMatchesTheReference) {
       for (int variant = 0; variant < 3; ++variant)
         for (int64_t rows_per_block : {4, 6, 8, 12})
           with_type(t, [&](auto tag) {
-            with_per_lane(lw::per_lane(c.cols, lw::kMaxColsBackward), [&](auto k) {
+            lw::with_per_lane<lw::kMaxColsBackward>(c.cols, [&](auto k) {
               check_backward<decltype(tag), decltype(k)::value>(c, t, variant != 1, variant == 2, rows_per_block, gen);
             });
           });

@@ -1,22 +1,24 @@
 // Layer norm over rows of at most 2048 columns forward and 1024 backward (every width our
-// transformers train at, GPT-2 124M's 768 among them) with one warp a row and the row in registers: one read of x for the forward (the block kernels of norm.cu read
-// it three times), one read of x and grad_y for the whole backward (they read both twice, once for
-// grad_x and once more for the weight and bias gradients), and the row's sums meet in warp
-// shuffles, not in shared memory and two block barriers. On 2026-12-04 GPT-2's 25 layer norms took
-// 1.33 ms forward and 2.82 ms backward of its step on an H200, about 1 TB/s. norm.cu launches these
-// for f32, bf16 and f16 rows where they fit and keeps its block kernels for f64 and wider rows
-// (and for every row with MIXPREC_CUDA_LAYER_NORM=block, the GPU runs' A/B until these have been
-// measured); tests/emulated/ runs them on the CPU against the reference kernels.
+// transformers train at, GPT-2 124M's 768 among them) with one warp a row and the row in
+// registers: one read of x for the forward (the block kernels of norm.cu read it three times), one
+// read of x and grad_y for the whole backward (they read both twice, once for grad_x and once more
+// for the weight and bias gradients), and the row's sums meet in warp shuffles, not in shared
+// memory and two block barriers. On 2026-12-04 GPT-2's 25 layer norms took 1.33 ms forward and
+// 2.82 ms backward of its step on an H200, about 1 TB/s. norm.cu launches these for f32, bf16 and
+// f16 rows where they fit and keeps its block kernels for f64 and wider rows (and for every row
+// with MIXPREC_CUDA_LAYER_NORM=block, the GPU runs' A/B until these have been measured);
+// tests/emulated/ runs them on the CPU against the reference kernels.
 //
-// The arithmetic is the block kernels' (norm.cu), in the same order within a lane: statistics in
-// two passes (the mean, then squared deviations around it) in f32, each lane's partial sums over
-// its columns combined across the warp by a shuffle tree; y = (x - mean) rstd w + b;
+// The formulas are the block kernels' (norm.cu): statistics in two passes (the mean, then squared
+// deviations around it), each lane's f32 partial sums over its columns combined across the warp by
+// a shuffle tree in f32 (the block kernels combine theirs in f64); y = (x - mean) rstd w + b;
 // grad_x = rstd (dy w - mean(dy w) - x̂ mean(dy w x̂)); the weight and bias gradients summed in f32
 // by each lane over its block's rows, the block's warps added in warp order, and the blocks'
 // partials added in f64 in block order by norm.cu's pass 2: the same bits on every run.
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 
@@ -36,6 +38,23 @@ inline int per_lane(int64_t cols, int max_cols) {
   for (int k = 4; k <= max_cols / 32; k *= 2)
     if (cols <= 32 * k) return cols > 0 ? k : 0;
   return 0;
+}
+
+// f(integral_constant<kPerLane>) with per_lane(cols, kMaxCols) where that is not 0; false, nothing
+// called, where it is (the kernels are instantiated for at most kMaxCols / 32 a lane).
+template <int kMaxCols, class F>
+bool with_per_lane(int64_t cols, F&& f) {
+  const int k = per_lane(cols, kMaxCols);
+  const auto at = [&](auto lane_count) {
+    constexpr int kPerLane = decltype(lane_count)::value;
+    if constexpr (32 * kPerLane <= kMaxCols) {
+      if (k == kPerLane) return f(lane_count), true;
+    }
+    return false;
+  };
+  return at(std::integral_constant<int, 4>{}) || at(std::integral_constant<int, 8>{}) ||
+         at(std::integral_constant<int, 16>{}) || at(std::integral_constant<int, 32>{}) ||
+         at(std::integral_constant<int, 64>{});
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

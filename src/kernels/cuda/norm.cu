@@ -345,22 +345,11 @@ bool warp_rows_allowed() {
 }
 
 // f(integral_constant<kPerLane>) where layer_norm_warp.cuh's kernels take rows of `cols` (at most
-// kMaxCols; f32, bf16 and f16 only: the callers' `if constexpr`); false, nothing called, where they
-// do not.
+// kMaxCols; f32, bf16 and f16 only: the callers' `if constexpr`) and are not switched off; false,
+// nothing called, where not.
 template <int kMaxCols, class F>
 bool with_warp_rows(int64_t cols, F&& f) {
-  if (!warp_rows_allowed()) return false;
-  const int k = ln_warp::per_lane(cols, kMaxCols);
-  const auto at = [&](auto per_lane) {
-    constexpr int kPerLane = decltype(per_lane)::value;
-    if constexpr (32 * kPerLane <= kMaxCols) {
-      if (k == kPerLane) return f(per_lane), true;
-    }
-    return false;
-  };
-  return at(std::integral_constant<int, 4>{}) || at(std::integral_constant<int, 8>{}) ||
-         at(std::integral_constant<int, 16>{}) || at(std::integral_constant<int, 32>{}) ||
-         at(std::integral_constant<int, 64>{});
+  return warp_rows_allowed() && ln_warp::with_per_lane<kMaxCols>(cols, f);
 }
 
 }  // namespace
