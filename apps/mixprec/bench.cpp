@@ -181,8 +181,6 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
       y = Tensor::from_vector(labels, {opt.batch_size}).to(opt.device);
     }
   }
-  // Reading the step's loss waits for the step (on a GPU, for everything queued on its stream):
-  // the time is the step's, not the time to queue it.
   // The device-to-host copies the steps make (each a wait for the device; a step of ours makes
   // none), counted around the steps alone: the loss read that times a CPU step is outside.
   int64_t copies = 0;
@@ -191,6 +189,8 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
     work();
     copies += device_to_host_copies() - before;
   };
+  // Reading the step's loss waits for the step (on a GPU, for everything queued on its stream):
+  // the time is the step's, not the time to queue it.
   auto step = [&] {
     StepResult r;
     counted([&] { r = train_step(s, x, y); });
