@@ -506,6 +506,26 @@ TEST_P(CudaNorm, BatchAndLayerNormMatchTheReference) {
       kernels::layer_norm_backward(gy2.to(kGpu), xh.to(kGpu), Tensor(), xr.to(kGpu), lw.to(kGpu), true, true, true);
   EXPECT_TRUE(agree_within_bound(host(hgot.x), hwant.x, 2 * cols, 2, "layer_norm grad x from x̂"));
   EXPECT_TRUE(agree_within_bound(host(hgot.weight), hwant.weight, 2 * shape[0], 1, "layer_norm grad weight from x̂"));
+  // A bf16 y (what a norm before a Linear writes under autocast) and the backward from a bf16
+  // gradient into an f32 grad_x: on the GPU the bits of the f32 y cast and of the backward from
+  // the gradient widened, and against the CPU within the bounds above.
+  const Tensor gy16 = gy2.to(DType::bf16);
+  Tensor ym, yr, ym_g, yr_g;
+  const Tensor y16 = kernels::layer_norm_forward(x2, lw, lb, 1e-5, ym, yr, Tensor(), DType::bf16);
+  const Tensor y16_g =
+      kernels::layer_norm_forward(x2.to(kGpu), lw.to(kGpu), lb.to(kGpu), 1e-5, ym_g, yr_g, Tensor(), DType::bf16);
+  ASSERT_EQ(y16_g.dtype(), DType::bf16);
+  EXPECT_EQ(testutil::bytes_of(y16_g), testutil::bytes_of(y_g.to(DType::bf16))) << "bf16 y on the GPU: the f32 y cast";
+  EXPECT_TRUE(agree_within_bound(host(y16_g), y16, 2 * cols, 2, "layer_norm bf16 y"));
+  const kernels::NormGrads bgot =
+      kernels::layer_norm_backward(gy16.to(kGpu), x2.to(kGpu), lm_g, lr_g, lw.to(kGpu), true, true, true, DType::f32);
+  const kernels::NormGrads bwide = kernels::layer_norm_backward(gy16.to(DType::f32).to(kGpu), x2.to(kGpu), lm_g, lr_g,
+                                                                lw.to(kGpu), true, true, true);
+  ASSERT_EQ(bgot.x.dtype(), DType::f32);
+  EXPECT_EQ(testutil::bytes_of(bgot.x), testutil::bytes_of(bwide.x)) << "grad x from a bf16 gradient";
+  EXPECT_EQ(testutil::bytes_of(bgot.weight), testutil::bytes_of(bwide.weight)) << "grad weight from a bf16 gradient";
+  const kernels::NormGrads bwant = kernels::layer_norm_backward(gy16, x2, lm, lr, lw, true, true, true, DType::f32);
+  EXPECT_TRUE(agree_within_bound(host(bgot.x), bwant.x, 2 * cols, 2, "layer_norm grad x from a bf16 gradient"));
 }
 
 // Inner 64 (16-byte vectors), inner 15 (scalar), 1-d-ish [N, C]; layer norm's weight and bias

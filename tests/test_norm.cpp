@@ -444,5 +444,90 @@ TEST(NormAutocast, LayerNormSavesXhatIn16BitsWithinItsBound) {
   }
 }
 
+// ---- layer norm's output in another dtype (what a pre-norm block's first Linear reads) ----
+
+// y in y_dtype: on the fast kernel the bits of its f32 y cast (one rounding of the same f32
+// value), on the reference its f64 y rounded once (half an ulp of y_dtype); the backward takes a
+// 16-bit gradient and gives grad_x in grad_x_dtype with the bits of the backward from that
+// gradient widened to f32 (widening is exact), from x and from x̂ alike.
+TEST(NormKernels, LayerNormOutDtypeIsTheNormRoundedOnceAndTakesA16BitGradient) {
+  Generator g(23);
+  const int64_t rows = 37, cols = 128;  // 37: a last group of one row (groups of 4)
+  const Tensor x = convtest::rand(g, {rows, cols}, DType::f32, -2, 3);
+  const Tensor w = convtest::rand(g, {cols}, DType::f32, 0.5, 1.5), b = convtest::rand(g, {cols}, DType::f32);
+  Tensor m64, r64;
+  const Tensor y64 = kernels::ref::layer_norm_forward(x.to(DType::f64), w, b, 1e-5, m64, r64, Tensor());
+  const std::vector<double> yv = y64.to_vector_f64();
+  for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu})
+    for (DType t : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(std::string(be == kernels::Backend::ref ? "ref " : "cpu ") + std::string(dtype_name(t)));
+      BackendGuard guard(be);
+      Tensor mean, rstd, mean2, rstd2;
+      const Tensor xhat = Tensor::empty({rows, cols}, t), xhat2 = Tensor::empty({rows, cols}, t);
+      const Tensor y = kernels::layer_norm_forward(x, w, b, 1e-5, mean, rstd, xhat, t);
+      const Tensor y32 = kernels::layer_norm_forward(x, w, b, 1e-5, mean2, rstd2, xhat2);
+      ASSERT_EQ(y.dtype(), t);
+      if (be == kernels::Backend::cpu) {
+        EXPECT_TRUE(same_bits(y, y32.to(t))) << "y is the f32 y cast";
+      } else {
+        EXPECT_TRUE(convtest::close(
+            y.to(DType::f64), y64, [&](size_t i) { return convtest::ulp_of(t, yv[i]) / 2; }, "y rounded once"));
+      }
+      EXPECT_TRUE(same_bits(xhat, xhat2) && same_bits(mean, mean2) && same_bits(rstd, rstd2)) << "saved tensors";
+      const Tensor gy = convtest::rand(g, {rows, cols}, DType::f32).to(t);
+      for (bool from_xhat : {false, true}) {
+        SCOPED_TRACE(from_xhat ? "from x̂" : "from x");
+        const Tensor& xs = from_xhat ? xhat : x;
+        const Tensor ms = from_xhat ? Tensor() : mean;
+        const kernels::NormGrads got = kernels::layer_norm_backward(gy, xs, ms, rstd, w, true, true, true, DType::f32);
+        const kernels::NormGrads want =
+            kernels::layer_norm_backward(gy.to(DType::f32), xs, ms, rstd, w, true, true, true);
+        ASSERT_EQ(got.x.dtype(), DType::f32);
+        EXPECT_TRUE(same_bits(got.x, want.x)) << "grad x";
+        EXPECT_TRUE(same_bits(got.weight, want.weight)) << "grad weight";
+        EXPECT_TRUE(same_bits(got.bias, want.bias)) << "grad bias";
+      }
+    }
+}
+
+// ops::layer_norm's out_dtype under autocast is layer_norm then .to(dtype), fused: the same output
+// on the fast kernels (within the one rounding on the reference), and the same gradients for x,
+// weight and bias from the same 16-bit upstream gradient, in both backends.
+TEST(NormAutocast, LayerNormOutDtypeIsTheNormThenTheCast) {
+  Generator g(24);
+  const int64_t rows = 64, cols = 96;
+  const Tensor x0 = convtest::rand(g, {rows, cols}, DType::f32, -2, 3);
+  const Tensor w0 = convtest::rand(g, {cols}, DType::f32, 0.5, 1.5), b0 = convtest::rand(g, {cols}, DType::f32);
+  for (DType t : {DType::bf16, DType::f16})
+    for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu}) {
+      SCOPED_TRACE(std::string(be == kernels::Backend::ref ? "ref " : "cpu ") + std::string(dtype_name(t)));
+      BackendGuard guard(be);
+      const Tensor gy = convtest::rand(g, {rows, cols}, DType::f32).to(t);
+      Tensor y[2], gx[2], gw[2], gb[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        Tensor x = x0.clone().set_requires_grad(), w = w0.clone().set_requires_grad(),
+               b = b0.clone().set_requires_grad();
+        {
+          amp::Autocast ac(t);
+          y[fused] = fused ? ops::layer_norm(x, {cols}, w, b, 1e-5, t) : ops::layer_norm(x, {cols}, w, b).to(t);
+        }
+        y[fused].backward(gy);
+        gx[fused] = x.grad(), gw[fused] = w.grad(), gb[fused] = b.grad();
+      }
+      ASSERT_EQ(y[1].dtype(), t);
+      if (be == kernels::Backend::cpu)
+        EXPECT_TRUE(same_bits(y[1], y[0])) << "y";
+      else
+        EXPECT_TRUE(convtest::close(
+            y[1].to(DType::f64), y[0].to(DType::f64), [&](size_t) { return convtest::ulp_of(t, 8.0); },
+            "y within an ulp of the rounded f32 y"));
+      EXPECT_TRUE(same_bits(gx[1], gx[0])) << "grad x";
+      EXPECT_TRUE(same_bits(gw[1], gw[0])) << "grad weight";
+      EXPECT_TRUE(same_bits(gb[1], gb[0])) << "grad bias";
+    }
+  // Not a floating dtype: one line.
+  EXPECT_THROW((void)ops::layer_norm(x0, {cols}, w0, b0, 1e-5, DType::i64), Error);
+}
+
 }  // namespace
 }  // namespace mixprec

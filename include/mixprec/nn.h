@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -268,6 +269,8 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(Shape normalized_shape, LayerNormOptions o = {});
   Tensor forward(const Tensor& x) override;
+  // The output rounded once to out_dtype in the norm's own pass (ops::layer_norm's out_dtype).
+  Tensor forward(const Tensor& x, std::optional<DType> out_dtype);
   std::string name() const override;
   Tensor weight, bias;
   Shape normalized_shape;

@@ -123,9 +123,13 @@ Tensor adaptive_avg_pool2d(const Tensor& x, IntPair output_size);
 // weight/bias [C] may be undefined (affine=false).
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5);
-// Layer normalisation over the trailing dims `normalized_shape` (autocast: fp32).
+// Layer normalisation over the trailing dims `normalized_shape` (autocast: fp32). With out_dtype
+// (floating) the output is rounded once to it in the same pass: layer_norm(...).to(out_dtype) fused
+// (the same bits where the kernels compute in f32; the f64 reference rounds its value once), and
+// its backward takes the gradient in out_dtype and gives x's in x's dtype. A pre-norm block under
+// autocast asks for the autocast dtype, which its first Linear would cast to.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
-                  const Tensor& bias = Tensor(), double eps = 1e-5);
+                  const Tensor& bias = Tensor(), double eps = 1e-5, std::optional<DType> out_dtype = std::nullopt);
 
 // Concatenation along dim (autocast: promote; mixed floating dtypes promote as in PyTorch).
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);

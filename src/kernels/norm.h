@@ -2,6 +2,8 @@
 // the batch statistics, invstd and the running-statistics update. Reference: ref/norm.cpp; fast:
 // cpu/norm.cpp; GPU: cuda/norm.cu; dispatch: norm.cpp.
 #pragma once
+#include <optional>
+
 #include "kernels/backend.h"
 #include "mixprec/tensor.h"
 
@@ -21,16 +23,19 @@ Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& inv
 // training: mean/invstd are the batch's, so grad_x includes their dependence on x.
 NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                               const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias);
-// x [rows, cols]: mean/rstd [rows] (outputs), y in x's dtype. With `xhat` defined (a contiguous
-// [rows, cols] tensor the caller allocated, of any floating dtype) the kernel also writes the
-// normalised input x̂ = (x - mean) * rstd into it, rounded once to its dtype: what autocast's layer
-// norm saves for backward instead of its f32 input (ops/norm.cpp).
+// x [rows, cols]: mean/rstd [rows] (outputs), y in y_dtype (default: x's), rounded once from the
+// computed value: with a 16-bit y_dtype over an f32 x, the bits of the f32 norm cast to it (what
+// autocast's 16-bit matmul after a pre-norm reads: ops::layer_norm's out_dtype). With `xhat`
+// defined (a contiguous [rows, cols] tensor the caller allocated, of any floating dtype) the kernel
+// also writes the normalised input x̂ = (x - mean) * rstd into it, rounded once to its dtype: what
+// autocast's layer norm saves for backward instead of its f32 input (ops/norm.cpp).
 Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
-                          Tensor& rstd, const Tensor& xhat = Tensor());
+                          Tensor& rstd, const Tensor& xhat = Tensor(), std::optional<DType> y_dtype = std::nullopt);
 // With `mean` undefined, `x` holds x̂ itself (layer_norm_forward's `xhat`), and rstd only scales
-// grad_x; grad_x is in grad_y's dtype.
+// grad_x; grad_x is in grad_x_dtype (default: grad_y's), a 16-bit grad_y widened exactly on load.
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias);
+                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias,
+                              std::optional<DType> grad_x_dtype = std::nullopt);
 
 // invstd[c] = 1 / sqrt(var[c] + eps), computed in f64, stored in `dtype`.
 Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype);
@@ -45,9 +50,10 @@ Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& inv
 NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                               const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias);
 Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
-                          Tensor& rstd, const Tensor& xhat);
+                          Tensor& rstd, const Tensor& xhat, std::optional<DType> y_dtype = std::nullopt);
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias);
+                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias,
+                              std::optional<DType> grad_x_dtype = std::nullopt);
 Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype);
 Tensor batch_norm_running(const Tensor& running, const Tensor& batch, double factor, double momentum);
 }  // namespace ref
@@ -61,8 +67,10 @@ bool batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
                          NormGrads& out);
 bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
                         Tensor& rstd, const Tensor& xhat, Tensor& dst);
+// dst: y, allocated by the caller in its dtype; out.x is made in grad_x_dtype.
 bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& weight, bool need_x, bool need_weight, bool need_bias, NormGrads& out);
+                         const Tensor& weight, bool need_x, bool need_weight, bool need_bias, DType grad_x_dtype,
+                         NormGrads& out);
 }  // namespace cpu
 
 namespace cuda {

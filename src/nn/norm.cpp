@@ -76,9 +76,11 @@ LayerNorm::LayerNorm(Shape shape, LayerNormOptions o) : normalized_shape(std::mo
   }
 }
 
-Tensor LayerNorm::forward(const Tensor& x) {
+Tensor LayerNorm::forward(const Tensor& x) { return forward(x, std::nullopt); }
+
+Tensor LayerNorm::forward(const Tensor& x, std::optional<DType> out_dtype) {
   try {
-    return ops::layer_norm(x, normalized_shape, weight, bias, options.eps);
+    return ops::layer_norm(x, normalized_shape, weight, bias, options.eps, out_dtype);
   } catch (const OutOfMemory&) {
     throw;
   } catch (const Error& e) {

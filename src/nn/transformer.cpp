@@ -89,22 +89,19 @@ Block::Block(const GPTConfig& c) {
   register_module("mlp", mlp);
 }
 
-// A norm's output as its branch reads it. Under autocast the branch's first op is a Linear, which
-// casts its f32 input to the autocast dtype: cast here instead, to the same values, so that the
-// f32 copy dies before the branch runs rather than at the end of the expression (in amp-bf16 at
-// d_model 128 that is 512 bytes a token of the forward's peak: docs/transformer.md, Memory).
-static Tensor branch_input(const Tensor& normed) {
-  const DeviceType t = normed.device().type;
-  if (!amp::is_autocast_enabled(t) || normed.dtype() != DType::f32) return normed;
-  return normed.to(amp::autocast_dtype(t));
+// A norm's output as the Linear after it reads it. Under autocast that Linear casts its f32 input to
+// the autocast dtype: the norm writes that dtype itself instead (ops::layer_norm's out_dtype: the
+// same bits, no f32 copy written and read again, and the gradient comes back in 16 bits without a
+// cast pass; docs/transformer.md, Memory, and docs/design.md, "Layer norm under autocast").
+static Tensor norm_for_linear(LayerNorm& norm, const Tensor& x) {
+  const DeviceType t = x.device().type;
+  if (!amp::is_autocast_enabled(t) || x.dtype() != DType::f32 || !is_half(amp::autocast_dtype(t))) return norm(x);
+  return norm.forward(x, amp::autocast_dtype(t));
 }
 
 Tensor Block::forward(const Tensor& x) {
-  // One statement each: a temporary lives to the end of its full expression.
-  const Tensor a = branch_input((*ln_1)(x));
-  const Tensor h = ops::add(x, (*attn)(a));
-  const Tensor m = branch_input((*ln_2)(h));
-  return ops::add(h, (*mlp)(m));
+  const Tensor h = ops::add(x, (*attn)(norm_for_linear(*ln_1, x)));
+  return ops::add(h, (*mlp)(norm_for_linear(*ln_2, h)));
 }
 
 GPT::GPT(const GPTConfig& c) : config_(c) {
@@ -158,7 +155,7 @@ Tensor GPT::forward(const Tensor& idx) {
   // [B, T, C] + [T, C]: the position embedding broadcasts over the batch.
   Tensor x = (*drop_)(ops::add((*wte_)(idx), (*wpe_)(pos)));
   x = (*h_)(x);
-  return (*lm_head_)((*ln_f_)(x));
+  return (*lm_head_)(norm_for_linear(*ln_f_, x));
 }
 
 }  // namespace mixprec::nn

@@ -68,12 +68,14 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
                           {xd, mean, wd});
 }
 
-Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& w_in, const Tensor& b_in,
-                  double eps) {
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& w_in, const Tensor& b_in, double eps,
+                  std::optional<DType> out_dtype) {
   Tensor x = x_in, w = w_in, b = b_in;
   amp::autocast(OpId::layer_norm, {&x, &w, &b});
   check_floating(x, "layer_norm", "input");
   MIXPREC_CHECK(eps > 0, "layer_norm: eps must be > 0, got ", eps);
+  const DType y_dtype = out_dtype.value_or(x.dtype());
+  MIXPREC_CHECK(is_floating(y_dtype), "layer_norm: out_dtype must be a floating dtype, got ", dtype_name(y_dtype));
   const size_t k = normalized_shape.size();
   bool fits = k >= 1 && k <= size_t(x.dim());
   for (size_t i = 0; fits && i < k; ++i) fits = normalized_shape[i] == x.shape()[x.shape().size() - k + i];
@@ -99,14 +101,15 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
                          is_half(amp::autocast_dtype(dev)) && autograd::grad_enabled() &&
                          autograd::any_requires_grad({x, w, b});
   const Tensor xhat = save_xhat ? Tensor::empty({rows, cols}, amp::autocast_dtype(dev), x.device()) : Tensor();
-  Tensor out = kernels::layer_norm_forward(x2, wd, bd, eps, mean, rstd, xhat).reshape(x.shape());
+  Tensor out = kernels::layer_norm_forward(x2, wd, bd, eps, mean, rstd, xhat, y_dtype).reshape(x.shape());
   const Shape x_shape = x.shape();
+  const DType x_dtype = x.dtype();
   const Tensor saved_x = save_xhat ? xhat : x2, saved_mean = save_xhat ? Tensor() : mean;
   return autograd::record(out, "layer_norm", {x, w, b},
                           [=](const Tensor& gy, const autograd::Node& n) {
                             kernels::NormGrads g = kernels::layer_norm_backward(
                                 kernels::contig(gy).reshape({rows, cols}), saved_x, saved_mean, rstd, wd,
-                                n.needs_grad(0), n.needs_grad(1), n.needs_grad(2));
+                                n.needs_grad(0), n.needs_grad(1), n.needs_grad(2), x_dtype);
                             if (g.x.defined()) g.x = g.x.reshape(x_shape);
                             if (g.weight.defined()) g.weight = g.weight.reshape(normalized_shape);
                             if (g.bias.defined()) g.bias = g.bias.reshape(normalized_shape);

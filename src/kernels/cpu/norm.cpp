@@ -322,7 +322,7 @@ bool batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
 
 bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
                         Tensor& rstd, const Tensor& xhat, Tensor& dst) {
-  if (!usable(x) || !usable(weight) || !usable(bias) || !usable(xhat)) return false;
+  if (!usable(x) || !usable(weight) || !usable(bias) || !usable(xhat) || !usable(dst)) return false;
   Tensor xhat_dst = xhat;  // shares xhat's storage
   const int64_t rows = x.size(0), cols = x.size(1);
   const std::vector<float> w = values_or(weight, cols, 1.f), b = values_or(bias, cols, 0.f);
@@ -339,9 +339,10 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
       const int64_t r0 = grp * kRowGroup, count = std::min<int64_t>(kRowGroup, rows - r0);
       const float* src[kRowGroup] = {};
       float *y[kRowGroup] = {}, *xh_rows[kRowGroup] = {};
+      const float* group_in = in_f32(x.data_ptr(), x.dtype(), r0 * cols, count * cols, in.data());
       for (int64_t k = 0; k < count; ++k) {
         const int64_t begin = (r0 + k) * cols;
-        src[k] = in_f32(x.data_ptr(), x.dtype(), begin, cols, in.data() + k * cols);
+        src[k] = group_in + k * cols;
         y[k] = out_f32(dst.data_ptr(), dst.dtype(), begin, out.data() + k * cols);
         if (!xh.empty()) xh_rows[k] = out_f32(xhat_dst.data_ptr(), xhat_dst.dtype(), begin, xh.data() + k * cols);
       }
@@ -351,11 +352,10 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
         for (int64_t k = 0; k < count; ++k)
           one_fn(row, src + k, eps, y + k, xh_rows + k, m.data() + r0 + k, rs.data() + r0 + k);
       }
-      for (int64_t k = 0; k < count; ++k) {
-        const int64_t begin = (r0 + k) * cols;
-        flush_f32(dst.data_ptr(), dst.dtype(), begin, cols, y[k]);
-        if (xh_rows[k]) flush_f32(xhat_dst.data_ptr(), xhat_dst.dtype(), begin, cols, xh_rows[k]);
-      }
+      // The group's rows lie one after another in dst, xhat and the buffers: one rounding store each
+      // (a call per row of the gpt's 128 columns cost more than its conversion).
+      flush_f32(dst.data_ptr(), dst.dtype(), r0 * cols, count * cols, out.data());
+      if (!xh.empty()) flush_f32(xhat_dst.data_ptr(), xhat_dst.dtype(), r0 * cols, count * cols, xh.data());
     }
   }
   mean = Tensor::from_vector(m, {rows}, DType::f32);
@@ -364,8 +364,9 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 }
 
 bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& weight, bool need_x, bool need_weight, bool need_bias, NormGrads& out) {
-  if (!usable(grad_y) || !usable(x) || !usable(weight) || rstd.dtype() != DType::f32 ||
+                         const Tensor& weight, bool need_x, bool need_weight, bool need_bias, DType grad_x_dtype,
+                         NormGrads& out) {
+  if (!usable(grad_y) || !usable(x) || !usable(weight) || !f32_compute(grad_x_dtype) || rstd.dtype() != DType::f32 ||
       (mean.defined() && mean.dtype() != DType::f32))
     return false;
   const int64_t rows = x.size(0), cols = x.size(1);
@@ -373,25 +374,31 @@ bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
   const bool normalized = !mean.defined();
   const std::vector<float> m = normalized ? std::vector<float>(size_t(rows), 0.f) : mean.to_vector(),
                            rs = rstd.to_vector(), w = values_or(weight, cols, 1.f);
-  if (need_x) out.x = Tensor::empty(x.shape(), grad_y.dtype());
+  if (need_x) out.x = Tensor::empty(x.shape(), grad_x_dtype);
   // Per-thread partial sums of dweight/dbias, combined in thread order: deterministic.
   std::vector<std::vector<double>> gw_parts(static_cast<size_t>(omp_get_max_threads())), gb_parts(gw_parts.size());
   const LayerNormRow row{w.data(), nullptr, cols};
   const LayerNormRowBackwardFn row_fn = layer_norm_row_backward_fn(normalized);
+  // Rows in groups of kRowGroup, each group's 16-bit rows converted by one call (they are contiguous)
+  // and its grad_x rounded by one: a call per row of the gpt's 128 columns cost more than the row.
+  const int64_t groups = (rows + kRowGroup - 1) / kRowGroup, group_elems = kRowGroup * cols;
 #pragma omp parallel
   {
-    std::vector<float> gbuf, xbuf, ob(static_cast<size_t>(cols)), xhat(static_cast<size_t>(cols));
+    std::vector<float> gbuf, xbuf, ob(static_cast<size_t>(group_elems)), xhat(static_cast<size_t>(cols));
     std::vector<double>& gw_t = gw_parts[size_t(omp_get_thread_num())];
     std::vector<double>& gb_t = gb_parts[size_t(omp_get_thread_num())];
     gw_t.assign(size_t(cols), 0.0);
     gb_t.assign(size_t(cols), 0.0);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* gy = in_f32(grad_y, r * cols, cols, gbuf);
-      const float* xv = in_f32(x, r * cols, cols, xbuf);
-      float* dx = need_x ? out_plane(out.x, r * cols, ob) : nullptr;
-      row_fn(row, gy, xv, m[size_t(r)], rs[size_t(r)], xhat.data(), gw_t.data(), gb_t.data(), dx);
-      if (dx) finish_plane(out.x, r * cols, cols, dx);
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      const int64_t r0 = grp * kRowGroup, count = std::min<int64_t>(kRowGroup, rows - r0);
+      const float* gy = in_f32(grad_y, r0 * cols, count * cols, gbuf);
+      const float* xv = in_f32(x, r0 * cols, count * cols, xbuf);
+      float* dx = need_x ? out_plane(out.x, r0 * cols, ob) : nullptr;
+      for (int64_t k = 0; k < count; ++k)
+        row_fn(row, gy + k * cols, xv + k * cols, m[size_t(r0 + k)], rs[size_t(r0 + k)], xhat.data(), gw_t.data(),
+               gb_t.data(), dx ? dx + k * cols : nullptr);
+      if (dx) finish_plane(out.x, r0 * cols, count * cols, dx);
     }
   }
   std::vector<double> gw(size_t(cols), 0.0), gb(size_t(cols), 0.0);

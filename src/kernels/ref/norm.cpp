@@ -91,7 +91,7 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
 }
 
 Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
-                          Tensor& rstd, const Tensor& xhat) {
+                          Tensor& rstd, const Tensor& xhat, std::optional<DType> y_dtype) {
   const int64_t rows = x.size(0), cols = x.size(1);
   const std::vector<double> xv = x.to_vector_f64();
   const std::vector<double> w = values_or(weight, size_t(cols), 1.0), b = values_or(bias, size_t(cols), 0.0);
@@ -115,11 +115,12 @@ Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& b
     Tensor dst = xhat;
     dst.copy_(Tensor::from_vector(xh, x.shape(), xhat.dtype()));
   }
-  return Tensor::from_vector(y, x.shape(), x.dtype());
+  return Tensor::from_vector(y, x.shape(), y_dtype.value_or(x.dtype()));
 }
 
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias) {
+                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias,
+                              std::optional<DType> grad_x_dtype) {
   const int64_t rows = x.size(0), cols = x.size(1);
   // Without a mean, x is x̂ already: mean 0 and scale 1 for it, rstd only in grad_x.
   const bool normalized = !mean.defined();
@@ -148,7 +149,7 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
   }
   NormGrads out;
   const DType st = stats_dtype(x.dtype());
-  if (need_x) out.x = Tensor::from_vector(gx, x.shape(), grad_y.dtype());
+  if (need_x) out.x = Tensor::from_vector(gx, x.shape(), grad_x_dtype.value_or(grad_y.dtype()));
   if (need_weight) out.weight = Tensor::from_vector(gw, {cols}, st);
   if (need_bias) out.bias = Tensor::from_vector(gb, {cols}, st);
   return out;
