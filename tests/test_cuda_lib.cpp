@@ -526,6 +526,20 @@ TEST_P(CudaNorm, BatchAndLayerNormMatchTheReference) {
   EXPECT_EQ(testutil::bytes_of(bgot.weight), testutil::bytes_of(bwide.weight)) << "grad weight from a bf16 gradient";
   const kernels::NormGrads bwant = kernels::layer_norm_backward(gy16, x2, lm, lr, lw, true, true, true, DType::f32);
   EXPECT_TRUE(agree_within_bound(host(bgot.x), bwant.x, 2 * cols, 2, "layer_norm grad x from a bf16 gradient"));
+  // And from the bf16 x̂ (autocast's saved tensor, read as it is by the warp kernels), a bf16 or an
+  // f32 gradient: the bits of the f32 operands' backward.
+  const Tensor xh_wide = xh_g.to(DType::f32);
+  const kernels::NormGrads xwide = kernels::layer_norm_backward(gy16.to(DType::f32).to(kGpu), xh_wide, Tensor(), xr_g,
+                                                                lw.to(kGpu), true, true, true);
+  for (DType gt : {DType::bf16, DType::f32}) {
+    const kernels::NormGrads xgot = kernels::layer_norm_backward(gy16.to(gt).to(kGpu), xh_g, Tensor(), xr_g,
+                                                                 lw.to(kGpu), true, true, true, DType::f32);
+    EXPECT_EQ(testutil::bytes_of(xgot.x), testutil::bytes_of(xwide.x)) << dtype_name(gt) << " gradient, x̂: grad x";
+    EXPECT_EQ(testutil::bytes_of(xgot.weight), testutil::bytes_of(xwide.weight))
+        << dtype_name(gt) << " gradient, x̂: grad weight";
+    EXPECT_EQ(testutil::bytes_of(xgot.bias), testutil::bytes_of(xwide.bias))
+        << dtype_name(gt) << " gradient, x̂: grad bias";
+  }
 }
 
 // Inner 64 (16-byte vectors), inner 15 (scalar), 1-d-ish [N, C]; layer norm's weight and bias

@@ -2,8 +2,6 @@
 // where it supports the case, else the reference.
 #include "kernels/norm.h"
 
-#include "kernels/shape.h"
-
 namespace mixprec::kernels {
 
 void batch_norm_stats(const Tensor& x, int64_t channels, Tensor& mean, Tensor& var) {
@@ -50,12 +48,7 @@ Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& b
   const DeviceScope on({&x, &weight, &bias, &mean, &rstd, &xhat});
   const DType yt = y_dtype.value_or(x.dtype());
 #ifdef MIXPREC_WITH_CUDA
-  // The GPU's kernels write y in x's dtype: a y of another dtype is that y cast (the same bits; the
-  // kernels' fused form is for a GPU session to time).
-  if (on.cuda()) {
-    const Tensor y = cuda::layer_norm_forward(x, weight, bias, eps, mean, rstd, xhat);
-    return yt == y.dtype() ? y : cast(y, yt);
-  }
+  if (on.cuda()) return cuda::layer_norm_forward(x, weight, bias, eps, mean, rstd, xhat, yt);
 #endif
   if (use_fast()) {
     Tensor dst = Tensor::empty(x.shape(), yt);
@@ -71,11 +64,7 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
   const DeviceScope on({&grad_y, &x, &mean, &rstd, &weight});
   const DType gxt = grad_x_dtype.value_or(grad_y.dtype());
 #ifdef MIXPREC_WITH_CUDA
-  // The GPU's kernels give grad_x in grad_y's dtype: grad_y is cast to grad_x's first (exact for a
-  // 16-bit grad_y and an f32 grad_x).
-  if (on.cuda())
-    return cuda::layer_norm_backward(gxt == grad_y.dtype() ? grad_y : cast(grad_y, gxt), x, mean, rstd, weight, need_x,
-                                     need_weight, need_bias);
+  if (on.cuda()) return cuda::layer_norm_backward(grad_y, x, mean, rstd, weight, need_x, need_weight, need_bias, gxt);
 #endif
   NormGrads out;
   if (use_fast() && cpu::layer_norm_backward(grad_y, x, mean, rstd, weight, need_x, need_weight, need_bias, gxt, out))

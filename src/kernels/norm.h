@@ -81,9 +81,9 @@ Tensor batch_norm_forward(const Tensor& x, const Tensor& mean, const Tensor& inv
 NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
                               const Tensor& weight, bool training, bool need_x, bool need_weight, bool need_bias);
 Tensor layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& mean,
-                          Tensor& rstd, const Tensor& xhat);
+                          Tensor& rstd, const Tensor& xhat, DType y_dtype);
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias);
+                              const Tensor& weight, bool need_x, bool need_weight, bool need_bias, DType grad_x_dtype);
 Tensor batch_norm_invstd(const Tensor& var, double eps, DType dtype);
 Tensor batch_norm_running(const Tensor& running, const Tensor& batch, double factor, double momentum);
 }  // namespace cuda

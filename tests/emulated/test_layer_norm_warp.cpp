@@ -16,6 +16,7 @@
 #include "kernels/cuda/layer_norm_warp.cuh"
 #include "kernels/norm.h"
 #include "mixprec/random.h"
+#include "tensor_bytes.h"  // tests/
 #include "within_bound.h"  // tests/
 
 namespace mixprec::testing {
@@ -50,8 +51,8 @@ void check_forward(const Case& c, DType t, bool affine, bool with_xhat, Generato
   const Tensor xhat = with_xhat ? Tensor::empty({c.rows, c.cols}, DType::bf16) : Tensor();
   const unsigned blocks = unsigned((c.rows + lw::kWarps - 1) / lw::kWarps);
   emulated::launch(blocks, 1, lw::kThreads, shared_memory, 0, [&] {
-    lw::forward_kernel<T, bf16_t, kPerLane>(data<T>(x), c.rows, int(c.cols), 1e-5, data<float>(w), data<float>(b),
-                                            data<T>(y), data<float>(mean), data<float>(rstd), data<bf16_t>(xhat));
+    lw::forward_kernel<T, T, bf16_t, kPerLane>(data<T>(x), c.rows, int(c.cols), 1e-5, data<float>(w), data<float>(b),
+                                               data<T>(y), data<float>(mean), data<float>(rstd), data<bf16_t>(xhat));
   });
   EXPECT_TRUE(agree_within_bound(y, y_ref, 2 * c.cols, 2, "y"));
   EXPECT_TRUE(agree_within_bound(mean, mean_ref, c.cols, 0, "mean"));
@@ -80,8 +81,8 @@ void check_backward(const Case& c, DType t, bool affine, bool from_xhat, int64_t
   Tensor gx = Tensor::empty({c.rows, c.cols}, t), part = Tensor::empty({2, blocks, c.cols});
   float* pw = data<float>(part);
   emulated::launch(unsigned(blocks), 1, lw::kThreads, shared_memory, 0, [&] {
-    lw::backward_kernel<T, kPerLane>(data<T>(gy), data<T>(x), c.rows, int(c.cols), rows_per_block, data<float>(m),
-                                     data<float>(rstd), data<float>(w), data<T>(gx), pw, pw + blocks * c.cols);
+    lw::backward_kernel<T, T, T, kPerLane>(data<T>(gy), data<T>(x), c.rows, int(c.cols), rows_per_block, data<float>(m),
+                                           data<float>(rstd), data<float>(w), data<T>(gx), pw, pw + blocks * c.cols);
   });
   // norm.cu's pass 2: the blocks' partials in block order, in f64.
   std::vector<double> gw(size_t(c.cols), 0.0), gb(size_t(c.cols), 0.0);
@@ -141,6 +142,77 @@ TEST(EmulatedLayerNormWarp, BackwardMatchesTheReference) {
               check_backward<decltype(tag), decltype(k)::value>(c, t, variant != 1, variant == 2, rows_per_block, gen);
             });
           });
+}
+
+// Autocast's dtypes: a 16-bit y over an f32 x (what a pre-norm's Linear reads) has the bits of the
+// f32 y rounded once; the backward from a 16-bit x̂ with a 16-bit or f32 gy into an f32 grad_x has
+// the bits of the f32 kernel run on the operands widened (exact), grad_x and the partial sums.
+template <class Y, int kPerLane>
+void check_forward_16bit_y(const Case& c, DType yt, Generator& gen) {
+  SCOPED_TRACE(std::string("f32 x, y ") + std::string(dtype_name(yt)) + " " + std::to_string(c.rows) + "x" +
+               std::to_string(c.cols));
+  const Tensor x = Tensor::uniform({c.rows, c.cols}, gen, -3, 5);
+  const Tensor w = Tensor::uniform({c.cols}, gen, -2, 2), b = Tensor::uniform({c.cols}, gen, -1, 1);
+  Tensor y32 = Tensor::empty({c.rows, c.cols}), y = Tensor::empty({c.rows, c.cols}, yt);
+  Tensor m32 = Tensor::empty({c.rows}), r32 = Tensor::empty({c.rows}), m = Tensor::empty({c.rows}),
+         r = Tensor::empty({c.rows});
+  const Tensor xh32 = Tensor::empty({c.rows, c.cols}, DType::bf16), xh = Tensor::empty({c.rows, c.cols}, DType::bf16);
+  const unsigned blocks = unsigned((c.rows + lw::kWarps - 1) / lw::kWarps);
+  emulated::launch(blocks, 1, lw::kThreads, shared_memory, 0, [&] {
+    lw::forward_kernel<float, float, bf16_t, kPerLane>(data<float>(x), c.rows, int(c.cols), 1e-5, data<float>(w),
+                                                       data<float>(b), data<float>(y32), data<float>(m32),
+                                                       data<float>(r32), data<bf16_t>(xh32));
+  });
+  emulated::launch(blocks, 1, lw::kThreads, shared_memory, 0, [&] {
+    lw::forward_kernel<float, Y, bf16_t, kPerLane>(data<float>(x), c.rows, int(c.cols), 1e-5, data<float>(w),
+                                                   data<float>(b), data<Y>(y), data<float>(m), data<float>(r),
+                                                   data<bf16_t>(xh));
+  });
+  EXPECT_EQ(testutil::bytes_of(y), testutil::bytes_of(y32.to(yt))) << "y: the f32 y rounded once";
+  EXPECT_EQ(testutil::bytes_of(m), testutil::bytes_of(m32)) << "mean";
+  EXPECT_EQ(testutil::bytes_of(r), testutil::bytes_of(r32)) << "rstd";
+  EXPECT_EQ(testutil::bytes_of(xh), testutil::bytes_of(xh32)) << "xhat";
+}
+
+template <class G, class X, int kPerLane>
+void check_backward_mixed(const Case& c, DType gt, DType xt, Generator& gen) {
+  SCOPED_TRACE(std::string("gy ") + std::string(dtype_name(gt)) + ", x̂ " + std::string(dtype_name(xt)) + " " +
+               std::to_string(c.rows) + "x" + std::to_string(c.cols));
+  const Tensor gy = Tensor::uniform({c.rows, c.cols}, gen, -1, 1).to(gt);
+  const Tensor xh = Tensor::uniform({c.rows, c.cols}, gen, -3, 3).to(xt);
+  const Tensor w = Tensor::uniform({c.cols}, gen, -2, 2), rstd = Tensor::uniform({c.rows}, gen, 0.5, 2);
+  const Tensor gy32 = gy.to(DType::f32), xh32 = xh.to(DType::f32);
+  const int64_t rows_per_block = 8, blocks = (c.rows + rows_per_block - 1) / rows_per_block;
+  Tensor gx = Tensor::empty({c.rows, c.cols}), gx32 = Tensor::empty({c.rows, c.cols});
+  Tensor part = Tensor::empty({2, blocks, c.cols}), part32 = Tensor::empty({2, blocks, c.cols});
+  emulated::launch(unsigned(blocks), 1, lw::kThreads, shared_memory, 0, [&] {
+    lw::backward_kernel<float, float, float, kPerLane>(
+        data<float>(gy32), data<float>(xh32), c.rows, int(c.cols), rows_per_block, nullptr, data<float>(rstd),
+        data<float>(w), data<float>(gx32), data<float>(part32), data<float>(part32) + blocks * c.cols);
+  });
+  emulated::launch(unsigned(blocks), 1, lw::kThreads, shared_memory, 0, [&] {
+    lw::backward_kernel<G, X, float, kPerLane>(data<G>(gy), data<X>(xh), c.rows, int(c.cols), rows_per_block, nullptr,
+                                               data<float>(rstd), data<float>(w), data<float>(gx), data<float>(part),
+                                               data<float>(part) + blocks * c.cols);
+  });
+  EXPECT_EQ(testutil::bytes_of(gx), testutil::bytes_of(gx32)) << "grad x";
+  EXPECT_EQ(testutil::bytes_of(part), testutil::bytes_of(part32)) << "weight and bias partial sums";
+}
+
+TEST(EmulatedLayerNormWarp, AutocastDtypesGiveTheF32KernelsBits) {
+  Generator gen(0x1a9);
+  for (const Case& c : {Case{5, 7}, Case{9, 128}, Case{13, 768}, Case{3, 2048}}) {
+    lw::with_per_lane<lw::kMaxColsForward>(c.cols, [&](auto k) {
+      check_forward_16bit_y<bf16_t, decltype(k)::value>(c, DType::bf16, gen);
+      check_forward_16bit_y<f16_t, decltype(k)::value>(c, DType::f16, gen);
+    });
+    lw::with_per_lane<lw::kMaxColsBackward>(c.cols, [&](auto k) {
+      check_backward_mixed<bf16_t, bf16_t, decltype(k)::value>(c, DType::bf16, DType::bf16, gen);
+      check_backward_mixed<float, bf16_t, decltype(k)::value>(c, DType::f32, DType::bf16, gen);
+      check_backward_mixed<f16_t, f16_t, decltype(k)::value>(c, DType::f16, DType::f16, gen);
+      check_backward_mixed<float, f16_t, decltype(k)::value>(c, DType::f32, DType::f16, gen);
+    });
+  }
 }
 
 }  // namespace

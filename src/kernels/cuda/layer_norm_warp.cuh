@@ -63,12 +63,13 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Rows r = blockIdx.x kWarps + warp: mean, rstd, y, and x̂ in U where xhat is not null. Lane l
-// holds columns l, l + 32, ... (each warp load 32 adjacent elements). Every lane reaches every
-// shuffle, rows past the last included (their results are not written).
-template <class T, class U, int kPerLane>
+// Rows r = blockIdx.x kWarps + warp: mean, rstd, y in Y (x's T, or a 16-bit Y over f32 x: the f32
+// value rounded once, what a pre-norm's Linear reads under autocast), and x̂ in U where xhat is not
+// null. Lane l holds columns l, l + 32, ... (each warp load 32 adjacent elements). Every lane
+// reaches every shuffle, rows past the last included (their results are not written).
+template <class T, class Y, class U, int kPerLane>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(const T* x, int64_t rows, int cols, double eps, const float* weight, const float* bias, T* y,
+    forward_kernel(const T* x, int64_t rows, int cols, double eps, const float* weight, const float* bias, Y* y,
                    float* mean, float* rstd, U* xhat) {
   const int lane = int(threadIdx.x % 32);
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -92,13 +93,13 @@ __global__ void __launch_bounds__(kThreads)
     }
   const float inv = float(1.0 / sqrt(double(warp_sum(ss)) / double(cols) + eps));
   if (!live) return;
-  T* out = y + r * cols;
+  Y* out = y + r * cols;
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
     const int j = lane + 32 * k;
     if (j >= cols) break;
     const float xh = (v[k] - mu) * inv;
-    out[j] = from_acc<T>(xh * (weight ? weight[j] : 1.0f) + (bias ? bias[j] : 0.0f));
+    out[j] = from_acc<Y>(xh * (weight ? weight[j] : 1.0f) + (bias ? bias[j] : 0.0f));
     if (xhat) xhat[r * cols + j] = from_acc<U>(xh);
   }
   if (lane == 0) mean[r] = mu, rstd[r] = inv;
@@ -107,11 +108,13 @@ __global__ void __launch_bounds__(kThreads)
 // Block b takes rows [b rows_per_block, (b + 1) rows_per_block), its warps rows b rows_per_block + w,
 // + kWarps, ...: grad_x of each (where gx is not null) and, where part_w or part_b is not null, the
 // block's sums of dy x̂ and dy per column into row b of part_w and part_b ([gridDim.x][cols], f32).
-// With `mean` null, x is x̂ itself (layer_norm_forward's xhat) and rstd only scales grad_x.
-template <class T, int kPerLane>
+// With `mean` null, x is x̂ itself (layer_norm_forward's xhat) and rstd only scales grad_x. gy in G,
+// x in X, grad_x in D: one dtype, or under autocast a 16-bit x̂ with a 16-bit or f32 gy and an f32
+// grad_x (every operand widened exactly on load; the arithmetic is f32 either way).
+template <class G, class X, class D, int kPerLane>
 __global__ void __launch_bounds__(kThreads)
-    backward_kernel(const T* gy, const T* x, int64_t rows, int cols, int64_t rows_per_block, const float* mean,
-                    const float* rstd, const float* weight, T* gx, float* part_w, float* part_b) {
+    backward_kernel(const G* gy, const X* x, int64_t rows, int cols, int64_t rows_per_block, const float* mean,
+                    const float* rstd, const float* weight, D* gx, float* part_w, float* part_b) {
   // static: one array a block on a GPU as without it, and one for all threads under tests/emulated/'s
   // shim (where __shared__ is nothing).
   static __shared__ float red_w[kWarps][32], red_b[kWarps][32];
@@ -151,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < kPerLane; ++k) {
       const int j = lane + 32 * k;
       if (j >= cols) break;
-      gx[r * cols + j] = from_acc<T>(rs * (g[k] * w[k] - mean_g - xh[k] * mean_gx));
+      gx[r * cols + j] = from_acc<D>(rs * (g[k] * w[k] - mean_g - xh[k] * mean_gx));
     }
   }
   if (!part_w && !part_b) return;

@@ -355,7 +355,7 @@ bool with_warp_rows(int64_t cols, F&& f) {
 }  // namespace
 
 Tensor layer_norm_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps, Tensor& mean,
-                          Tensor& rstd, const Tensor& xhat) {
+                          Tensor& rstd, const Tensor& xhat, DType y_dtype) {
   const Tensor x = kernels::contig(x_in);
   const Launch on(x);
   const int64_t rows = x.size(0), cols = x.size(1);
@@ -363,29 +363,40 @@ Tensor layer_norm_forward(const Tensor& x_in, const Tensor& weight_in, const Ten
   const Tensor weight = param(weight_in, st), bias = param(bias_in, st);
   mean = Tensor::empty({rows}, st, x.device());
   rstd = Tensor::empty({rows}, st, x.device());
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor y = Tensor::empty(x.shape(), y_dtype, x.device());
   if (rows == 0 || cols == 0) return y;
   MIXPREC_CHECK(!xhat.defined() || (xhat.is_contiguous() && xhat.numel() == x.numel()),
                 "layer_norm_forward: xhat must be a contiguous tensor of the input's size");
+  // The block kernels write y in x's dtype: a y of another dtype there is that y cast.
+  Tensor y_as_x = y;
   dispatch_floating(x.dtype(), [&](auto t) {
     using T = decltype(t);
     using A = acc_t<T>;
     const T* src = static_cast<const T*>(x.data_ptr());
     const A *w = ptr_or_null<A>(weight), *b = ptr_or_null<A>(bias);
-    T* dst = static_cast<T*>(y.data_ptr());
     A *m = static_cast<A*>(mean.data_ptr()), *rs = static_cast<A*>(rstd.data_ptr());
-    // A warp a row where the row fits its registers (layer_norm_warp.cuh), else a block a row.
+    // A warp a row where the row fits its registers (layer_norm_warp.cuh), y written in its dtype
+    // (x's, or 16 bits over an f32 x), else a block a row.
     const auto run = [&](auto* xh) {
       using U = std::remove_pointer_t<decltype(xh)>;
       if constexpr (!std::is_same_v<T, double>) {
         const unsigned blocks = unsigned((rows + ln_warp::kWarps - 1) / ln_warp::kWarps);
-        if (with_warp_rows<ln_warp::kMaxColsForward>(cols, [&](auto per_lane) {
-              ln_warp::forward_kernel<T, U, decltype(per_lane)::value>
-                  <<<blocks, ln_warp::kThreads, 0, on.stream()>>>(src, rows, int(cols), eps, w, b, dst, m, rs, xh);
-            }))
-          return;
+        const auto warp = [&](auto* dst) {
+          using Y = std::remove_pointer_t<decltype(dst)>;
+          return with_warp_rows<ln_warp::kMaxColsForward>(cols, [&](auto per_lane) {
+            ln_warp::forward_kernel<T, Y, U, decltype(per_lane)::value>
+                <<<blocks, ln_warp::kThreads, 0, on.stream()>>>(src, rows, int(cols), eps, w, b, dst, m, rs, xh);
+          });
+        };
+        if (y_dtype == x.dtype() && warp(static_cast<T*>(y.data_ptr()))) return;
+        if constexpr (std::is_same_v<T, float>) {
+          if (y_dtype == DType::bf16 && warp(static_cast<bf16*>(y.data_ptr()))) return;
+          if (y_dtype == DType::f16 && warp(static_cast<f16*>(y.data_ptr()))) return;
+        }
       }
-      ln_forward_kernel<T, U><<<unsigned(rows), kThreads, 0, on.stream()>>>(src, cols, eps, w, b, dst, m, rs, xh);
+      if (y_dtype != x.dtype()) y_as_x = Tensor::empty(x.shape(), x.dtype(), x.device());
+      ln_forward_kernel<T, U><<<unsigned(rows), kThreads, 0, on.stream()>>>(
+          src, cols, eps, w, b, static_cast<T*>(y_as_x.data_ptr()), m, rs, xh);
     };
     if (!xhat.defined()) {
       run(static_cast<T*>(nullptr));
@@ -397,19 +408,114 @@ Tensor layer_norm_forward(const Tensor& x_in, const Tensor& weight_in, const Ten
     });
   });
   MIXPREC_CUDA_CHECK_LAUNCH();
-  return y;
+  return y_as_x.data_ptr() == y.data_ptr() ? y : kernels::cast(y_as_x, y_dtype);
 }
 
+namespace {
+
+// f(G{}, X{}, D{}) for the (gy, x, grad_x) element types the warp backward reads and writes as they
+// are: one of f32, bf16 and f16 for all three, or autocast's: a 16-bit x̂ with a gy of its dtype or
+// f32 and an f32 grad_x. False, f not called, for any other combination.
+template <class F>
+bool with_backward_types(DType g, DType x, DType d, F&& f) {
+  const auto call = [&](auto gt, auto xt, auto dt) {
+    f(gt, xt, dt);
+    return true;
+  };
+  if (g == x && x == d) {
+    switch (x) {
+      case DType::f32:
+        return call(float{}, float{}, float{});
+      case DType::bf16:
+        return call(bf16{}, bf16{}, bf16{});
+      case DType::f16:
+        return call(f16{}, f16{}, f16{});
+      default:
+        return false;
+    }
+  }
+  if (d != DType::f32 || (g != x && g != DType::f32)) return false;
+  if (x == DType::bf16) return g == DType::f32 ? call(float{}, bf16{}, float{}) : call(bf16{}, bf16{}, float{});
+  if (x == DType::f16) return g == DType::f32 ? call(float{}, f16{}, float{}) : call(f16{}, f16{}, float{});
+  return false;
+}
+
+// The warp-a-row backward (layer_norm_warp.cuh) on gy and x as they are, grad_x in gx_dtype: grad_x
+// and the parameters' partial sums in one pass over gy and x, about 4 blocks an SM each summing its
+// rows' columns, then pass 2 adding the blocks' partials in block order. False, nothing launched,
+// where the dtypes or the width are not the warp kernels' (or MIXPREC_CUDA_LAYER_NORM=block).
+bool layer_norm_backward_warp(const Tensor& grad_y, const Tensor& x_in, const Tensor& mean_in, const Tensor& rstd_in,
+                              const Tensor& weight_in, bool need_x, bool need_weight, bool need_bias, DType gx_dtype,
+                              NormGrads& out) {
+  const int64_t rows = x_in.size(0), cols = x_in.size(1);
+  if (rows == 0 || cols == 0) return false;
+  bool done = false;
+  with_backward_types(grad_y.dtype(), x_in.dtype(), gx_dtype, [&](auto gt, auto xt, auto dt) {
+    using G = decltype(gt);
+    using X = decltype(xt);
+    using D = decltype(dt);
+    const Tensor gy = kernels::contig(grad_y), x = kernels::contig(x_in);
+    const Launch on(x);
+    const Tensor mean = param(mean_in, DType::f32), rstd = param(rstd_in, DType::f32),
+                 weight = param(weight_in, DType::f32);
+    const int64_t warp_rows = (rows + ln_warp::kWarps - 1) / ln_warp::kWarps;
+    const int64_t target = std::clamp<int64_t>(4 * sm_count(), 1, warp_rows);
+    const int64_t per_block = (warp_rows + target - 1) / target * ln_warp::kWarps;
+    const int64_t blocks = (rows + per_block - 1) / per_block;
+    const bool params = need_weight || need_bias;
+    Tensor gx, part;
+    float* pw = nullptr;  // the blocks' partial sums of dw and db: [2, blocks, cols]
+    if (!with_warp_rows<ln_warp::kMaxColsBackward>(cols, [&](auto per_lane) {
+          if (need_x) gx = Tensor::empty(x.shape(), gx_dtype, x.device());
+          if (params) {
+            part = Tensor::empty({2, blocks, cols}, DType::f32, x.device());
+            pw = static_cast<float*>(part.data_ptr());
+          }
+          ln_warp::backward_kernel<G, X, D, decltype(per_lane)::value>
+              <<<unsigned(blocks), ln_warp::kThreads, 0, on.stream()>>>(
+                  static_cast<const G*>(gy.data_ptr()), static_cast<const X*>(x.data_ptr()), rows, int(cols),
+                  per_block, ptr_or_null<float>(mean), ptr_or_null<float>(rstd), ptr_or_null<float>(weight),
+                  need_x ? static_cast<D*>(gx.data_ptr()) : nullptr, pw, pw ? pw + blocks * cols : nullptr);
+        }))
+      return;
+    MIXPREC_CUDA_CHECK_LAUNCH();
+    if (need_weight) out.weight = Tensor::empty({cols}, DType::f32, x.device());
+    if (need_bias) out.bias = Tensor::empty({cols}, DType::f32, x.device());
+    if (params) {
+      ln_backward_params_sum_kernel<float, float><<<blocks_for(cols), kThreads, 0, on.stream()>>>(
+          pw, pw + blocks * cols, blocks, cols, need_weight ? static_cast<float*>(out.weight.data_ptr()) : nullptr,
+          need_bias ? static_cast<float*>(out.bias.data_ptr()) : nullptr);
+      MIXPREC_CUDA_CHECK_LAUNCH();
+    }
+    out.x = gx;
+    done = true;
+  });
+  return done;
+}
+
+}  // namespace
+
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Tensor& mean_in, const Tensor& rstd_in,
-                              const Tensor& weight_in, bool need_x, bool need_weight, bool need_bias) {
-  const DType t = grad_y.dtype() == x_in.dtype() ? x_in.dtype() : stats_dtype(x_in.dtype());
+                              const Tensor& weight_in, bool need_x, bool need_weight, bool need_bias, DType gx_dtype) {
+  NormGrads out;
+  // The warp kernels on the operands as they are (autocast's 16-bit gy and x̂ into an f32 grad_x
+  // among them); else gy first in grad_x's dtype (exact from 16 bits), all in one dtype t, and the
+  // warp kernels again or the block kernels (f64, rows over 1024, MIXPREC_CUDA_LAYER_NORM=block).
+  if (layer_norm_backward_warp(grad_y, x_in, mean_in, rstd_in, weight_in, need_x, need_weight, need_bias, gx_dtype,
+                               out))
+    return out;
+  const Tensor gy_d = grad_y.dtype() == gx_dtype ? grad_y : kernels::cast(grad_y, gx_dtype);
+  const DType t = gy_d.dtype() == x_in.dtype() ? x_in.dtype() : stats_dtype(x_in.dtype());
   const Tensor x = x_in.dtype() == t ? kernels::contig(x_in) : kernels::cast(x_in, t);
-  const Tensor gy = grad_y.dtype() == t ? kernels::contig(grad_y) : kernels::cast(grad_y, t);
+  const Tensor gy = gy_d.dtype() == t ? kernels::contig(gy_d) : kernels::cast(gy_d, t);
+  if (layer_norm_backward_warp(gy, x, mean_in, rstd_in, weight_in, need_x, need_weight, need_bias, t, out)) {
+    if (need_x && out.x.dtype() != gx_dtype) out.x = kernels::cast(out.x, gx_dtype);
+    return out;
+  }
   const Launch on(x);
   const int64_t rows = x.size(0), cols = x.size(1);
   const DType st = stats_dtype(t);
   const Tensor mean = param(mean_in, st), rstd = param(rstd_in, st), weight = param(weight_in, st);
-  NormGrads out;
   Tensor gx = need_x ? Tensor::empty(x.shape(), t, x.device()) : Tensor();
   if (need_weight) out.weight = Tensor::empty({cols}, st, x.device());
   if (need_bias) out.bias = Tensor::empty({cols}, st, x.device());
@@ -419,37 +525,6 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Te
       using A = acc_t<T>;
       const T *g = static_cast<const T*>(gy.data_ptr()), *src = static_cast<const T*>(x.data_ptr());
       const A *m = ptr_or_null<A>(mean), *rs = ptr_or_null<A>(rstd);
-      if constexpr (!std::is_same_v<T, double>) {
-        // A warp a row, grad_x and the parameters' partial sums in one pass over gy and x
-        // (layer_norm_warp.cuh): about 4 blocks an SM, each summing its rows' columns; pass 2 adds
-        // the blocks' partials in block order.
-        const int64_t warp_rows = (rows + ln_warp::kWarps - 1) / ln_warp::kWarps;
-        const int64_t target = std::clamp<int64_t>(4 * sm_count(), 1, warp_rows);
-        const int64_t per_block = (warp_rows + target - 1) / target * ln_warp::kWarps;
-        const int64_t blocks = (rows + per_block - 1) / per_block;
-        const bool params = need_weight || need_bias;
-        float* pw = nullptr;  // the blocks' partial sums of dw and db: [2, blocks, cols]
-        Tensor part;
-        if (with_warp_rows<ln_warp::kMaxColsBackward>(cols, [&](auto per_lane) {
-              if (params) {
-                part = Tensor::empty({2, blocks, cols}, DType::f32, x.device());
-                pw = static_cast<float*>(part.data_ptr());
-              }
-              ln_warp::backward_kernel<T, decltype(per_lane)::value><<<unsigned(blocks), ln_warp::kThreads, 0,
-                                                                       on.stream()>>>(
-                  g, src, rows, int(cols), per_block, m, rs, ptr_or_null<A>(weight),
-                  need_x ? static_cast<T*>(gx.data_ptr()) : nullptr, pw, pw ? pw + blocks * cols : nullptr);
-            })) {
-          MIXPREC_CUDA_CHECK_LAUNCH();
-          if (params) {
-            ln_backward_params_sum_kernel<A, float><<<blocks_for(cols), kThreads, 0, on.stream()>>>(
-                pw, pw + blocks * cols, blocks, cols, need_weight ? static_cast<A*>(out.weight.data_ptr()) : nullptr,
-                need_bias ? static_cast<A*>(out.bias.data_ptr()) : nullptr);
-            MIXPREC_CUDA_CHECK_LAUNCH();
-          }
-          return;
-        }
-      }
       if (need_x) {
         ln_backward_x_kernel<T><<<unsigned(rows), kThreads, 0, on.stream()>>>(
             g, src, cols, m, rs, ptr_or_null<A>(weight), static_cast<T*>(gx.data_ptr()));
@@ -473,7 +548,7 @@ NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x_in, const Te
     if (need_weight) kernels::fill(out.weight, 0.0);
     if (need_bias) kernels::fill(out.bias, 0.0);
   }
-  if (need_x) out.x = gx.dtype() == grad_y.dtype() ? gx : kernels::cast(gx, grad_y.dtype());
+  if (need_x) out.x = gx.dtype() == gx_dtype ? gx : kernels::cast(gx, gx_dtype);
   return out;
 }
 
