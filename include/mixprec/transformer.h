@@ -54,6 +54,9 @@ class Block : public Module {
  public:
   explicit Block(const GPTConfig& c);
   Tensor forward(const Tensor& x) override;
+  // forward, owning its input: x is released once the attention branch has been added to it, so
+  // under autocast (where ln_1 keeps x̂, not x) the f32 input does not live through the MLP branch.
+  Tensor forward_owned(Tensor x);
   std::string name() const override { return "Block"; }
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;

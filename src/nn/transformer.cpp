@@ -99,8 +99,11 @@ static Tensor norm_for_linear(LayerNorm& norm, const Tensor& x) {
   return norm.forward(x, amp::autocast_dtype(t));
 }
 
-Tensor Block::forward(const Tensor& x) {
+Tensor Block::forward(const Tensor& x) { return forward_owned(x); }
+
+Tensor Block::forward_owned(Tensor x) {
   const Tensor h = ops::add(x, (*attn)(norm_for_linear(*ln_1, x)));
+  x = Tensor();
   return ops::add(h, (*mlp)(norm_for_linear(*ln_2, h)));
 }
 
@@ -154,8 +157,15 @@ Tensor GPT::forward(const Tensor& idx) {
   const Tensor pos = Tensor::arange(T, DType::i64, idx.device());
   // [B, T, C] + [T, C]: the position embedding broadcasts over the batch.
   Tensor x = (*drop_)(ops::add((*wte_)(idx), (*wpe_)(pos)));
-  x = (*h_)(x);
-  return (*lm_head_)(norm_for_linear(*ln_f_, x));
+  // The blocks in order, each handed the residual stream to own (Block::forward_owned): under
+  // autocast an f32 block input nothing saved dies inside the block, not after it (the amp-bf16
+  // forward's peak is the last block's second residual add: docs/transformer.md, Memory).
+  for (const auto& [name, m] : h_->children()) {
+    auto* block = dynamic_cast<Block*>(m.get());
+    x = block ? block->forward_owned(std::move(x)) : (*m)(x);
+  }
+  x = norm_for_linear(*ln_f_, x);
+  return (*lm_head_)(x);
 }
 
 }  // namespace mixprec::nn

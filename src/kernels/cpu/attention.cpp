@@ -485,7 +485,10 @@ EmulatedBf16Tiles::~EmulatedBf16Tiles() { emulate_bf16_tiles = previous_; }
 bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                        AttentionForward& dst) {
   if (!supported(q, k, v)) return false;
-  dst.out = Tensor::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype());
+  // [B, H, Tq, Ev] as a view of a [B, Tq, H, Ev] tensor (as PyTorch's flash attention returns it):
+  // the heads' rows of one token lie side by side, so the [B, Tq, H * Ev] input of the projection
+  // after attention is a view of the output, not a copy, and the two save one tensor for backward.
+  dst.out = Tensor::empty({q.size(0), q.size(2), q.size(1), v.size(3)}, q.dtype()).transpose(1, 2);
   dst.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, DType::f32);
   if (q.numel() == 0) return true;
   if (rows_kernel()) {
