@@ -66,6 +66,10 @@ struct TensorImpl {
   std::shared_ptr<autograd::Node> grad_fn;
   std::weak_ptr<autograd::Node> grad_accumulator;
   std::shared_ptr<autograd::LeafHooks> hooks;  // a leaf's post-accumulate-grad hooks (autograd.h)
+  // An f32 parameter's 16-bit copy kept by autocast's cast-ahead, and the parameter's version whose
+  // values it holds (src/autocast/autocast_state.h).
+  std::shared_ptr<TensorImpl> shadow;
+  uint64_t shadow_version = 0;
 };
 }  // namespace detail
 

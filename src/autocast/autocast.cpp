@@ -1,11 +1,15 @@
 // The autocast guard and thread state, the per-op casting policy applied at op entry, the
 // weight-cast cache and the trace.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <map>
 #include <set>
+#include <string_view>
 #include <tuple>
 
 #include "autocast/autocast_state.h"
+#include "kernels/shape.h"
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"
 
@@ -36,8 +40,30 @@ bool consumed(const Tensor& cast) {
   return node != nullptr && node->is_consumed();
 }
 
+// ---- cast-ahead: each parameter's shadow lives on its TensorImpl (and dies with it)
+
+std::atomic<int> g_cast_ahead_override{-1};  // -1: MIXPREC_CAST_AHEAD or the default
+
+// t's shadow in dtype where it holds t's current values, else undefined.
+Tensor current_shadow(const Tensor& t, DType dtype) {
+  const detail::TensorImpl& impl = *t.impl();
+  if (!impl.shadow || impl.shadow_version != t.version() || impl.shadow->dtype != dtype) return Tensor();
+  return Tensor(impl.shadow);
+}
+
+// A 16-bit copy of the f32 leaf t made from `copy`'s bytes, which hold t's values already: the
+// graph node of t.to(dtype) (its backward casts the gradient back to f32) without the cast kernel.
+Tensor cast_from_shadow(const Tensor& t, const Tensor& copy) {
+  const DType src_t = t.dtype();
+  return autograd::record(copy.detach(), "cast", {t}, [src_t](const Tensor& g, const autograd::Node&) {
+    return std::vector<Tensor>{kernels::cast(g, src_t)};
+  });
+}
+
 // 16-bit copy of a leaf parameter, made once per outermost autocast region (and again after a
 // backward pass has consumed it); a fresh cast every time where the guard has cache_enabled off.
+// With cast-ahead the copy is the parameter's shadow where it is current (no cast), and a cast
+// made here becomes its shadow.
 Tensor cached_cast(const Tensor& t, DType dtype) {
   auto& cache = ts().cache;
   const bool cacheable = ts().s.cache_enabled && t.is_leaf() && t.requires_grad() && autograd::grad_enabled();
@@ -46,12 +72,50 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
   auto it = cache.find(key);
   if (it != cache.end() && !it->second.src.expired() && it->second.version == t.version() && !consumed(it->second.cast))
     return it->second.cast;
-  Tensor c = t.to(dtype);
+  const bool ahead = t.dtype() == DType::f32 && is_half(dtype) && ahead::enabled(t.device());
+  Tensor c;
+  if (const Tensor s = ahead ? current_shadow(t, dtype) : Tensor(); s.defined()) {
+    c = cast_from_shadow(t, s);
+  } else {
+    c = t.to(dtype);
+    if (ahead) {
+      c.storage()->set_category(MemCategory::parameters);  // it outlives the step, as a parameter does
+      t.impl()->shadow = c.detach().impl_ptr();
+      t.impl()->shadow_version = t.version();
+    }
+  }
   cache[key] = CacheEntry{t.impl_ptr(), t.version(), c};
   return c;
 }
 
 }  // namespace
+
+namespace ahead {
+
+bool enabled(const Device& d) {
+  const int forced = g_cast_ahead_override.load();
+  if (forced >= 0) return forced == 1;
+  static const int env = [] {
+    const char* e = std::getenv("MIXPREC_CAST_AHEAD");
+    if (e == nullptr) return -1;
+    return std::string_view(e) == "0" ? 0 : 1;
+  }();
+  return env >= 0 ? env == 1 : d.is_cuda();
+}
+
+Override::Override(bool on) : prev_(g_cast_ahead_override.exchange(on ? 1 : 0)) {}
+Override::~Override() { g_cast_ahead_override.store(prev_); }
+
+Tensor shadow_for_update(const Tensor& p) {
+  const detail::TensorImpl& impl = *p.impl();
+  return impl.shadow && impl.shadow_version == p.version() ? Tensor(impl.shadow) : Tensor();
+}
+
+void shadow_written(const Tensor& p) {
+  if (p.impl()->shadow) p.impl()->shadow_version = p.version();
+}
+
+}  // namespace ahead
 
 AutocastState& autocast_state() { return ts().s; }
 

@@ -79,4 +79,32 @@ inline DType autocast_widening(OpId op, std::initializer_list<Tensor*> inputs) {
 // The cached 16-bit copies of leaf parameters on this thread (tests check the cache's life).
 size_t autocast_cache_size();
 
+// Cast-ahead: the cast of a parameter's weights into 16 bits fused with the optimizer's write of
+// them. Autocast's 16-bit copy of an f32 parameter outlives its region as the parameter's shadow;
+// an optimizer's fused step takes the f32 parameter as the master of that 16-bit copy, writing
+// both from the one updated value (the copy rounded to nearest, the cast's bits), and the next
+// region takes the copy instead of casting while the parameter's version says nothing else wrote
+// it since (docs/design.md, "Cast-ahead"). On for parameters on a GPU, where each cast is a
+// launch and a read of the f32 weights; MIXPREC_CAST_AHEAD=1 turns it on everywhere, =0 off.
+namespace ahead {
+bool enabled(const Device& d);
+// For tests: forces cast-ahead on or off on every device while it lives (the enclosing one's
+// setting comes back when it ends).
+class Override {
+ public:
+  explicit Override(bool on);
+  ~Override();
+  Override(const Override&) = delete;
+  Override& operator=(const Override&) = delete;
+
+ private:
+  int prev_;
+};
+// For the optimizer, before its step writes p: p's shadow where it holds p's current values (its
+// version is p's), else undefined. After the step has been queued and p's version bumped,
+// shadow_written(p) records that the shadow holds the new values.
+Tensor shadow_for_update(const Tensor& p);
+void shadow_written(const Tensor& p);
+}  // namespace ahead
+
 }  // namespace mixprec::amp

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <optional>
 
+#include "autocast/autocast_state.h"
 #include "kernels/optim.h"
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"
@@ -141,7 +142,21 @@ std::vector<kernels::OptimParam> Optimizer::with_grads(const std::function<void(
     if (!p.grad().defined()) continue;
     kernels::OptimParam op{
         p, checked_grad(p, i), master_[i], {}, {}, lr_[group_of_[i]], groups_[group_of_[i]].weight_decay, uint64_t(i)};
+    // Cast-ahead (autocast_state.h): an f32 parameter whose autocast copy holds its values is
+    // stepped as that copy's master, the kernels' path for a 16-bit parameter with an f32 master:
+    // the update writes the f32 weights and their 16-bit copy in one pass, so the next forward
+    // casts nothing. Not while rounding is tracked (it counts 16-bit parameters' rounding).
+    const Tensor shadow =
+        !master_[i].defined() && !track_ && p.dtype() == DType::f32 ? amp::ahead::shadow_for_update(p) : Tensor();
+    if (shadow.defined()) {
+      op.param = shadow;
+      op.master = p;
+    }
     p.bump_version();  // an in-place write: caches keyed by version (reordered conv weights) must see it
+    if (shadow.defined()) {
+      shadow.bump_version();
+      amp::ahead::shadow_written(p);
+    }
     state(i, op);
     out.push_back(std::move(op));
   }
