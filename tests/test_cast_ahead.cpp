@@ -16,6 +16,7 @@
 #include "mixprec/autograd.h"
 #include "mixprec/device.h"
 #include "mixprec/grad_scaler.h"
+#include "mixprec/nn.h"
 #include "mixprec/ops.h"
 #include "mixprec/optim.h"
 #include "tensor_bytes.h"
@@ -159,6 +160,21 @@ TEST_P(CastAhead, AWriteElsewhereIsSeen) {
   amp::Autocast ac(half);
   EXPECT_EQ(bytes_of(ops::linear(x, m.w1)), want);
   EXPECT_TRUE(shadow_is_current(m.w1, half)) << "the new cast becomes the shadow";
+}
+
+// A module moved or converted in place (Module::to: new storage, same handle) drops its
+// parameters' copies with the old storage, rather than holding them until the parameter dies.
+TEST(CastAheadModule, ToDropsTheShadows) {
+  const amp::ahead::Override mode(true);
+  nn::Linear lin(16, 8);
+  {
+    amp::Autocast ac(DType::bf16);
+    (void)lin(batch(8));
+  }
+  ASSERT_TRUE(lin.weight.impl()->shadow);
+  lin.to(Device::fenced());
+  EXPECT_FALSE(lin.weight.impl()->shadow);
+  EXPECT_FALSE(lin.bias.impl()->shadow);
 }
 
 // A step the scaler skips (an inf gradient) writes neither the parameter nor its copy: the copy

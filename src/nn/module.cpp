@@ -113,7 +113,8 @@ static void replace_in_place(const Tensor& t, DType dtype, const Device& device)
   impl->dtype = dtype;
   impl->strides = contiguous_strides(impl->shape);
   impl->offset = moved.offset();
-  impl->grad.reset();  // the new storage has a new version: caches keyed on the old one miss
+  impl->grad.reset();    // the new storage has a new version: caches keyed on the old one miss
+  impl->shadow.reset();  // cast-ahead's 16-bit copy of the old storage (autocast_state.h) goes with it
 }
 
 void Module::to(DType dtype, const std::function<bool(const Module&)>& select) {
