@@ -9,9 +9,9 @@
 #include <tuple>
 
 #include "autocast/autocast_state.h"
-#include "kernels/shape.h"
 #include "mixprec/autograd.h"
 #include "mixprec/error.h"
+#include "ops/common.h"
 
 namespace mixprec::amp {
 namespace {
@@ -44,22 +44,6 @@ bool consumed(const Tensor& cast) {
 
 std::atomic<int> g_cast_ahead_override{-1};  // -1: MIXPREC_CAST_AHEAD or the default
 
-// t's shadow in dtype where it holds t's current values, else undefined.
-Tensor current_shadow(const Tensor& t, DType dtype) {
-  const detail::TensorImpl& impl = *t.impl();
-  if (!impl.shadow || impl.shadow_version != t.version() || impl.shadow->dtype != dtype) return Tensor();
-  return Tensor(impl.shadow);
-}
-
-// A 16-bit copy of the f32 leaf t made from `copy`'s bytes, which hold t's values already: the
-// graph node of t.to(dtype) (its backward casts the gradient back to f32) without the cast kernel.
-Tensor cast_from_shadow(const Tensor& t, const Tensor& copy) {
-  const DType src_t = t.dtype();
-  return autograd::record(copy.detach(), "cast", {t}, [src_t](const Tensor& g, const autograd::Node&) {
-    return std::vector<Tensor>{kernels::cast(g, src_t)};
-  });
-}
-
 // 16-bit copy of a leaf parameter, made once per outermost autocast region (and again after a
 // backward pass has consumed it); a fresh cast every time where the guard has cache_enabled off.
 // With cast-ahead the copy is the parameter's shadow where it is current (no cast), and a cast
@@ -74,8 +58,8 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
     return it->second.cast;
   const bool ahead = t.dtype() == DType::f32 && is_half(dtype) && ahead::enabled(t.device());
   Tensor c;
-  if (const Tensor s = ahead ? current_shadow(t, dtype) : Tensor(); s.defined()) {
-    c = cast_from_shadow(t, s);
+  if (const Tensor s = ahead ? ahead::current_shadow(t) : Tensor(); s.defined() && s.dtype() == dtype) {
+    c = ops::record_cast(t, s.detach());  // the cast's graph node over the kept bytes, no kernel
   } else {
     c = t.to(dtype);
     if (ahead) {
@@ -106,7 +90,7 @@ bool enabled(const Device& d) {
 Override::Override(bool on) : prev_(g_cast_ahead_override.exchange(on ? 1 : 0)) {}
 Override::~Override() { g_cast_ahead_override.store(prev_); }
 
-Tensor shadow_for_update(const Tensor& p) {
+Tensor current_shadow(const Tensor& p) {
   const detail::TensorImpl& impl = *p.impl();
   return impl.shadow && impl.shadow_version == p.version() ? Tensor(impl.shadow) : Tensor();
 }

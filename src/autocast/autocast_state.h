@@ -100,10 +100,10 @@ class Override {
  private:
   int prev_;
 };
-// For the optimizer, before its step writes p: p's shadow where it holds p's current values (its
-// version is p's), else undefined. After the step has been queued and p's version bumped,
-// shadow_written(p) records that the shadow holds the new values.
-Tensor shadow_for_update(const Tensor& p);
+// p's shadow where it holds p's current values (its version is p's), else undefined: what the
+// optimizer's step writes, and what autocast reads instead of casting. After the step has been
+// queued and p's version bumped, shadow_written(p) records that the shadow holds the new values.
+Tensor current_shadow(const Tensor& p);
 void shadow_written(const Tensor& p);
 }  // namespace ahead
 

@@ -11,6 +11,11 @@
 
 namespace mixprec::ops {
 
+// cast(x, out.dtype())'s graph node over `out`, which already holds x's values in that dtype
+// (ops/shape.cpp; autocast's kept copy of a parameter is one: autocast.cpp). Its backward casts
+// the gradient back to x's dtype.
+Tensor record_cast(const Tensor& x, const Tensor& out);
+
 inline int64_t wrap_dim(int64_t d, int64_t nd, std::string_view op) {
   const int64_t w = d < 0 ? d + nd : d;
   MIXPREC_CHECK(w >= 0 && w < std::max<int64_t>(nd, 1), op, ": dimension ", d, " out of range for ", nd, "-d input");

@@ -156,8 +156,11 @@ Tensor contiguous(const Tensor& x) {
 
 Tensor cast(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
-  Tensor out = kernels::cast(x, dtype);
-  if (!is_floating(dtype) || !is_floating(x.dtype())) return out;  // integer results carry no gradient
+  return record_cast(x, kernels::cast(x, dtype));
+}
+
+Tensor record_cast(const Tensor& x, const Tensor& out) {
+  if (!is_floating(out.dtype()) || !is_floating(x.dtype())) return out;  // integer results carry no gradient
   const DType src_t = x.dtype();
   return autograd::record(out, "cast", {x}, [src_t](const Tensor& g, const autograd::Node&) {
     return std::vector<Tensor>{kernels::cast(g, src_t)};

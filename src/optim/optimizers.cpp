@@ -147,7 +147,7 @@ std::vector<kernels::OptimParam> Optimizer::with_grads(const std::function<void(
     // the update writes the f32 weights and their 16-bit copy in one pass, so the next forward
     // casts nothing. Not while rounding is tracked (it counts 16-bit parameters' rounding).
     const Tensor shadow =
-        !master_[i].defined() && !track_ && p.dtype() == DType::f32 ? amp::ahead::shadow_for_update(p) : Tensor();
+        !master_[i].defined() && !track_ && p.dtype() == DType::f32 ? amp::ahead::current_shadow(p) : Tensor();
     if (shadow.defined()) {
       op.param = shadow;
       op.master = p;
