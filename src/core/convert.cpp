@@ -99,25 +99,6 @@ void f16_to_f32_scalar(const uint16_t* src, float* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
 
-// 16 f32 -> 16 bf16. VCVTNEPS2BF16 treats f32 denormal inputs as zero (DAZ, regardless
-// of MXCSR), whereas the scalar reference rounds them; those lanes are redone with the
-// same integer RNE. Denormals are rare, so the fix-up hides behind one predictable branch.
-// NaNs need none: the scalar NaN rule was chosen to be the instruction's.
-__attribute__((target("avx512f,avx512bf16"))) inline __m256i bf16_from_ps(__m512 x) {
-  __m256i r = (__m256i)_mm512_cvtneps_pbh(x);
-  __m512i u = _mm512_castps_si512(x);
-  __mmask16 denormal = __mmask16(_mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff)) &
-                                 ~_mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7f800000)));
-  if (denormal) [[unlikely]] {
-    // Denormal lanes are never NaN, so the plain RNE add is the whole scalar algorithm.
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    __m512i wide = _mm512_mask_blend_epi32(denormal, _mm512_cvtepu16_epi32(r), rne);
-    r = _mm512_cvtepi32_epi16(wide);
-  }
-  return r;
-}
-
 __attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512(const float* src, uint16_t* dst, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i*)(dst + i), bf16_from_ps(_mm512_loadu_ps(src + i)));

@@ -164,16 +164,29 @@ __attribute__((target("avx512f"))) void backward_f32(const float* g, const float
 }
 
 // The bf16 forms of forward_f32 and backward_f32: 16 values widened in registers, the f32 operations
-// above, rounded once on the way out by the scalar rule (bf16_round_epi32), so the bits of the
-// converted-block path without its two or three conversion passes through L1 (in the gpt's amp-bf16
-// step those passes took as long as GELU's arithmetic). A tail under 16 goes through stack copies.
-template <Activation OP>
-__attribute__((target("avx512f"))) inline __m256i forward_16(__m256i x) {
-  return _mm512_cvtepi32_epi16(bf16_round_epi32(value_ps<OP>(bf16_widen_ps(x))));
+// above, rounded once on the way out by the scalar rule, so the bits of the converted-block path
+// without its two or three conversion passes through L1 (in the gpt's amp-bf16 step those passes
+// took as long as GELU's arithmetic). kNative rounds with VCVTNEPS2BF16 (bf16_from_ps: the same
+// bits) where the CPU has AVX512-BF16: bf16_round_epi32's ten integer operations a vector made the
+// bf16 GELU slower than the f32 one on the Zen 5 kind (docs/hosts.md, 2026-12-05, later). Every
+// function here carries AVX512-BF16 in its target so that the native form inlines; the integer form
+// uses no instruction of it, and is what runs on AVX-512 CPUs without it. A tail under 16 goes
+// through stack copies.
+#define MIXPREC_ACT_BF16 __attribute__((target("avx512f,avx512bf16")))
+template <bool kNative>
+MIXPREC_ACT_BF16 inline __m256i round_out(__m512 v) {
+  if constexpr (kNative)
+    return bf16_from_ps(v);
+  else
+    return _mm512_cvtepi32_epi16(bf16_round_epi32(v));
 }
-template <Activation OP>
-__attribute__((target("avx512f"))) inline __m256i backward_16(__m256i g, __m256i s) {
-  return _mm512_cvtepi32_epi16(bf16_round_epi32(_mm512_mul_ps(bf16_widen_ps(g), derivative_ps<OP>(bf16_widen_ps(s)))));
+template <Activation OP, bool kNative>
+MIXPREC_ACT_BF16 inline __m256i forward_16(__m256i x) {
+  return round_out<kNative>(value_ps<OP>(bf16_widen_ps(x)));
+}
+template <Activation OP, bool kNative>
+MIXPREC_ACT_BF16 inline __m256i backward_16(__m256i g, __m256i s) {
+  return round_out<kNative>(_mm512_mul_ps(bf16_widen_ps(g), derivative_ps<OP>(bf16_widen_ps(s))));
 }
 __attribute__((target("avx512f"))) inline __m256i load_16(const uint16_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -189,21 +202,37 @@ __attribute__((target("avx512f"))) inline void store_tail(uint16_t* p, __m256i v
   std::memcpy(p, buf, size_t(n) * sizeof(uint16_t));
 }
 
-template <Activation OP>
-__attribute__((target("avx512f"))) void forward_bf16(const uint16_t* x, uint16_t* dst, int64_t len) {
+// 32 values a step where the CPU rounds natively: one VCVTNE2PS2BF16 and one denormal test for both
+// halves.
+MIXPREC_ACT_BF16 inline __m512 widen_lo(__m512i v) { return bf16_widen_ps(_mm512_castsi512_si256(v)); }
+MIXPREC_ACT_BF16 inline __m512 widen_hi(__m512i v) { return bf16_widen_ps(_mm512_extracti64x4_epi64(v, 1)); }
+
+template <Activation OP, bool kNative>
+MIXPREC_ACT_BF16 void forward_bf16(const uint16_t* x, uint16_t* dst, int64_t len) {
   int64_t i = 0;
+  if constexpr (kNative)
+    for (; i + 32 <= len; i += 32) {
+      const __m512i v = _mm512_loadu_si512(x + i);
+      _mm512_storeu_si512(dst + i, bf16_pair_from_ps(value_ps<OP>(widen_lo(v)), value_ps<OP>(widen_hi(v))));
+    }
   for (; i + 16 <= len; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), forward_16<OP>(load_16(x + i)));
-  if (i < len) store_tail(dst + i, forward_16<OP>(load_tail(x + i, len - i)), len - i);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), forward_16<OP, kNative>(load_16(x + i)));
+  if (i < len) store_tail(dst + i, forward_16<OP, kNative>(load_tail(x + i, len - i)), len - i);
 }
 
-template <Activation OP>
-__attribute__((target("avx512f"))) void backward_bf16(const uint16_t* g, const uint16_t* s, uint16_t* dst,
-                                                      int64_t len) {
+template <Activation OP, bool kNative>
+MIXPREC_ACT_BF16 void backward_bf16(const uint16_t* g, const uint16_t* s, uint16_t* dst, int64_t len) {
   int64_t i = 0;
+  if constexpr (kNative)
+    for (; i + 32 <= len; i += 32) {
+      const __m512i gv = _mm512_loadu_si512(g + i), sv = _mm512_loadu_si512(s + i);
+      _mm512_storeu_si512(dst + i, bf16_pair_from_ps(_mm512_mul_ps(widen_lo(gv), derivative_ps<OP>(widen_lo(sv))),
+                                                     _mm512_mul_ps(widen_hi(gv), derivative_ps<OP>(widen_hi(sv)))));
+    }
   for (; i + 16 <= len; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), backward_16<OP>(load_16(g + i), load_16(s + i)));
-  if (i < len) store_tail(dst + i, backward_16<OP>(load_tail(g + i, len - i), load_tail(s + i, len - i)), len - i);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), backward_16<OP, kNative>(load_16(g + i), load_16(s + i)));
+  if (i < len)
+    store_tail(dst + i, backward_16<OP, kNative>(load_tail(g + i, len - i), load_tail(s + i, len - i)), len - i);
 }
 
 // ---------------------------------------------------------------- AVX2 (hosts without AVX-512)
@@ -373,7 +402,10 @@ void forward_blocks(const Tensor& x, Tensor& dst) {
   if (x.dtype() == DType::bf16 && dst.dtype() == DType::bf16) {
     const auto* src = static_cast<const uint16_t*>(x.data_ptr());
     auto* out = static_cast<uint16_t*>(dst.data_ptr());
-    for_blocks(x.numel(), [&](int64_t begin, int64_t len) { forward_bf16<OP>(src + begin, out + begin, len); });
+    const bool native = mixprec::cpu::has_avx512_bf16();
+    for_blocks(x.numel(), [&](int64_t begin, int64_t len) {
+      (native ? forward_bf16<OP, true> : forward_bf16<OP, false>)(src + begin, out + begin, len);
+    });
     return;
   }
   map_f32_blocks(x, dst, [](const float* v, float* o, int64_t len) { forward_f32<OP>(v, o, len); });
@@ -386,8 +418,10 @@ void backward_blocks(const Tensor& grad, const Tensor& saved, Tensor& dst) {
     const auto* g = static_cast<const uint16_t*>(grad.data_ptr());
     const auto* s = static_cast<const uint16_t*>(saved.data_ptr());
     auto* out = static_cast<uint16_t*>(dst.data_ptr());
-    for_blocks(saved.numel(),
-               [&](int64_t begin, int64_t len) { backward_bf16<OP>(g + begin, s + begin, out + begin, len); });
+    const bool native = mixprec::cpu::has_avx512_bf16();
+    for_blocks(saved.numel(), [&](int64_t begin, int64_t len) {
+      (native ? backward_bf16<OP, true> : backward_bf16<OP, false>)(g + begin, s + begin, out + begin, len);
+    });
     return;
   }
   map_grad_f32_blocks(grad, saved, dst,
