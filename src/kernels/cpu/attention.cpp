@@ -164,14 +164,16 @@ MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t li
 
 // rows x n f32 values (row r at src + r * ld, times factor[r] or f) -> rows i0 .. i0 + rows of
 // head bh of dst (dtype t, unit-stride rows). f32 and bf16 rows are stored as they are scaled, bf16
-// rounded by convert()'s rule (bf16_round_epi32: the scalar RNE and NaN rule, subnormals kept): the
-// gpt's outputs and gradients are rows of 32 in views of stride 128 or 384, where a convert() call
-// per row cost more than the row (about 10% of a layer's attention). f16 rows go through tmp
+// rounded by convert()'s rule (bf16_from_ps where the CPU has AVX512-BF16, else bf16_round_epi32: the
+// scalar RNE and NaN rule, subnormals kept; then a masked 16-bit store, not VPMOVDW to memory, which
+// is slow on AMD): the gpt's outputs and gradients are rows of 32 in views of stride 128 or 384, where
+// a convert() call per row cost more than the row (about 10% of a layer's attention). f16 rows go through tmp
 // (rows x n f32, may be src itself: n <= ld) and convert(), one call for the block where its rows
 // are contiguous.
 MIXPREC_ATTN_TARGET void store_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const float* factor, float f,
                                     float* tmp, const Rows& dst, int64_t bh, int64_t i0) {
   const bool direct = dst.t == DType::f32 || dst.t == DType::bf16;
+  static const bool native = mixprec::cpu::has_avx512_bf16();
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 fr = _mm512_set1_ps(factor ? factor[r] : f);
     char* out = direct ? dst.row(bh, i0 + r) : nullptr;
@@ -181,7 +183,8 @@ MIXPREC_ATTN_TARGET void store_rows(const float* src, int64_t ld, int64_t rows, 
       if (dst.t == DType::f32)
         _mm512_mask_storeu_ps(reinterpret_cast<float*>(out) + c, in, v);
       else if (dst.t == DType::bf16)
-        _mm512_mask_cvtepi32_storeu_epi16(reinterpret_cast<uint16_t*>(out) + c, in, bf16_round_epi32(v));
+        _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(out) + c, in,
+                                 native ? bf16_from_ps(v) : _mm512_cvtepi32_epi16(bf16_round_epi32(v)));
       else
         _mm512_mask_storeu_ps(tmp + r * n + c, in, v);
     }
