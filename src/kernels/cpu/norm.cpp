@@ -86,14 +86,19 @@ struct LayerNormRow {
 // are a chain of sums, f64 divisions and a square root, and R independent chains side by side
 // overlap (R = 4 for whole groups of rows; the gpt's rows are 128 long).
 template <int R>
-MIXPREC_LANES void layer_norm_rows(const LayerNormRow& a, const float* const* x, double eps, float* const* y,
-                                   float* const* xh, float* mu, float* inv) {
+MIXPREC_LANES void layer_norm_stats(const LayerNormRow& a, const float* const* x, double eps, float* mu, float* inv) {
   const int64_t n = a.cols;
   float s[R];
   for (int k = 0; k < R; ++k) s[k] = plane_sum(x[k], n);
   for (int k = 0; k < R; ++k) mu[k] = float(double(s[k]) / double(n));
   for (int k = 0; k < R; ++k) s[k] = plane_sum_sq_dev(x[k], n, mu[k]);
   for (int k = 0; k < R; ++k) inv[k] = float(1.0 / std::sqrt(double(s[k]) / double(n) + eps));
+}
+template <int R>
+MIXPREC_LANES void layer_norm_rows(const LayerNormRow& a, const float* const* x, double eps, float* const* y,
+                                   float* const* xh, float* mu, float* inv) {
+  const int64_t n = a.cols;
+  layer_norm_stats<R>(a, x, eps, mu, inv);
   for (int k = 0; k < R; ++k) {
     for (int64_t j = 0; j < n; ++j) y[k][j] = (x[k][j] - mu[k]) * inv[k] * a.w[j] + a.b[j];
     if (xh[k])
@@ -167,6 +172,43 @@ void layer_norm_row_backward_baseline(const LayerNormRow& a, const float* gy, co
 }
 #undef MIXPREC_AVX512
 #undef MIXPREC_AVX2
+
+// y and x̂ written as bf16 by the row kernel itself where the CPU has AVX512-BF16 (autocast's norm
+// before a Linear, which also saves x̂ in bf16): layer_norm_rows's statistics and its operations in
+// the same order, 16 lanes at a time, rounded in registers (bf16_pair_from_ps, bf16_from_ps: the
+// bits of the f32 rows rounded by convert), where the buffered path wrote both as f32 rows and
+// converted them with two calls a group; its norms took 0.2 ms a step more than f32's in the gpt
+// (docs/hosts.md, 2026-12-05, later). xh null: no x̂.
+#define MIXPREC_LN_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+MIXPREC_LN_BF16 inline void ln_bf16_pair(const float* x, const LayerNormRow& a, int64_t j, __m512 mu, __m512 inv,
+                                         uint16_t* y, uint16_t* xh) {
+  const __m512 n0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), mu), inv);
+  const __m512 n1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j + 16), mu), inv);
+  const __m512 y0 = _mm512_add_ps(_mm512_mul_ps(n0, _mm512_loadu_ps(a.w + j)), _mm512_loadu_ps(a.b + j));
+  const __m512 y1 = _mm512_add_ps(_mm512_mul_ps(n1, _mm512_loadu_ps(a.w + j + 16)), _mm512_loadu_ps(a.b + j + 16));
+  _mm512_storeu_si512(y + j, bf16_pair_from_ps(y0, y1));
+  if (xh) _mm512_storeu_si512(xh + j, bf16_pair_from_ps(n0, n1));
+}
+template <int R>
+MIXPREC_LN_BF16 void layer_norm_rows_bf16(const LayerNormRow& a, const float* const* x, double eps, uint16_t* const* y,
+                                          uint16_t* const* xh, float* mu, float* inv) {
+  const int64_t n = a.cols;
+  layer_norm_stats<R>(a, x, eps, mu, inv);
+  for (int k = 0; k < R; ++k) {
+    const __m512 vm = _mm512_set1_ps(mu[k]), vi = _mm512_set1_ps(inv[k]);
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) ln_bf16_pair(x[k], a, j, vm, vi, y[k], xh[k]);
+    for (; j < n; j += 16) {
+      const __mmask16 m = first_lanes(n - j);
+      const __m512 nv = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x[k] + j), vm), vi);
+      const __m512 yv =
+          _mm512_add_ps(_mm512_mul_ps(nv, _mm512_maskz_loadu_ps(m, a.w + j)), _mm512_maskz_loadu_ps(m, a.b + j));
+      _mm256_mask_storeu_epi16(y[k] + j, m, bf16_from_ps(yv));
+      if (xh[k]) _mm256_mask_storeu_epi16(xh[k] + j, m, bf16_from_ps(nv));
+    }
+  }
+}
+#undef MIXPREC_LN_BF16
 
 // The function for groups of R rows (1 or kRowGroup).
 template <int R>
@@ -330,6 +372,10 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   const LayerNormRow row{w.data(), b.data(), cols};
   const LayerNormRowFn group_fn = layer_norm_rows_fn<kRowGroup>(), one_fn = layer_norm_rows_fn<1>();
   const int64_t groups = (rows + kRowGroup - 1) / kRowGroup;
+  const bool bf16_out = dst.dtype() == DType::bf16 && (!xhat.defined() || xhat.dtype() == DType::bf16) &&
+                        simd_lanes() == Lanes::avx512 && mixprec::cpu::has_avx512_bf16();
+  auto* const y16 = static_cast<uint16_t*>(dst.data_ptr());
+  auto* const xh16 = xhat.defined() ? static_cast<uint16_t*>(xhat_dst.data_ptr()) : nullptr;
 #pragma omp parallel
   {
     std::vector<float> in(size_t(kRowGroup * cols)), out(size_t(kRowGroup * cols)),
@@ -340,6 +386,22 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
       const float* src[kRowGroup] = {};
       float *y[kRowGroup] = {}, *xh_rows[kRowGroup] = {};
       const float* group_in = in_f32(x.data_ptr(), x.dtype(), r0 * cols, count * cols, in.data());
+      if (bf16_out) {
+        uint16_t *y_rows[kRowGroup] = {}, *xh16_rows[kRowGroup] = {};
+        for (int64_t k = 0; k < count; ++k) {
+          src[k] = group_in + k * cols;
+          y_rows[k] = y16 + (r0 + k) * cols;
+          xh16_rows[k] = xh16 ? xh16 + (r0 + k) * cols : nullptr;
+        }
+        if (count == kRowGroup) {
+          layer_norm_rows_bf16<kRowGroup>(row, src, eps, y_rows, xh16_rows, m.data() + r0, rs.data() + r0);
+        } else {
+          for (int64_t k = 0; k < count; ++k)
+            layer_norm_rows_bf16<1>(row, src + k, eps, y_rows + k, xh16_rows + k, m.data() + r0 + k,
+                                    rs.data() + r0 + k);
+        }
+        continue;
+      }
       for (int64_t k = 0; k < count; ++k) {
         const int64_t begin = (r0 + k) * cols;
         src[k] = group_in + k * cols;
