@@ -53,6 +53,7 @@ const std::vector<Case>& cases() {
       {{5, 4096}, -2, 2},   // a whole block
       {{2, 3000}, 20, 60},  // large logits: the max carries the row
       {{4096, 7}, -3, 3},   // rows enough for two threads
+      {{37, 81}, -4, 4},    // the fast kernels' groups of 16 rows and a tail of 5
   };
   return c;
 }
