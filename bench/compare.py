@@ -15,8 +15,9 @@ The peer runs with glibc's malloc keeping freed memory for reuse (--torch-malloc
 below): with glibc's defaults its step pays page faults that a caching allocator does not.
 
 For the mlp and gpt it also runs bench/matmul_probe.cpp once per repeat on the model's Linear
-shapes (gpt: C x 3C, C x 4C, 4C x C at batch x block tokens): oneDNN's own bf16 over f32 matmul
-speed-up, and mixprec's amp-bf16 speed-up as a share of it, pair-wise per repeat. The probe is
+shapes (gpt: a block's four, C x 3C, C x C, C x 4C, 4C x C, at batch x block tokens; the head's C x V,
+about 1% of the FLOPs, is left out): oneDNN's own bf16 over f32 matmul speed-up, and mixprec's
+amp-bf16 speed-up as a share of it, pair-wise per repeat. The probe is
 built next to the mixprec CLI (`cmake --build build --target matmul_probe`) when it is missing.
 
 Usage (from anywhere; standard library only, torch is only needed by the peer):
@@ -108,7 +109,8 @@ def probe_layers(a):
     """The model's Linear layers as the probe's (batch, "INxOUT,...") or None (cnn: convolutions)."""
     if a.model == "gpt":
         c = a.d_model
-        return a.batch_size * a.block_size, f"{c}x{3 * c},{c}x{4 * c},{4 * c}x{c}"
+        # A block's Linears in its order: qkv, the attention's output projection, the MLP's two.
+        return a.batch_size * a.block_size, f"{c}x{3 * c},{c}x{c},{c}x{4 * c},{4 * c}x{c}"
     if a.model == "mlp":
         widths = [784] + [int(w) for w in a.hidden.split(",") if w] + [10]
         return a.batch_size, ",".join(f"{i}x{o}" for i, o in zip(widths, widths[1:]))

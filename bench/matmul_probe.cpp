@@ -1,6 +1,6 @@
 // Timing probe (not a test) for a linear layer's three training matmuls, f32 vs bf16, interleaved
 // so that machine-wide speed swings hit every variant alike. Default: the MLP's layers at batch 512;
-// the third argument names other layers as IN x OUT pairs (the GPT's: 128x384,128x512,512x128 at
+// the third argument names other layers as IN x OUT pairs (the GPT's: 128x384,128x128,128x512,512x128 at
 // batch 4096 = 32 x 128 tokens; bench/compare.py --model gpt builds and runs it so).
 //
 //   cmake --build build --target matmul_probe
