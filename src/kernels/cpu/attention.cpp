@@ -212,66 +212,72 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   const Rows rout(dst.out);
   float* lse = static_cast<float*>(dst.lse.data_ptr());
 
-  // K^T and V of every key block, packed once for all the query blocks that read them.
-#pragma omp parallel for schedule(static)
-  for (int64_t task = 0; task < d.bh * d.nkb; ++task) {
-    // The thread's last array (see the main loop's carving): the rows being packed.
-    E* tmp = reinterpret_cast<E*>(scratch + (omp_get_thread_num() + 1) * per_thread - tmp_bytes);
-    const int64_t bh = task / d.nkb, j0 = (task % d.nkb) * kBc, nc = std::min(kBc, d.tk - j0);
-    E* kt = packs + task * kv_elems;
-    pack_keys<E>(rk, bh, j0, nc, d.e, d.e_pad, d.bc_pad, tmp, kt, nullptr);
-    pack_keys<E>(rv, bh, j0, nc, d.ev, d.ev_pad, d.bc_pad, tmp, nullptr, kt + d.e_pad * d.bc_pad);
-  }
+  // One parallel region for both passes (each region first wakes the other threads: 60-80 us under
+  // OMP_WAIT_POLICY=passive, docs/design.md, Threads); the first loop's barrier orders them.
+#pragma omp parallel
+  {
+    // K^T and V of every key block, packed once for all the query blocks that read them.
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < d.bh * d.nkb; ++task) {
+      // The thread's last array (see the main loop's carving): the rows being packed.
+      E* tmp = reinterpret_cast<E*>(scratch + (omp_get_thread_num() + 1) * per_thread - tmp_bytes);
+      const int64_t bh = task / d.nkb, j0 = (task % d.nkb) * kBc, nc = std::min(kBc, d.tk - j0);
+      E* kt = packs + task * kv_elems;
+      pack_keys<E>(rk, bh, j0, nc, d.e, d.e_pad, d.bc_pad, tmp, kt, nullptr);
+      pack_keys<E>(rv, bh, j0, nc, d.ev, d.ev_pad, d.bc_pad, tmp, nullptr, kt + d.e_pad * d.bc_pad);
+    }
 
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t task = 0; task < d.bh * d.nqb; ++task) {
-    Carver c(scratch + omp_get_thread_num() * per_thread);
-    E* qt = c.take<E>(kBr * d.e_pad);
-    float* s = c.take<float>(kBr * d.bc_pad);
-    E* pt = c.take<E>(kBr * d.bc_pad);
-    float* o = c.take<float>(kBr * d.ev_pad);
-    float* m = c.take<float>(kBr);
-    float* l = c.take<float>(kBr);
-    float* block = c.take<float>(kBr * d.ev);
-    const int64_t bh = task / d.nqb, i0 = (task % d.nqb) * kBr, nr = std::min(kBr, d.tq - i0);
-    const E* qa = qt;  // the block's query rows: S's A operand
-    int64_t lda = d.e_pad;
-    if (in_place<E>(rq, d.e, d.e_pad)) {
-      qa = reinterpret_cast<const E*>(rq.row(bh, i0));
-      lda = rq.st;
-    } else {
-      for (int64_t r = 0; r < nr; ++r) attn::load_row(rq.row(bh, i0 + r), rq.t, rq.se, d.e, qt + r * d.e_pad, d.e_pad);
-    }
-    std::fill(m, m + nr, -INFINITY);
-    std::fill(l, l + nr, 0.f);
-    std::fill(o, o + nr * d.ev_pad, 0.f);
-    // Key blocks past the last row's last key are masked for every row: skipped.
-    const int64_t nkb = attention_last_key(p, i0 + nr - 1, d.tq, d.tk) / kBc + 1;
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-      const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
-      const E* kt = packs + (bh * d.nkb + kb) * kv_elems;
-      gemm<E>(nr, d.bc_pad, d.e_pad, qa, lda, kt, s, d.bc_pad, false, live_of(p, d, i0, j0, nc, attn::Live::scores));
-      for (int64_t r = 0; r < nr; ++r) {
-        const int64_t lim = std::min(attention_last_key(p, i0 + r, d.tq, d.tk), j0 + nc - 1) - j0;
-        float* sr = s + r * d.bc_pad;
-        if (lim < 0)
-          std::fill(sr, sr + d.bc_pad, 0.f);
-        else
-          online_softmax_row(sr, d.bc_pad, lim, scale, m[r], l[r], o + r * d.ev_pad, d.ev_pad, p, bh, i0 + r, j0, d.tq,
-                             d.tk);
-        if constexpr (P == 2) attn::to_tile(sr, pt + r * d.bc_pad, d.bc_pad);
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < d.bh * d.nqb; ++task) {
+      Carver c(scratch + omp_get_thread_num() * per_thread);
+      E* qt = c.take<E>(kBr * d.e_pad);
+      float* s = c.take<float>(kBr * d.bc_pad);
+      E* pt = c.take<E>(kBr * d.bc_pad);
+      float* o = c.take<float>(kBr * d.ev_pad);
+      float* m = c.take<float>(kBr);
+      float* l = c.take<float>(kBr);
+      float* block = c.take<float>(kBr * d.ev);
+      const int64_t bh = task / d.nqb, i0 = (task % d.nqb) * kBr, nr = std::min(kBr, d.tq - i0);
+      const E* qa = qt;  // the block's query rows: S's A operand
+      int64_t lda = d.e_pad;
+      if (in_place<E>(rq, d.e, d.e_pad)) {
+        qa = reinterpret_cast<const E*>(rq.row(bh, i0));
+        lda = rq.st;
+      } else {
+        for (int64_t r = 0; r < nr; ++r)
+          attn::load_row(rq.row(bh, i0 + r), rq.t, rq.se, d.e, qt + r * d.e_pad, d.e_pad);
       }
-      // P's rows, rounded to bf16 for a bf16 tile; an f32 tile's are the scores' buffer itself.
-      const E* pa = reinterpret_cast<const E*>(s);
-      if constexpr (P == 2) pa = pt;
-      gemm<E>(nr, d.ev_pad, round_up(d.bc_pad, P), pa, d.bc_pad, kt + d.e_pad * d.bc_pad, o, d.ev_pad, true,
-              live_of(p, d, i0, j0, nc, attn::Live::k_end));
+      std::fill(m, m + nr, -INFINITY);
+      std::fill(l, l + nr, 0.f);
+      std::fill(o, o + nr * d.ev_pad, 0.f);
+      // Key blocks past the last row's last key are masked for every row: skipped.
+      const int64_t nkb = attention_last_key(p, i0 + nr - 1, d.tq, d.tk) / kBc + 1;
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
+        const E* kt = packs + (bh * d.nkb + kb) * kv_elems;
+        gemm<E>(nr, d.bc_pad, d.e_pad, qa, lda, kt, s, d.bc_pad, false, live_of(p, d, i0, j0, nc, attn::Live::scores));
+        for (int64_t r = 0; r < nr; ++r) {
+          const int64_t lim = std::min(attention_last_key(p, i0 + r, d.tq, d.tk), j0 + nc - 1) - j0;
+          float* sr = s + r * d.bc_pad;
+          if (lim < 0)
+            std::fill(sr, sr + d.bc_pad, 0.f);
+          else
+            online_softmax_row(sr, d.bc_pad, lim, scale, m[r], l[r], o + r * d.ev_pad, d.ev_pad, p, bh, i0 + r, j0,
+                               d.tq, d.tk);
+          if constexpr (P == 2) attn::to_tile(sr, pt + r * d.bc_pad, d.bc_pad);
+        }
+        // P's rows, rounded to bf16 for a bf16 tile; an f32 tile's are the scores' buffer itself.
+        const E* pa = reinterpret_cast<const E*>(s);
+        if constexpr (P == 2) pa = pt;
+        gemm<E>(nr, d.ev_pad, round_up(d.bc_pad, P), pa, d.bc_pad, kt + d.e_pad * d.bc_pad, o, d.ev_pad, true,
+                live_of(p, d, i0, j0, nc, attn::Live::k_end));
+      }
+      for (int64_t r = 0; r < nr; ++r) {
+        lse[bh * d.tq + i0 + r] = m[r] + std::log(l[r]);
+        l[r] = keep_scale / l[r];
+      }
+      store_rows(o, d.ev_pad, nr, d.ev, l, 0.f, block, rout, bh, i0);
     }
-    for (int64_t r = 0; r < nr; ++r) {
-      lse[bh * d.tq + i0 + r] = m[r] + std::log(l[r]);
-      l[r] = keep_scale / l[r];
-    }
-    store_rows(o, d.ev_pad, nr, d.ev, l, 0.f, block, rout, bh, i0);
   }
 }
 
