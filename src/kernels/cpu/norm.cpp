@@ -177,7 +177,7 @@ void layer_norm_row_backward_baseline(const LayerNormRow& a, const float* gy, co
 // before a Linear, which also saves x̂ in bf16): layer_norm_rows's statistics and its operations in
 // the same order, 16 lanes at a time, rounded in registers (bf16_pair_from_ps, bf16_from_ps: the
 // bits of the f32 rows rounded by convert), where the buffered path wrote both as f32 rows and
-// converted them with two calls a group; its norms took 0.2 ms a step more than f32's in the gpt
+// converted them with two calls a group; its forward took 0.5 ms a step more than f32's in the gpt
 // (docs/hosts.md, 2026-12-05, later). xh null: no x̂.
 #define MIXPREC_LN_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 MIXPREC_LN_BF16 inline void ln_bf16_pair(const float* x, const LayerNormRow& a, int64_t j, __m512 mu, __m512 inv,
