@@ -387,34 +387,44 @@ TEST(Kernels, ActivationBf16IsTheF32KernelRoundedOnce) {
   if (!mixprec::cpu::has_avx512f())
     GTEST_SKIP() << "no AVX-512 on this host: bf16 activations run the f32 kernels on converted blocks (no loops of "
                     "their own to compare)";
-  Generator g(20);
-  for (const ActivationCase& c : kActivationCases) {
-    if (c.op == kernels::Activation::relu || c.op == kernels::Activation::gelu) continue;  // not vectorised
-    for (int64_t n : {int64_t(1), int64_t(15), int64_t(16), int64_t(4095), int64_t(4097), int64_t(100003)}) {
-      std::vector<float> v = uniform(g, n, c.lo, c.hi);
-      if (n > 4) v[1] = 0.f, v[2] = NAN, v[3] = INFINITY, v[4] = -INFINITY;
-      // Subnormal results (the native rounding's fix-up: VCVTNE2PS2BF16 flushes them): gelu(x) ~ x / 2
-      // and a gradient ~ g / 2 near 0.
-      std::vector<float> gv = away_from_zero(g, n, 0.25, 2);
-      if (n > 6) v[5] = std::ldexp(1.0f, -125), v[6] = -std::ldexp(3.0f, -131), gv[5] = std::ldexp(-5.0f, -130);
-      const Tensor x = make(v, {n}, DType::bf16), gr = make(gv, {n}, DType::bf16);
-      const Tensor x32 = make(std::vector<float>(v.size()), {n}, DType::f32);
-      const Tensor gr32 = make(std::vector<float>(v.size()), {n}, DType::f32);
-      convert(x.data_ptr(), DType::bf16, x32.data_ptr(), DType::f32, size_t(n));
-      convert(gr.data_ptr(), DType::bf16, gr32.data_ptr(), DType::f32, size_t(n));
-      Tensor y = Tensor::empty({n}, DType::bf16), y32 = Tensor::empty({n}, DType::f32);
-      Tensor d = Tensor::empty({n}, DType::bf16), d32 = Tensor::empty({n}, DType::f32);
-      ASSERT_TRUE(kernels::cpu::activation(c.op, x, y) && kernels::cpu::activation(c.op, x32, y32)) << c.name;
-      ASSERT_TRUE(kernels::cpu::activation_grad(c.op, gr, x, d) && kernels::cpu::activation_grad(c.op, gr32, x32, d32))
-          << c.name;
-      const auto* yb = static_cast<const uint16_t*>(y.data_ptr());
-      const auto* db = static_cast<const uint16_t*>(d.data_ptr());
-      const auto* yf = static_cast<const float*>(y32.data_ptr());
-      const auto* df = static_cast<const float*>(d32.data_ptr());
-      int64_t bad = 0, first = -1;
-      for (int64_t i = 0; i < n; ++i)
-        if (yb[i] != f32_to_bf16(yf[i]) || db[i] != f32_to_bf16(df[i])) bad += 1, first = first < 0 ? i : first;
-      EXPECT_EQ(bad, 0) << c.name << " n=" << n << ": first at " << first;
+  // Each rounding this host runs: VCVTNE2PS2BF16 where it has AVX512-BF16, and the integer lanes of
+  // the CPUs without it (detail::native_bf16_rounding).
+  struct Restore {
+    ~Restore() { detail::set_conversion_path(detail::ConversionPath::best); }
+  } restore;
+  for (const detail::ConversionPath path : detail::bulk_conversion_paths()) {
+    SCOPED_TRACE(std::string("rounding path ") + detail::conversion_path_name(path));
+    detail::set_conversion_path(path);
+    Generator g(20);
+    for (const ActivationCase& c : kActivationCases) {
+      if (c.op == kernels::Activation::relu || c.op == kernels::Activation::gelu) continue;  // not vectorised
+      for (int64_t n : {int64_t(1), int64_t(15), int64_t(16), int64_t(4095), int64_t(4097), int64_t(100003)}) {
+        std::vector<float> v = uniform(g, n, c.lo, c.hi);
+        if (n > 4) v[1] = 0.f, v[2] = NAN, v[3] = INFINITY, v[4] = -INFINITY;
+        // Subnormal results (the native rounding's fix-up: VCVTNE2PS2BF16 flushes them): gelu(x) ~ x / 2
+        // and a gradient ~ g / 2 near 0.
+        std::vector<float> gv = away_from_zero(g, n, 0.25, 2);
+        if (n > 6) v[5] = std::ldexp(1.0f, -125), v[6] = -std::ldexp(3.0f, -131), gv[5] = std::ldexp(-5.0f, -130);
+        const Tensor x = make(v, {n}, DType::bf16), gr = make(gv, {n}, DType::bf16);
+        const Tensor x32 = make(std::vector<float>(v.size()), {n}, DType::f32);
+        const Tensor gr32 = make(std::vector<float>(v.size()), {n}, DType::f32);
+        convert(x.data_ptr(), DType::bf16, x32.data_ptr(), DType::f32, size_t(n));
+        convert(gr.data_ptr(), DType::bf16, gr32.data_ptr(), DType::f32, size_t(n));
+        Tensor y = Tensor::empty({n}, DType::bf16), y32 = Tensor::empty({n}, DType::f32);
+        Tensor d = Tensor::empty({n}, DType::bf16), d32 = Tensor::empty({n}, DType::f32);
+        ASSERT_TRUE(kernels::cpu::activation(c.op, x, y) && kernels::cpu::activation(c.op, x32, y32)) << c.name;
+        ASSERT_TRUE(kernels::cpu::activation_grad(c.op, gr, x, d) &&
+                    kernels::cpu::activation_grad(c.op, gr32, x32, d32))
+            << c.name;
+        const auto* yb = static_cast<const uint16_t*>(y.data_ptr());
+        const auto* db = static_cast<const uint16_t*>(d.data_ptr());
+        const auto* yf = static_cast<const float*>(y32.data_ptr());
+        const auto* df = static_cast<const float*>(d32.data_ptr());
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < n; ++i)
+          if (yb[i] != f32_to_bf16(yf[i]) || db[i] != f32_to_bf16(df[i])) bad += 1, first = first < 0 ? i : first;
+        EXPECT_EQ(bad, 0) << c.name << " n=" << n << ": first at " << first;
+      }
     }
   }
 }

@@ -8,12 +8,15 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "conv_test_util.h"
 #include "gradcheck.h"
 #include "kernels/norm.h"
 #include "mixprec/allocator.h"
 #include "mixprec/autocast.h"
+#include "mixprec/convert.h"
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
 #include "tensor_bytes.h"
@@ -452,6 +455,15 @@ TEST(NormAutocast, LayerNormSavesXhatIn16BitsWithinItsBound) {
 // gradient widened to f32 (widening is exact), from x and from x̂ alike.
 TEST(NormKernels, LayerNormOutDtypeIsTheNormRoundedOnceAndTakesA16BitGradient) {
   Generator g(23);
+  // The cpu backend under each rounding this host runs: the bf16 row kernel where it has
+  // AVX512-BF16, the buffered path of CPUs without it (detail::native_bf16_rounding).
+  struct Restore {
+    ~Restore() { detail::set_conversion_path(detail::ConversionPath::best); }
+  } restore;
+  std::vector<std::pair<kernels::Backend, detail::ConversionPath>> runs = {
+      {kernels::Backend::ref, detail::ConversionPath::best}};
+  for (const detail::ConversionPath path : detail::bulk_conversion_paths())
+    runs.emplace_back(kernels::Backend::cpu, path);
   // 37: a last group of one row (groups of 4); 72 columns: the bf16 row kernel's 32-lane steps and a
   // masked tail of 8.
   for (const int64_t cols : {int64_t(128), int64_t(72)}) {
@@ -462,9 +474,11 @@ TEST(NormKernels, LayerNormOutDtypeIsTheNormRoundedOnceAndTakesA16BitGradient) {
     Tensor m64, r64;
     const Tensor y64 = kernels::ref::layer_norm_forward(x.to(DType::f64), w, b, 1e-5, m64, r64, Tensor());
     const std::vector<double> yv = y64.to_vector_f64();
-    for (kernels::Backend be : {kernels::Backend::ref, kernels::Backend::cpu})
+    for (const auto& [be, path] : runs)
       for (DType t : {DType::bf16, DType::f16}) {
-        SCOPED_TRACE(std::string(be == kernels::Backend::ref ? "ref " : "cpu ") + std::string(dtype_name(t)));
+        SCOPED_TRACE(std::string(be == kernels::Backend::ref ? "ref " : "cpu ") + std::string(dtype_name(t)) + " " +
+                     detail::conversion_path_name(path));
+        detail::set_conversion_path(path);
         BackendGuard guard(be);
         Tensor mean, rstd, mean2, rstd2;
         const Tensor xhat = Tensor::empty({rows, cols}, t), xhat2 = Tensor::empty({rows, cols}, t);

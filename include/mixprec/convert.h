@@ -57,6 +57,10 @@ ConversionPath set_conversion_path(ConversionPath path);  // returns the old one
 // and a name for each.
 std::vector<ConversionPath> bulk_conversion_paths();
 const char* conversion_path_name(ConversionPath path);
+// Whether the kernels that round f32 to bf16 in registers (activations, attention rows, layer norm)
+// use AVX512-BF16's VCVTNEPS2BF16: the CPU has it and the path is `best`; under `avx512f` they round
+// in integer lanes, as on CPUs without it, so that a test can run that code here too.
+bool native_bf16_rounding();
 }  // namespace detail
 
 }  // namespace mixprec

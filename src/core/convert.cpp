@@ -264,6 +264,10 @@ bool scalar_only() { return g_path.load(std::memory_order_relaxed) == detail::Co
 
 detail::ConversionPath detail::set_conversion_path(ConversionPath path) { return g_path.exchange(path); }
 
+bool detail::native_bf16_rounding() {
+  return cpu::has_avx512_bf16() && g_path.load(std::memory_order_relaxed) == ConversionPath::best;
+}
+
 std::vector<detail::ConversionPath> detail::bulk_conversion_paths() {
   std::vector<ConversionPath> paths;
   if (!__builtin_cpu_supports("avx512f")) {

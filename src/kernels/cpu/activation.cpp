@@ -170,7 +170,8 @@ __attribute__((target("avx512f"))) void backward_f32(const float* g, const float
 // bits) where the CPU has AVX512-BF16: bf16_round_epi32's ten integer operations a vector made the
 // bf16 GELU slower than the f32 one on the Zen 5 kind (docs/hosts.md, 2026-12-05, later). Every
 // function here carries AVX512-BF16 in its target so that the native form inlines; the integer form
-// uses no instruction of it, and is what runs on AVX-512 CPUs without it. A tail under 16 goes
+// uses no instruction of it, and is what runs on AVX-512 CPUs without it (and here under the
+// conversion path avx512f: detail::native_bf16_rounding, for the tests). A tail under 16 goes
 // through stack copies.
 #define MIXPREC_ACT_BF16 __attribute__((target("avx512f,avx512bf16")))
 template <bool kNative>
@@ -402,7 +403,7 @@ void forward_blocks(const Tensor& x, Tensor& dst) {
   if (x.dtype() == DType::bf16 && dst.dtype() == DType::bf16) {
     const auto* src = static_cast<const uint16_t*>(x.data_ptr());
     auto* out = static_cast<uint16_t*>(dst.data_ptr());
-    const bool native = mixprec::cpu::has_avx512_bf16();
+    const bool native = detail::native_bf16_rounding();
     for_blocks(x.numel(), [&](int64_t begin, int64_t len) {
       (native ? forward_bf16<OP, true> : forward_bf16<OP, false>)(src + begin, out + begin, len);
     });
@@ -418,7 +419,7 @@ void backward_blocks(const Tensor& grad, const Tensor& saved, Tensor& dst) {
     const auto* g = static_cast<const uint16_t*>(grad.data_ptr());
     const auto* s = static_cast<const uint16_t*>(saved.data_ptr());
     auto* out = static_cast<uint16_t*>(dst.data_ptr());
-    const bool native = mixprec::cpu::has_avx512_bf16();
+    const bool native = detail::native_bf16_rounding();
     for_blocks(saved.numel(), [&](int64_t begin, int64_t len) {
       (native ? backward_bf16<OP, true> : backward_bf16<OP, false>)(g + begin, s + begin, out + begin, len);
     });

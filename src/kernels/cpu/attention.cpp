@@ -173,7 +173,7 @@ MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t li
 MIXPREC_ATTN_TARGET void store_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const float* factor, float f,
                                     float* tmp, const Rows& dst, int64_t bh, int64_t i0) {
   const bool direct = dst.t == DType::f32 || dst.t == DType::bf16;
-  static const bool native = mixprec::cpu::has_avx512_bf16();
+  const bool native = detail::native_bf16_rounding();
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 fr = _mm512_set1_ps(factor ? factor[r] : f);
     char* out = direct ? dst.row(bh, i0 + r) : nullptr;

@@ -373,7 +373,7 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   const LayerNormRowFn group_fn = layer_norm_rows_fn<kRowGroup>(), one_fn = layer_norm_rows_fn<1>();
   const int64_t groups = (rows + kRowGroup - 1) / kRowGroup;
   const bool bf16_out = dst.dtype() == DType::bf16 && (!xhat.defined() || xhat.dtype() == DType::bf16) &&
-                        simd_lanes() == Lanes::avx512 && mixprec::cpu::has_avx512_bf16();
+                        simd_lanes() == Lanes::avx512 && detail::native_bf16_rounding();
   auto* const y16 = static_cast<uint16_t*>(dst.data_ptr());
   auto* const xh16 = xhat.defined() ? static_cast<uint16_t*>(xhat_dst.data_ptr()) : nullptr;
 #pragma omp parallel
