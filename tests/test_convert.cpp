@@ -270,12 +270,9 @@ template <class Body>
 void for_each_bulk_path(Body body) {
   const auto paths = detail::bulk_conversion_paths();
   if (paths.empty()) GTEST_SKIP() << "neither AVX-512F nor AVX2: the bulk conversions are the scalar reference itself";
-  struct Restore {
-    ~Restore() { detail::set_conversion_path(detail::ConversionPath::best); }
-  } restore;
   for (const auto path : paths) {
     SCOPED_TRACE(std::string("bulk path ") + detail::conversion_path_name(path));
-    detail::set_conversion_path(path);
+    const detail::ConversionPathScope scope(path);
     body();
   }
 }

@@ -389,12 +389,9 @@ TEST(Kernels, ActivationBf16IsTheF32KernelRoundedOnce) {
                     "their own to compare)";
   // Each rounding this host runs: VCVTNE2PS2BF16 where it has AVX512-BF16, and the integer lanes of
   // the CPUs without it (detail::native_bf16_rounding).
-  struct Restore {
-    ~Restore() { detail::set_conversion_path(detail::ConversionPath::best); }
-  } restore;
   for (const detail::ConversionPath path : detail::bulk_conversion_paths()) {
     SCOPED_TRACE(std::string("rounding path ") + detail::conversion_path_name(path));
-    detail::set_conversion_path(path);
+    const detail::ConversionPathScope scope(path);
     Generator g(20);
     for (const ActivationCase& c : kActivationCases) {
       if (c.op == kernels::Activation::relu || c.op == kernels::Activation::gelu) continue;  // not vectorised

@@ -457,9 +457,6 @@ TEST(NormKernels, LayerNormOutDtypeIsTheNormRoundedOnceAndTakesA16BitGradient) {
   Generator g(23);
   // The cpu backend under each rounding this host runs: the bf16 row kernel where it has
   // AVX512-BF16, the buffered path of CPUs without it (detail::native_bf16_rounding).
-  struct Restore {
-    ~Restore() { detail::set_conversion_path(detail::ConversionPath::best); }
-  } restore;
   std::vector<std::pair<kernels::Backend, detail::ConversionPath>> runs = {
       {kernels::Backend::ref, detail::ConversionPath::best}};
   for (const detail::ConversionPath path : detail::bulk_conversion_paths())
@@ -478,7 +475,7 @@ TEST(NormKernels, LayerNormOutDtypeIsTheNormRoundedOnceAndTakesA16BitGradient) {
       for (DType t : {DType::bf16, DType::f16}) {
         SCOPED_TRACE(std::string(be == kernels::Backend::ref ? "ref " : "cpu ") + std::string(dtype_name(t)) + " " +
                      detail::conversion_path_name(path));
-        detail::set_conversion_path(path);
+        const detail::ConversionPathScope scope(path);
         BackendGuard guard(be);
         Tensor mean, rstd, mean2, rstd2;
         const Tensor xhat = Tensor::empty({rows, cols}, t), xhat2 = Tensor::empty({rows, cols}, t);

@@ -53,6 +53,17 @@ namespace detail {
 // where AVX512-BF16 is there (the code of CPUs without it); scalar: the reference loops.
 enum class ConversionPath { best, avx512f, scalar };
 ConversionPath set_conversion_path(ConversionPath path);  // returns the old one
+// Sets the path for its lifetime and restores the one before (a test's loop over the paths).
+class ConversionPathScope {
+ public:
+  explicit ConversionPathScope(ConversionPath path) : prev_(set_conversion_path(path)) {}
+  ~ConversionPathScope() { set_conversion_path(prev_); }
+  ConversionPathScope(const ConversionPathScope&) = delete;
+  ConversionPathScope& operator=(const ConversionPathScope&) = delete;
+
+ private:
+  ConversionPath prev_;
+};
 // The vectorised paths this CPU can run (best alone on an AVX2 host, none without AVX2),
 // and a name for each.
 std::vector<ConversionPath> bulk_conversion_paths();

@@ -46,40 +46,39 @@ __attribute__((target("avx512f"))) inline __m512i bf16_round_epi32(__m512 x) {
   return _mm512_mask_or_epi32(rne, nan, high, _mm512_set1_epi32(0x0040));  // 16-bit values in 32-bit lanes
 }
 
-// 16 f32 -> 16 bf16 where the CPU has AVX512-BF16 (bf16_round_epi32's bits, fewer
-// instructions: the bulk conversion, the bf16 activations). VCVTNEPS2BF16 treats f32 denormal inputs as zero (DAZ,
-// regardless of MXCSR), whereas the scalar reference rounds them; those lanes are redone with the same integer RNE.
-// Denormals are rare, so the fix-up hides behind one predictable branch. NaNs need none: the scalar NaN rule was chosen
-// to be the instruction's.
-__attribute__((target("avx512f,avx512bf16"))) inline __m256i bf16_from_ps(__m512 x) {
-  __m256i r = (__m256i)_mm512_cvtneps_pbh(x);
-  const __m512i u = _mm512_castps_si512(x);
-  // |bits| - 1 < 0x7fffff (unsigned): exactly the denormals, in integer lanes (VFPCLASSPS and the
-  // float compares see them as zero under MXCSR.DAZ).
-  const __mmask16 denormal = _mm512_cmplt_epu32_mask(
-      _mm512_sub_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(1)),
+// The lanes of x that are f32 denormals, tested on the bits (VFPCLASSPS and the float compares see
+// them as zero under MXCSR.DAZ): |bits| - 1 < 0x7fffff, unsigned.
+__attribute__((target("avx512f"))) inline __mmask16 denormal_lanes(__m512 x) {
+  return _mm512_cmplt_epu32_mask(
+      _mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(1)),
       _mm512_set1_epi32(0x007fffff));
-  if (denormal) [[unlikely]] {
-    // Denormal lanes are never NaN, so the plain RNE add is the whole scalar algorithm.
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    __m512i wide = _mm512_mask_blend_epi32(denormal, _mm512_cvtepu16_epi32(r), rne);
-    r = _mm512_cvtepi32_epi16(wide);
-  }
+}
+
+// 16 f32 -> 16 bf16 where the CPU has AVX512-BF16: bf16_round_epi32's bits in fewer instructions
+// (the bulk conversion, the bf16 activations, attention and layer norm rows). VCVTNEPS2BF16 treats
+// f32 denormal inputs as zero (DAZ, regardless of MXCSR), whereas the scalar reference rounds them;
+// those lanes are redone by bf16_round_epi32. Denormals are rare, so the fix-up hides behind one
+// predictable branch. NaNs need none: the scalar NaN rule was chosen to be the instruction's.
+__attribute__((target("avx512f,avx512bf16"))) inline __m256i bf16_from_ps(__m512 x) {
+  const __m256i r = (__m256i)_mm512_cvtneps_pbh(x);
+  const __mmask16 denormal = denormal_lanes(x);
+  if (denormal) [[unlikely]]
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(denormal, _mm512_cvtepu16_epi32(r), bf16_round_epi32(x)));
   return r;
 }
 
 // 32 f32 (lo, then hi) -> 32 bf16 in one vector: bf16_from_ps's bits, by one VCVTNE2PS2BF16 where
 // neither half has a denormal.
 __attribute__((target("avx512f,avx512bf16"))) inline __m512i bf16_pair_from_ps(__m512 lo, __m512 hi) {
-  const __m512i abs = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1), top = _mm512_set1_epi32(0x007fffff);
-  const __mmask16 dl =
-      _mm512_cmplt_epu32_mask(_mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(lo), abs), one), top);
-  const __mmask16 dh =
-      _mm512_cmplt_epu32_mask(_mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(hi), abs), one), top);
-  if (_kortestz_mask16_u8(dl, dh)) [[likely]]
+  if (_kortestz_mask16_u8(denormal_lanes(lo), denormal_lanes(hi))) [[likely]]
     return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
   return _mm512_inserti64x4(_mm512_castsi256_si512(bf16_from_ps(lo)), bf16_from_ps(hi), 1);
+}
+
+// 16 f32 -> 16 bf16 by convert()'s rule: bf16_from_ps where `native` (detail::native_bf16_rounding:
+// the CPU has AVX512-BF16), else bf16_round_epi32 in integer lanes.
+__attribute__((target("avx512f,avx512bf16"))) inline __m256i bf16_round_ps(__m512 x, bool native) {
+  return native ? bf16_from_ps(x) : _mm512_cvtepi32_epi16(bf16_round_epi32(x));
 }
 
 // The 16 lanes' sum, in lane order from lane 0 (a fixed order; _mm512_reduce_add_ps's is a tree,

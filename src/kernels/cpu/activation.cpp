@@ -174,20 +174,13 @@ __attribute__((target("avx512f"))) void backward_f32(const float* g, const float
 // conversion path avx512f: detail::native_bf16_rounding, for the tests). A tail under 16 goes
 // through stack copies.
 #define MIXPREC_ACT_BF16 __attribute__((target("avx512f,avx512bf16")))
-template <bool kNative>
-MIXPREC_ACT_BF16 inline __m256i round_out(__m512 v) {
-  if constexpr (kNative)
-    return bf16_from_ps(v);
-  else
-    return _mm512_cvtepi32_epi16(bf16_round_epi32(v));
-}
 template <Activation OP, bool kNative>
 MIXPREC_ACT_BF16 inline __m256i forward_16(__m256i x) {
-  return round_out<kNative>(value_ps<OP>(bf16_widen_ps(x)));
+  return bf16_round_ps(value_ps<OP>(bf16_widen_ps(x)), kNative);
 }
 template <Activation OP, bool kNative>
 MIXPREC_ACT_BF16 inline __m256i backward_16(__m256i g, __m256i s) {
-  return round_out<kNative>(_mm512_mul_ps(bf16_widen_ps(g), derivative_ps<OP>(bf16_widen_ps(s))));
+  return bf16_round_ps(_mm512_mul_ps(bf16_widen_ps(g), derivative_ps<OP>(bf16_widen_ps(s))), kNative);
 }
 __attribute__((target("avx512f"))) inline __m256i load_16(const uint16_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));

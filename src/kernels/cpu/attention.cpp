@@ -183,8 +183,7 @@ MIXPREC_ATTN_TARGET void store_rows(const float* src, int64_t ld, int64_t rows, 
       if (dst.t == DType::f32)
         _mm512_mask_storeu_ps(reinterpret_cast<float*>(out) + c, in, v);
       else if (dst.t == DType::bf16)
-        _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(out) + c, in,
-                                 native ? bf16_from_ps(v) : _mm512_cvtepi32_epi16(bf16_round_epi32(v)));
+        _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(out) + c, in, bf16_round_ps(v, native));
       else
         _mm512_mask_storeu_ps(tmp + r * n + c, in, v);
     }

@@ -180,14 +180,11 @@ void layer_norm_row_backward_baseline(const LayerNormRow& a, const float* gy, co
 // converted them with two calls a group; its forward took 0.5 ms a step more than f32's in the gpt
 // (docs/hosts.md, 2026-12-05, later). xh null: no x̂.
 #define MIXPREC_LN_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-MIXPREC_LN_BF16 inline void ln_bf16_pair(const float* x, const LayerNormRow& a, int64_t j, __m512 mu, __m512 inv,
-                                         uint16_t* y, uint16_t* xh) {
-  const __m512 n0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), mu), inv);
-  const __m512 n1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j + 16), mu), inv);
-  const __m512 y0 = _mm512_add_ps(_mm512_mul_ps(n0, _mm512_loadu_ps(a.w + j)), _mm512_loadu_ps(a.b + j));
-  const __m512 y1 = _mm512_add_ps(_mm512_mul_ps(n1, _mm512_loadu_ps(a.w + j + 16)), _mm512_loadu_ps(a.b + j + 16));
-  _mm512_storeu_si512(y + j, bf16_pair_from_ps(y0, y1));
-  if (xh) _mm512_storeu_si512(xh + j, bf16_pair_from_ps(n0, n1));
+// 16 lanes of layer_norm_rows's operations, in its order: x̂ = (x - mu) * inv into n, y = x̂ * w + b
+// returned.
+MIXPREC_LN_BF16 inline __m512 ln_lanes(__m512 x, __m512 w, __m512 b, __m512 mu, __m512 inv, __m512& n) {
+  n = _mm512_mul_ps(_mm512_sub_ps(x, mu), inv);
+  return _mm512_add_ps(_mm512_mul_ps(n, w), b);
 }
 template <int R>
 MIXPREC_LN_BF16 void layer_norm_rows_bf16(const LayerNormRow& a, const float* const* x, double eps, uint16_t* const* y,
@@ -197,12 +194,20 @@ MIXPREC_LN_BF16 void layer_norm_rows_bf16(const LayerNormRow& a, const float* co
   for (int k = 0; k < R; ++k) {
     const __m512 vm = _mm512_set1_ps(mu[k]), vi = _mm512_set1_ps(inv[k]);
     int64_t j = 0;
-    for (; j + 32 <= n; j += 32) ln_bf16_pair(x[k], a, j, vm, vi, y[k], xh[k]);
+    for (; j + 32 <= n; j += 32) {
+      const float* xr = x[k] + j;
+      __m512 n0, n1;
+      const __m512 y0 = ln_lanes(_mm512_loadu_ps(xr), _mm512_loadu_ps(a.w + j), _mm512_loadu_ps(a.b + j), vm, vi, n0);
+      const __m512 y1 =
+          ln_lanes(_mm512_loadu_ps(xr + 16), _mm512_loadu_ps(a.w + j + 16), _mm512_loadu_ps(a.b + j + 16), vm, vi, n1);
+      _mm512_storeu_si512(y[k] + j, bf16_pair_from_ps(y0, y1));
+      if (xh[k]) _mm512_storeu_si512(xh[k] + j, bf16_pair_from_ps(n0, n1));
+    }
     for (; j < n; j += 16) {
       const __mmask16 m = first_lanes(n - j);
-      const __m512 nv = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x[k] + j), vm), vi);
-      const __m512 yv =
-          _mm512_add_ps(_mm512_mul_ps(nv, _mm512_maskz_loadu_ps(m, a.w + j)), _mm512_maskz_loadu_ps(m, a.b + j));
+      __m512 nv;
+      const __m512 yv = ln_lanes(_mm512_maskz_loadu_ps(m, x[k] + j), _mm512_maskz_loadu_ps(m, a.w + j),
+                                 _mm512_maskz_loadu_ps(m, a.b + j), vm, vi, nv);
       _mm256_mask_storeu_epi16(y[k] + j, m, bf16_from_ps(yv));
       if (xh[k]) _mm256_mask_storeu_epi16(xh[k] + j, m, bf16_from_ps(nv));
     }
