@@ -13,8 +13,12 @@
 4. With --skips: the test suite's skipped tests on this host, grouped by the reason they give, and
    the op cases whose fast run fell back to the reference for some kernel (OpBackends' NOTE lines).
 
-Prints Markdown on stdout; --json-out FILE keeps every raw result. Run on a quiet machine:
-    OMP_WAIT_POLICY=passive /usr/bin/python3 bench/figures.py --mixprec build/mixprec --pytorch --skips
+Prints Markdown on stdout; --json-out FILE keeps every raw result. Run on a quiet machine, under
+the wait policy a user of either product has (OMP_WAIT_POLICY unset; the Host line names it):
+    /usr/bin/python3 bench/figures.py --mixprec build/mixprec --pytorch --skips
+Sections of docs/hosts.md before 2026-12-05's third ran it with OMP_WAIT_POLICY=passive, where
+every parallel region first wakes the partner thread (60-80 us on our KVM hosts), which costs the
+peer's steps more than mixprec's.
 """
 
 import argparse
@@ -90,7 +94,10 @@ def host(cli):
         kind = "AVX512-BF16 only, " + ("bf16 products in f32 where large" if "in f32" in cpu else "bf16 products native")
     else:
         kind = "other"
-    return {"model": model, "features": cpu, "kind": kind, "cores": os.cpu_count()}
+    # Both products leave libgomp's wait policy as the user's environment has it; it changes what
+    # every parallel region costs (docs/design.md, Threads), the peer's more than mixprec's.
+    policy = os.environ.get("OMP_WAIT_POLICY") or "unset (libgomp's default: spin, then sleep)"
+    return {"model": model, "features": cpu, "kind": kind, "cores": os.cpu_count(), "wait_policy": policy}
 
 
 def profile(cli, name, flags, precision, repeats):
@@ -167,7 +174,8 @@ def main(argv=None):
     if a.skips:
         out["skips"] = skips(resolve(a.tests) if a.tests else os.path.join(os.path.dirname(cli), "mixprec_tests"))
 
-    print(f"Host: {h['model']}, {h['cores']} cores; mixprec detects {h['features']} ({h['kind']}).\n")
+    print(f"Host: {h['model']}, {h['cores']} cores; mixprec detects {h['features']} ({h['kind']}); "
+          f"OMP_WAIT_POLICY {h['wait_policy']}.\n")
     print("| model | precision | GFLOP/step | step ms (best) | GFLOP/s | host matmul GFLOP/s | share |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, by_p in out["profiles"].items():
