@@ -16,9 +16,9 @@
 Prints Markdown on stdout; --json-out FILE keeps every raw result. Run on a quiet machine, under
 the wait policy a user of either product has (OMP_WAIT_POLICY unset; the Host line names it):
     /usr/bin/python3 bench/figures.py --mixprec build/mixprec --pytorch --skips
-Sections of docs/hosts.md before 2026-12-05's third ran it with OMP_WAIT_POLICY=passive, where
-every parallel region first wakes the partner thread (60-80 us on our KVM hosts), which costs the
-peer's steps more than mixprec's.
+Sections of docs/hosts.md before 2026-12-05's third session ran it with OMP_WAIT_POLICY=passive, under
+which every parallel region first wakes the partner thread (60-80 us on our KVM hosts), at more
+cost to the peer's steps than to mixprec's.
 """
 
 import argparse
