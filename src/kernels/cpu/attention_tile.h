@@ -164,8 +164,9 @@ MIXPREC_ATTN_TARGET inline void transpose_16x16(__m512 (&r)[16]) {
 // shuffles move bits, they do no arithmetic). Each block of rows asks for the next one's lines
 // first: in a training step the rows were last written by another op (the gpt's q, k, v, dO are
 // rows of 64-128 bytes 768 bytes apart in the packed qkv), the hardware prefetchers stop at every
-// 4 KiB page, and the gpt's bf16 attention backward ran 20-30% slower in a step than on the same
-// rows already in cache (attention_bench); the prefetch took 9-17% off it (docs/hosts.md).
+// 4 KiB page, and the gpt's bf16 attention backward took 1.35-1.46 ms a call in a step against
+// 1.02-1.28 on the same rows already in cache (attention_bench); the prefetch took 9-17% off it in
+// the step (docs/hosts.md).
 template <class E>
 MIXPREC_ATTN_TARGET void transpose(const E* src, int64_t ld_src, int64_t rows, int64_t cols, E* dst, int64_t ld_dst) {
   static_assert(std::is_same_v<E, float> || kBf16Tile<E>);
