@@ -95,6 +95,21 @@ std::vector<OpCase> build() {
   c.push_back({"conv2d", "fused_relu_stride2", {any({2, 2, 6, 6}), any({3, 2, 3, 3})},
                [](const In& x) { return ops::conv2d(x[0], x[1], Tensor(), {.stride = 2, .relu = true}); }, 18});
   c.push_back({"max_pool2d", "k2", {any({2, 2, 4, 6})}, [](const In& x) { return ops::max_pool2d(x[0], 2); }});
+  // Channels-last (NHWC bytes; the layout a GPU's convolutions run in): the ops that keep it, on
+  // channel counts that give the GPU's NHWC pool several channels a thread (8) and one (3). The
+  // ReLU before the pool makes its backward read the kept input (the from-input path).
+  const auto cl = [](const Tensor& t) { return ops::contiguous(t, ops::MemoryFormat::channels_last); };
+  c.push_back({"contiguous", "channels_last", {any({2, 3, 4, 5})}, [cl](const In& x) { return cl(x[0]); }});
+  c.push_back({"conv2d", "channels_last_bias", {any({2, 8, 5, 5}), any({8, 8, 3, 3}), any({8})},
+               [](const In& x) { return ops::conv2d(x[0], x[1], x[2], {.padding = 1, .channels_last = true}); }, 72});
+  c.push_back({"conv2d", "channels_last_fused_relu_stride2", {any({2, 3, 6, 6}), any({4, 3, 3, 3})},
+               [cl](const In& x) { return ops::conv2d(cl(x[0]), x[1], Tensor(), {.stride = 2, .relu = true}); }, 36});
+  c.push_back({"max_pool2d", "channels_last_k2", {any({2, 8, 4, 6})},
+               [cl](const In& x) { return ops::max_pool2d(cl(x[0]), 2); }});
+  c.push_back({"max_pool2d", "channels_last_after_relu", {any({2, 3, 4, 6})},
+               [cl](const In& x) { return ops::max_pool2d(ops::relu(cl(x[0])), 2); }});
+  c.push_back({"max_pool2d", "channels_last_k3_s2_p1", {any({2, 8, 5, 6})},
+               [cl](const In& x) { return ops::max_pool2d(cl(x[0]), 3, {.stride = 2, .padding = 1}); }});
   c.push_back({"avg_pool2d", "k3_s2_p1", {any({2, 2, 5, 6})},
                [](const In& x) { return ops::avg_pool2d(x[0], 3, {.stride = 2, .padding = 1}); }, 9});
   c.push_back({"adaptive_avg_pool2d", "7x5_to_3x2", {any({2, 2, 7, 5})},

@@ -38,6 +38,33 @@ std::string squeezed(const std::string& s) {
 
 }  // namespace
 
+// --channels-last changes the cnn's layout, not its arithmetic on the CPU (which computes in
+// NCHW and copies): every logged loss and the test accuracy are the NCHW run's, to the last bit.
+TEST_F(Cli, ChannelsLastTrainsTheCnnToTheSameLosses) {
+  write_dataset(dir_, "train", 400, 1);
+  write_dataset(dir_, "t10k", 100, 2);
+  std::vector<std::string> runs;
+  for (const char* layout : {"", " --channels-last"}) {
+    const fs::path metrics = dir_ / (std::string(*layout ? "cl" : "nchw") + ".jsonl");
+    RunResult r =
+        run_cli("train --data " + dir_.string() +
+                    " --model cnn --channels 8,16 --epochs 1 --batch-size 40 --precision amp-bf16 --metrics " +
+                    metrics.string() + " --log-every 2" + layout,
+                dir_);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream f(metrics);
+    std::string line, losses;
+    while (std::getline(f, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (j.at("event") == "step") losses += j.at("loss").dump() + " ";
+      if (j.at("event") == "epoch") losses += j.at("test_accuracy").dump() + " " + j.at("test_loss").dump();
+    }
+    runs.push_back(losses);
+  }
+  EXPECT_FALSE(runs[0].empty());
+  EXPECT_EQ(runs[1], runs[0]);
+}
+
 TEST_F(Cli, TrainsAndWritesMetrics) {
   write_dataset(dir_, "train", 1000, 1);
   write_dataset(dir_, "t10k", 300, 2);
@@ -138,6 +165,7 @@ TEST_F(Cli, RejectsBadFlagsBeforeWork) {
       {"bench --memory-limit 0.2B", "--memory-limit: '0.2B' must be at least 1 byte"},
       {"train --model mlp --layers 2", "unknown flag --layers for --model mlp"},
       {"train --model cnn-bn --channels 8,16", "unknown flag --channels for --model cnn-bn"},
+      {"bench --model mlp --channels-last", "unknown flag --channels-last for --model mlp"},
       {"bench --model gpt --hidden 8", "unknown flag --hidden for --model gpt"},
       {"train --stochastic-rounding maybe", "--stochastic-rounding"},
       {"train stray", "unexpected argument 'stray'"},

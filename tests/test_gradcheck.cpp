@@ -528,6 +528,22 @@ std::vector<Case> all_cases() {
                [](Generator& g) {
                  return In{U(g, {2, 2, 4, 6})};
                }});
+  // Channels-last inputs (NHWC bytes) through the ops that keep the layout.
+  const auto cl = [](const Tensor& t) { return ops::contiguous(t, ops::MemoryFormat::channels_last); };
+  c.push_back({"contiguous", "channels_last", [cl](const In& x) { return ops::exp(cl(x[0])); },
+               [](Generator& g) {
+                 return In{U(g, {2, 3, 2, 3})};
+               }});
+  c.push_back({"conv2d", "channels_last_bias",
+               [](const In& x) { return ops::conv2d(x[0], x[1], x[2], {.padding = 1, .channels_last = true}); },
+               [](Generator& g) {
+                 return In{U(g, {2, 3, 4, 4}), U(g, {4, 3, 3, 3}), U(g, {4})};
+               }});
+  c.push_back({"max_pool2d", "channels_last_k2_after_relu",
+               [cl](const In& x) { return ops::max_pool2d(ops::relu(cl(x[0])), 2); },
+               [](Generator& g) {
+                 return In{U(g, {2, 3, 4, 6})};
+               }});
   c.push_back({"max_pool2d", "k3_s2_p1_ceil_3d",
                [](const In& x) { return ops::max_pool2d(x[0], 3, {.stride = 2, .padding = 1, .ceil_mode = true}); },
                [](Generator& g) {

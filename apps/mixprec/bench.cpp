@@ -235,6 +235,7 @@ int cmd_bench(const Command& c, const BenchFlags& f) {
             {"steps", steps},
             {"warmup", warmup}};
   j["cuda_graph"] = f.cuda_graph;
+  j["channels_last"] = opt.model.channels_last;
   j["deterministic"] = opt.deterministic;
   j["steps_per_s"] = {{"best", 1000.0 / best}, {"median", 1000.0 / median}};
   j["samples_per_s"] = {{"best", 1000.0 * double(opt.batch_size) / best},

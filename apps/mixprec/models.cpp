@@ -53,10 +53,11 @@ std::shared_ptr<nn::Sequential> cnn(const ModelSpec& s) {
   MIXPREC_CHECK(s.channels.size() == 2, "--channels: cnn needs exactly 2 widths (c1,c2), got ", s.channels.size());
   const int64_t c1 = s.channels[0], c2 = s.channels[1];
   auto m = std::make_shared<nn::Sequential>();
-  m->push_back(std::make_shared<nn::Conv2d>(1, c1, 3, nn::Conv2dOptions{.padding = 1}));                    // 0
+  const nn::Conv2dOptions conv{.padding = 1, .channels_last = s.channels_last};
+  m->push_back(std::make_shared<nn::Conv2d>(1, c1, 3, conv));                                               // 0
   m->push_back(std::make_shared<nn::ReLU>());                                                               // 1
   m->push_back(std::make_shared<nn::MaxPool2d>(2));                                                         // 2
-  m->push_back(std::make_shared<nn::Conv2d>(c1, c2, 3, nn::Conv2dOptions{.padding = 1}));                   // 3
+  m->push_back(std::make_shared<nn::Conv2d>(c1, c2, 3, conv));                                              // 3
   m->push_back(std::make_shared<nn::ReLU>());                                                               // 4
   m->push_back(std::make_shared<nn::MaxPool2d>(2));                                                         // 5
   m->push_back(std::make_shared<nn::Flatten>());                                                            // 6

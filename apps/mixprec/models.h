@@ -13,6 +13,7 @@ struct ModelSpec {
   std::string name = "mlp";
   std::vector<int64_t> hidden = {1024, 1024};  // mlp hidden widths
   std::vector<int64_t> channels = {8, 16};     // cnn conv widths
+  bool channels_last = false;                  // cnn: NHWC activations (a layout, not part of the model's identity)
   int64_t image_rows = 28, image_cols = 28, num_classes = 10;
   // gpt
   int64_t layers = 4, heads = 4, d_model = 128, block_size = 128;

@@ -144,6 +144,10 @@ void add_model_flags(Command& c, ModelFlags& f) {
   c.int_list("hidden", f.hidden, 1, 1 << 16, "the hidden layers' widths");
   c.group("cnn model (--model cnn)", {"cnn"});
   c.int_list("channels", f.channels, 1, 1 << 14, "the two conv stages' widths (420,1000: the wide one)");
+  c.flag("channels-last", f.channels_last,
+         "the convolutions, pools and ReLUs on channels-last (NHWC) activations, the layout of cuDNN's tensor-core "
+         "kernels (PyTorch's channels_last); the same values (on a GPU cuDNN's engines differ, so not the same bits); "
+         "on the CPU only copies more");
   c.group("gpt model (--model gpt)", {"gpt"});
   c.integer("layers", f.layers, 1, 1024, "transformer blocks");
   c.integer("heads", f.heads, 1, 1024, "attention heads (--d-model must be a multiple)");
@@ -225,6 +229,7 @@ ModelSpec resolve_model(const ModelFlags& f, const Command& c) {
   m.name = f.model;
   m.hidden = f.hidden;
   m.channels = f.channels;
+  m.channels_last = f.channels_last;
   m.layers = f.layers;
   m.heads = f.heads;
   m.d_model = f.d_model;

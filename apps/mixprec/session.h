@@ -52,6 +52,7 @@ struct ModelFlags {
   std::string model = "mlp";
   std::vector<int64_t> hidden = {1024, 1024};
   std::vector<int64_t> channels = {8, 16};
+  bool channels_last = false;
   int64_t layers = 4, heads = 4, d_model = 128, block_size = 128;
   double dropout = 0;
 };

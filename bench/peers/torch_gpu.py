@@ -100,7 +100,8 @@ def parse_args(argv=None):
                    help=f"PyTorch modes: {', '.join(MODES)} (-cl: channels-last model and input, cnns only; "
                         "compile-max: torch.compile's max-autotune, minutes of tuning per configuration)")
     p.add_argument("--impls", default="mixprec,pytorch",
-                   help="mixprec, mixprec-graph (the CLI with --cuda-graph: one graph launch a step), pytorch")
+                   help="mixprec, mixprec-graph (the CLI with --cuda-graph: one graph launch a step), mixprec-cl "
+                        "(the CLI with --channels-last: NHWC activations, cnns only), pytorch")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="default: cuda where torch sees a GPU, else cpu")
     p.add_argument("--mixprec", default="build/mixprec", help="the CLI (relative: to the repo root)")
@@ -119,7 +120,7 @@ def parse_args(argv=None):
     a.modes = [s for s in a.modes.split(",") if s]
     a.impls = [s for s in a.impls.split(",") if s]
     bad = [x for x in a.precisions if x not in PRECISIONS] + [x for x in a.modes if x not in MODES] \
-        + [x for x in a.impls if x not in ("mixprec", "mixprec-graph", "pytorch")]
+        + [x for x in a.impls if x not in ("mixprec", "mixprec-graph", "mixprec-cl", "pytorch")]
     if bad:
         p.error(f"unknown precision, mode or impl: {bad}")
     if a.steps < 1 or a.repeats < 1 or a.warmup < 0:
@@ -410,7 +411,7 @@ def main(argv=None):
     a = parse_args(argv)
     env = setup_torch(a)
     t_start = time.perf_counter()
-    impls = [i for i in ("mixprec", "mixprec-graph") if i in a.impls] + \
+    impls = [i for i in ("mixprec", "mixprec-graph", "mixprec-cl") if i in a.impls] + \
         [f"pytorch-{m}" for m in a.modes if "pytorch" in a.impls]
     if any(i.startswith("mixprec") for i in a.impls) and not os.access(a.mixprec, os.X_OK):
         print(f"torch_gpu.py: mixprec CLI not found: {a.mixprec} (--mixprec PATH, or --impls pytorch)",
@@ -435,10 +436,11 @@ def main(argv=None):
                     t0 = time.perf_counter()
                     key = (cfg.name, prec, impl)
                     if impl.startswith("mixprec"):
-                        if key in mixprec_failed:
+                        if key in mixprec_failed or (impl == "mixprec-cl" and cfg.model != "cnn"):
                             continue
                         try:
-                            cmd = mixprec_command(a, cfg, prec) + (["--cuda-graph"] if impl == "mixprec-graph" else [])
+                            cmd = mixprec_command(a, cfg, prec) + {"mixprec-graph": ["--cuda-graph"],
+                                                                   "mixprec-cl": ["--channels-last"]}.get(impl, [])
                             out = compare.run_command(cmd, f"{impl} {cfg.name} {prec}", a.timeout)
                             res = out["result"]
                         except compare.RunError as e:

@@ -187,6 +187,10 @@ struct Conv2dOptions {
   ops::IntPair stride = 1, padding = 0, dilation = 1;
   int64_t groups = 1;
   bool bias = true;
+  // The output channels-last (ops::Conv2dOptions::channels_last): set on a model's convolutions,
+  // its activations stay NHWC through the pools and activations up to the first op that needs
+  // NCHW (a Flatten copies).
+  bool channels_last = false;
 };
 // weight [out, in/groups, kH, kW] and bias [out], PyTorch's default init: U(-1/sqrt(fan_in), +)
 // with fan_in = in/groups * kH * kW. Shape errors name the layer.

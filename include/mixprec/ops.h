@@ -76,6 +76,13 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end);
 // elements; backward sums the gradient over the repeated dims.
 Tensor expand(const Tensor& x, const Shape& shape);
 Tensor contiguous(const Tensor& x);
+// PyTorch's memory formats: contiguous (row-major) or, for a 4-d [N, C, H, W] tensor,
+// channels_last (its bytes laid out [N, H, W, C]: the layout of cuDNN's tensor-core convolutions).
+enum class MemoryFormat { contiguous, channels_last };
+// x itself where it is already laid out so, else a copy that is (x.contiguous(memory_format=...)).
+// channels_last needs a 4-d x. conv2d, max_pool2d and the activations keep a channels-last input's
+// layout in their outputs and gradients; the other ops read it through its strides.
+Tensor contiguous(const Tensor& x, MemoryFormat format);
 Tensor cast(const Tensor& x, DType dtype);  // gradient is cast back to x's dtype
 // A contiguous copy on `device`; the gradient goes back to x's device. Same as x.to(device).
 Tensor to_device(const Tensor& x, const Device& device);
@@ -98,6 +105,9 @@ struct Conv2dOptions {
   IntPair stride = 1, padding = 0, dilation = 1;
   int64_t groups = 1;
   bool relu = false;  // fused ReLU after the bias (one oneDNN post-op): relu(conv(x) + b)
+  // The output channels-last (NHWC bytes, PyTorch's torch.channels_last) whatever x's layout; an
+  // x that is channels-last gives a channels-last output anyway, as in PyTorch.
+  bool channels_last = false;
 };
 // x [N, C, H, W], weight [OC, C/groups, KH, KW], bias [OC] -> [N, OC, OH, OW] (autocast: lower).
 // Zero padding; OH = (H + 2*pad - dil*(KH-1) - 1) / stride + 1.

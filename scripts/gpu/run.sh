@@ -22,8 +22,9 @@
 #              kernel's time (the profiler waits for the stream around each) against cuBLASLt's rate
 #              (PROFILE_MODELS: those four by default, and gpt2: GPT-2 124M's shape at batch 8;
 #              PROFILE_PRECISIONS; PROFILE_VARIANTS: each profile once per variant, a variant
-#              `default` or comma-separated NAME=VALUE settings, e.g. 'default
-#              MIXPREC_CUDA_ATTENTION=wmma,MIXPREC_CUDA_LAYER_NORM=block': the new kernels and the old)
+#              `default` or comma-separated NAME=VALUE settings or --flags, e.g. 'default
+#              MIXPREC_CUDA_ATTENTION=wmma,MIXPREC_CUDA_LAYER_NORM=block': the new kernels and the old;
+#              'default --channels-last': the cnn in NCHW and NHWC)
 #   max-batch  the seeds' experiment: `mixprec max-batch --device cuda` on cnn 420,1000 and
 #              bench/peers/torch_max_batch.py under the same limit(s) (MAXBATCH_LIMITS, 3GiB), each
 #              precision's largest batch and its ratio to fp32's, side by side
@@ -467,7 +468,7 @@ step_bench() {
 step_profile() {
   need_gpu
   need_binary
-  local model args p v out
+  local model args p v s out
   for model in ${PROFILE_MODELS:-mlp cnn cnn-small gpt}; do
     # The bench step's configurations (bench/peers/torch_gpu.py): mlp 1024,1024 at batch 512, cnn
     # 420,1000 and 32,64 at batch 256, the char gpt.
@@ -482,11 +483,15 @@ step_profile() {
       for v in ${PROFILE_VARIANTS:-default}; do
         # A variant: comma-separated NAME=VALUE settings of the run's environment (the kernels'
         # switches, e.g. MIXPREC_CUDA_ATTENTION=wmma), or `default` for none; named in the file.
-        local -a env=()
-        [ "$v" = default ] || IFS=, read -r -a env <<<"$v"
+        # A setting that starts with -- is a flag of the command instead (--channels-last).
+        local -a env=() flags=() set=()
+        [ "$v" = default ] || IFS=, read -r -a set <<<"$v"
+        for s in "${set[@]}"; do
+          case $s in --*) flags+=("$s") ;; *) env+=("$s") ;; esac
+        done
         out=$W/results/profile-$model-$p$([ "$v" = default ] || echo "-${v//[^A-Za-z0-9=,_-]/_}").txt
-        env "${env[@]}" "$MIXPREC" bench "${args[@]}" --device cuda --precision "$p" --steps 10 --warmup 3 \
-          --profile >"$out" || return 1
+        env "${env[@]}" "$MIXPREC" bench "${args[@]}" "${flags[@]}" --device cuda --precision "$p" --steps 10 \
+          --warmup 3 --profile >"$out" || return 1
         echo "${out##*/}:"
         head -2 "$out"
       done

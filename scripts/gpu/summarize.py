@@ -140,10 +140,10 @@ def bench_rows(b):
         ratios = {r["name"]: r for r in s["ratios"]}
         for prec in b["config"]["precisions"]:
             row = {"config": cfg, "precision": prec}
-            for impl in ("mixprec", "mixprec-graph", "pytorch-eager", "pytorch-compile"):
+            for impl in ("mixprec", "mixprec-graph", "mixprec-cl", "pytorch-eager", "pytorch-compile"):
                 if (impl, prec) in per:
                     row[f"{impl}_ms"] = per[(impl, prec)]["step_ms_median"]
-                for mine in ("mixprec", "mixprec-graph"):
+                for mine in ("mixprec", "mixprec-graph", "mixprec-cl"):
                     r = ratios.get(f"{mine} {prec} vs {impl} {prec} (x faster)")
                     if r:
                         row[f"{mine}_vs_{impl}"] = r["median"]
@@ -253,6 +253,14 @@ def markdown(s):
                      f"{fmt(r.get('mixprec_vs_pytorch-eager'))} | {fmt(r.get('mixprec-graph_vs_pytorch-eager'))} | "
                      f"{fmt(r.get('mixprec_vs_pytorch-compile'))} | "
                      f"{fmt(r.get('mixprec_speedup_over_fp32'))} / {fmt(r.get('pytorch-eager_speedup_over_fp32'))} |")
+        cl = [r for r in b if r.get("mixprec-cl_ms") is not None]
+        if cl:  # `--impls ...,mixprec-cl`: the cnns with --channels-last
+            L += ["", "**Channels-last** (`mixprec bench --channels-last`, ms, median; the same repeats)", "",
+                  "| config | precision | mixprec | mixprec channels-last | vs eager | vs compile |", "|---|---|---|---|---|---|"]
+            for r in cl:
+                L.append(f"| {r['config']} | {r['precision']} | {fmt(r.get('mixprec_ms'), '.3f')} | "
+                         f"{fmt(r.get('mixprec-cl_ms'), '.3f')} | {fmt(r.get('mixprec-cl_vs_pytorch-eager'))} | "
+                         f"{fmt(r.get('mixprec-cl_vs_pytorch-compile'))} |")
         L += ["", "**Peak GPU memory of the step** (MiB; mixprec by category, PyTorch "
                   "`max_memory_allocated` less what was allocated before the model) and kernels per step", "",
               "| config | precision | mixprec total | params | grads | optimizer | activations | temporaries | "

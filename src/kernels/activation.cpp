@@ -6,7 +6,11 @@
 
 namespace mixprec::kernels {
 
+// A channels-last tensor (shape.h) goes through the kernels as its contiguous NHWC view, and the
+// result is viewed back: element-wise, so the same values, in the input's layout.
+
 Tensor activation(Activation op, const Tensor& x) {
+  if (is_channels_last(x)) return nchw_view(activation(op, nhwc_view(x)));
   const DeviceScope on(x);
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::activation(op, x);
@@ -20,6 +24,7 @@ Tensor activation(Activation op, const Tensor& x) {
 }
 
 Tensor activation_grad(Activation op, const Tensor& grad, const Tensor& saved) {
+  if (is_channels_last(saved)) return nchw_view(activation_grad(op, nhwc_view(channels_last(grad)), nhwc_view(saved)));
   const DeviceScope on({&grad, &saved});
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::activation_grad(op, grad, saved);
@@ -33,6 +38,10 @@ Tensor activation_grad(Activation op, const Tensor& grad, const Tensor& saved) {
 }
 
 void relu_mask_inplace(Tensor& grad, const Tensor& y) {
+  if (is_channels_last(y) && nhwc_dense(grad)) {
+    Tensor g = nhwc_view(grad);
+    return relu_mask_inplace(g, nhwc_view(y));
+  }
   const DeviceScope on({&grad, &y});
   MIXPREC_ASSERT(grad.is_contiguous() && grad.shape() == y.shape(), "relu_mask_inplace ", shape_str(grad.shape()),
                  " vs ", shape_str(y.shape()));

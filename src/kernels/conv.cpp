@@ -2,6 +2,8 @@
 // case, else the reference.
 #include "kernels/conv.h"
 
+#include "kernels/shape.h"
+
 namespace mixprec::kernels {
 namespace {
 // One product of a convolution (forward, data gradient or weight gradient): 2 * N * OC * OH * OW
@@ -10,6 +12,34 @@ double conv_flops(const ConvGeometry& g) {
   const int64_t taps = g.c / g.groups * g.kh * g.kw;  // exact: groups divides c
   return 2.0 * double(g.n * g.oc * g.oh * g.ow) * double(taps);
 }
+
+// The CPU's kernels, NCHW: oneDNN where it takes the case, else the reference.
+Tensor cpu_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu) {
+  if (use_fast()) {
+    Tensor dst = Tensor::empty(g.y_shape(), x.dtype());
+    if (cpu::conv2d_forward(x, weight, bias, g, relu, dst)) return dst;
+  }
+  note_reference();
+  return ref::conv2d_forward(x, weight, bias, g, relu);
+}
+ConvGrads cpu_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g, bool need_x,
+                       bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
+  if (use_fast()) {
+    ConvGrads out;
+    if (need_x) out.x = Tensor::empty(g.x_shape(), grad_y.dtype());
+    if (need_weight) out.weight = Tensor::empty(g.w_shape(), weight_dtype);
+    if (need_bias) out.bias = Tensor::empty({g.oc}, bias_dtype);
+    if (cpu::conv2d_backward(grad_y, x, weight, g, out)) return out;
+  }
+  note_reference();
+  return ref::conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
+}
+ConvGeometry nchw_of(const ConvGeometry& g) {
+  ConvGeometry nchw = g;
+  nchw.channels_last = false;
+  return nchw;
+}
+
 }  // namespace
 
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu) {
@@ -18,12 +48,10 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::conv2d_forward(x, weight, bias, g, relu);
 #endif
-  if (use_fast()) {
-    Tensor dst = Tensor::empty(g.y_shape(), x.dtype());
-    if (cpu::conv2d_forward(x, weight, bias, g, relu, dst)) return dst;
-  }
-  note_reference();
-  return ref::conv2d_forward(x, weight, bias, g, relu);
+  // Channels-last on the CPU: a contiguous copy in, the result back in NHWC (the layout is the
+  // GPU's; the CPU keeps it for the next op, at the cost of the two copies).
+  if (g.channels_last) return channels_last(cpu_forward(contig(x), weight, bias, nchw_of(g), relu));
+  return cpu_forward(x, weight, bias, g, relu);
 }
 
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
@@ -34,15 +62,12 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
   if (on.cuda())
     return cuda::conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
 #endif
-  if (use_fast()) {
-    ConvGrads out;
-    if (need_x) out.x = Tensor::empty(g.x_shape(), grad_y.dtype());
-    if (need_weight) out.weight = Tensor::empty(g.w_shape(), weight_dtype);
-    if (need_bias) out.bias = Tensor::empty({g.oc}, bias_dtype);
-    if (cpu::conv2d_backward(grad_y, x, weight, g, out)) return out;
-  }
-  note_reference();
-  return ref::conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
+  if (!g.channels_last)
+    return cpu_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
+  ConvGrads r = cpu_backward(contig(grad_y), x.defined() ? contig(x) : x, weight, nchw_of(g), need_x, need_weight,
+                             need_bias, bias_dtype, weight_dtype);
+  if (r.x.defined()) r.x = channels_last(r.x);
+  return r;
 }
 
 }  // namespace mixprec::kernels

@@ -14,11 +14,15 @@ struct ConvGeometry {
   int64_t oc = 0, kh = 0, kw = 0;
   int64_t oh = 0, ow = 0;
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1, groups = 1;
+  // x, grad_y and the results y and grad_x NHWC-dense (kernels/shape.h: channels-last) instead of
+  // contiguous; the weight and its gradient stay contiguous either way.
+  bool channels_last = false;
   Shape x_shape() const { return {n, c, h, w}; }
   Shape w_shape() const { return {oc, c / groups, kh, kw}; }
   Shape y_shape() const { return {n, oc, oh, ow}; }
 };
-// x, weight contiguous and of one dtype; bias [oc] (undefined: none) of that dtype or f32.
+// x contiguous (NHWC-dense under g.channels_last), weight contiguous, of one dtype; bias [oc]
+// (undefined: none) of that dtype or f32.
 // dst = relu?(conv(x, weight) + bias), in x's dtype; products accumulate in f32 (f64 for f64).
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu);
 // The gradients asked for: x [n,c,h,w] in grad_y's dtype, weight in weight_dtype (grad_y's, or

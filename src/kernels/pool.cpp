@@ -2,9 +2,19 @@
 // where it supports the case, else the reference.
 #include "kernels/pool.h"
 
+#include "kernels/shape.h"
+
 namespace mixprec::kernels {
 
 MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
+  if (is_channels_last(x)) {
+#ifdef MIXPREC_WITH_CUDA
+    MaxPoolResult r;
+    if (x.device().is_cuda() && cuda::max_pool2d_forward_nhwc(x, g, r)) return r;
+#endif
+    MaxPoolResult nchw = max_pool2d_forward(contig(x), g);
+    return {channels_last(nchw.dst), channels_last(nchw.argmax)};
+  }
   const DeviceScope on(x);
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::max_pool2d_forward(x, g);
@@ -20,6 +30,13 @@ MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g) {
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g) {
+  if (is_channels_last(argmax)) {
+#ifdef MIXPREC_WITH_CUDA
+    Tensor gx;
+    if (argmax.device().is_cuda() && cuda::max_pool2d_backward_nhwc(channels_last(grad_y), argmax, g, gx)) return gx;
+#endif
+    return channels_last(max_pool2d_backward(contig(grad_y), contig(argmax), g));
+  }
   const DeviceScope on({&grad_y, &argmax});
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::max_pool2d_backward(grad_y, argmax, g);
@@ -33,6 +50,13 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Poo
 }
 
 Tensor max_pool2d_backward_from_input(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g) {
+  if (is_channels_last(x)) {
+#ifdef MIXPREC_WITH_CUDA
+    Tensor gx;
+    if (x.device().is_cuda() && cuda::max_pool2d_backward_from_input_nhwc(channels_last(grad_y), x, g, gx)) return gx;
+#endif
+    return channels_last(max_pool2d_backward_from_input(contig(grad_y), contig(x), g));
+  }
   const DeviceScope on({&grad_y, &x});
 #ifdef MIXPREC_WITH_CUDA
   // The GPU finds the winners with the forward's own scan (kernels/cuda/pool.cu), so the result

@@ -23,6 +23,10 @@ struct PoolGeometry {
 struct MaxPoolResult {
   Tensor dst, argmax;  // [n, c, oh, ow]
 };
+// Max pooling keeps a channels-last layout (kernels/shape.h): a channels-last x gives a
+// channels-last dst and argmax, a channels-last argmax (or x, from the input) a channels-last
+// grad_x (grad_y read in that layout); the GPU runs its NHWC kernels where they take the case, and
+// elsewhere the NCHW kernels run on contiguous copies, the results copied back to channels-last.
 MaxPoolResult max_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g);  // -> [n,c,h,w]
 // The same gradient from the pool's input x instead of a stored argmax: each window's winner is
@@ -68,6 +72,11 @@ Tensor avg_pool2d_forward(const Tensor& x, const PoolGeometry& g);
 Tensor avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g);
 Tensor pack_argmax_2bit(const Tensor& argmax);
 Tensor unpack_argmax_2bit(const Tensor& packed, const Shape& shape);
+// Max pooling over channels-last tensors (NHWC-dense, kernels/shape.h), results channels-last:
+// the 2x2 windows that tile exactly (pool_2x2_nhwc.cuh); false, nothing run, for any other case.
+bool max_pool2d_forward_nhwc(const Tensor& x, const PoolGeometry& g, MaxPoolResult& out);
+bool max_pool2d_backward_nhwc(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g, Tensor& grad_x);
+bool max_pool2d_backward_from_input_nhwc(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g, Tensor& grad_x);
 }  // namespace cuda
 
 }  // namespace mixprec::kernels

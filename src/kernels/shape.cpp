@@ -9,6 +9,23 @@
 
 namespace mixprec::kernels {
 
+namespace {
+// A copy between NCHW and NHWC bytes of one 4-d shape (the channels-last conversions): per image
+// an [C, H*W] <-> [H*W, C] transpose, which the CPU's tiled copy takes once H and W are merged
+// (with W alone as the tiles' other side, a 7-wide plane was too thin for them).
+bool copy_across_layouts(const Tensor& src, Tensor& dst) {
+  if (src.dim() != 4 || src.is_contiguous() == dst.is_contiguous()) return false;
+  const bool to_nhwc = src.is_contiguous() && nhwc_dense(dst), to_nchw = dst.is_contiguous() && nhwc_dense(src);
+  if (!to_nhwc && !to_nchw) return false;
+  const int64_t n = src.size(0), c = src.size(1), hw = src.size(2) * src.size(3);
+  const auto planes = [&](const Tensor& t) { return t.detach().reshape({n, c, hw}); };  // NCHW bytes
+  const auto rows = [&](const Tensor& t) { return nhwc_view(t).reshape({n, hw, c}); };  // NHWC bytes
+  Tensor s = to_nhwc ? planes(src).transpose(1, 2) : rows(src).transpose(1, 2);
+  Tensor d = to_nhwc ? rows(dst) : planes(dst);
+  return cpu::copy(s, d);
+}
+}  // namespace
+
 void copy(const Tensor& src, Tensor& dst) {
   MIXPREC_ASSERT(src.shape() == dst.shape(), "copy ", shape_str(src.shape()), " -> ", shape_str(dst.shape()));
   MIXPREC_CHECK(src.device() == dst.device(), "copy_: source on ", src.device().str(), ", destination on ",
@@ -17,7 +34,7 @@ void copy(const Tensor& src, Tensor& dst) {
 #ifdef MIXPREC_WITH_CUDA
   if (on.cuda()) return cuda::copy(src, dst);
 #endif
-  if (use_fast() && cpu::copy(src, dst)) return;
+  if (use_fast() && (cpu::copy(src, dst) || copy_across_layouts(src, dst))) return;
   note_reference();
   ref::copy(src, dst);
 }
@@ -28,6 +45,30 @@ void fill(Tensor& dst, double value) {  // memset/memcpy already: no fast varian
   if (on.cuda()) return cuda::fill(dst, value);
 #endif
   ref::fill(dst, value);
+}
+
+Tensor nhwc_view(const Tensor& t) {
+  MIXPREC_ASSERT(t.dim() == 4, "nhwc_view of ", shape_str(t.shape()));
+  return t.detach().transpose(1, 2).transpose(2, 3);
+}
+Tensor nchw_view(const Tensor& t) {
+  MIXPREC_ASSERT(t.dim() == 4, "nchw_view of ", shape_str(t.shape()));
+  return t.detach().transpose(2, 3).transpose(1, 2);
+}
+bool nhwc_dense(const Tensor& t) { return t.dim() == 4 && nhwc_view(t).is_contiguous(); }
+bool is_channels_last(const Tensor& t) { return t.dim() == 4 && !t.is_contiguous() && nhwc_dense(t); }
+Tensor channels_last(const Tensor& t) {
+  if (nhwc_dense(t)) return t.detach();
+  Tensor out = empty_channels_last(t.shape(), t.dtype(), t.device());
+  copy(t, out);
+  return out;
+}
+Tensor empty_channels_last(const Shape& s, DType dtype, const Device& device) {
+  MIXPREC_ASSERT(s.size() == 4, "empty_channels_last ", shape_str(s));
+  return nchw_view(Tensor::empty({s[0], s[2], s[3], s[1]}, dtype, device));
+}
+Tensor in_layout_of(const Tensor& t, const Tensor& like) {
+  return is_channels_last(like) ? channels_last(t) : contig(t);
 }
 
 Tensor cast(const Tensor& src, DType dtype) {

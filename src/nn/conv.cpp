@@ -47,13 +47,17 @@ Conv2d::Conv2d(int64_t in, int64_t out, ops::IntPair k, Conv2dOptions o)
 
 Tensor Conv2d::forward(const Tensor& x) {
   return named(*this, [&] {
-    return ops::conv2d(x, weight, bias, {options.stride, options.padding, options.dilation, options.groups, false});
+    return ops::conv2d(
+        x, weight, bias,
+        {options.stride, options.padding, options.dilation, options.groups, false, options.channels_last});
   });
 }
 
 Tensor Conv2d::forward_relu(const Tensor& x) {
   return named(*this, [&] {
-    return ops::conv2d(x, weight, bias, {options.stride, options.padding, options.dilation, options.groups, true});
+    return ops::conv2d(
+        x, weight, bias,
+        {options.stride, options.padding, options.dilation, options.groups, true, options.channels_last});
   });
 }
 

@@ -43,9 +43,10 @@ inline Tensor sum_to(const Tensor& g, const Shape& shape) {
 // no view of its bytes), since a second activation-sized buffer would raise the backward peak;
 // else into a new tensor. y is dropped: this is its last use.
 inline Tensor relu_masked_grad(const Tensor& g, Tensor& y) {
-  Tensor out = kernels::contig(g);  // a detached view of g's bytes when g is contiguous
+  // A detached view of g's bytes when g is in y's layout (contiguous, or channels-last), else a copy in it.
+  Tensor out = kernels::in_layout_of(g, y);
   const bool exclusive =
-      g.is_contiguous() && g.impl_ptr().use_count() == 1 && g.storage().use_count() == 2;  // g's and out's
+      out.storage() == g.storage() && g.impl_ptr().use_count() == 1 && g.storage().use_count() == 2;  // g's and out's
   if (exclusive)
     kernels::relu_mask_inplace(out, y);
   else

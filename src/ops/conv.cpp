@@ -53,13 +53,14 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
   amp::autocast(OpId::conv2d, {&x, &w, &b});
   check_floating(w, "conv2d", "weight");
   if (b.defined()) check_floating(b, "conv2d", "bias");
-  const kernels::ConvGeometry g = geometry(x, w, b, o);
+  kernels::ConvGeometry g = geometry(x, w, b, o);
+  g.channels_last = o.channels_last || kernels::is_channels_last(x);
   MIXPREC_CHECK(x.dtype() == w.dtype(), "conv2d: input is ", dtype_name(x.dtype()), " but weight is ",
                 dtype_name(w.dtype()), " (use autocast, or cast one of them)");
   if (b.defined() && b.dtype() != x.dtype()) b = b.to(x.dtype());
 
   // The weight goes in undetached when dense: its storage and version key the reordered-weight cache.
-  const Tensor xd = kernels::contig(x.detach());
+  const Tensor xd = g.channels_last ? kernels::channels_last(x.detach()) : kernels::contig(x.detach());
   const Tensor wk = w.is_contiguous() ? w : kernels::contig(w.detach());
   const Tensor bd = b.defined() ? kernels::contig(b.detach()) : Tensor();
   Tensor out = kernels::conv2d_forward(xd, wk, bd, g, o.relu);
@@ -81,7 +82,10 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
   return autograd::record(out, "conv2d", inputs,
                           [=](const Tensor& g_in, const autograd::Node& n) mutable {
                             // The output is no longer needed once masked: freed before the convolution runs.
-                            const Tensor gy = y_mask.defined() ? relu_masked_grad(g_in, y_mask) : kernels::contig(g_in);
+                            // The gradient in the forward's layout (y's).
+                            const Tensor gy = y_mask.defined()  ? relu_masked_grad(g_in, y_mask)
+                                              : g.channels_last ? kernels::channels_last(g_in)
+                                                                : kernels::contig(g_in);
                             const bool need_b = n.next.size() > 2 && n.needs_grad(2);
                             kernels::ConvGrads grads = kernels::conv2d_backward(
                                 gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t);

@@ -56,7 +56,8 @@ Tensor max_pool2d(const Tensor& x_in, IntPair kernel_size, const Pool2dOptions& 
     amp::autocast(OpId::max_pool2d, {&x});
     check_floating(x, "max_pool2d");
     const kernels::PoolGeometry g = pool_geometry("max_pool2d", x, kernel_size, o, true);
-    const Tensor xd = kernels::contig(x.detach());
+    // A channels-last input keeps its layout, in the output, the argmax and the gradient (kernels/shape.h).
+    const Tensor xd = kernels::in_layout_of(x.detach(), x);
     kernels::MaxPoolResult r = kernels::max_pool2d_forward(xd, g);
     // An input the op before keeps for its own backward (a ReLU's output, a fused conv-ReLU's) is
     // read again rather than an argmax saved: the backward finds the same winners, and the step
@@ -65,23 +66,26 @@ Tensor max_pool2d(const Tensor& x_in, IntPair kernel_size, const Pool2dOptions& 
       return autograd::record(
           r.dst, "max_pool2d", {x},
           [xd, g](const Tensor& gy, const autograd::Node&) {
-            return std::vector<Tensor>{kernels::max_pool2d_backward_from_input(kernels::contig(gy), xd, g)};
+            return std::vector<Tensor>{kernels::max_pool2d_backward_from_input(kernels::in_layout_of(gy, xd), xd, g)};
           },
           {xd});
     }
     // A window of up to 4 taps (the 2x2 pool) keeps its argmax in two bits an output; the
-    // backward unpacks it into a temporary for as long as it runs.
+    // backward unpacks it into a temporary for as long as it runs. A channels-last argmax is
+    // packed in its bytes' order (NHWC) and unpacked into the same layout.
     if (g.argmax_fits_two_bits() && autograd::grad_enabled() && autograd::any_requires_grad({x})) {
-      const Tensor packed = kernels::pack_argmax_2bit(r.argmax);
+      const bool cl = kernels::is_channels_last(r.argmax);
+      const Tensor packed = kernels::pack_argmax_2bit(cl ? kernels::nhwc_view(r.argmax) : r.argmax);
       r.argmax = Tensor();
-      return autograd::record(r.dst, "max_pool2d", {x}, [packed, g](const Tensor& gy, const autograd::Node&) {
-        const Tensor argmax = kernels::unpack_argmax_2bit(packed, {g.n, g.c, g.oh, g.ow});
-        return std::vector<Tensor>{kernels::max_pool2d_backward(kernels::contig(gy), argmax, g)};
+      return autograd::record(r.dst, "max_pool2d", {x}, [packed, g, cl](const Tensor& gy, const autograd::Node&) {
+        const Tensor argmax = cl ? kernels::nchw_view(kernels::unpack_argmax_2bit(packed, {g.n, g.oh, g.ow, g.c}))
+                                 : kernels::unpack_argmax_2bit(packed, {g.n, g.c, g.oh, g.ow});
+        return std::vector<Tensor>{kernels::max_pool2d_backward(kernels::in_layout_of(gy, argmax), argmax, g)};
       });
     }
     const Tensor argmax = r.argmax;
     return autograd::record(r.dst, "max_pool2d", {x}, [argmax, g](const Tensor& gy, const autograd::Node&) {
-      return std::vector<Tensor>{kernels::max_pool2d_backward(kernels::contig(gy), argmax, g)};
+      return std::vector<Tensor>{kernels::max_pool2d_backward(kernels::in_layout_of(gy, argmax), argmax, g)};
     });
   });
 }

@@ -154,6 +154,15 @@ Tensor contiguous(const Tensor& x) {
                           [](const Tensor& g, const autograd::Node&) { return std::vector<Tensor>{g}; });
 }
 
+Tensor contiguous(const Tensor& x, MemoryFormat format) {
+  if (format == MemoryFormat::contiguous) return contiguous(x);
+  MIXPREC_CHECK(x.dim() == 4, "contiguous(channels_last): needs a 4-d [N, C, H, W] tensor, got ", shape_str(x.shape()));
+  if (kernels::nhwc_dense(x)) return x;
+  Tensor out = kernels::channels_last(x);
+  return autograd::record(out, "contiguous", {x},
+                          [](const Tensor& g, const autograd::Node&) { return std::vector<Tensor>{g}; });
+}
+
 Tensor cast(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
   return record_cast(x, kernels::cast(x, dtype));

@@ -1,7 +1,7 @@
 // GPU 2-d convolution on cuDNN 9's graph (backend) API (conv.h): forward with the bias and ReLU
-// fused into the graph where an engine takes it, backward-data, backward-filter; NCHW tensors
-// described to cuDNN by their strides; one handle per GPU on current_stream; execution plans
-// cached per problem; workspace from our allocator. Why the graph API: docs/design.md (CUDA).
+// fused into the graph where an engine takes it, backward-data, backward-filter; NCHW or
+// channels-last (NHWC) tensors described to cuDNN by their strides; one handle per GPU on current_stream; execution
+// plans cached per problem; workspace from our allocator. Why the graph API: docs/design.md (CUDA).
 #include <cudnn.h>
 
 #include <algorithm>
@@ -103,11 +103,12 @@ struct GraphKey {
   int64_t n, c, h, w, oc, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups;
   int x_type, w_type, y_type, bias_type;  // bias_type -1: no bias in the graph
   bool relu, tf32;
+  bool nhwc;           // channels-last: x, y and the weight (KRSC) NHWC-dense, the tensor cores' layout
   bool deterministic;  // use_deterministic_algorithms: deterministic engines only, the heuristics' first, untimed
   uint32_t align_x, align_w, align_y, align_b;
   auto tie() const {
     return std::tie(device, pass, n, c, h, w, oc, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups, x_type, w_type,
-                    y_type, bias_type, relu, tf32, deterministic, align_x, align_w, align_y, align_b);
+                    y_type, bias_type, relu, tf32, nhwc, deterministic, align_x, align_w, align_y, align_b);
   }
   bool operator<(const GraphKey& o) const { return tie() < o.tie(); }
 };
@@ -154,11 +155,16 @@ CudnnDevice& cudnn_device(int index) {
 enum Uid : int64_t { kX = 1, kW, kY, kBias, kConvOut, kBiasOut };
 
 std::shared_ptr<Desc> tensor_desc(int64_t uid, cudnnDataType_t type, const std::vector<int64_t>& dims, uint32_t align,
-                                  bool is_virtual = false) {
+                                  bool nhwc, bool is_virtual = false) {
   auto d = std::make_shared<Desc>(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  // Contiguous NCHW (or [oc, c/groups, kh, kw], or [1, oc, 1, 1] for the bias) strides.
+  // Contiguous NCHW (or [oc, c/groups, kh, kw], or [1, oc, 1, 1] for the bias) strides, or the
+  // same dims over NHWC bytes (KRSC for the weight): dim 1 innermost.
   std::vector<int64_t> strides(dims.size(), 1);
-  for (size_t i = dims.size() - 1; i > 0; --i) strides[i - 1] = strides[i] * dims[i];
+  if (nhwc) {
+    strides = {dims[1] * dims[2] * dims[3], 1, dims[3] * dims[1], dims[1]};
+  } else {
+    for (size_t i = dims.size() - 1; i > 0; --i) strides[i - 1] = strides[i] * dims[i];
+  }
   const int64_t a = align;
   d->set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, &type)
       .set_i64s(CUDNN_ATTR_TENSOR_DIMENSIONS, dims)
@@ -250,11 +256,12 @@ std::vector<std::shared_ptr<Plan>> build_plans(const GraphKey& k, cudnnHandle_t 
   conv.finalize();
 
   // Groups are implied by the weight's c / groups input channels.
-  auto x = tensor_desc(kX, x_t, xd, k.align_x);
-  auto w = tensor_desc(kW, w_t, wd, k.align_w);
+  auto x = tensor_desc(kX, x_t, xd, k.align_x, k.nhwc);
+  auto w = tensor_desc(kW, w_t, wd, k.align_w, k.nhwc);
   // The convolution's own output: the graph's y, or (fused) a virtual f32 tensor the bias and
   // ReLU read, so the result is rounded once, as on the CPU.
-  auto conv_out = fused ? tensor_desc(kConvOut, compute, yd, 16, true) : tensor_desc(kY, y_t, yd, k.align_y);
+  auto conv_out =
+      fused ? tensor_desc(kConvOut, compute, yd, 16, k.nhwc, true) : tensor_desc(kY, y_t, yd, k.align_y, k.nhwc);
   std::vector<std::shared_ptr<Desc>> keep{conv_ptr};  // descriptors the graph refers to
   std::vector<std::shared_ptr<Desc>> ops;
   const double alpha64 = 1.0, beta64 = 0.0;
@@ -292,8 +299,9 @@ std::vector<std::shared_ptr<Plan>> build_plans(const GraphKey& k, cudnnHandle_t 
       ops.push_back(pop);
     };
     if (has_bias) {
-      auto bias = tensor_desc(kBias, cudnnDataType_t(k.bias_type), {1, k.oc, 1, 1}, k.align_b);
-      auto out = k.relu ? tensor_desc(kBiasOut, compute, yd, 16, true) : tensor_desc(kY, y_t, yd, k.align_y);
+      auto bias = tensor_desc(kBias, cudnnDataType_t(k.bias_type), {1, k.oc, 1, 1}, k.align_b, k.nhwc);
+      auto out =
+          k.relu ? tensor_desc(kBiasOut, compute, yd, 16, k.nhwc, true) : tensor_desc(kY, y_t, yd, k.align_y, k.nhwc);
       pointwise(CUDNN_POINTWISE_ADD, cur, bias, out);
       keep.push_back(bias);
       keep.push_back(cur);
@@ -301,7 +309,7 @@ std::vector<std::shared_ptr<Plan>> build_plans(const GraphKey& k, cudnnHandle_t 
       uids.push_back(kBias);
     }
     if (k.relu) {
-      auto y = tensor_desc(kY, y_t, yd, k.align_y);
+      auto y = tensor_desc(kY, y_t, yd, k.align_y, k.nhwc);
       pointwise(CUDNN_POINTWISE_RELU_FWD, cur, nullptr, y);
       keep.push_back(cur);
       keep.push_back(y);
@@ -535,6 +543,12 @@ void run_best(Candidates& c, int index, const std::vector<void*>& ptrs) {
   }
 }
 
+// t contiguous, or NHWC-dense under channels-last (a copy only when it is not already).
+Tensor in_layout(const Tensor& t, bool nhwc) { return nhwc ? kernels::channels_last(t) : kernels::contig(t); }
+Tensor empty_in(const Shape& s, DType dtype, const Device& dev, bool nhwc) {
+  return nhwc ? kernels::empty_channels_last(s, dtype, dev) : Tensor::empty(s, dtype, dev);
+}
+
 GraphKey key_of(const ConvGeometry& g, Pass pass, const Tensor& x, const Tensor& w, const Tensor& y) {
   GraphKey k{};
   k.device = x.device().index;
@@ -547,6 +561,7 @@ GraphKey key_of(const ConvGeometry& g, Pass pass, const Tensor& x, const Tensor&
   k.y_type = int(cudnn_type(y.dtype()));
   k.bias_type = -1;
   k.tf32 = allow_tf32();
+  k.nhwc = g.channels_last;
   k.deterministic = deterministic_algorithms();
   k.align_x = alignment(x.data_ptr());
   k.align_w = alignment(w.data_ptr());
@@ -568,35 +583,54 @@ bool run_pass(const ConvGeometry& g, Pass pass, const Tensor& x, const Tensor& w
   run_best(*c, x.device().index, {x.data_ptr(), w.data_ptr(), y.data_ptr()});
   return true;
 }
+// Whether cuDNN has an engine for the pass over these tensors (building its plans if not yet built).
+bool has_engine(const ConvGeometry& g, Pass pass, const Tensor& x, const Tensor& w, const Tensor& y) {
+  return !plans_for(key_of(g, pass, x, w, y))->plans.empty();
+}
+ConvGeometry nchw_of(const ConvGeometry& g) {
+  ConvGeometry nchw = g;
+  nchw.channels_last = false;
+  return nchw;
+}
 
 }  // namespace
 
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu) {
-  MIXPREC_ASSERT(x.is_contiguous() && weight.is_contiguous() && x.dtype() == weight.dtype(), "conv2d_forward inputs");
+  const bool nhwc = g.channels_last;
+  MIXPREC_ASSERT(
+      (nhwc ? kernels::nhwc_dense(x) : x.is_contiguous()) && weight.is_contiguous() && x.dtype() == weight.dtype(),
+      "conv2d_forward inputs");
   const mixprec::cuda::detail::DeviceGuard guard(x.device().index);
   const Device dev = x.device();
-  Tensor y = Tensor::empty(g.y_shape(), x.dtype(), dev);
+  Tensor y = empty_in(g.y_shape(), x.dtype(), dev, nhwc);
   if (y.numel() == 0) return y;
   const Tensor b = bias.defined() ? kernels::contig(bias) : Tensor();
+  // Channels-last runs the weight as KRSC too (a copy a call: the weight is a small fraction of
+  // the activations' bytes), so that every operand is in the tensor cores' layout.
+  const Tensor w = nhwc ? kernels::channels_last(weight) : weight;
+  // A channels-last convolution no engine runs (a dtype or shape cuDNN has NHWC kernels for
+  // none of): the NCHW one on contiguous copies, the result laid out again.
+  if (nhwc && !has_engine(g, Pass::forward, x, w, y))
+    return kernels::channels_last(cuda::conv2d_forward(kernels::contig(x), weight, bias, nchw_of(g), relu));
   // 1. Everything in one graph: the convolution's f32 result, + bias, ReLU, rounded once into y.
   if (b.defined() || relu) {
-    GraphKey k = key_of(g, Pass::forward, x, weight, y);
+    GraphKey k = key_of(g, Pass::forward, x, w, y);
     k.relu = relu;
     if (b.defined()) k.bias_type = int(cudnn_type(b.dtype())), k.align_b = alignment(b.data_ptr());
     if (const auto c = plans_for(k); !c->plans.empty()) {
-      std::vector<void*> ptrs{x.data_ptr(), weight.data_ptr(), y.data_ptr()};
+      std::vector<void*> ptrs{x.data_ptr(), w.data_ptr(), y.data_ptr()};
       if (b.defined()) ptrs.push_back(b.data_ptr());
       run_best(*c, dev.index, ptrs);
       return y;
     }
-  } else if (run_pass(g, Pass::forward, x, weight, y)) {
+  } else if (run_pass(g, Pass::forward, x, w, y)) {
     return y;
   }
   // 2. No engine fuses it: the convolution into f32 (or y's dtype where cuDNN has no mixed
   // output), then the bias and ReLU by the element-wise kernels, in f32.
-  Tensor acc = Tensor::empty(g.y_shape(), x.dtype() == DType::f64 ? DType::f64 : DType::f32, dev);
-  if (!run_pass(g, Pass::forward, x, weight, acc)) {
-    MIXPREC_CHECK(run_pass(g, Pass::forward, x, weight, y), "conv2d on ", dev.str(), ": cuDNN has no engine for ",
+  Tensor acc = empty_in(g.y_shape(), x.dtype() == DType::f64 ? DType::f64 : DType::f32, dev, nhwc);
+  if (!run_pass(g, Pass::forward, x, w, acc)) {
+    MIXPREC_CHECK(run_pass(g, Pass::forward, x, w, y), "conv2d on ", dev.str(), ": cuDNN has no engine for ",
                   describe(g, x));
     if (!b.defined() && !relu) return y;
     acc = kernels::cast(y, acc.dtype());
@@ -611,19 +645,40 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
                           bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
   const mixprec::cuda::detail::DeviceGuard guard(grad_y.device().index);
   const Device dev = grad_y.device();
-  const Tensor gy = kernels::contig(grad_y);
+  const bool nhwc = g.channels_last;
+  const Tensor gy = in_layout(grad_y, nhwc);
   ConvGrads out;
+  Tensor w, dw, xc;  // the data pass's weight; the filter pass's output and input
   if (need_x) {
-    out.x = Tensor::empty(g.x_shape(), gy.dtype(), dev);
-    const Tensor w = weight.dtype() == gy.dtype() ? kernels::contig(weight) : kernels::cast(weight, gy.dtype());
-    if (out.x.numel() > 0)
-      MIXPREC_CHECK(run_pass(g, Pass::backward_data, out.x, w, gy), "conv2d backward (data) on ", dev.str(),
-                    ": cuDNN has no engine for ", describe(g, gy));
+    out.x = empty_in(g.x_shape(), gy.dtype(), dev, nhwc);
+    w = in_layout(weight.dtype() == gy.dtype() ? weight : kernels::cast(weight, gy.dtype()), nhwc);
   }
   if (need_weight) {
     out.weight = Tensor::empty(g.w_shape(), weight_dtype, dev);
-    const Tensor xc = x.dtype() == gy.dtype() ? kernels::contig(x) : kernels::cast(x, gy.dtype());
-    if (out.weight.numel() > 0 && !run_pass(g, Pass::backward_filter, xc, out.weight, gy)) {
+    // Channels-last writes the gradient KRSC, then copies it into the weight's layout.
+    dw = nhwc ? empty_in(g.w_shape(), weight_dtype, dev, true) : out.weight;
+    xc = in_layout(x.dtype() == gy.dtype() ? x : kernels::cast(x, gy.dtype()), nhwc);
+  }
+  // A channels-last pass no engine runs (as in the forward): the NCHW backward on contiguous
+  // copies, the input's gradient laid out again. Only weight-sized tensors are made to ask.
+  if (nhwc) {
+    const auto narrow_w = [&] { return w.defined() ? w : empty_in(g.w_shape(), gy.dtype(), dev, true); };
+    const bool data_ok = !need_x || has_engine(g, Pass::backward_data, out.x, w, gy);
+    const bool filter_ok = !need_weight || has_engine(g, Pass::backward_filter, xc, dw, gy) ||
+                           has_engine(g, Pass::backward_filter, xc, narrow_w(), gy);
+    if (!data_ok || !filter_ok) {
+      out = ConvGrads();
+      ConvGrads r = cuda::conv2d_backward(kernels::contig(gy), xc.defined() ? kernels::contig(xc) : x, weight,
+                                          nchw_of(g), need_x, need_weight, need_bias, bias_dtype, weight_dtype);
+      if (r.x.defined()) r.x = kernels::channels_last(r.x);
+      return r;
+    }
+  }
+  if (need_x && out.x.numel() > 0)
+    MIXPREC_CHECK(run_pass(g, Pass::backward_data, out.x, w, gy), "conv2d backward (data) on ", dev.str(),
+                  ": cuDNN has no engine for ", describe(g, gy));
+  if (need_weight) {
+    if (dw.numel() > 0 && !run_pass(g, Pass::backward_filter, xc, dw, gy)) {
       // An f32 weight gradient from 16-bit operands (autocast's wide weight) where no engine
       // writes f32 from them (bf16 on cuDNN 9.19): the gradient in the operands' dtype (f32
       // accumulation inside cuDNN, one rounding), widened; PyTorch's autocast gives the same. The
@@ -631,17 +686,21 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
       // 2026-11-26, cnn 420,1000 amp-bf16: 20.4 ms against 9.1). Last, the widened operands.
       MIXPREC_CHECK(weight_dtype != gy.dtype(), "conv2d backward (filter) on ", dev.str(), ": cuDNN has no engine for ",
                     describe(g, gy));
-      Tensor narrow = Tensor::empty(g.w_shape(), gy.dtype(), dev);
+      Tensor narrow = empty_in(g.w_shape(), gy.dtype(), dev, nhwc);
       if (run_pass(g, Pass::backward_filter, xc, narrow, gy)) {
-        kernels::copy(narrow, out.weight);
+        dw = narrow;
       } else {
-        MIXPREC_CHECK(run_pass(g, Pass::backward_filter, kernels::cast(xc, weight_dtype), out.weight,
-                               kernels::cast(gy, weight_dtype)),
+        MIXPREC_CHECK(run_pass(g, Pass::backward_filter, in_layout(kernels::cast(xc, weight_dtype), nhwc), dw,
+                               in_layout(kernels::cast(gy, weight_dtype), nhwc)),
                       "conv2d backward (filter) on ", dev.str(), ": cuDNN has no engine for ", describe(g, gy));
       }
     }
+    if (!dw.same(out.weight)) kernels::copy(dw, out.weight);  // widens and/or reorders in one pass
   }
-  if (need_bias) out.bias = kernels::sum(gy, {0, 2, 3}, false, bias_dtype);
+  // Channels-last: the sum over N, H and W is one over the rows of the [N*H*W, C] bytes.
+  if (need_bias)
+    out.bias = nhwc ? kernels::sum(kernels::nhwc_view(gy), {0, 1, 2}, false, bias_dtype)
+                    : kernels::sum(gy, {0, 2, 3}, false, bias_dtype);
   return out;
 }
 

@@ -9,6 +9,7 @@
 // (std::isnan, std::numeric_limits).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/pool_2x2.cuh"
+#include "kernels/cuda/pool_2x2_nhwc.cuh"
 #include "kernels/pool.h"
 #include "kernels/pool_window.h"
 #include "kernels/shape.h"
@@ -152,6 +153,37 @@ __global__ void max2x2_backward_kernel(const T* gy, const Arg* arg, I ow, I tota
 template <class T, class I>
 __global__ void max2x2_backward_from_input_kernel(const T* gy, const T* x, I ow, I total, T* gx) {
   for (I i = I(global_thread()); i < total; i += I(grid_threads())) pool2x2::backward_from_input_at(gy, x, ow, i, gx);
+}
+
+// The same windows over channels-last bytes (pool_2x2_nhwc.cuh): one thread per V channels of an output pixel.
+template <class T, class Arg, int V, class I>
+__global__ void max2x2_nhwc_forward_kernel(const T* x, I c, I ow, I vectors, T* y, Arg* arg) {
+  for (I j = I(global_thread()); j < vectors; j += I(grid_threads()))
+    pool2x2_nhwc::forward_at<T, Arg, V, I>(x, c, ow, j, y, arg);
+}
+template <class T, class Arg, int V, class I>
+__global__ void max2x2_nhwc_backward_kernel(const T* gy, const Arg* arg, I c, I ow, I vectors, T* gx) {
+  for (I j = I(global_thread()); j < vectors; j += I(grid_threads()))
+    pool2x2_nhwc::backward_at<T, Arg, V, I>(gy, arg, c, ow, j, gx);
+}
+template <class T, int V, class I>
+__global__ void max2x2_nhwc_backward_from_input_kernel(const T* gy, const T* x, I c, I ow, I vectors, T* gx) {
+  for (I j = I(global_thread()); j < vectors; j += I(grid_threads()))
+    pool2x2_nhwc::backward_from_input_at<T, V, I>(gy, x, c, ow, j, gx);
+}
+// f with std::integral_constant<int, v> for v in {1, 2, 4, 8}.
+template <class F>
+void dispatch_lanes(int v, F&& f) {
+  switch (v) {
+    case 8:
+      return f(std::integral_constant<int, 8>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    default:
+      return f(std::integral_constant<int, 1>{});
+  }
 }
 
 bool tiles(const PoolGeometry& g) {
@@ -403,6 +435,93 @@ Tensor unpack_argmax_2bit(const Tensor& packed_in, const Shape& shape) {
                                                                   static_cast<uint8_t*>(argmax.data_ptr()));
   MIXPREC_CUDA_CHECK_LAUNCH();
   return argmax;
+}
+
+bool max_pool2d_forward_nhwc(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
+  MIXPREC_ASSERT(kernels::nhwc_dense(x), "max_pool2d_forward_nhwc: input not channels-last");
+  if (g.argmax_dtype() != DType::u8) return false;
+  bool taken = false;
+  dispatch_floating(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    const int v = pool2x2_nhwc::lanes<T>(g, {x.data_ptr()});
+    if (v == 0) return;
+    taken = true;
+    const Launch on(x);
+    r.dst = kernels::empty_channels_last({g.n, g.c, g.oh, g.ow}, x.dtype(), x.device());
+    r.argmax = kernels::empty_channels_last({g.n, g.c, g.oh, g.ow}, DType::u8, x.device());
+    const int64_t vectors = r.dst.numel() / v;
+    if (vectors == 0) return;
+    dispatch_lanes(v, [&](auto lanes) {
+      constexpr int V = decltype(lanes)::value;
+      if constexpr (V * sizeof(T) <= 16)
+        dispatch_index(g, [&](auto index) {
+          using I = decltype(index);
+          max2x2_nhwc_forward_kernel<T, uint8_t, V, I><<<blocks_for(vectors), kThreads, 0, on.stream()>>>(
+              static_cast<const T*>(x.data_ptr()), I(g.c), I(g.ow), I(vectors), static_cast<T*>(r.dst.data_ptr()),
+              static_cast<uint8_t*>(r.argmax.data_ptr()));
+        });
+    });
+    MIXPREC_CUDA_CHECK_LAUNCH();
+  });
+  return taken;
+}
+
+bool max_pool2d_backward_nhwc(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g, Tensor& grad_x) {
+  MIXPREC_ASSERT(kernels::nhwc_dense(grad_y) && kernels::nhwc_dense(argmax), "max_pool2d_backward_nhwc: layouts");
+  if (argmax.dtype() != DType::u8) return false;
+  bool taken = false;
+  dispatch_floating(grad_y.dtype(), [&](auto t) {
+    using T = decltype(t);
+    const Launch on(grad_y);
+    Tensor gx = kernels::empty_channels_last({g.n, g.c, g.h, g.w}, grad_y.dtype(), grad_y.device());
+    const int v = pool2x2_nhwc::lanes<T>(g, {grad_y.data_ptr(), gx.data_ptr()});
+    if (v == 0) return;
+    taken = true;
+    grad_x = gx;
+    const int64_t vectors = grad_y.numel() / v;
+    if (vectors == 0) return;
+    dispatch_lanes(v, [&](auto lanes) {
+      constexpr int V = decltype(lanes)::value;
+      if constexpr (V * sizeof(T) <= 16)
+        dispatch_index(g, [&](auto index) {
+          using I = decltype(index);
+          max2x2_nhwc_backward_kernel<T, uint8_t, V, I><<<blocks_for(vectors), kThreads, 0, on.stream()>>>(
+              static_cast<const T*>(grad_y.data_ptr()), static_cast<const uint8_t*>(argmax.data_ptr()), I(g.c), I(g.ow),
+              I(vectors), static_cast<T*>(gx.data_ptr()));
+        });
+    });
+    MIXPREC_CUDA_CHECK_LAUNCH();
+  });
+  return taken;
+}
+
+bool max_pool2d_backward_from_input_nhwc(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g, Tensor& grad_x) {
+  MIXPREC_ASSERT(kernels::nhwc_dense(grad_y) && kernels::nhwc_dense(x), "max_pool2d_backward_from_input_nhwc");
+  if (grad_y.dtype() != x.dtype()) return false;
+  bool taken = false;
+  dispatch_floating(grad_y.dtype(), [&](auto t) {
+    using T = decltype(t);
+    const Launch on(grad_y);
+    Tensor gx = kernels::empty_channels_last({g.n, g.c, g.h, g.w}, grad_y.dtype(), grad_y.device());
+    const int v = pool2x2_nhwc::lanes<T>(g, {grad_y.data_ptr(), x.data_ptr(), gx.data_ptr()});
+    if (v == 0) return;
+    taken = true;
+    grad_x = gx;
+    const int64_t vectors = grad_y.numel() / v;
+    if (vectors == 0) return;
+    dispatch_lanes(v, [&](auto lanes) {
+      constexpr int V = decltype(lanes)::value;
+      if constexpr (V * sizeof(T) <= 16)
+        dispatch_index(g, [&](auto index) {
+          using I = decltype(index);
+          max2x2_nhwc_backward_from_input_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, on.stream()>>>(
+              static_cast<const T*>(grad_y.data_ptr()), static_cast<const T*>(x.data_ptr()), I(g.c), I(g.ow),
+              I(vectors), static_cast<T*>(gx.data_ptr()));
+        });
+    });
+    MIXPREC_CUDA_CHECK_LAUNCH();
+  });
+  return taken;
 }
 
 }  // namespace mixprec::kernels::cuda
