@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/ref/access.h"
@@ -134,6 +135,29 @@ TEST(ChannelsLast, TheCnnGivesTheNchwBitsOnTheCpu) {
     EXPECT_EQ(cl.loss, nchw.loss);
     ASSERT_EQ(cl.grads.size(), nchw.grads.size());
     for (size_t i = 0; i < cl.grads.size(); ++i) EXPECT_EQ(bytes_of(cl.grads[i]), bytes_of(nchw.grads[i])) << i;
+  }
+}
+
+TEST(ChannelsLastCuda, CopiesBetweenTheLayoutsGiveTheCpusBytes) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU (" << cuda::unavailable_reason() << ")";
+  // The GPU's tiled transpose (cuda/shape.cu), both ways, with and without a dtype change, on
+  // planes and channel counts that are and are not multiples of its 32 x 32 tile, one image and
+  // several, and a weight's [OC, C, KH, KW] <-> KRSC.
+  const Device gpu = Device::cuda(0);
+  for (const auto& [from, to] : {std::pair{DType::f32, DType::f32}, std::pair{DType::bf16, DType::bf16},
+                                 std::pair{DType::bf16, DType::f32}, std::pair{DType::f32, DType::f16}}) {
+    for (const Shape& s : {Shape{2, 420, 7, 7}, Shape{1, 33, 3, 9}, Shape{3, 64, 32, 32}, Shape{40, 12, 3, 3}}) {
+      SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to)) + " " + shape_str(s));
+      const Tensor x = randn(s, 13, from);
+      Tensor cl = kernels::empty_channels_last(s, to, gpu), cl_cpu = kernels::empty_channels_last(s, to, Device::cpu());
+      kernels::copy(x.to(gpu), cl);
+      kernels::copy(x, cl_cpu);
+      EXPECT_EQ(bytes_of(kernels::nhwc_view(cl)), bytes_of(kernels::nhwc_view(cl_cpu))) << "to NHWC";
+      Tensor back = Tensor::empty(s, from, gpu), back_cpu = Tensor::empty(s, from, Device::cpu());
+      kernels::copy(kernels::channels_last(x.to(to).to(gpu)), back);
+      kernels::copy(kernels::channels_last(x.to(to)), back_cpu);
+      EXPECT_EQ(bytes_of(back), bytes_of(back_cpu)) << "to NCHW";
+    }
   }
 }
 

@@ -10,19 +10,20 @@
 namespace mixprec::kernels {
 
 namespace {
-// A copy between NCHW and NHWC bytes of one 4-d shape (the channels-last conversions): per image
-// an [C, H*W] <-> [H*W, C] transpose, which the CPU's tiled copy takes once H and W are merged
-// (with W alone as the tiles' other side, a 7-wide plane was too thin for them).
-bool copy_across_layouts(const Tensor& src, Tensor& dst) {
+// A copy between NCHW and NHWC bytes of one 4-d shape (the channels-last conversions) as 3-d views
+// of the same bytes, dst contiguous: per image an [C, H*W] <-> [H*W, C] transpose, which the CPU's
+// tiled copy and the GPU's transpose kernel take once H and W are merged (with W alone as the
+// tiles' other side, a 7-wide plane was too thin for the CPU's tiles). Nothing for other copies.
+bool across_layouts(const Tensor& src, const Tensor& dst, Tensor& s3, Tensor& d3) {
   if (src.dim() != 4 || src.is_contiguous() == dst.is_contiguous()) return false;
   const bool to_nhwc = src.is_contiguous() && nhwc_dense(dst), to_nchw = dst.is_contiguous() && nhwc_dense(src);
   if (!to_nhwc && !to_nchw) return false;
   const int64_t n = src.size(0), c = src.size(1), hw = src.size(2) * src.size(3);
   const auto planes = [&](const Tensor& t) { return t.detach().reshape({n, c, hw}); };  // NCHW bytes
   const auto rows = [&](const Tensor& t) { return nhwc_view(t).reshape({n, hw, c}); };  // NHWC bytes
-  Tensor s = to_nhwc ? planes(src).transpose(1, 2) : rows(src).transpose(1, 2);
-  Tensor d = to_nhwc ? rows(dst) : planes(dst);
-  return cpu::copy(s, d);
+  s3 = to_nhwc ? planes(src).transpose(1, 2) : rows(src).transpose(1, 2);
+  d3 = to_nhwc ? rows(dst) : planes(dst);
+  return true;
 }
 }  // namespace
 
@@ -31,10 +32,12 @@ void copy(const Tensor& src, Tensor& dst) {
   MIXPREC_CHECK(src.device() == dst.device(), "copy_: source on ", src.device().str(), ", destination on ",
                 dst.device().str(), "; move the source with .to(device) first");
   const DeviceScope on({&src, &dst});
+  Tensor s3, d3;
+  const bool layouts = across_layouts(src, dst, s3, d3);
 #ifdef MIXPREC_WITH_CUDA
-  if (on.cuda()) return cuda::copy(src, dst);
+  if (on.cuda()) return layouts ? cuda::copy(s3, d3) : cuda::copy(src, dst);
 #endif
-  if (use_fast() && (cpu::copy(src, dst) || copy_across_layouts(src, dst))) return;
+  if (use_fast() && (cpu::copy(src, dst) || (layouts && cpu::copy(s3, d3)))) return;
   note_reference();
   ref::copy(src, dst);
 }

@@ -21,6 +21,38 @@ __global__ void convert_contiguous_kernel(const S* src, D* dst, int64_t n) {
   for (int64_t i = nv * kVec + global_thread(); i < n; i += grid_threads()) dst[i] = convert_to<D>(src[i]);
 }
 
+// A batch of transposes: dst [batch][rows][cols] contiguous from src, whose bytes are
+// [batch][cols][rows] (the channels-last conversions, kernels/shape.cpp: rows = H*W, cols = C, or
+// the other way). The strided kernel writes (or reads) one side C elements apart; here a 32 x 32
+// tile is read along src's rows into shared memory and written along dst's, both coalesced.
+constexpr int kTile = 32, kTileRows = 8;
+template <class S, class D>
+__global__ void transpose_kernel(const S* src, D* dst, int64_t rows, int64_t cols) {
+  __shared__ S tile[kTile][kTile + 1];  // +1: the column reads fall in distinct banks
+  const int64_t r0 = int64_t(blockIdx.x) * kTile, c0 = int64_t(blockIdx.y) * kTile, b = blockIdx.z;
+  src += b * rows * cols;
+  dst += b * rows * cols;
+  for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+    const int64_t c = c0 + j, r = r0 + threadIdx.x;
+    if (c < cols && r < rows) tile[j][threadIdx.x] = src[c * rows + r];
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+    const int64_t r = r0 + j, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) dst[r * cols + c] = convert_to<D>(tile[threadIdx.x][j]);
+  }
+}
+
+// Whether src -> dst is a batch of transposes transpose_kernel takes: dst contiguous [batch,
+// rows, cols], src of that shape with strides [rows * cols, 1, rows], within the grid's limits.
+bool batched_transpose(const Tensor& src, const Tensor& dst) {
+  if (dst.dim() != 3 || !dst.is_contiguous() || src.shape() != dst.shape()) return false;
+  const int64_t b = dst.size(0), rows = dst.size(1), cols = dst.size(2);
+  const Shape& st = src.strides();
+  return rows > 1 && cols > 1 && st[1] == 1 && st[2] == rows && (b == 1 || st[0] == rows * cols) && b <= 65535 &&
+         (cols + kTile - 1) / kTile <= 65535 && (rows + kTile - 1) / kTile <= int64_t(INT32_MAX);
+}
+
 // Any strides: operand 0 is dst, 1 is src.
 template <class S, class D>
 __global__ void convert_strided_kernel(const S* src, D* dst, Strided<2> ix, int64_t n) {
@@ -90,7 +122,12 @@ void copy(const Tensor& src, Tensor& dst) {
       const S* s = static_cast<const S*>(src.data_ptr());
       D* d = static_cast<D*>(dst.data_ptr());
       constexpr int kV = kVec16<S>;
-      if (contiguous && aligned_to(s, 16) && aligned_to(d, sizeof(D) * kV)) {
+      if (!contiguous && batched_transpose(src, dst)) {
+        const int64_t rows = dst.size(1), cols = dst.size(2);
+        const dim3 grid(unsigned((rows + kTile - 1) / kTile), unsigned((cols + kTile - 1) / kTile),
+                        unsigned(dst.size(0)));
+        transpose_kernel<S, D><<<grid, dim3(kTile, kTileRows), 0, on.stream()>>>(s, d, rows, cols);
+      } else if (contiguous && aligned_to(s, 16) && aligned_to(d, sizeof(D) * kV)) {
         convert_contiguous_kernel<S, D, kV><<<blocks_for(n / kV), kThreads, 0, on.stream()>>>(s, d, n);
       } else if (contiguous) {
         convert_contiguous_kernel<S, D, 1><<<blocks_for(n), kThreads, 0, on.stream()>>>(s, d, n);
