@@ -27,7 +27,8 @@
 #              'default --channels-last': the cnn in NCHW and NHWC)
 #   max-batch  the seeds' experiment: `mixprec max-batch --device cuda` on cnn 420,1000 and
 #              bench/peers/torch_max_batch.py under the same limit(s) (MAXBATCH_LIMITS, 3GiB), each
-#              precision's largest batch and its ratio to fp32's, side by side
+#              precision's largest batch and its ratio to fp32's, side by side (MAXBATCH_FLAGS: mixprec's
+#              search again with each of these flags, e.g. --channels-last)
 #   initcheck-probe  which buffer initcheck's reads inside cuBLASLt hit: the captured-step test
 #              (PROBE_FILTER) under initcheck with MIXPREC_TRACE_CUBLASLT=1, the addresses mapped to
 #              the traced operands by scripts/gpu/initcheck_map.py (results/initcheck-map.txt)
@@ -39,6 +40,7 @@
 #   TRAIN_PRECISIONS (fp32,amp-fp16,amp-bf16), TRAIN_SEEDS (0,1,2), TRAIN_EPOCHS (5),
 #   CNN_CHANNELS (32,64), BENCH_ARGS (extra torch_gpu.py flags), TORCH_PYTHON (python3),
 #   MAXBATCH_LIMITS (3GiB; comma-separated), MAXBATCH_PRECISIONS (fp32,amp-fp16,amp-bf16,half-bf16),
+#   MAXBATCH_FLAGS (mixprec max-batch again with each, e.g. --channels-last),
 #   RUN_WITHOUT_GPU=1 (run the GPU steps on a machine without one: dry runs), FRESH=1 (drop the
 #   results that earlier calls left on a warm machine; they are otherwise summarised together).
 set -euo pipefail
@@ -502,12 +504,19 @@ step_profile() {
 step_max-batch() {
   need_gpu
   need_binary
-  local l rc=0 prec=${MAXBATCH_PRECISIONS:-fp32,amp-fp16,amp-bf16,half-bf16}
+  local l v rc=0 prec=${MAXBATCH_PRECISIONS:-fp32,amp-fp16,amp-bf16,half-bf16}
   local limits=${MAXBATCH_LIMITS:-3GiB}
   for l in ${limits//,/ }; do
     echo "== limit $l"
     "$MIXPREC" max-batch --device cuda --model cnn --channels 420,1000 --memory-limit "$l" --precisions "$prec" \
       --json >"$W/results/maxbatch-mixprec-$l.json" || rc=1
+    # MAXBATCH_FLAGS: mixprec's search again with these flags (e.g. --channels-last: cuDNN's NHWC
+    # engines need no workspace to transpose), beside the default one; the table is the default's.
+    for v in ${MAXBATCH_FLAGS:-}; do
+      echo "-- mixprec max-batch $v"
+      "$MIXPREC" max-batch --device cuda --model cnn --channels 420,1000 --memory-limit "$l" --precisions "$prec" \
+        "$v" | tee "$W/results/maxbatch-mixprec-$l${v//[^A-Za-z0-9_-]/_}.txt" || rc=1
+    done
     "$TORCH_PYTHON" "$root/bench/peers/torch_max_batch.py" --model cnn --channels 420,1000 --memory-limit "$l" \
       --precisions "$prec" --json >"$W/results/maxbatch-pytorch-$l.json" || rc=1
     python3 - "$W/results/maxbatch-mixprec-$l.json" "$W/results/maxbatch-pytorch-$l.json" <<'PY' || rc=1
