@@ -437,91 +437,75 @@ Tensor unpack_argmax_2bit(const Tensor& packed_in, const Shape& shape) {
   return argmax;
 }
 
-bool max_pool2d_forward_nhwc(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
-  MIXPREC_ASSERT(kernels::nhwc_dense(x), "max_pool2d_forward_nhwc: input not channels-last");
-  if (g.argmax_dtype() != DType::u8) return false;
-  bool taken = false;
-  dispatch_floating(x.dtype(), [&](auto t) {
-    using T = decltype(t);
-    const int v = pool2x2_nhwc::lanes<T>(g, {x.data_ptr()});
-    if (v == 0) return;
-    taken = true;
-    const Launch on(x);
-    r.dst = kernels::empty_channels_last({g.n, g.c, g.oh, g.ow}, x.dtype(), x.device());
-    r.argmax = kernels::empty_channels_last({g.n, g.c, g.oh, g.ow}, DType::u8, x.device());
-    const int64_t vectors = r.dst.numel() / v;
+namespace {
+// Launches the NHWC 2x2 kernels over `outputs` pooled elements of dtype t: launch(T{}, lanes,
+// index, vectors) with V channels a thread, the most pool2x2_nhwc::lanes allows for ptrs. The
+// callers have checked pool2x2::tiles_exactly.
+template <class F>
+void launch_nhwc(DType t, const PoolGeometry& g, int64_t outputs, std::initializer_list<const void*> ptrs, F&& launch) {
+  dispatch_floating(t, [&](auto tag) {
+    using T = decltype(tag);
+    const int v = pool2x2_nhwc::lanes<T>(g, ptrs);
+    const int64_t vectors = outputs / v;
     if (vectors == 0) return;
     dispatch_lanes(v, [&](auto lanes) {
       constexpr int V = decltype(lanes)::value;
-      if constexpr (V * sizeof(T) <= 16)
-        dispatch_index(g, [&](auto index) {
-          using I = decltype(index);
-          max2x2_nhwc_forward_kernel<T, uint8_t, V, I><<<blocks_for(vectors), kThreads, 0, on.stream()>>>(
-              static_cast<const T*>(x.data_ptr()), I(g.c), I(g.ow), I(vectors), static_cast<T*>(r.dst.data_ptr()),
-              static_cast<uint8_t*>(r.argmax.data_ptr()));
-        });
+      if constexpr (V * sizeof(T) <= 16) dispatch_index(g, [&](auto index) { launch(tag, lanes, index, vectors); });
     });
-    MIXPREC_CUDA_CHECK_LAUNCH();
   });
-  return taken;
+  MIXPREC_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+bool max_pool2d_forward_nhwc(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
+  MIXPREC_ASSERT(kernels::nhwc_dense(x), "max_pool2d_forward_nhwc: input not channels-last");
+  if (!pool2x2::tiles_exactly(g) || g.argmax_dtype() != DType::u8) return false;
+  const Launch on(x);
+  r.dst = kernels::empty_channels_last({g.n, g.c, g.oh, g.ow}, x.dtype(), x.device());
+  r.argmax = kernels::empty_channels_last({g.n, g.c, g.oh, g.ow}, DType::u8, x.device());
+  launch_nhwc(
+      x.dtype(), g, r.dst.numel(), {x.data_ptr(), r.dst.data_ptr()}, [&](auto t, auto lanes, auto index, int64_t n) {
+        using T = decltype(t);
+        using I = decltype(index);
+        max2x2_nhwc_forward_kernel<T, uint8_t, decltype(lanes)::value, I><<<blocks_for(n), kThreads, 0, on.stream()>>>(
+            static_cast<const T*>(x.data_ptr()), I(g.c), I(g.ow), I(n), static_cast<T*>(r.dst.data_ptr()),
+            static_cast<uint8_t*>(r.argmax.data_ptr()));
+      });
+  return true;
 }
 
 bool max_pool2d_backward_nhwc(const Tensor& grad_y, const Tensor& argmax, const PoolGeometry& g, Tensor& grad_x) {
   MIXPREC_ASSERT(kernels::nhwc_dense(grad_y) && kernels::nhwc_dense(argmax), "max_pool2d_backward_nhwc: layouts");
-  if (argmax.dtype() != DType::u8) return false;
-  bool taken = false;
-  dispatch_floating(grad_y.dtype(), [&](auto t) {
-    using T = decltype(t);
-    const Launch on(grad_y);
-    Tensor gx = kernels::empty_channels_last({g.n, g.c, g.h, g.w}, grad_y.dtype(), grad_y.device());
-    const int v = pool2x2_nhwc::lanes<T>(g, {grad_y.data_ptr(), gx.data_ptr()});
-    if (v == 0) return;
-    taken = true;
-    grad_x = gx;
-    const int64_t vectors = grad_y.numel() / v;
-    if (vectors == 0) return;
-    dispatch_lanes(v, [&](auto lanes) {
-      constexpr int V = decltype(lanes)::value;
-      if constexpr (V * sizeof(T) <= 16)
-        dispatch_index(g, [&](auto index) {
-          using I = decltype(index);
-          max2x2_nhwc_backward_kernel<T, uint8_t, V, I><<<blocks_for(vectors), kThreads, 0, on.stream()>>>(
-              static_cast<const T*>(grad_y.data_ptr()), static_cast<const uint8_t*>(argmax.data_ptr()), I(g.c), I(g.ow),
-              I(vectors), static_cast<T*>(gx.data_ptr()));
-        });
-    });
-    MIXPREC_CUDA_CHECK_LAUNCH();
-  });
-  return taken;
+  if (!pool2x2::tiles_exactly(g) || argmax.dtype() != DType::u8) return false;
+  const Launch on(grad_y);
+  grad_x = kernels::empty_channels_last({g.n, g.c, g.h, g.w}, grad_y.dtype(), grad_y.device());
+  launch_nhwc(grad_y.dtype(), g, grad_y.numel(), {grad_y.data_ptr(), grad_x.data_ptr()},
+              [&](auto t, auto lanes, auto index, int64_t n) {
+                using T = decltype(t);
+                using I = decltype(index);
+                max2x2_nhwc_backward_kernel<T, uint8_t, decltype(lanes)::value, I>
+                    <<<blocks_for(n), kThreads, 0, on.stream()>>>(
+                        static_cast<const T*>(grad_y.data_ptr()), static_cast<const uint8_t*>(argmax.data_ptr()),
+                        I(g.c), I(g.ow), I(n), static_cast<T*>(grad_x.data_ptr()));
+              });
+  return true;
 }
 
 bool max_pool2d_backward_from_input_nhwc(const Tensor& grad_y, const Tensor& x, const PoolGeometry& g, Tensor& grad_x) {
   MIXPREC_ASSERT(kernels::nhwc_dense(grad_y) && kernels::nhwc_dense(x), "max_pool2d_backward_from_input_nhwc");
-  if (grad_y.dtype() != x.dtype()) return false;
-  bool taken = false;
-  dispatch_floating(grad_y.dtype(), [&](auto t) {
-    using T = decltype(t);
-    const Launch on(grad_y);
-    Tensor gx = kernels::empty_channels_last({g.n, g.c, g.h, g.w}, grad_y.dtype(), grad_y.device());
-    const int v = pool2x2_nhwc::lanes<T>(g, {grad_y.data_ptr(), x.data_ptr(), gx.data_ptr()});
-    if (v == 0) return;
-    taken = true;
-    grad_x = gx;
-    const int64_t vectors = grad_y.numel() / v;
-    if (vectors == 0) return;
-    dispatch_lanes(v, [&](auto lanes) {
-      constexpr int V = decltype(lanes)::value;
-      if constexpr (V * sizeof(T) <= 16)
-        dispatch_index(g, [&](auto index) {
-          using I = decltype(index);
-          max2x2_nhwc_backward_from_input_kernel<T, V, I><<<blocks_for(vectors), kThreads, 0, on.stream()>>>(
-              static_cast<const T*>(grad_y.data_ptr()), static_cast<const T*>(x.data_ptr()), I(g.c), I(g.ow),
-              I(vectors), static_cast<T*>(gx.data_ptr()));
-        });
-    });
-    MIXPREC_CUDA_CHECK_LAUNCH();
-  });
-  return taken;
+  if (!pool2x2::tiles_exactly(g) || grad_y.dtype() != x.dtype()) return false;
+  const Launch on(grad_y);
+  grad_x = kernels::empty_channels_last({g.n, g.c, g.h, g.w}, grad_y.dtype(), grad_y.device());
+  launch_nhwc(grad_y.dtype(), g, grad_y.numel(), {grad_y.data_ptr(), x.data_ptr(), grad_x.data_ptr()},
+              [&](auto t, auto lanes, auto index, int64_t n) {
+                using T = decltype(t);
+                using I = decltype(index);
+                max2x2_nhwc_backward_from_input_kernel<T, decltype(lanes)::value, I>
+                    <<<blocks_for(n), kThreads, 0, on.stream()>>>(static_cast<const T*>(grad_y.data_ptr()),
+                                                                  static_cast<const T*>(x.data_ptr()), I(g.c), I(g.ow),
+                                                                  I(n), static_cast<T*>(grad_x.data_ptr()));
+              });
+  return true;
 }
 
 }  // namespace mixprec::kernels::cuda
