@@ -1,7 +1,7 @@
 // Kernels of the conv family (ops/conv.cpp): 2-d convolution over NCHW activations, forward and
 // both backward passes. Reference: ref/conv.cpp; fast (oneDNN, primitive and reordered-weight
 // caches): cpu/conv.cpp on cpu/conv_entries.{h,cpp}, with the shared oneDNN helpers in
-// cpu/dnnl_common.{h,cpp}; GPU (cuDNN graph API): cuda/conv.cpp; dispatch: conv.cpp.
+// cpu/dnnl_common.{h,cpp}; GPU (cuDNN graph API): cuda/conv.cpp on cuda/conv_plans.{h,cpp}; dispatch: conv.cpp.
 #pragma once
 #include "kernels/backend.h"
 #include "mixprec/tensor.h"
