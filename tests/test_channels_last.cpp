@@ -88,6 +88,14 @@ TEST(ChannelsLast, ConvPoolAndReluKeepTheLayoutThroughForwardAndBackward) {
   EXPECT_TRUE(kernels::is_channels_last(r));
   const Tensor y2 = ops::conv2d(r, randn({4, 8, 3, 3}, 8), Tensor(), {.padding = 1});
   EXPECT_TRUE(kernels::is_channels_last(y2)) << "a channels-last input gives a channels-last output";
+  const Tensor r16 = ops::cast(r, DType::bf16);
+  EXPECT_TRUE(kernels::is_channels_last(r16)) << "a cast keeps the layout";
+  EXPECT_EQ(bytes_of(r16), bytes_of(ops::cast(ops::contiguous(r), DType::bf16)));
+  {
+    amp::Autocast ac(DType::bf16);
+    EXPECT_TRUE(kernels::is_channels_last(ops::conv2d(r, randn({4, 8, 3, 3}, 8))))
+        << "autocast's cast of a channels-last input keeps it";
+  }
   // The flatten copies into NCHW order; the gradient comes back in it and is laid out again.
   const Tensor loss = ops::sum(ops::mul(ops::flatten(y2), randn({2, 64}, 9)));
   loss.backward();

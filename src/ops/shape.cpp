@@ -165,6 +165,13 @@ Tensor contiguous(const Tensor& x, MemoryFormat format) {
 
 Tensor cast(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
+  // A channels-last tensor keeps its layout (PyTorch's .to(dtype) keeps the memory format), so
+  // autocast's cast of a channels-last input hands the convolution channels-last bytes.
+  if (kernels::is_channels_last(x)) {
+    Tensor out = kernels::empty_channels_last(x.shape(), dtype, x.device());
+    kernels::copy(x, out);
+    return record_cast(x, out);
+  }
   return record_cast(x, kernels::cast(x, dtype));
 }
 
