@@ -36,7 +36,7 @@ std::string model_line(const ModelSpec& m) {
     return t;
   };
   if (m.name == "mlp") s += " (hidden " + list(m.hidden) + ")";
-  if (m.name == "cnn") s += " (channels " + list(m.channels) + ")";
+  if (m.name == "cnn") s += " (channels " + list(m.channels) + (m.channels_last ? ", channels-last" : "") + ")";
   if (m.is_gpt())
     s += detail::concat(" (", m.layers, " layers, ", m.heads, " heads, d-model ", m.d_model, ", block ", m.block_size,
                         ")");
@@ -85,6 +85,7 @@ int cmd_max_batch(const Command& c, const MaxBatchFlags& f) {
             {"memory_limit_bytes", f.session.memory_limit},
             {"max_batch", f.max_batch},
             {"baseline", f.precisions[baseline]}};
+  if (opt.model.name == "cnn") j["channels_last"] = opt.model.channels_last;
   for (size_t i = 0; i < results.size(); ++i) {
     const MaxBatchResult& r = results[i];
     j["precisions"].push_back({{"precision", f.precisions[i]},
