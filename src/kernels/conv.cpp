@@ -34,11 +34,6 @@ ConvGrads cpu_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weig
   note_reference();
   return ref::conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
 }
-ConvGeometry nchw_of(const ConvGeometry& g) {
-  ConvGeometry nchw = g;
-  nchw.channels_last = false;
-  return nchw;
-}
 
 }  // namespace
 
@@ -50,7 +45,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 #endif
   // Channels-last on the CPU: a contiguous copy in, the result back in NHWC (the layout is the
   // GPU's; the CPU keeps it for the next op, at the cost of the two copies).
-  if (g.channels_last) return channels_last(cpu_forward(contig(x), weight, bias, nchw_of(g), relu));
+  if (g.channels_last) return channels_last(cpu_forward(contig(x), weight, bias, g.in_nchw(), relu));
   return cpu_forward(x, weight, bias, g, relu);
 }
 
@@ -64,7 +59,7 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
 #endif
   if (!g.channels_last)
     return cpu_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
-  ConvGrads r = cpu_backward(contig(grad_y), x.defined() ? contig(x) : x, weight, nchw_of(g), need_x, need_weight,
+  ConvGrads r = cpu_backward(contig(grad_y), x.defined() ? contig(x) : x, weight, g.in_nchw(), need_x, need_weight,
                              need_bias, bias_dtype, weight_dtype);
   if (r.x.defined()) r.x = channels_last(r.x);
   return r;

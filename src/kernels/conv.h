@@ -17,6 +17,12 @@ struct ConvGeometry {
   // x, grad_y and the results y and grad_x NHWC-dense (kernels/shape.h: channels-last) instead of
   // contiguous; the weight and its gradient stay contiguous either way.
   bool channels_last = false;
+  // The same convolution over contiguous NCHW tensors (where a channels-last one runs on copies).
+  ConvGeometry in_nchw() const {
+    ConvGeometry g = *this;
+    g.channels_last = false;
+    return g;
+  }
   Shape x_shape() const { return {n, c, h, w}; }
   Shape w_shape() const { return {oc, c / groups, kh, kw}; }
   Shape y_shape() const { return {n, oc, oh, ow}; }

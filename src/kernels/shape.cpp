@@ -32,12 +32,11 @@ void copy(const Tensor& src, Tensor& dst) {
   MIXPREC_CHECK(src.device() == dst.device(), "copy_: source on ", src.device().str(), ", destination on ",
                 dst.device().str(), "; move the source with .to(device) first");
   const DeviceScope on({&src, &dst});
-  Tensor s3, d3;
-  const bool layouts = across_layouts(src, dst, s3, d3);
+  Tensor s3, d3;  // the 3-d views of a copy across layouts, made only where a direct copy is not taken
 #ifdef MIXPREC_WITH_CUDA
-  if (on.cuda()) return layouts ? cuda::copy(s3, d3) : cuda::copy(src, dst);
+  if (on.cuda()) return across_layouts(src, dst, s3, d3) ? cuda::copy(s3, d3) : cuda::copy(src, dst);
 #endif
-  if (use_fast() && (cpu::copy(src, dst) || (layouts && cpu::copy(s3, d3)))) return;
+  if (use_fast() && (cpu::copy(src, dst) || (across_layouts(src, dst, s3, d3) && cpu::copy(s3, d3)))) return;
   note_reference();
   ref::copy(src, dst);
 }

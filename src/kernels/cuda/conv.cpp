@@ -69,11 +69,6 @@ bool run_pass(const ConvGeometry& g, Pass pass, const Tensor& x, const Tensor& w
 bool has_engine(const ConvGeometry& g, Pass pass, const Tensor& x, const Tensor& w, const Tensor& y) {
   return !plans_for(key_of(g, pass, x, w, y))->plans.empty();
 }
-ConvGeometry nchw_of(const ConvGeometry& g) {
-  ConvGeometry nchw = g;
-  nchw.channels_last = false;
-  return nchw;
-}
 
 }  // namespace
 
@@ -93,7 +88,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
   // A channels-last convolution no engine runs (a dtype or shape cuDNN has NHWC kernels for
   // none of): the NCHW one on contiguous copies, the result laid out again.
   if (nhwc && !has_engine(g, Pass::forward, x, w, y))
-    return kernels::channels_last(cuda::conv2d_forward(kernels::contig(x), weight, bias, nchw_of(g), relu));
+    return kernels::channels_last(cuda::conv2d_forward(kernels::contig(x), weight, bias, g.in_nchw(), relu));
   // 1. Everything in one graph: the convolution's f32 result, + bias, ReLU, rounded once into y.
   if (b.defined() || relu) {
     GraphKey k = key_of(g, Pass::forward, x, w, y);
@@ -151,7 +146,7 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
     if (!data_ok || !filter_ok) {
       out = ConvGrads();
       ConvGrads r = cuda::conv2d_backward(kernels::contig(gy), xc.defined() ? kernels::contig(xc) : x, weight,
-                                          nchw_of(g), need_x, need_weight, need_bias, bias_dtype, weight_dtype);
+                                          g.in_nchw(), need_x, need_weight, need_bias, bias_dtype, weight_dtype);
       if (r.x.defined()) r.x = kernels::channels_last(r.x);
       return r;
     }
