@@ -32,8 +32,9 @@ std::atomic<WgradForward>& wgrad_as_forward_mode() {
 std::atomic<WgradGemm>& wgrad_gemm_mode() {
   static std::atomic<WgradGemm> mode{[] {
     const char* env = std::getenv("MIXPREC_CONV_WGRAD");
-    const bool off = env != nullptr && (std::string_view(env) == "native" || std::string_view(env) == "forward");
-    return off ? WgradGemm::off : WgradGemm::where_faster;
+    const std::string_view v = env != nullptr ? env : "";
+    if (v == "gemm") return WgradGemm::force;  // wherever the geometry allows (measuring a host kind)
+    return v == "native" || v == "forward" ? WgradGemm::off : WgradGemm::where_faster;
   }()};
   return mode;
 }

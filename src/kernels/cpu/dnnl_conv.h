@@ -71,7 +71,7 @@ void set_conv_wgrad_as_forward(WgradForward mode);
 // (backward_weights_as_gemm) rather than as a forward convolution: by default where the layer has
 // at least kWgradGemmMinProducts weight elements per tap and the host has no AMX-BF16
 // (MIXPREC_CONV_WGRAD=forward or native starts it off); `force` makes it run wherever the geometry
-// allows, at any size, on any host with a bf16 unit (tests).
+// allows, at any size, on any host with a bf16 unit (tests; MIXPREC_CONV_WGRAD=gemm starts it so).
 enum class WgradGemm { off, where_faster, force };
 void set_conv_wgrad_as_gemm(WgradGemm mode);
 // Whether 16-bit convolutions on the f32 road (conv_in_f32) fuse their casts with the layout
