@@ -397,7 +397,7 @@ TEST(ConvFast, Bf16GradientsRunAsForwardConvolutionsWhereTheGeometryAllows) {
     SCOPED_TRACE(rewrite ? "as forward convolutions" : "oneDNN's backward kernels");
     kernels::cpu::set_conv_dgrad_as_forward(rewrite);
     // Forced: the rewrite's values are checked on every host kind, also where it is not the
-    // default (Intel's AVX512-BF16 without AMX: F32WeightGradientPathFollowsTheHostKind).
+    // default (Intel's AVX512-BF16 without AMX, and AMX: F32WeightGradientPathFollowsTheHostKind).
     kernels::cpu::set_conv_wgrad_as_forward(rewrite ? kernels::cpu::WgradForward::force
                                                     : kernels::cpu::WgradForward::off);
     const std::string impl = impl_of(x, w, gy, o);
@@ -414,14 +414,15 @@ TEST(ConvFast, Bf16GradientsRunAsForwardConvolutionsWhereTheGeometryAllows) {
 }
 
 // The f32 weight gradient of a stride-1 layer from 16 images: a forward convolution where the host
-// has AVX512-BF16 or AMX-BF16 (as fast as the split on the AMD kind, and no per-thread partials:
+// has AVX512-BF16 on AMD (as fast as the split on the AMD kind, and no per-thread partials:
 // docs/conv.md), oneDNN's backward-weights split over the batch elsewhere (8-20% faster for the
 // wide cnn's fp32 step on an AVX-512 Xeon without BF16, 2026-11-27; 15-21% for the cnn 32/64 and
 // cnn-bn fp32 steps on Intel's AVX512-BF16 without AMX, 2026-12-03, where bf16 takes the split
-// too). bf16 on a host without a bf16 unit computes in f32 and takes the same road.
+// too; 22-46% for every cnn step in both dtypes on AMX, 2026-12-05). bf16 on a host without a bf16
+// unit computes in f32 and takes the same road.
 TEST(ConvFast, F32WeightGradientPathFollowsTheHostKind) {
   const bool unit = kernels::cpu::bf16_unit();
-  const bool rewrite = unit && !kernels::cpu::by_size_kind();
+  const bool rewrite = unit && !kernels::cpu::by_size_kind() && !kernels::cpu::has_amx_bf16();
   auto impl_of = [](DType t) {
     BackendGuard guard(kernels::Backend::cpu);
     Generator g(23);

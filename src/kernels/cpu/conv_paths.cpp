@@ -103,13 +103,19 @@ bool dgrad_as_forward(const ConvGeometry& g, DType t) {
 // AMX (the by_size kind), where the split ran faster in f32 and in bf16: `bench/ab.py` with
 // MIXPREC_CONV_WGRAD=native, B/A medians of 4 interleaved repeats (Emerald Rapids guest, 2 cores,
 // 2026-12-03): cnn 32/64 fp32 0.85, amp-bf16 0.92, cnn-bn fp32 0.79; the default cnn and the wide
-// one (whose wide layer runs as matmuls) within noise.
+// one (whose wide layer runs as matmuls) within noise. Nor on AMX hosts, where oneDNN's split
+// backward-weights (brgconv_bwd_w on AMX tiles) ran the steps far faster than the rewrite:
+// alternating `mixprec bench` runs (a Xeon with AMX-BF16 and AVX512-FP16, 2 MiB L2 a core, 2 cores,
+// 2026-12-05, best step in ms, rewrite against MIXPREC_CONV_WGRAD=native): cnn 420/1000 at 64
+// amp-bf16 390-400 against 206-211, fp32 1157-1184 against 913-925; cnn 32/64 at 256 amp-bf16
+// 23-26 against 12.0-12.3, fp32 40-41 against 29.6-30.3; cnn-bn at 128 amp-bf16 53-54 against 34,
+// fp32 92-94 against 71-72.
 bool wgrad_as_forward(const ConvGeometry& g, DType t) {
   const WgradForward mode = wgrad_as_forward_mode().load();
   if (mode == WgradForward::off || (t != DType::bf16 && t != DType::f32) || !rewritable(g) || g.n < 16 ||
       g.c <= kFirstLayerChannels)
     return false;
-  return mode == WgradForward::force || (!by_size_kind() && (t == DType::bf16 || bf16_unit()));
+  return mode == WgradForward::force || (!by_size_kind() && !has_amx_bf16() && (t == DType::bf16 || bf16_unit()));
 }
 
 // The weight gradient as one matmul per tap (cpu/conv_wgrad_gemm.cpp), where it beat the
@@ -119,7 +125,9 @@ bool wgrad_as_forward(const ConvGeometry& g, DType t) {
 // against 30, f32 71-76 against 84. Smaller layers not faster: bf16 128 x 128 at 128 images 15
 // against 15, 32 -> 64 at 256 images 4.1-6.5 against 4.4 (f32 11.7-14.3 against 10.8). Hence from
 // kWgradGemmMinProducts weights per tap. f32 where the forward rewrite runs (a host with a bf16
-// unit). Not on AMX hosts, where nothing was measured and oneDNN runs other kernels.
+// unit). Not on AMX hosts, where oneDNN's split backward-weights ran the wide cnn's step faster
+// (2026-12-05, alternating `mixprec bench` runs, best step in ms, split against
+// MIXPREC_CONV_WGRAD=gemm: amp-bf16 206-213 against 223-230, fp32 913-925 against 933-969).
 bool wgrad_as_gemm(const ConvGeometry& g, DType t) {
   const WgradGemm mode = wgrad_gemm_mode().load();
   if (mode == WgradGemm::off || !rewritable(g) || !bf16_unit()) return false;
