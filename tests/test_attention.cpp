@@ -66,6 +66,14 @@ double unit_roundoff(DType t) { return t == DType::bf16 ? 0x1p-8 : t == DType::f
 // (AVX2 and FMA, cpu/attention_rows.cpp). Without either the "fast" backend is the reference.
 bool fused_cpu_attention() { return mixprec::cpu::has_avx512f() || mixprec::cpu::has_avx2_fma(); }
 
+// The bf16 tiles' products on AVX512-BF16 rather than AMX while it lives (an AMX host's other road).
+struct VectorProducts {
+  VectorProducts() { kernels::cpu::attn::set_amx_products(false); }
+  ~VectorProducts() { kernels::cpu::attn::set_amx_products(true); }
+  VectorProducts(const VectorProducts&) = delete;
+  VectorProducts& operator=(const VectorProducts&) = delete;
+};
+
 using Param = std::tuple<Shape4, DType, Device>;
 class AttentionKernels : public ::testing::TestWithParam<Param> {};
 
@@ -111,6 +119,10 @@ TEST_P(AttentionKernels, FastMatchesTheReference) {
   if (mixprec::cpu::has_avx512_bf16()) {
     const kernels::cpu::Bf16ProductsGuard road(kernels::cpu::Bf16Products::native);
     expect_close(run(in, t, s, kernels::Backend::cpu, device), " (bf16 tiles)");
+    if (mixprec::cpu::has_amx_bf16()) {  // the run above multiplied on AMX: now with AVX512-BF16
+      const VectorProducts vector;
+      expect_close(run(in, t, s, kernels::Backend::cpu, device), " (bf16 tiles, AVX512-BF16 products)");
+    }
   }
   const kernels::cpu::EmulatedBf16Tiles emulate;
   expect_close(run(in, t, s, kernels::Backend::cpu, device), " (emulated bf16 tiles)");
@@ -345,22 +357,25 @@ TEST(Attention, CudaViewsOfAnyStrideGiveTheBitsOfContiguousCopies) {
 
 // One key: every probability is exactly 1 and O is V, so dS = P (dP - D) is exactly zero, and dq
 // and dk with it, when D = rowsum(dO O) is summed in the order the dP product sums dO V^T: on
-// every kind of tile (f32; bf16 native where the host has it, and emulated).
+// every kind of tile (f32; bf16 native where the host has it, and emulated). On an AMX host a head
+// of 64 (a multiple of 32) multiplies its first 32 of 37 rows on AMX and the last 5 with
+// AVX512-BF16 (amx_shape), so D takes both orders; a head of 48 stays on AVX512-BF16.
 TEST(Attention, OneKeyGivesExactlyZeroScoreGradients) {
   if (!fused_cpu_attention()) GTEST_SKIP() << "neither AVX-512 nor AVX2 on this host: no fused CPU attention runs";
-  for (DType t : {DType::f32, DType::bf16, DType::f16})
-    for (bool emulated : {false, true}) {
-      if (emulated && (t != DType::bf16 || !mixprec::cpu::has_avx512f())) continue;  // tiles: AVX-512 only
-      std::optional<kernels::cpu::EmulatedBf16Tiles> emulate;
-      if (emulated) emulate.emplace();
-      Tensor q = values({1, 2, 37, 48}, -2, 2, 11, t).set_requires_grad();
-      Tensor k = values({1, 2, 1, 48}, -2, 2, 12, t).set_requires_grad();
-      Tensor v = values({1, 2, 1, 48}, -2, 2, 13, t).set_requires_grad();
-      ops::scaled_dot_product_attention(q, k, v).backward(values({1, 2, 37, 48}, -1, 1, 14, t));
-      for (const Tensor* g : {&q, &k})
-        for (double x : g->grad().to_vector_f64())
-          ASSERT_EQ(x, 0.0) << dtype_name(t) << (emulated ? ", emulated bf16 tiles" : "");
-    }
+  for (int64_t e : {48, 64})
+    for (DType t : {DType::f32, DType::bf16, DType::f16})
+      for (bool emulated : {false, true}) {
+        if (emulated && (t != DType::bf16 || !mixprec::cpu::has_avx512f())) continue;  // tiles: AVX-512 only
+        std::optional<kernels::cpu::EmulatedBf16Tiles> emulate;
+        if (emulated) emulate.emplace();
+        Tensor q = values({1, 2, 37, e}, -2, 2, 11, t).set_requires_grad();
+        Tensor k = values({1, 2, 1, e}, -2, 2, 12, t).set_requires_grad();
+        Tensor v = values({1, 2, 1, e}, -2, 2, 13, t).set_requires_grad();
+        ops::scaled_dot_product_attention(q, k, v).backward(values({1, 2, 37, e}, -1, 1, 14, t));
+        for (const Tensor* g : {&q, &k})
+          for (double x : g->grad().to_vector_f64())
+            ASSERT_EQ(x, 0.0) << dtype_name(t) << " E " << e << (emulated ? ", emulated bf16 tiles" : "");
+      }
 }
 
 // The tiles' transpose (f32 and 16-bit through registers in 16 x 16 blocks, masked at the edges)
@@ -507,10 +522,56 @@ TEST(AttentionTiles, CausalProductsSkipOnlyZerosEmulatedBf16) {
   check_causal_products<kernels::cpu::attn::EmulatedBf16>();
 }
 
+// On an AMX host the bf16 tiles' products run on AMX (a block's live part at 16 x 16 tiles and 32
+// of the contraction), then once more with AVX512-BF16.
 TEST(AttentionTiles, CausalProductsSkipOnlyZerosBf16) {
   if (!mixprec::cpu::has_avx512_bf16())
     GTEST_SKIP() << "no AVX512-BF16 on this host: its bf16 tiles run emulated (the test above)";
   check_causal_products<uint16_t>();
+  if (mixprec::cpu::has_amx_bf16()) {
+    const VectorProducts vector;
+    check_causal_products<uint16_t>();
+  }
+}
+
+// The bf16 tiles' product on AMX (attn::amx_gemm, through attn::gemm) against the exact sums of
+// its bf16 products: rows around the 16-row tiles and 32-row blocks (the rows past the last whole
+// tile run with AVX512-BF16), column counts of one to four tiles, contractions of one to three
+// 32-element steps, written and accumulated; each element within f32 accumulation's bound.
+TEST(AttentionTiles, AmxProductsMatchTheExactSums) {
+  if (!mixprec::cpu::has_amx_bf16())
+    GTEST_SKIP()
+        << "no AMX-BF16 on this host: the bf16 tiles multiply with AVX512-BF16 (CausalProductsSkipOnlyZerosBf16)";
+  ASSERT_TRUE(kernels::cpu::attn::amx_shape(16, 32));
+  Generator gen(29);
+  for (int64_t m : {16, 17, 31, 32, 48, 64, 70})
+    for (int64_t n : {16, 48, 64})
+      for (int64_t k : {32, 64, 96})
+        for (bool accumulate : {false, true}) {
+          const int64_t lda = k + 8;  // rows wider than the contraction, as the gpt's q in the packed qkv
+          auto bf16_values = [&](int64_t count) {
+            std::vector<uint16_t> out;
+            for (double v : Tensor::uniform({count}, gen, -2, 2).to_vector_f64()) out.push_back(f32_to_bf16(float(v)));
+            return out;
+          };
+          const std::vector<uint16_t> a = bf16_values(m * lda), brows = bf16_values(k * n);
+          std::vector<uint16_t> b(size_t(k * n));
+          kernels::cpu::attn::pack_b(brows.data(), n, k, k, n, n, b.data());
+          const std::vector<float> c0 = Tensor::uniform({m * n}, gen, -1, 1).to_vector();
+          std::vector<float> c = c0;
+          kernels::cpu::attn::gemm<uint16_t>(m, n, k, a.data(), lda, b.data(), c.data(), n, accumulate);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double exact = accumulate ? double(c0[size_t(i * n + j)]) : 0.0, bound = std::fabs(exact);
+              for (int64_t p = 0; p < k; ++p) {
+                const double x = double(bf16_to_f32(a[size_t(i * lda + p)])) * bf16_to_f32(brows[size_t(p * n + j)]);
+                exact += x, bound += std::fabs(x);
+              }
+              ASSERT_LE(std::fabs(double(c[size_t(i * n + j)]) - exact), double(k + 1) * 0x1p-24 * bound)
+                  << "m " << m << " n " << n << " k " << k << (accumulate ? " accumulated" : "") << " at " << i << ","
+                  << j;
+            }
+        }
 }
 
 }  // namespace

@@ -400,7 +400,17 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
       to_columns(reinterpret_cast<const E*>(ro.row(bh, 0)), ro.st, d.tq, d.ev_pad, o_t, tq_pad);
     else
       to_columns(o_rows, d.ev_pad, d.tq, d.ev_pad, o_t, tq_pad);
-    dot_columns(do_t, o_t, tq_pad, d.ev_pad, d.tq, dsum);
+    // The rows whose dP the AMX tiles sum (amx_shape: query blocks start at multiples of 64, so
+    // the first tq / 16 * 16) get D summed by the same instructions.
+    int64_t amx_rows = 0;
+    if constexpr (std::is_same_v<E, uint16_t>) {
+      if (attn::amx_shape(d.tq, d.ev_pad)) {
+        const E* oa = o_in_place ? reinterpret_cast<const E*>(ro.row(bh, 0)) : o_rows;
+        attn::amx_row_dots(doa, ldo, oa, o_in_place ? ro.st : d.ev_pad, d.tq, d.ev_pad, dsum, tmp, block);
+        amx_rows = d.tq / 16 * 16;
+      }
+    }
+    dot_columns(do_t + amx_rows, o_t + amx_rows, tq_pad, d.ev_pad, d.tq - amx_rows, dsum + amx_rows);
     for (int64_t kb = 0; kb < d.nkb; ++kb) {
       const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
       pack_keys<E>(rk, bh, j0, nc, d.e, d.e_pad, d.bc_pad, tmp, kt_pack + kb * d.bc_pad * d.e_pad,
@@ -476,7 +486,7 @@ constexpr const char* kRowsImpl = "mixprec:attention_rows_avx2";
 const char* impl_of(Tiles t) {
   switch (t) {
     case Tiles::bf16:
-      return "mixprec:attention_tiles_bf16";
+      return attn::amx_products() ? "mixprec:attention_tiles_bf16_amx" : "mixprec:attention_tiles_bf16";
     case Tiles::emulated_bf16:
       return "mixprec:attention_tiles_emulated_bf16";
     case Tiles::f32:

@@ -299,9 +299,32 @@ struct Live {
   int64_t diag = 0;
 };
 
+// Whether bf16 tiles multiply on AMX (cpu/attention_amx.cpp): where the host has AMX-BF16 (and
+// the OS gave the process the tile state), unless MIXPREC_ATTENTION_AMX=off; set_amx_products
+// switches it (tests: the vector kernels on the same host).
+bool amx_products();
+void set_amx_products(bool on);
+// Whether a bf16 product of m rows contracting over k runs (its first m / 16 * 16 rows) on AMX:
+// TDPBF16PS takes the contraction 32 at a time.
+inline bool amx_shape(int64_t m, int64_t k) { return m >= 16 && k % 32 == 0 && amx_products(); }
+// gemm's product on AMX for the first m / 16 * 16 rows (amx_shape), in blocks of 32 x 32; returns
+// the rows done. Live blocks as gemm's, at a block's granularity: a scores block writes the
+// columns up to its last row's last live key (whole 16-column tiles), a k_end one contracts up to
+// it (rounded up to 32), a k_begin one from its first live query (rounded down to 32); the
+// skipped contraction adds only the zeros of P and dS past the diagonal.
+int64_t amx_gemm(int64_t m, int64_t n_pad, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b, float* c,
+                 int64_t ldc, bool accumulate, Live live);
+// dst[i] = a_i . b_i for the first rows / 16 * 16 rows (a, b: rows of k bf16, k a multiple of 32),
+// summed by the same tile instructions, in the same order, as amx_gemm sums a row of a against a
+// column of its B: so a dP element whose key row equals the output row gives D's bits. pack holds
+// 16 k bf16, tile 256 f32.
+void amx_row_dots(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, int64_t rows, int64_t k, float* dst,
+                  uint16_t* pack, float* tile);
+
 // C[m x n_pad] (+)= A[m x k] B with B from pack_b/pack_bt (n_pad a multiple of 16, k of kPair):
 // column chunks of up to 64, rows in register blocks of 4 to 8 (fewer rows for wider chunks, so
 // the accumulators fit the 32 vector registers); `live` as above (k_begin takes 32-column chunks).
+// bf16 tiles run their first m / 16 * 16 rows on AMX where amx_shape says so.
 template <class E>
 void gemm(int64_t m, int64_t n_pad, int64_t k, const E* a, int64_t lda, const E* b, float* c, int64_t ldc,
           bool accumulate, Live live = {}) {
@@ -309,6 +332,15 @@ void gemm(int64_t m, int64_t n_pad, int64_t k, const E* a, int64_t lda, const E*
       micro_table<E, 1>(std::make_integer_sequence<int, 8>()), micro_table<E, 2>(std::make_integer_sequence<int, 8>()),
       micro_table<E, 3>(std::make_integer_sequence<int, 8>()), micro_table<E, 4>(std::make_integer_sequence<int, 8>())};
   constexpr int64_t P = kPair<E>;
+  if constexpr (std::is_same_v<E, uint16_t>) {
+    if (amx_shape(m, k)) {
+      const int64_t done = amx_gemm(m, n_pad, k, a, lda, b, c, ldc, accumulate, live);
+      if (done == m) return;
+      // The last rows on the vector kernels: row `done` becomes row 0, so a diagonal over rows moves.
+      if (live.kind == Live::scores || live.kind == Live::k_end) live.diag += done;
+      m -= done, a += done * lda, c += done * ldc;
+    }
+  }
   const int64_t chunk = live.kind == Live::k_begin ? 32 : 64;
   for (int64_t n0 = 0; n0 < n_pad; n0 += chunk) {
     const int64_t nv = std::min<int64_t>(chunk / 16, (n_pad - n0) / 16);
