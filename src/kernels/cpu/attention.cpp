@@ -215,6 +215,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   // OMP_WAIT_POLICY=passive, docs/design.md, Threads); the first loop's barrier orders them.
 #pragma omp parallel
   {
+    const attn::AmxScope amx(std::is_same_v<E, uint16_t>);  // the tiles configured once a thread
     // K^T and V of every key block, packed once for all the query blocks that read them.
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < d.bh * d.nkb; ++task) {
@@ -358,6 +359,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
 
 #pragma omp parallel for schedule(dynamic)
   for (int64_t bh = 0; bh < d.bh; ++bh) {
+    const attn::AmxScope amx(std::is_same_v<E, uint16_t>);  // the tiles configured once a head
     Carver c(aligned(ws) + omp_get_thread_num() * per_thread);
     E* q_rows = c.take<E>(tq_pad * d.e_pad);    // A of S = Q K^T
     E* q_t = c.take<E>(tq_pad * d.e_pad);       // A of dK^T = Q^T dS: [e_pad][tq_pad]

@@ -1,8 +1,8 @@
 // The bf16 tiles' products on AMX (attention_tile.h, amx_gemm): TDPBF16PS multiplies a 16-row
 // tile of A (32 bf16 of the contraction a row) by a tile of B packed as the vector kernels pack it
-// ([k / 2][n][2]: AMX's own B layout), 16 x 16 f32 sums a tile. Each call loads the tile
-// configuration (oneDNN's AMX kernels load theirs between our calls) and releases the tiles at its
-// end, so no tile state outlives it.
+// ([k / 2][n][2]: AMX's own B layout), 16 x 16 f32 sums a tile. The tile configuration is loaded,
+// and the tiles released, by each call or by the AmxScope around a task's calls (oneDNN's AMX
+// kernels load their own configuration between attention calls), so no tile state outlives them.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -28,11 +28,35 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-MIXPREC_AMX_TARGET void configure() {
+constexpr TileConfig tile_config() {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
+  return cfg;
 }
+// A constant in memory: GCC's LDTILECFG asm takes only the pointer, so the stores of a local
+// configuration looked dead to it and were dropped (the tiles then faulted: SIGILL).
+constexpr TileConfig kTileConfig = tile_config();
+
+MIXPREC_AMX_TARGET void configure() { _tile_loadconfig(&kTileConfig); }
+MIXPREC_AMX_TARGET void release() { _tile_release(); }
+
+thread_local int tl_scopes = 0;  // AmxScopes alive on this thread
+
+// The tiles for one call: configured at its start and released at its end, unless a scope holds them.
+class CallTiles {
+ public:
+  CallTiles() : own_(tl_scopes == 0) {
+    if (own_) configure();
+  }
+  ~CallTiles() {
+    if (own_) release();
+  }
+  CallTiles(const CallTiles&) = delete;
+  CallTiles& operator=(const CallTiles&) = delete;
+
+ private:
+  bool own_;
+};
 
 bool amx_asked_off() {
   const char* env = std::getenv("MIXPREC_ATTENTION_AMX");
@@ -83,13 +107,20 @@ MIXPREC_AMX_TARGET void block(const uint16_t* a, int64_t lda, const uint16_t* b,
 
 }  // namespace
 
+AmxScope::AmxScope(bool use) : on_(use && amx_products()) {
+  if (on_ && tl_scopes++ == 0) configure();
+}
+AmxScope::~AmxScope() {
+  if (on_ && --tl_scopes == 0) release();
+}
+
 bool amx_products() { return amx_flag().load(std::memory_order_relaxed); }
 void set_amx_products(bool on) { amx_flag().store(on && mixprec::cpu::has_amx_bf16()); }
 
 MIXPREC_AMX_TARGET int64_t amx_gemm(int64_t m, int64_t n_pad, int64_t k, const uint16_t* a, int64_t lda,
                                     const uint16_t* b, float* c, int64_t ldc, bool accumulate, Live live) {
   const int64_t m16 = m / 16 * 16;
-  configure();
+  const CallTiles tiles;
   for (int64_t r0 = 0; r0 < m16; r0 += 32) {
     const int mr = r0 + 32 <= m16 ? 2 : 1;
     // One past the last live key of the block's rows (scores, k_end), as gemm's.
@@ -118,19 +149,17 @@ MIXPREC_AMX_TARGET int64_t amx_gemm(int64_t m, int64_t n_pad, int64_t k, const u
         block<1, 1>(ab, lda, bb, n_pad, k0, k1, cb, ldc, accumulate);
     }
   }
-  _tile_release();
   return m16;
 }
 
 MIXPREC_AMX_TARGET void amx_row_dots(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, int64_t rows,
                                      int64_t k, float* dst, uint16_t* pack, float* tile) {
-  configure();
+  const CallTiles tiles;
   for (int64_t r0 = 0; r0 + 16 <= rows; r0 += 16) {
     pack_bt(b + r0 * ldb, ldb, k, 16, 16, pack);  // b's 16 rows as the B operand: [k / 2][16][2]
     block<1, 1>(a + r0 * lda, lda, pack, 16, 0, k, tile, 16, false);
     for (int64_t i = 0; i < 16; ++i) dst[r0 + i] = tile[i * 17];
   }
-  _tile_release();
 }
 
 }  // namespace mixprec::kernels::cpu::attn

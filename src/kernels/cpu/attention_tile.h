@@ -304,6 +304,20 @@ struct Live {
 // switches it (tests: the vector kernels on the same host).
 bool amx_products();
 void set_amx_products(bool on);
+// While one lives (and `use` and amx_products() say so), this thread's AMX tiles stay configured
+// for amx_gemm and amx_row_dots, which otherwise load the configuration, and release the tiles, in
+// each call (LDTILECFG took a seventh of amx_gemm's time in the gpt's attention). Nothing else
+// may run AMX code on the thread meanwhile: oneDNN's AMX kernels load their own configuration.
+class AmxScope {
+ public:
+  explicit AmxScope(bool use);
+  ~AmxScope();
+  AmxScope(const AmxScope&) = delete;
+  AmxScope& operator=(const AmxScope&) = delete;
+
+ private:
+  bool on_;
+};
 // Whether a bf16 product of m rows contracting over k runs (its first m / 16 * 16 rows) on AMX:
 // TDPBF16PS takes the contraction 32 at a time.
 inline bool amx_shape(int64_t m, int64_t k) { return m >= 16 && k % 32 == 0 && amx_products(); }
