@@ -394,8 +394,8 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
       // forward norms, alternating profiles on the AMX host (2026-12-05), 1.80-1.85 -> 1.67-1.81 ms
       // a step (a little, in every pair).
       const char* ahead = static_cast<const char*>(x.data_ptr()) + (r0 * cols) * int64_t(dtype_size(x.dtype())) + 4096;
-      for (int64_t b = 0; b < count * cols * int64_t(dtype_size(x.dtype())); b += 64)
-        _mm_prefetch(ahead + b, _MM_HINT_T0);
+      for (int64_t off = 0; off < count * cols * int64_t(dtype_size(x.dtype())); off += 64)
+        _mm_prefetch(ahead + off, _MM_HINT_T0);
       const float* group_in = in_f32(x.data_ptr(), x.dtype(), r0 * cols, count * cols, in.data());
       if (bf16_out) {
         uint16_t *y_rows[kRowGroup] = {}, *xh16_rows[kRowGroup] = {};
