@@ -32,6 +32,16 @@ inline __mmask16 first_lanes(int64_t n) {
   return n <= 0 ? __mmask16(0) : n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
 }
 
+// Asks for the cache lines of [p + 4 KiB, p + 4 KiB + bytes): a streaming kernel's loads 4 KiB
+// ahead of where it reads. The hardware prefetchers stop at page boundaries, and on the AMX host
+// (2 MiB of L2 a core) GELU, the 2x2 pool's forward, the bias sums and layer norm stalled on their
+// loads of tensors of a few MiB (docs/hosts.md, 2026-12-05, fifth session; each call site has its
+// measurement). A prefetch never faults, so the lines may lie past the tensor's end.
+inline void fetch_ahead(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p) + 4096;
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
+}
+
 // 16 f32 -> 16 bf16 (in 32-bit lanes) on AVX-512F alone (an AVX-512 Xeon without AVX512-BF16):
 // the scalar rule in integer lanes, RNE on the low 16 bits and the quieted NaN, so no MXCSR
 // setting reaches it. convert.cpp's bulk conversion on such hosts (the scalar loop it replaced

@@ -201,18 +201,18 @@ __attribute__((target("avx512f"))) inline void store_tail(uint16_t* p, __m256i v
 MIXPREC_ACT_BF16 inline __m512 widen_lo(__m512i v) { return bf16_widen_ps(_mm512_castsi512_si256(v)); }
 MIXPREC_ACT_BF16 inline __m512 widen_hi(__m512i v) { return bf16_widen_ps(_mm512_extracti64x4_epi64(v, 1)); }
 
-// Each step asks for the lines 4 KiB ahead of its loads: the saved input and the gradient of a gpt
-// layer's GELU are 4 MiB each, and on the AMX host (2 MiB of L2 a core) the loads stalled on them
-// (perf: a third of the backward's samples on the instructions after its two loads). gpt amp-bf16,
-// `mixprec bench --profile` in alternating runs (2026-12-05): backward 4.28-4.77 -> 3.23-3.33 ms a
-// step, forward 2.86-2.94 -> 2.19-2.30 (1, 2 and 8 KiB ahead within the noise of it).
-constexpr int64_t kAhead = 2048;  // elements
+// Each step asks for the line 4 KiB ahead of each of its loads (fetch_ahead): the saved input and
+// the gradient of a gpt layer's GELU are 4 MiB each, and on the AMX host (2 MiB of L2 a core) the
+// loads stalled on them (perf: a third of the backward's samples on the instructions after its two
+// loads). gpt amp-bf16, `mixprec bench --profile` in alternating runs (2026-12-05): backward
+// 4.28-4.77 -> 3.23-3.33 ms a step, forward 2.86-2.94 -> 2.19-2.30 (1, 2 and 8 KiB ahead within the
+// noise of it).
 template <Activation OP, bool kNative>
 MIXPREC_ACT_BF16 void forward_bf16(const uint16_t* x, uint16_t* dst, int64_t len) {
   int64_t i = 0;
   if constexpr (kNative)
     for (; i + 32 <= len; i += 32) {
-      _mm_prefetch(reinterpret_cast<const char*>(x + i + kAhead), _MM_HINT_T0);
+      fetch_ahead(x + i, 64);
       const __m512i v = _mm512_loadu_si512(x + i);
       _mm512_storeu_si512(dst + i, bf16_pair_from_ps(value_ps<OP>(widen_lo(v)), value_ps<OP>(widen_hi(v))));
     }
@@ -226,8 +226,8 @@ MIXPREC_ACT_BF16 void backward_bf16(const uint16_t* g, const uint16_t* s, uint16
   int64_t i = 0;
   if constexpr (kNative)
     for (; i + 32 <= len; i += 32) {
-      _mm_prefetch(reinterpret_cast<const char*>(g + i + kAhead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(s + i + kAhead), _MM_HINT_T0);
+      fetch_ahead(g + i, 64);
+      fetch_ahead(s + i, 64);
       const __m512i gv = _mm512_loadu_si512(g + i), sv = _mm512_loadu_si512(s + i);
       _mm512_storeu_si512(dst + i, bf16_pair_from_ps(_mm512_mul_ps(widen_lo(gv), derivative_ps<OP>(widen_lo(sv))),
                                                      _mm512_mul_ps(widen_hi(gv), derivative_ps<OP>(widen_hi(sv)))));

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <string_view>
 
 #include "core/simd.h"  // <immintrin.h>, with GCC 12's false warnings off

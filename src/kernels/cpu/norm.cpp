@@ -390,12 +390,11 @@ bool layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
       const int64_t r0 = grp * kRowGroup, count = std::min<int64_t>(kRowGroup, rows - r0);
       const float* src[kRowGroup] = {};
       float *y[kRowGroup] = {}, *xh_rows[kRowGroup] = {};
-      // The rows 4 KiB ahead (this thread's next groups: static schedule), asked for now: the gpt's
+      // The rows 4 KiB ahead (fetch_ahead; this thread's next groups: static schedule): the gpt's
       // forward norms, alternating profiles on the AMX host (2026-12-05), 1.80-1.85 -> 1.67-1.81 ms
       // a step (a little, in every pair).
-      const char* ahead = static_cast<const char*>(x.data_ptr()) + (r0 * cols) * int64_t(dtype_size(x.dtype())) + 4096;
-      for (int64_t off = 0; off < count * cols * int64_t(dtype_size(x.dtype())); off += 64)
-        _mm_prefetch(ahead + off, _MM_HINT_T0);
+      const int64_t es = int64_t(dtype_size(x.dtype()));
+      fetch_ahead(static_cast<const char*>(x.data_ptr()) + r0 * cols * es, count * cols * es);
       const float* group_in = in_f32(x.data_ptr(), x.dtype(), r0 * cols, count * cols, in.data());
       if (bf16_out) {
         uint16_t *y_rows[kRowGroup] = {}, *xh16_rows[kRowGroup] = {};

@@ -158,16 +158,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i load_grad(co
 // nets' rows are 14 and 7 outputs wide, so a call, an index division and a zeroing per row cost
 // as much as the row). 16 outputs per step, masked for the last step of a row.
 
-// The lines of [p + 4 KiB, p + 4 KiB + bytes): each row pair asks for the rows 4 KiB ahead of it.
-// On the AMX host the pool's loads stalled on memory (perf: 60% of the forward's samples on the
-// instructions after its loads; the cnn 32/64's first pool reads 12.8 MB): `mixprec bench --model
-// cnn --channels 32,64 --batch-size 256 --precision amp-bf16 --profile`, alternating runs
-// (2026-12-05), the forward 1.45-1.58 -> 1.10-1.17 ms a step. The backward kernels' loads ahead
-// gained nothing there (1.29-1.39 against 1.38-1.44 ms), so they have none.
-inline void fetch_ahead(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p) + 4096;
-  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
-}
+// Each row pair asks for the rows 4 KiB ahead of it (fetch_ahead). On the AMX host the pool's
+// loads stalled on memory (perf: 60% of the forward's samples on the instructions after its loads;
+// the cnn 32/64's first pool reads 12.8 MB): `mixprec bench --model cnn --channels 32,64
+// --batch-size 256 --precision amp-bf16 --profile`, alternating runs (2026-12-05), the forward
+// 1.45-1.58 -> 1.10-1.17 ms a step. The backward kernels' loads ahead gained nothing there
+// (1.29-1.39 against 1.38-1.44 ms), so they have none.
 
 // The 2x2/2 max pool over f32, bf16 or f16 rows, the maxima in f32 (exactly a 16-bit input's value). The
 // argmax is narrowed in registers, then stored (vpmovdb with a memory operand is microcoded and

@@ -34,12 +34,6 @@ __attribute__((target("avx512f"))) void add_row_avx512(float* a, const void* row
   for (; i < len; ++i) a[i] += bf16_to_f32(v[i]);
 }
 
-// Each row asks for the bytes 4 KiB past its own (the next rows, in a bias gradient's whole rows),
-// as GELU's loops do (activation.cpp): the gpt's 16 bf16 bias-gradient sums, `mixprec bench --model
-// gpt --precision amp-bf16 --profile` in alternating runs on the AMX host (2026-12-05), 1.47-1.50
-// -> 1.21-1.26 ms a step.
-constexpr int64_t kAheadBytes = 4096;
-
 }  // namespace
 
 // Sums over a set of leading dims (bias gradients: [N, C] -> [C]), or over everything.
@@ -85,7 +79,10 @@ bool sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, Tensor
         const int64_t es = int64_t(dtype_size(t));
         for (int64_t r = r0; r < r1; ++r) {
           const char* row = base + (r * cols + c0) * es;
-          for (int64_t b = 0; b < len * es; b += 64) _mm_prefetch(row + kAheadBytes + b, _MM_HINT_T0);
+          // The next rows (fetch_ahead): the gpt's 16 bf16 bias-gradient sums, `mixprec bench
+          // --model gpt --precision amp-bf16 --profile` in alternating runs on the AMX host
+          // (2026-12-05), 1.47-1.50 -> 1.21-1.26 ms a step.
+          fetch_ahead(row, len * es);
           add_row_avx512(a, row, t, len);
         }
         continue;
