@@ -38,9 +38,18 @@ void PrintTo(const Shape4& s, std::ostream* os) {
 }
 
 const std::vector<Shape4> kShapes = {
-    {1, 2, 1, 1, 16, 16, false, 0.0},    {2, 1, 65, 65, 32, 32, true, 0.0},   {1, 2, 130, 70, 64, 64, true, 0.0},
-    {1, 1, 70, 130, 80, 80, true, 0.0},  {2, 2, 128, 128, 32, 32, true, 0.0}, {1, 1, 33, 200, 16, 24, false, 0.2},
-    {1, 2, 150, 150, 32, 32, true, 0.1}, {1, 2, 47, 190, 64, 64, false, 0.0},
+    {1, 2, 1, 1, 16, 16, false, 0.0},
+    {2, 1, 65, 65, 32, 32, true, 0.0},
+    {1, 2, 130, 70, 64, 64, true, 0.0},
+    {1, 1, 70, 130, 80, 80, true, 0.0},
+    {2, 2, 128, 128, 32, 32, true, 0.0},
+    {1, 1, 33, 200, 16, 24, false, 0.2},
+    {1, 2, 150, 150, 32, 32, true, 0.1},
+    {1, 2, 47, 190, 64, 64, false, 0.0},
+    // Past the transposed forward's 512-key blocks (its online rescaling between them): full with a
+    // last block of 76 keys, causal with Tq != Tk.
+    {1, 1, 40, 1100, 32, 48, false, 0.0},
+    {1, 1, 530, 600, 64, 32, true, 0.0},
 };
 
 struct Result {
@@ -116,16 +125,26 @@ TEST_P(AttentionKernels, FastMatchesTheReference) {
     const kernels::cpu::Bf16ProductsGuard road(kernels::cpu::Bf16Products::f32);
     expect_close(run(in, t, s, kernels::Backend::cpu, device), " (f32 tiles)");
   }
+  // Each bf16-tile road with the forward's scores in rows and transposed (cpu/attention.cpp,
+  // forward_transposed: the default on AMX; dropout always takes the rows).
+  const Shape4 shape = s;
+  auto both_forwards = [&](const std::string& road) {
+    for (bool transposed : {false, true}) {
+      const kernels::cpu::TransposedScores scores(transposed);
+      expect_close(run(in, dtype, shape, kernels::Backend::cpu, Device::cpu()),
+                   " (" + road + (transposed ? ", scores transposed)" : ", scores in rows)"));
+    }
+  };
   if (mixprec::cpu::has_avx512_bf16()) {
     const kernels::cpu::Bf16ProductsGuard road(kernels::cpu::Bf16Products::native);
-    expect_close(run(in, t, s, kernels::Backend::cpu, device), " (bf16 tiles)");
-    if (mixprec::cpu::has_amx_bf16()) {  // the run above multiplied on AMX: now with AVX512-BF16
+    both_forwards(mixprec::cpu::has_amx_bf16() ? "bf16 tiles on AMX" : "bf16 tiles");
+    if (mixprec::cpu::has_amx_bf16()) {  // the runs above multiplied on AMX: now with AVX512-BF16
       const VectorProducts vector;
-      expect_close(run(in, t, s, kernels::Backend::cpu, device), " (bf16 tiles, AVX512-BF16 products)");
+      both_forwards("bf16 tiles, AVX512-BF16 products");
     }
   }
   const kernels::cpu::EmulatedBf16Tiles emulate;
-  expect_close(run(in, t, s, kernels::Backend::cpu, device), " (emulated bf16 tiles)");
+  both_forwards("emulated bf16 tiles");
 }
 
 std::string name_of(const Param& p) {

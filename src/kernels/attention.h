@@ -94,6 +94,19 @@ class EmulatedBf16Tiles {
  private:
   bool previous_;
 };
+// For tests: while one lives, the bf16-tile forward on this thread (dropout aside, which always
+// takes the row form) transposes its scores (on) or keeps them in rows (off), whatever the host:
+// cpu/attention.cpp's forward_transposed, the default where the products run on AMX.
+class TransposedScores {
+ public:
+  explicit TransposedScores(bool on);
+  ~TransposedScores();
+  TransposedScores(const TransposedScores&) = delete;
+  TransposedScores& operator=(const TransposedScores&) = delete;
+
+ private:
+  int previous_;
+};
 }  // namespace cpu
 
 namespace cuda {  // src/kernels/cuda/attention.cu: flash-style, lse kept, f32 math

@@ -6,12 +6,16 @@
 // and dS are rounded to bf16 before their products, as FlashAttention does; tiles_for says where);
 // f32 and f16 inputs, and bf16 elsewhere, compute in f32 with FMA (converted on load: no 16-bit
 // arithmetic here). Dropout's keep bits come from the same Philox words
-// as the reference's (attention.h), recomputed by the backward. OpenMP over (batch x head, query
+// as the reference's (attention.h), recomputed by the backward. Where bf16 products run on AMX
+// the forward (without dropout) transposes its scores instead (forward_transposed): a query's
+// softmax runs down a column of S^T, 16 queries to a vector. OpenMP over (batch x head, query
 // block) forward and over batch x head backward (each task owns its dK, dV and dQ).
 #include <omp.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -281,6 +285,181 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   }
 }
 
+// The bf16 tiles' forward with the scores transposed (transposed_scores says where): each key
+// block's S^T = K Q^T ([keys][queries]: K's rows are the A operand in place, the query block's Q^T
+// the packed B one), so a query's softmax runs down a column, 16 queries to a vector: the running
+// max, the sum and the rescaling of O are vertical operations on 16 queries at once, where the
+// row form pays two horizontal reductions, a scalar exp and a call for each 64-key row (the row
+// form's online_softmax_row had 40% of the gpt layer's bf16 forward on AMX). P^T comes out of the
+// exponentials already as the bf16 pairs of O^T = V^T P^T's B operand, and O^T is transposed once
+// at the end. The same products (each score the dot of the same pairs in the same order), the same
+// exponentials, the same roundings of P to bf16 as the row form; the sums l add in key order here
+// (the row form adds 16 lanes, then across them), so O may differ from it in the last bit. No
+// dropout (its keep bits come in 16-key words of one query row): that takes the row form.
+// The lanes (queries) that see key j: j at most their last key.
+MIXPREC_ATTN_TARGET inline __mmask16 sees(int64_t j, __m512i last) {
+  return _mm512_cmp_epi32_mask(_mm512_set1_epi32(int32_t(j)), last, _MM_CMPINT_LE);
+}
+// P's 16 lanes of key row j of S^T (zero past nc): e^(scale s - max) of the live scores only. A
+// masked one's e^-inf, as every result below the normal range, takes a microcode assist (perf
+// put 30% of this pass's samples on the instruction after VSCALEFPS when every lane took e^x).
+MIXPREC_ATTN_TARGET inline __m512 prob_row(const float* row, int64_t j, int64_t nc, __m512i last, __m512 vscale,
+                                           __m512 vmax) {
+  if (j >= nc) return _mm512_setzero_ps();
+  const __mmask16 in = sees(j, last);
+  return _mm512_maskz_mov_ps(in, exp_ps(_mm512_maskz_sub_ps(in, _mm512_mul_ps(_mm512_loadu_ps(row), vscale), vmax)));
+}
+
+template <class E>
+MIXPREC_ATTN_TARGET void softmax_columns(const float* st, int64_t nq_pad, int64_t nc, int64_t n32, const int32_t* lim,
+                                         float scale, float* m, float* l, float* ot, int64_t ev, bool rescale,
+                                         E* pairs) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t c = 0; c < nq_pad; c += 16) {
+    const __m512i last = _mm512_loadu_si512(lim + c);
+    const __m512 m_old = _mm512_loadu_ps(m + c);
+    // Four running maxima (a max is exact: any order gives the same), so the chain of VMAXPS
+    // latencies is a quarter as long.
+    __m512 mx[4] = {m_old, m_old, m_old, m_old};
+    int64_t j = 0;
+    for (; j + 4 <= nc; j += 4)
+      for (int u = 0; u < 4; ++u)
+        mx[u] = _mm512_mask_max_ps(mx[u], sees(j + u, last), mx[u],
+                                   _mm512_mul_ps(_mm512_loadu_ps(st + (j + u) * nq_pad + c), vscale));
+    for (; j < nc; ++j)
+      mx[0] =
+          _mm512_mask_max_ps(mx[0], sees(j, last), mx[0], _mm512_mul_ps(_mm512_loadu_ps(st + j * nq_pad + c), vscale));
+    const __m512 vmax = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
+    __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();  // the sums of the even and odd keys
+    for (j = 0; j < n32; j += 2) {
+      const __m512 p0 = prob_row(st + j * nq_pad + c, j, nc, last, vscale, vmax);
+      const __m512 p1 = prob_row(st + (j + 1) * nq_pad + c, j + 1, nc, last, vscale, vmax);
+      even = _mm512_add_ps(even, p0);
+      odd = _mm512_add_ps(odd, p1);
+      attn::store_interleaved(attn::round_bf16<E>(p0), attn::round_bf16<E>(p1), pairs + j * nq_pad + 2 * c);
+    }
+    const __m512 vsum = _mm512_add_ps(even, odd);
+    // The first block has no O or l to rescale (and m = -inf: e^-inf would take the assist too).
+    const __m512 alpha = rescale ? exp_ps(_mm512_sub_ps(m_old, vmax)) : _mm512_setzero_ps();
+    _mm512_storeu_ps(l + c, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(l + c), alpha), vsum));
+    _mm512_storeu_ps(m + c, vmax);
+    if (rescale)
+      for (int64_t r = 0; r < ev; ++r)
+        _mm512_storeu_ps(ot + r * nq_pad + c, _mm512_mul_ps(_mm512_loadu_ps(ot + r * nq_pad + c), alpha));
+  }
+}
+
+// Keys per block of the transposed forward: a query block's whole S^T up to here (512 x 64 f32,
+// 128 KiB, in L2) is one product and one softmax, so a gpt head (128 keys) needs no online rescaling
+// of O and one O^T product without accumulation (the tiles' loads of C stalled AMX's products).
+constexpr int64_t kTc = 512;
+
+template <class E>
+void forward_transposed(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
+                        AttentionForward& dst) {
+  static_assert(attn::kBf16Tile<E>);
+  const Dims d(q, v);
+  const Rows rq(q), rk(k), rv(v);
+  const int64_t tc = std::min(kTc, d.tk), ntb = (d.tk + tc - 1) / tc, tc32 = round_up(tc, 32);
+  const bool k_in_place = in_place<E>(rk, d.e, d.e_pad);
+  // One key block, shared by the query blocks that read it: its K rows (S^T's A operand) where they
+  // are not tiles as they lie, and V^T ([ev_pad][tc32], O^T's A operand).
+  const int64_t k_elems = k_in_place ? 0 : tc * d.e_pad, kv_elems = k_elems + d.ev_pad * tc32;
+  const int64_t threads = omp_get_max_threads();
+  const int64_t tmp_bytes = bytes_of<E>(std::max(kBr, tc) * std::max(d.e_pad, d.ev_pad));
+  const int64_t per_thread = bytes_of<E>(d.e_pad * kBr) + bytes_of<float>(tc * kBr) + bytes_of<E>(tc32 * kBr) +
+                             bytes_of<float>(d.ev_pad * kBr) + 3 * bytes_of<float>(kBr) + bytes_of<int32_t>(kBr) +
+                             bytes_of<float>(kBr * d.ev) + tmp_bytes;
+  const Tensor ws = workspace(bytes_of<E>(d.bh * ntb * kv_elems) + threads * per_thread);
+  E* packs = reinterpret_cast<E*>(aligned(ws));
+  char* scratch = aligned(ws) + bytes_of<E>(d.bh * ntb * kv_elems);
+  const float scale = float(p.scale);
+  const Rows rout(dst.out);
+  float* lse = static_cast<float*>(dst.lse.data_ptr());
+  const int64_t shift = std::max<int64_t>(d.tk - d.tq, 0);  // causal: query i sees keys up to i + shift
+
+#pragma omp parallel
+  {
+    const attn::AmxScope amx(std::is_same_v<E, uint16_t>);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < d.bh * ntb; ++task) {
+      E* tmp = reinterpret_cast<E*>(scratch + (omp_get_thread_num() + 1) * per_thread - tmp_bytes);
+      const int64_t bh = task / ntb, j0 = (task % ntb) * tc, nc = std::min(tc, d.tk - j0);
+      E* kr = packs + task * kv_elems;
+      if (!k_in_place)
+        for (int64_t r = 0; r < nc; ++r)
+          attn::load_row(rk.row(bh, j0 + r), rk.t, rk.se, d.e, kr + r * d.e_pad, d.e_pad);
+      const E* vrows = tmp;
+      int64_t ldv = d.ev_pad;
+      if (in_place<E>(rv, d.ev, d.ev_pad)) {
+        vrows = reinterpret_cast<const E*>(rv.row(bh, j0));
+        ldv = rv.st;
+      } else {
+        for (int64_t r = 0; r < nc; ++r)
+          attn::load_row(rv.row(bh, j0 + r), rv.t, rv.se, d.ev, tmp + r * d.ev_pad, d.ev_pad);
+      }
+      to_columns(vrows, ldv, nc, d.ev_pad, kr + k_elems, tc32);
+    }
+
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < d.bh * d.nqb; ++task) {
+      Carver c(scratch + omp_get_thread_num() * per_thread);
+      E* qt = c.take<E>(d.e_pad * kBr);           // Q^T: S^T's B operand, [e_pad / 2][nq_pad][2]
+      float* st = c.take<float>(tc * kBr);        // S^T, [keys][nq_pad]
+      E* pairs = c.take<E>(tc32 * kBr);           // P^T: O^T's B operand, [keys / 2][nq_pad][2]
+      float* ot = c.take<float>(d.ev_pad * kBr);  // O^T, [ev][nq_pad]
+      float* m = c.take<float>(kBr);
+      float* l = c.take<float>(kBr);
+      float* factor = c.take<float>(kBr);
+      int32_t* lim = c.take<int32_t>(kBr);
+      float* block = c.take<float>(kBr * d.ev);
+      E* tmp = reinterpret_cast<E*>(c.at());
+      const int64_t bh = task / d.nqb, i0 = (task % d.nqb) * kBr, nr = std::min(kBr, d.tq - i0);
+      const int64_t nq_pad = round_up(nr, 16);
+      const E* qrows = tmp;
+      int64_t ldq = d.e_pad;
+      if (in_place<E>(rq, d.e, d.e_pad)) {
+        qrows = reinterpret_cast<const E*>(rq.row(bh, i0));
+        ldq = rq.st;
+      } else {
+        for (int64_t r = 0; r < nr; ++r)
+          attn::load_row(rq.row(bh, i0 + r), rq.t, rq.se, d.e, tmp + r * d.e_pad, d.e_pad);
+      }
+      attn::pack_bt(qrows, ldq, d.e_pad, nr, nq_pad, qt);
+      std::fill(m, m + nq_pad, -INFINITY);
+      std::fill(l, l + nq_pad, 0.f);
+      // Keys past the block's last row's last key are masked for every row: not computed.
+      const int64_t end = attention_last_key(p, i0 + nr - 1, d.tq, d.tk) + 1;
+      for (int64_t tb = 0; tb * tc < end; ++tb) {
+        const int64_t j0 = tb * tc, nc = std::min(tc, end - j0), n32 = round_up(nc, 32);
+        // Each query's last key in the block, relative to j0 (negative: none; the padded queries
+        // past tq see all).
+        for (int64_t x = 0; x < nq_pad; ++x) {
+          const int64_t i = i0 + x;
+          const int64_t key = !p.causal || i >= d.tq ? d.tk - 1 : std::min(i + shift, d.tk - 1);
+          lim[x] = int32_t(std::min(key, j0 + nc - 1) - j0);
+        }
+        const E* kt = packs + (bh * ntb + tb) * kv_elems;
+        const E* ka = kt;
+        int64_t ldk = d.e_pad;
+        if (k_in_place) {
+          ka = reinterpret_cast<const E*>(rk.row(bh, j0));
+          ldk = rk.st;
+        }
+        gemm<E>(nc, nq_pad, d.e_pad, ka, ldk, qt, st, nq_pad, false);
+        softmax_columns<E>(st, nq_pad, nc, n32, lim, scale, m, l, ot, d.ev, tb > 0, pairs);
+        gemm<E>(d.ev, nq_pad, n32, kt + k_elems, tc32, pairs, ot, nq_pad, tb > 0);
+      }
+      for (int64_t r = 0; r < nr; ++r) {
+        lse[bh * d.tq + i0 + r] = m[r] + std::log(l[r]);
+        factor[r] = 1.f / l[r];
+      }
+      attn::transpose(ot, nq_pad, d.ev, nr, block, d.ev);
+      store_rows(block, d.ev, nr, d.ev, factor, 0.f, block, rout, bh, i0);
+    }
+  }
+}
+
 // 16 tile elements from p as f32 lanes (bf16 bits widened).
 template <class E>
 MIXPREC_ATTN_TARGET inline __m512 f32_lanes(const E* p) {
@@ -483,14 +662,32 @@ Tiles tiles_for(DType t) {
   if (emulate_bf16_tiles) return Tiles::emulated_bf16;
   return mixprec::cpu::has_avx512_bf16() && !bf16_in_f32(true) ? Tiles::bf16 : Tiles::f32;
 }
+thread_local int transposed_override = -1;  // TransposedScores alive: 0 or 1
+bool transposed_asked_off() {
+  static const bool off = [] {
+    const char* env = std::getenv("MIXPREC_ATTENTION_TRANSPOSED");
+    return env != nullptr && std::string_view(env) == "off";
+  }();
+  return off;
+}
+// Whether the bf16 tiles' forward transposes its scores (forward_transposed): without dropout,
+// where the products run on AMX (the kind it was measured on: docs/hosts.md), unless
+// MIXPREC_ATTENTION_TRANSPOSED=off; a TransposedScores decides instead while one lives.
+bool transposed_scores(Tiles t, const AttentionParams& p) {
+  if (t == Tiles::f32 || p.dropout > 0.0) return false;
+  if (transposed_override >= 0) return transposed_override == 1;
+  return attn::amx_products() && !transposed_asked_off();
+}
 // The kernel's name in the profile's implementation column.
 constexpr const char* kRowsImpl = "mixprec:attention_rows_avx2";
-const char* impl_of(Tiles t) {
+const char* impl_of(Tiles t, bool transposed = false) {
   switch (t) {
     case Tiles::bf16:
-      return attn::amx_products() ? "mixprec:attention_tiles_bf16_amx" : "mixprec:attention_tiles_bf16";
+      if (attn::amx_products())
+        return transposed ? "mixprec:attention_tiles_bf16_amx_transposed" : "mixprec:attention_tiles_bf16_amx";
+      return transposed ? "mixprec:attention_tiles_bf16_transposed" : "mixprec:attention_tiles_bf16";
     case Tiles::emulated_bf16:
-      return "mixprec:attention_tiles_emulated_bf16";
+      return transposed ? "mixprec:attention_tiles_emulated_bf16_transposed" : "mixprec:attention_tiles_emulated_bf16";
     case Tiles::f32:
       break;
   }
@@ -501,6 +698,8 @@ const char* impl_of(Tiles t) {
 
 EmulatedBf16Tiles::EmulatedBf16Tiles() : previous_(emulate_bf16_tiles) { emulate_bf16_tiles = true; }
 EmulatedBf16Tiles::~EmulatedBf16Tiles() { emulate_bf16_tiles = previous_; }
+TransposedScores::TransposedScores(bool on) : previous_(transposed_override) { transposed_override = on ? 1 : 0; }
+TransposedScores::~TransposedScores() { transposed_override = previous_; }
 
 bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                        AttentionForward& dst) {
@@ -516,13 +715,16 @@ bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     attn::forward_rows(q, k, v, p, dst);
     return true;
   }
-  profile::detail::note_impl(impl_of(tiles_for(q.dtype())));
-  switch (tiles_for(q.dtype())) {
+  const Tiles tiles = tiles_for(q.dtype());
+  const bool transposed = transposed_scores(tiles, p);
+  profile::detail::note_impl(impl_of(tiles, transposed));
+  switch (tiles) {
     case Tiles::bf16:
-      forward<uint16_t>(q, k, v, p, dst);
+      transposed ? forward_transposed<uint16_t>(q, k, v, p, dst) : forward<uint16_t>(q, k, v, p, dst);
       break;
     case Tiles::emulated_bf16:
-      forward<attn::EmulatedBf16>(q, k, v, p, dst);
+      transposed ? forward_transposed<attn::EmulatedBf16>(q, k, v, p, dst)
+                 : forward<attn::EmulatedBf16>(q, k, v, p, dst);
       break;
     case Tiles::f32:
       forward<float>(q, k, v, p, dst);
