@@ -517,6 +517,55 @@ MIXPREC_ATTN_TARGET void backward_rows(float* s, float* dp, int64_t nr, int64_t 
   }
 }
 
+// Chunk c of row r of backward_rows' two results, as it computes them: P after dropout and
+// dS = P (dP - D), zero past the row's last live key (and for a row r >= nr).
+struct RowChunk {
+  __m512 p, ds;
+};
+MIXPREC_ATTN_TARGET inline RowChunk row_chunk(const float* s, const float* dp, int64_t r, int64_t nr, int64_t c,
+                                              int64_t bc_pad, const Dims& d, int64_t bh, int64_t i0, int64_t j0,
+                                              int64_t nc, const float* lse, const float* dsum,
+                                              const AttentionParams& p) {
+  if (r >= nr) return {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  const int64_t i = i0 + r;
+  const int64_t lim = std::min(attention_last_key(p, i, d.tq, d.tk), j0 + nc - 1) - j0;
+  if (c > lim) return {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  const __mmask16 in = up_to(c, lim);
+  const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + r * bc_pad + c), _mm512_set1_ps(float(p.scale)));
+  const __m512 pr = _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(x, _mm512_set1_ps(lse[bh * d.tq + i]))));
+  __m512 pd = pr, dpv = _mm512_loadu_ps(dp + r * bc_pad + c);
+  if (p.dropout > 0.0) {
+    const __m512 vkeep = _mm512_set1_ps(float(1.0 / (1.0 - p.dropout)));
+    const __mmask16 keep = in ? __mmask16(keep_bits(p, bh, i, j0 + c, d.tq, d.tk)) : __mmask16(0);
+    pd = _mm512_maskz_mul_ps(keep, pr, vkeep);
+    dpv = _mm512_maskz_mul_ps(keep, dpv, vkeep);
+  }
+  return {pd, _mm512_mul_ps(pr, _mm512_sub_ps(dpv, _mm512_set1_ps(dsum[i])))};
+}
+
+// backward_rows for bf16 tiles, two query rows at a time, stored straight into the operands the
+// products read, each element rounded once to bf16 (to nearest even): P and dS as pairs of rows
+// interleaved (the B operands of dV^T and dK^T, [nr_pad / 2][bc_pad][2], an odd last row paired
+// with zeros) and dS's rows (dQ's A operand). One pass where backward_rows' f32 results went
+// through three more to be rounded and paired (those had 7% of a gpt layer's bf16 attention on
+// AMX); the gpt layer's backward took 1.66-1.69 ms against 1.73-1.82 (attention_bench).
+template <class E>
+MIXPREC_ATTN_TARGET void backward_pairs(const float* s, const float* dp, int64_t nr, int64_t bc_pad, const Dims& d,
+                                        int64_t bh, int64_t i0, int64_t j0, int64_t nc, const float* lse,
+                                        const float* dsum, const AttentionParams& p, E* p_pairs, E* ds_pairs,
+                                        E* ds_rows) {
+  for (int64_t r = 0; r < nr; r += 2)
+    for (int64_t c = 0; c < bc_pad; c += 16) {
+      const RowChunk a = row_chunk(s, dp, r, nr, c, bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
+      const RowChunk b = row_chunk(s, dp, r + 1, nr, c, bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
+      attn::store_interleaved(attn::round_bf16<E>(a.p), attn::round_bf16<E>(b.p), p_pairs + r * bc_pad + 2 * c);
+      const __m256i ds0 = attn::round_bf16<E>(a.ds), ds1 = attn::round_bf16<E>(b.ds);
+      attn::store_interleaved(ds0, ds1, ds_pairs + r * bc_pad + 2 * c);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_rows + r * bc_pad + c), ds0);
+      if (r + 1 < nr) _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_rows + (r + 1) * bc_pad + c), ds1);
+    }
+}
+
 template <class E>
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& fwd, const Tensor& grad_out,
               const AttentionParams& p, AttentionGrads& dst) {
@@ -575,14 +624,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
     }
     to_columns(qa, ldq, d.tq, d.e_pad, q_t, tq_pad);
     to_columns(doa, ldo, d.tq, d.ev_pad, do_t, tq_pad);
-    // D from the stored (rounded) output, as FlashAttention-2, 16 rows at a time from dO^T and O^T
-    // (over the padded width, as the dP product: zeros past ev).
-    if (o_in_place)
-      to_columns(reinterpret_cast<const E*>(ro.row(bh, 0)), ro.st, d.tq, d.ev_pad, o_t, tq_pad);
-    else
-      to_columns(o_rows, d.ev_pad, d.tq, d.ev_pad, o_t, tq_pad);
-    // The rows whose dP the AMX tiles sum (amx_shape: query blocks start at multiples of 64, so
-    // the first tq / 16 * 16) get D summed by the same instructions.
+    // D from the stored (rounded) output, as FlashAttention-2. The rows whose dP the AMX tiles sum
+    // (amx_shape: query blocks start at multiples of 64, so the first tq / 16 * 16) get D summed by
+    // the same instructions; the others 16 rows at a time from dO^T and O^T (over the padded width,
+    // as the dP product: zeros past ev), O^T transposed only for them.
     int64_t amx_rows = 0;
     if constexpr (std::is_same_v<E, uint16_t>) {
       if (attn::amx_shape(d.tq, d.ev_pad)) {
@@ -591,7 +636,13 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
         amx_rows = d.tq / 16 * 16;
       }
     }
-    dot_columns(do_t + amx_rows, o_t + amx_rows, tq_pad, d.ev_pad, d.tq - amx_rows, dsum + amx_rows);
+    if (amx_rows < d.tq) {
+      if (o_in_place)
+        to_columns(reinterpret_cast<const E*>(ro.row(bh, 0)), ro.st, d.tq, d.ev_pad, o_t, tq_pad);
+      else
+        to_columns(o_rows, d.ev_pad, d.tq, d.ev_pad, o_t, tq_pad);
+      dot_columns(do_t + amx_rows, o_t + amx_rows, tq_pad, d.ev_pad, d.tq - amx_rows, dsum + amx_rows);
+    }
     for (int64_t kb = 0; kb < d.nkb; ++kb) {
       const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
       pack_keys<E>(rk, bh, j0, nc, d.e, d.e_pad, d.bc_pad, tmp, kt_pack + kb * d.bc_pad * d.e_pad,
@@ -614,17 +665,16 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
         const attn::Live scores = live_of(p, d, i0, j0, nc, attn::Live::scores);
         gemm<E>(nr, d.bc_pad, d.e_pad, qa + i0 * ldq, ldq, kt, s, d.bc_pad, false, scores);
         gemm<E>(nr, d.bc_pad, d.ev_pad, doa + i0 * ldo, ldo, vt, dp, d.bc_pad, false, scores);
-        backward_rows(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
         // f32 tiles are their own B operands (rows = the contraction); bf16 ones are rounded and
         // their row pairs interleaved.
         const E* pb = reinterpret_cast<const E*>(s);
         const E* dsb = reinterpret_cast<const E*>(dp);
         const E* dsa = reinterpret_cast<const E*>(dp);
         if constexpr (kBf16) {
-          attn::pack_row_pairs(s, d.bc_pad, nr, d.bc_pad, p_pairs);
-          attn::pack_row_pairs(dp, d.bc_pad, nr, d.bc_pad, ds_pairs);
-          for (int64_t r = 0; r < nr; ++r) attn::to_tile(dp + r * d.bc_pad, ds_rows + r * d.bc_pad, d.bc_pad);
+          backward_pairs(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p, p_pairs, ds_pairs, ds_rows);
           pb = p_pairs, dsb = ds_pairs, dsa = ds_rows;
+        } else {
+          backward_rows(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
         }
         const attn::Live by_key = live_of(p, d, i0, j0, nc, attn::Live::k_begin);
         gemm<E>(d.ev, d.bc_pad, nr_pad, do_t + i0, tq_pad, pb, dv_t, d.bc_pad, true, by_key);
