@@ -517,30 +517,30 @@ MIXPREC_ATTN_TARGET void backward_rows(float* s, float* dp, int64_t nr, int64_t 
   }
 }
 
-// Chunk c of row r of backward_rows' two results, as it computes them: P after dropout and
-// dS = P (dP - D), zero past the row's last live key (and for a row r >= nr).
+// One query row of backward_rows' two results, chunk by chunk as it computes them: P after
+// dropout and dS = P (dP - D), zero past the row's last live key (and for a row past nr).
+struct RowOfDs {
+  const float *s, *dp;
+  int64_t i, lim;  // lim < 0: no live key (or no row)
+  float lse, dsum;
+};
 struct RowChunk {
   __m512 p, ds;
 };
-MIXPREC_ATTN_TARGET inline RowChunk row_chunk(const float* s, const float* dp, int64_t r, int64_t nr, int64_t c,
-                                              int64_t bc_pad, const Dims& d, int64_t bh, int64_t i0, int64_t j0,
-                                              int64_t nc, const float* lse, const float* dsum,
-                                              const AttentionParams& p) {
-  if (r >= nr) return {_mm512_setzero_ps(), _mm512_setzero_ps()};
-  const int64_t i = i0 + r;
-  const int64_t lim = std::min(attention_last_key(p, i, d.tq, d.tk), j0 + nc - 1) - j0;
-  if (c > lim) return {_mm512_setzero_ps(), _mm512_setzero_ps()};
-  const __mmask16 in = up_to(c, lim);
-  const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + r * bc_pad + c), _mm512_set1_ps(float(p.scale)));
-  const __m512 pr = _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(x, _mm512_set1_ps(lse[bh * d.tq + i]))));
-  __m512 pd = pr, dpv = _mm512_loadu_ps(dp + r * bc_pad + c);
+MIXPREC_ATTN_TARGET inline RowChunk row_chunk(const RowOfDs& w, int64_t c, int64_t bh, int64_t j0, const Dims& d,
+                                              __m512 vscale, const AttentionParams& p) {
+  if (c > w.lim) return {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  const __mmask16 in = up_to(c, w.lim);
+  const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(w.s + c), vscale);
+  const __m512 pr = _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(x, _mm512_set1_ps(w.lse))));
+  __m512 pd = pr, dpv = _mm512_loadu_ps(w.dp + c);
   if (p.dropout > 0.0) {
     const __m512 vkeep = _mm512_set1_ps(float(1.0 / (1.0 - p.dropout)));
-    const __mmask16 keep = in ? __mmask16(keep_bits(p, bh, i, j0 + c, d.tq, d.tk)) : __mmask16(0);
+    const __mmask16 keep = in ? __mmask16(keep_bits(p, bh, w.i, j0 + c, d.tq, d.tk)) : __mmask16(0);
     pd = _mm512_maskz_mul_ps(keep, pr, vkeep);
     dpv = _mm512_maskz_mul_ps(keep, dpv, vkeep);
   }
-  return {pd, _mm512_mul_ps(pr, _mm512_sub_ps(dpv, _mm512_set1_ps(dsum[i])))};
+  return {pd, _mm512_mul_ps(pr, _mm512_sub_ps(dpv, _mm512_set1_ps(w.dsum)))};
 }
 
 // backward_rows for bf16 tiles, two query rows at a time, stored straight into the operands the
@@ -548,22 +548,33 @@ MIXPREC_ATTN_TARGET inline RowChunk row_chunk(const float* s, const float* dp, i
 // interleaved (the B operands of dV^T and dK^T, [nr_pad / 2][bc_pad][2], an odd last row paired
 // with zeros) and dS's rows (dQ's A operand). One pass where backward_rows' f32 results went
 // through three more to be rounded and paired (those had 7% of a gpt layer's bf16 attention on
-// AMX); the gpt layer's backward took 1.66-1.69 ms against 1.73-1.82 (attention_bench).
+// AMX); with each row's constants taken once for its chunks, the gpt layer's backward took
+// 1.58-1.60 ms against 1.73-1.82 (attention_bench).
 template <class E>
 MIXPREC_ATTN_TARGET void backward_pairs(const float* s, const float* dp, int64_t nr, int64_t bc_pad, const Dims& d,
                                         int64_t bh, int64_t i0, int64_t j0, int64_t nc, const float* lse,
                                         const float* dsum, const AttentionParams& p, E* p_pairs, E* ds_pairs,
                                         E* ds_rows) {
-  for (int64_t r = 0; r < nr; r += 2)
+  const __m512 vscale = _mm512_set1_ps(float(p.scale));
+  auto row = [&](int64_t r) {  // the row's constants, once for its chunks
+    if (r >= nr) return RowOfDs{s, dp, 0, -1, 0.f, 0.f};
+    const int64_t i = i0 + r;
+    return RowOfDs{
+        s + r * bc_pad,     dp + r * bc_pad, i, std::min(attention_last_key(p, i, d.tq, d.tk), j0 + nc - 1) - j0,
+        lse[bh * d.tq + i], dsum[i]};
+  };
+  for (int64_t r = 0; r < nr; r += 2) {
+    const RowOfDs w0 = row(r), w1 = row(r + 1);
     for (int64_t c = 0; c < bc_pad; c += 16) {
-      const RowChunk a = row_chunk(s, dp, r, nr, c, bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
-      const RowChunk b = row_chunk(s, dp, r + 1, nr, c, bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
+      const RowChunk a = row_chunk(w0, c, bh, j0, d, vscale, p);
+      const RowChunk b = row_chunk(w1, c, bh, j0, d, vscale, p);
       attn::store_interleaved(attn::round_bf16<E>(a.p), attn::round_bf16<E>(b.p), p_pairs + r * bc_pad + 2 * c);
       const __m256i ds0 = attn::round_bf16<E>(a.ds), ds1 = attn::round_bf16<E>(b.ds);
       attn::store_interleaved(ds0, ds1, ds_pairs + r * bc_pad + 2 * c);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_rows + r * bc_pad + c), ds0);
       if (r + 1 < nr) _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_rows + (r + 1) * bc_pad + c), ds1);
     }
+  }
 }
 
 template <class E>
