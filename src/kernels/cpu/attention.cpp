@@ -596,7 +596,11 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
   const float* lse = static_cast<const float*>(fwd.lse.data_ptr());
   const Rows rdq(dst.dq), rdk(dst.dk), rdv(dst.dv);
 
-#pragma omp parallel for schedule(dynamic)
+  // A static schedule: each thread's heads are consecutive, so the heads of a token's rows, which
+  // share their cache lines' neighbours, go to the same thread (the gpt's 4 backward calls took
+  // 7.0-7.8 ms a step against 7.7-8.4 with a dynamic schedule, seven alternating pairs; every head
+  // does the same work).
+#pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < d.bh; ++bh) {
     const attn::AmxScope amx(std::is_same_v<E, uint16_t>);  // the tiles configured once a head
     Carver c(aligned(ws) + omp_get_thread_num() * per_thread);
