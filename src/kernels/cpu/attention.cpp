@@ -401,7 +401,10 @@ void forward_transposed(const Tensor& q, const Tensor& k, const Tensor& v, const
       to_columns(vrows, ldv, nc, d.ev_pad, kr + k_elems, tc32);
     }
 
-#pragma omp for schedule(dynamic)
+    // Static: a thread's tasks are consecutive, so a head's query blocks, and the heads of the same
+    // tokens, share its caches (the gpt's forward calls took 3.9-4.1 ms a step against 4.4-4.6
+    // with a dynamic schedule, four alternating pairs).
+#pragma omp for schedule(static)
     for (int64_t task = 0; task < d.bh * d.nqb; ++task) {
       Carver c(scratch + omp_get_thread_num() * per_thread);
       E* qt = c.take<E>(d.e_pad * kBr);           // Q^T: S^T's B operand, [e_pad / 2][nq_pad][2]
