@@ -551,10 +551,10 @@ MIXPREC_ATTN_TARGET inline RowChunk row_chunk(const RowOfDs& w, int64_t c, int64
 // backward_rows for bf16 tiles, two query rows at a time, stored straight into the operands the
 // products read, each element rounded once to bf16 (to nearest even): P and dS as pairs of rows
 // interleaved (the B operands of dV^T and dK^T, [nr_pad / 2][bc_pad][2], an odd last row paired
-// with zeros) and dS's rows (dQ's A operand). One pass where backward_rows' f32 results went
-// through three more to be rounded and paired (those had 7% of a gpt layer's bf16 attention on
-// AMX); with each row's constants taken once for its chunks, the gpt layer's backward took
-// 1.58-1.60 ms against 1.73-1.82 (attention_bench).
+// with zeros) and dS's rows (dQ's A operand): backward_rows' values, rounded as pack_row_pairs
+// and to_tile round them, in one pass where those took three more (7% of a gpt layer's bf16
+// attention on AMX). With each row's constants taken once for its chunks, the gpt layer's
+// backward on AMX took 1.58-1.60 ms against 1.73-1.82 (attention_bench).
 template <class E>
 MIXPREC_ATTN_TARGET void backward_pairs(const float* s, const float* dp, int64_t nr, int64_t bc_pad, const Dims& d,
                                         int64_t bh, int64_t i0, int64_t j0, int64_t nc, const float* lse,
@@ -600,6 +600,10 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
   const float scale = float(p.scale);
   const float* lse = static_cast<const float*>(fwd.lse.data_ptr());
   const Rows rdq(dst.dq), rdk(dst.dk), rdv(dst.dv);
+  // P and dS rounded and paired by the elementwise pass itself (backward_pairs) where the products
+  // run on AMX; elsewhere backward_rows' f32 results and three passes over them (the same bits): on
+  // the Zen 5 kind a fused pass measured no faster (docs/hosts.md, 2026-12-05, later).
+  const bool fused_pairs = attn::amx_products();
 
   // A static schedule: each thread's heads are consecutive, so the heads of a token's rows, which
   // share their cache lines' neighbours, go to the same thread (the gpt's 4 backward calls took
@@ -691,7 +695,14 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
         const E* dsb = reinterpret_cast<const E*>(dp);
         const E* dsa = reinterpret_cast<const E*>(dp);
         if constexpr (kBf16) {
-          backward_pairs(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p, p_pairs, ds_pairs, ds_rows);
+          if (fused_pairs) {
+            backward_pairs(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p, p_pairs, ds_pairs, ds_rows);
+          } else {
+            backward_rows(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
+            attn::pack_row_pairs(s, d.bc_pad, nr, d.bc_pad, p_pairs);
+            attn::pack_row_pairs(dp, d.bc_pad, nr, d.bc_pad, ds_pairs);
+            for (int64_t r = 0; r < nr; ++r) attn::to_tile(dp + r * d.bc_pad, ds_rows + r * d.bc_pad, d.bc_pad);
+          }
           pb = p_pairs, dsb = ds_pairs, dsa = ds_rows;
         } else {
           backward_rows(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);

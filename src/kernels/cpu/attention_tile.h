@@ -116,6 +116,24 @@ MIXPREC_ATTN_TARGET inline void store_interleaved(__m256i x, __m256i y, void* ds
   _mm256_storeu_si256(d + 1, _mm256_permute2x128_si256(lo, hi, 0x31));
 }
 
+// An f32 tile (rows of ld) as the B operand of a product that contracts over its rows: bf16 pairs
+// of rows interleaved ([rows_pad / 2][cols][2], an odd last row paired with zeros); cols a
+// multiple of 16.
+template <class E>
+MIXPREC_ATTN_TARGET inline void pack_row_pairs(const float* src, int64_t ld, int64_t rows, int64_t cols, E* dst) {
+  static_assert(kBf16Tile<E>);
+  for (int64_t r = 0; r < rows; r += 2) {
+    const float* a = src + r * ld;
+    const float* b = r + 1 < rows ? a + ld : nullptr;
+    E* d = dst + r * cols;
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __m256i x = round_bf16<E>(_mm512_loadu_ps(a + c));
+      const __m256i y = b ? round_bf16<E>(_mm512_loadu_ps(b + c)) : _mm256_setzero_si256();
+      store_interleaved(x, y, d + 2 * c);
+    }
+  }
+}
+
 // 16 rows of 16 f32 transposed in registers: pairs of rows interleaved, then pairs of pairs, then
 // 128-bit lanes twice.
 MIXPREC_ATTN_TARGET inline void transpose_16x16(__m512 (&r)[16]) {
