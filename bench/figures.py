@@ -5,7 +5,9 @@
 2. Per model of bench/compare.py's set (mlp 512; mlp 256 with 2048/512 hidden; mlp 1024 with 512x3;
    cnn 420/1000 at 64; cnn 32/64 at 256; gpt), from `mixprec bench --profile --json`: the step's
    FLOPs (counted from the ops), its best time and FLOP rate, the host's matmul rate in the same
-   process and the share of it, in fp32 and amp-bf16; the bf16/fp32 step ratio against the
+   process and the share of it, and the share its matrix kernels alone would give (at the rates
+   they ran at, the rest of the step free: the ceiling without faster matrix kernels), in fp32
+   and amp-bf16; the bf16/fp32 step ratio against the
    matmul's own bf16/fp32 ratio; the slowest kernels of the amp-bf16 step.
 3. With --pytorch: bench/compare.py on each model (mixprec against PyTorch's eager step, fp32 and
    autocast-bf16, interleaved repeats): min / median / max of the pair-wise ratios. The peer runs
@@ -176,14 +178,22 @@ def main(argv=None):
 
     print(f"Host: {h['model']}, {h['cores']} cores; mixprec detects {h['features']} ({h['kind']}); "
           f"OMP_WAIT_POLICY {h['wait_policy']}.\n")
-    print("| model | precision | GFLOP/step | step ms (best) | GFLOP/s | host matmul GFLOP/s | share |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    # "Matrix kernels alone": the share the step would have if it were only its matrix kernels
+    # (matmul, convolution, attention: the profile rows with a FLOP rate) at the rates they ran at
+    # in the profile, the rest of the step taking no time: the ceiling on the share without faster
+    # matrix kernels (oneDNN's, on the model's own shapes, or mixprec's attention).
+    print("| model | precision | GFLOP/step | step ms (best) | GFLOP/s | host matmul GFLOP/s | share "
+          "| matrix kernels alone |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for name, by_p in out["profiles"].items():
         for p, j in by_p.items():
             pr = j["profile"]
+            rows = [k for k in pr["kernels"] if "gflops" in k and k["ms"] > 0]
+            ms = sum(k["ms"] for k in rows)
+            alone = sum(k["gflops"] * k["ms"] for k in rows) / ms / pr["reference_gflops"] if ms else 0
             print(f"| {name} | {p} | {pr['gflop_per_step']:.2f} | {j['step_ms']['best']:.2f} | "
                   f"{pr['step_gflops']:.0f} | {pr['reference_gflops']:.0f} ({pr['reference_dtype']}) | "
-                  f"{100 * pr['share_of_reference']:.0f}% |")
+                  f"{100 * pr['share_of_reference']:.0f}% | {100 * alone:.0f}% |")
     print("\n| model | bf16/fp32 step | bf16/f32 matmul | share of it | oneDNN bf16 implementation |")
     print("|---|---:|---:|---:|---|")
     for name, by_p in out["profiles"].items():
