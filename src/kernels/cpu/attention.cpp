@@ -104,6 +104,20 @@ bool in_place(const Rows& x, int64_t width, int64_t width_pad) {
   return x.se == 1 && width == width_pad && x.t == (std::is_same_v<E, float> ? DType::f32 : DType::bf16);
 }
 
+// Rows i0 .. i0 + n of head bh as tiles of E `width_pad` wide: the rows themselves where they are
+// tiles as they lie (in_place), else copies in buf ([n][width_pad], zeros past width).
+template <class E>
+struct TileRows {
+  const E* p;
+  int64_t ld;
+};
+template <class E>
+TileRows<E> tile_rows(const Rows& x, int64_t bh, int64_t i0, int64_t n, int64_t width, int64_t width_pad, E* buf) {
+  if (in_place<E>(x, width, width_pad)) return {reinterpret_cast<const E*>(x.row(bh, i0)), x.st};
+  for (int64_t r = 0; r < n; ++r) attn::load_row(x.row(bh, i0 + r), x.t, x.se, width, buf + r * width_pad, width_pad);
+  return {buf, width_pad};
+}
+
 // Keys j0 .. j0 + nc of head bh as the B operands: K^T ([e_pad / P][bc_pad][P], for S = Q K^T)
 // and, where wanted, K ([bc_pad / P][e_pad][P], for dQ = dS K) and V or V^T.
 template <class E>
@@ -391,16 +405,8 @@ void forward_transposed(const Tensor& q, const Tensor& k, const Tensor& v, const
       if (!k_in_place)
         for (int64_t r = 0; r < nc; ++r)
           attn::load_row(rk.row(bh, j0 + r), rk.t, rk.se, d.e, kr + r * d.e_pad, d.e_pad);
-      const E* vrows = tmp;
-      int64_t ldv = d.ev_pad;
-      if (in_place<E>(rv, d.ev, d.ev_pad)) {
-        vrows = reinterpret_cast<const E*>(rv.row(bh, j0));
-        ldv = rv.st;
-      } else {
-        for (int64_t r = 0; r < nc; ++r)
-          attn::load_row(rv.row(bh, j0 + r), rv.t, rv.se, d.ev, tmp + r * d.ev_pad, d.ev_pad);
-      }
-      to_columns(vrows, ldv, nc, d.ev_pad, kr + k_elems, tc32);
+      const TileRows<E> vrows = tile_rows(rv, bh, j0, nc, d.ev, d.ev_pad, tmp);
+      to_columns(vrows.p, vrows.ld, nc, d.ev_pad, kr + k_elems, tc32);
     }
 
     // Static: a thread's tasks are consecutive, so a head's query blocks, and the heads of the same
@@ -421,16 +427,8 @@ void forward_transposed(const Tensor& q, const Tensor& k, const Tensor& v, const
       E* tmp = reinterpret_cast<E*>(c.at());
       const int64_t bh = task / d.nqb, i0 = (task % d.nqb) * kBr, nr = std::min(kBr, d.tq - i0);
       const int64_t nq_pad = round_up(nr, 16);
-      const E* qrows = tmp;
-      int64_t ldq = d.e_pad;
-      if (in_place<E>(rq, d.e, d.e_pad)) {
-        qrows = reinterpret_cast<const E*>(rq.row(bh, i0));
-        ldq = rq.st;
-      } else {
-        for (int64_t r = 0; r < nr; ++r)
-          attn::load_row(rq.row(bh, i0 + r), rq.t, rq.se, d.e, tmp + r * d.e_pad, d.e_pad);
-      }
-      attn::pack_bt(qrows, ldq, d.e_pad, nr, nq_pad, qt);
+      const TileRows<E> qrows = tile_rows(rq, bh, i0, nr, d.e, d.e_pad, tmp);
+      attn::pack_bt(qrows.p, qrows.ld, d.e_pad, nr, nq_pad, qt);
       std::fill(m, m + nq_pad, -INFINITY);
       std::fill(l, l + nq_pad, 0.f);
       // Keys past the block's last row's last key are masked for every row: not computed.
