@@ -301,17 +301,6 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
   }
 }
 
-// The bf16 tiles' forward with the scores transposed (transposed_scores says where): each key
-// block's S^T = K Q^T ([keys][queries]: K's rows are the A operand in place, the query block's Q^T
-// the packed B one), so a query's softmax runs down a column, 16 queries to a vector: the running
-// max, the sum and the rescaling of O are vertical operations on 16 queries at once, where the
-// row form pays two horizontal reductions, a scalar exp and a call for each 64-key row (the row
-// form's online_softmax_row had 40% of the gpt layer's bf16 forward on AMX). P^T comes out of the
-// exponentials already as the bf16 pairs of O^T = V^T P^T's B operand, and O^T is transposed once
-// at the end. The same products (each score the dot of the same pairs in the same order), the same
-// exponentials, the same roundings of P to bf16 as the row form; the sums l add in key order here
-// (the row form adds 16 lanes, then across them), so O may differ from it in the last bit. No
-// dropout (its keep bits come in 16-key words of one query row): that takes the row form.
 // The lanes (queries) that see key j: j at most their last key.
 MIXPREC_ATTN_TARGET inline __mmask16 sees(int64_t j, __m512i last) {
   return _mm512_cmp_epi32_mask(_mm512_set1_epi32(int32_t(j)), last, _MM_CMPINT_LE);
@@ -326,6 +315,9 @@ MIXPREC_ATTN_TARGET inline __m512 prob_row(const float* row, int64_t j, int64_t 
   return _mm512_maskz_mov_ps(in, exp_ps(_mm512_maskz_sub_ps(in, _mm512_mul_ps(_mm512_loadu_ps(row), vscale), vmax)));
 }
 
+// One block's online softmax down the columns of S^T (nc key rows of nq_pad queries; lim: each
+// query's last key in the block): m, l and the columns of O^T (ev rows) rescaled where `rescale`,
+// P^T's rows written as O^T's B operand (pairs of key rows interleaved, zeros from nc to n32).
 template <class E>
 MIXPREC_ATTN_TARGET void softmax_columns(const float* st, int64_t nq_pad, int64_t nc, int64_t n32, const int32_t* lim,
                                          float scale, float* m, float* l, float* ot, int64_t ev, bool rescale,
@@ -366,10 +358,23 @@ MIXPREC_ATTN_TARGET void softmax_columns(const float* st, int64_t nq_pad, int64_
 }
 
 // Keys per block of the transposed forward: a query block's whole S^T up to here (512 x 64 f32,
-// 128 KiB, in L2) is one product and one softmax, so a gpt head (128 keys) needs no online rescaling
-// of O and one O^T product without accumulation (the tiles' loads of C stalled AMX's products).
+// 128 KiB, in L2) is one product and one softmax, so a head of up to 512 keys needs no online
+// rescaling of O and one O^T product without accumulation (on the gpt's 128 keys no faster than
+// 64-key blocks, attention_bench: it saves passes, not time, there).
 constexpr int64_t kTc = 512;
 
+// The bf16 tiles' forward with the scores transposed (transposed_scores says where): each key
+// block's S^T = K Q^T ([keys][queries]: K's rows are the A operand in place, the query block's Q^T
+// the packed B one), so a query's softmax runs down a column, 16 queries to a vector: the running
+// max, the sum and the rescaling of O are vertical operations on 16 queries at once, where the
+// row form pays two horizontal reductions, a scalar exp and a call for each 64-key row (the row
+// form's online_softmax_row had 40% of the gpt layer's bf16 forward on AMX). P^T comes out of the
+// exponentials already as the bf16 pairs of O^T = V^T P^T's B operand, and O^T is transposed once
+// at the end. The same products (each score the dot of the same pairs in the same order), the same
+// exponentials, the same roundings of P to bf16 as the row form; the sums l add the even and the
+// odd keys apart (the row form adds 16 lanes, then across them), so O may differ from it in the
+// last bit. No
+// dropout (its keep bits come in 16-key words of one query row): that takes the row form.
 template <class E>
 void forward_transposed(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p,
                         AttentionForward& dst) {
@@ -599,8 +604,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
   const float* lse = static_cast<const float*>(fwd.lse.data_ptr());
   const Rows rdq(dst.dq), rdk(dst.dk), rdv(dst.dv);
   // P and dS rounded and paired by the elementwise pass itself (backward_pairs) where the products
-  // run on AMX; elsewhere backward_rows' f32 results and three passes over them (the same bits): on
-  // the Zen 5 kind a fused pass measured no faster (docs/hosts.md, 2026-12-05, later).
+  // run on AMX; elsewhere backward_rows' f32 results and three passes over them (the same
+  // operations and roundings, so the same bits): on the Zen 5 kind a fused pass measured no
+  // faster (docs/hosts.md, 2026-12-05, later).
   const bool fused_pairs = attn::amx_products();
 
   // A static schedule: each thread's heads are consecutive, so the heads of a token's rows, which
