@@ -494,44 +494,22 @@ MIXPREC_ATTN_TARGET void dot_columns(const E* a_t, const E* b_t, int64_t ld, int
   }
 }
 
-// One query block's probabilities and dS against one key block, in place: s (raw scores) becomes
-// P after dropout (the dV product's operand), dp (dO V^T) becomes dS = P (dP - D).
-MIXPREC_ATTN_TARGET void backward_rows(float* s, float* dp, int64_t nr, int64_t bc_pad, const Dims& d, int64_t bh,
-                                       int64_t i0, int64_t j0, int64_t nc, const float* lse, const float* dsum,
-                                       const AttentionParams& p) {
-  const __m512 vscale = _mm512_set1_ps(float(p.scale)), vkeep = _mm512_set1_ps(float(1.0 / (1.0 - p.dropout)));
-  for (int64_t r = 0; r < nr; ++r) {
-    const int64_t i = i0 + r;
-    const int64_t lim = std::min(attention_last_key(p, i, d.tq, d.tk), j0 + nc - 1) - j0;
-    const __m512 vl = _mm512_set1_ps(lse[bh * d.tq + i]), vd = _mm512_set1_ps(dsum[i]);
-    float* sr = s + r * bc_pad;
-    float* dr = dp + r * bc_pad;
-    const int64_t live_end = std::max<int64_t>(round_up(lim + 1, 16), 0);  // as in online_softmax_row
-    std::fill(sr + live_end, sr + bc_pad, 0.f);
-    std::fill(dr + live_end, dr + bc_pad, 0.f);
-    for (int64_t c = 0; c < live_end; c += 16) {
-      const __mmask16 in = up_to(c, lim);
-      const __m512 pr =
-          _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(sr + c), vscale), vl)));
-      __m512 pd = pr, dpv = _mm512_loadu_ps(dr + c);
-      if (p.dropout > 0.0) {
-        const __mmask16 keep = in ? __mmask16(keep_bits(p, bh, i, j0 + c, d.tq, d.tk)) : __mmask16(0);
-        pd = _mm512_maskz_mul_ps(keep, pr, vkeep);
-        dpv = _mm512_maskz_mul_ps(keep, dpv, vkeep);
-      }
-      _mm512_storeu_ps(sr + c, pd);
-      _mm512_storeu_ps(dr + c, _mm512_mul_ps(pr, _mm512_sub_ps(dpv, vd)));
-    }
-  }
-}
-
-// One query row of backward_rows' two results, chunk by chunk as it computes them: P after
-// dropout and dS = P (dP - D), zero past the row's last live key (and for a row past nr).
+// One query row of the backward's two elementwise results, chunk by chunk: P after dropout and
+// dS = P (dP - D), zero past the row's last live key (and for a row past nr). backward_rows and
+// backward_pairs both compute them here, so their values are the same bits.
 struct RowOfDs {
   const float *s, *dp;
   int64_t i, lim;  // lim < 0: no live key (or no row)
   float lse, dsum;
 };
+RowOfDs row_of_ds(const float* s, const float* dp, int64_t r, int64_t nr, int64_t bc_pad, const Dims& d, int64_t bh,
+                  int64_t i0, int64_t j0, int64_t nc, const float* lse, const float* dsum, const AttentionParams& p) {
+  if (r >= nr) return RowOfDs{s, dp, 0, -1, 0.f, 0.f};
+  const int64_t i = i0 + r;
+  return RowOfDs{
+      s + r * bc_pad,     dp + r * bc_pad, i, std::min(attention_last_key(p, i, d.tq, d.tk), j0 + nc - 1) - j0,
+      lse[bh * d.tq + i], dsum[i]};
+}
 struct RowChunk {
   __m512 p, ds;
 };
@@ -551,11 +529,27 @@ MIXPREC_ATTN_TARGET inline RowChunk row_chunk(const RowOfDs& w, int64_t c, int64
   return {pd, _mm512_mul_ps(pr, _mm512_sub_ps(dpv, _mm512_set1_ps(w.dsum)))};
 }
 
+// One query block's probabilities and dS against one key block, in place: s (raw scores) becomes
+// P after dropout (the dV product's operand), dp (dO V^T) becomes dS = P (dP - D).
+MIXPREC_ATTN_TARGET void backward_rows(float* s, float* dp, int64_t nr, int64_t bc_pad, const Dims& d, int64_t bh,
+                                       int64_t i0, int64_t j0, int64_t nc, const float* lse, const float* dsum,
+                                       const AttentionParams& p) {
+  const __m512 vscale = _mm512_set1_ps(float(p.scale));
+  for (int64_t r = 0; r < nr; ++r) {
+    const RowOfDs w = row_of_ds(s, dp, r, nr, bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
+    for (int64_t c = 0; c < bc_pad; c += 16) {
+      const RowChunk x = row_chunk(w, c, bh, j0, d, vscale, p);  // reads the chunk before it is stored
+      _mm512_storeu_ps(s + r * bc_pad + c, x.p);
+      _mm512_storeu_ps(dp + r * bc_pad + c, x.ds);
+    }
+  }
+}
+
 // backward_rows for bf16 tiles, two query rows at a time, stored straight into the operands the
 // products read, each element rounded once to bf16 (to nearest even): P and dS as pairs of rows
 // interleaved (the B operands of dV^T and dK^T, [nr_pad / 2][bc_pad][2], an odd last row paired
-// with zeros) and dS's rows (dQ's A operand): backward_rows' values, rounded as pack_row_pairs
-// and to_tile round them, in one pass where those took three more (7% of a gpt layer's bf16
+// with zeros) and dS's rows (dQ's A operand): row_chunk's values, as backward_rows stores them,
+// rounded as pack_row_pairs and to_tile round them, in one pass where those took three more (7% of a gpt layer's bf16
 // attention on AMX). With each row's constants taken once for its chunks, the gpt layer's
 // backward on AMX took 1.58-1.60 ms against 1.73-1.82 (attention_bench).
 template <class E>
@@ -564,15 +558,9 @@ MIXPREC_ATTN_TARGET void backward_pairs(const float* s, const float* dp, int64_t
                                         const float* dsum, const AttentionParams& p, E* p_pairs, E* ds_pairs,
                                         E* ds_rows) {
   const __m512 vscale = _mm512_set1_ps(float(p.scale));
-  auto row = [&](int64_t r) {  // the row's constants, once for its chunks
-    if (r >= nr) return RowOfDs{s, dp, 0, -1, 0.f, 0.f};
-    const int64_t i = i0 + r;
-    return RowOfDs{
-        s + r * bc_pad,     dp + r * bc_pad, i, std::min(attention_last_key(p, i, d.tq, d.tk), j0 + nc - 1) - j0,
-        lse[bh * d.tq + i], dsum[i]};
-  };
-  for (int64_t r = 0; r < nr; r += 2) {
-    const RowOfDs w0 = row(r), w1 = row(r + 1);
+  for (int64_t r = 0; r < nr; r += 2) {  // each row's constants once for its chunks
+    const RowOfDs w0 = row_of_ds(s, dp, r, nr, bc_pad, d, bh, i0, j0, nc, lse, dsum, p),
+                  w1 = row_of_ds(s, dp, r + 1, nr, bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
     for (int64_t c = 0; c < bc_pad; c += 16) {
       const RowChunk a = row_chunk(w0, c, bh, j0, d, vscale, p);
       const RowChunk b = row_chunk(w1, c, bh, j0, d, vscale, p);
