@@ -424,6 +424,82 @@ TEST(Kernels, ActivationBf16IsTheF32KernelRoundedOnce) {
   }
 }
 
+// The 16-bit activations' tables (cpu/activation.cpp, table16) against the arithmetic they
+// replace, bit for bit: the forward on every bf16 and f16 pattern, the backward with every pattern
+// saved and, for each, gradients of random bits (NaNs, infinities and subnormals among them) and of
+// ordinary values, under each bf16 rounding this host runs; 7 more elements than the patterns, so
+// the last block's tail runs too. One exception: where the gradient and the slope are both NaN the
+// result is a NaN either way, but whose payload and sign comes out is the product's operand order,
+// which C++ leaves to the compiler (exact GELU's scalar loop has them the other way round).
+bool is_nan16(uint16_t b, DType t) { return (b & 0x7fff) > (t == DType::bf16 ? 0x7f80 : 0x7c00); }
+::testing::AssertionResult same_bits(const Tensor& table, const Tensor& arith, const Tensor* grad = nullptr,
+                                     const Tensor* saved = nullptr) {
+  const DType t = table.dtype();
+  const auto* a = static_cast<const uint16_t*>(table.data_ptr());
+  const auto* b = static_cast<const uint16_t*>(arith.data_ptr());
+  auto both_nan = [&](int64_t i) {
+    return grad != nullptr && is_nan16(static_cast<const uint16_t*>(grad->data_ptr())[i], t) &&
+           is_nan16(static_cast<const uint16_t*>(saved->data_ptr())[i], t) && is_nan16(a[i], t) && is_nan16(b[i], t);
+  };
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < table.numel(); ++i)
+    if (a[i] != b[i] && !both_nan(i)) bad += 1, first = first < 0 ? i : first;
+  if (bad == 0) return ::testing::AssertionSuccess();
+  char what[96];
+  std::snprintf(what, sizeof what, ", the first at %lld: table 0x%04x, arithmetic 0x%04x",
+                static_cast<long long>(first), unsigned(a[first]), unsigned(b[first]));
+  return ::testing::AssertionFailure() << bad << " of " << table.numel() << " differ" << what;
+}
+Tensor of_bits(const std::vector<uint16_t>& bits, DType t) {
+  Tensor x = Tensor::empty({int64_t(bits.size())}, t);
+  std::copy(bits.begin(), bits.end(), static_cast<uint16_t*>(x.data_ptr()));
+  return x;
+}
+TEST(Kernels, ActivationTablesAreTheArithmeticBitForBit) {
+  if (!mixprec::cpu::has_avx512f())
+    GTEST_SKIP() << "no AVX-512 on this host: the 16-bit activations run their arithmetic (no tables to compare)";
+  std::vector<uint16_t> saved_bits;
+  for (int p = 0; p < (1 << 16); ++p) saved_bits.push_back(uint16_t(p));
+  for (uint16_t p : {0x3f80, 0x0001, 0x7f80, 0xffff, 0x8000, 0x4000, 0xc100}) saved_bits.push_back(p);
+  const int64_t n = int64_t(saved_bits.size());
+  Generator g(21);
+  std::vector<uint16_t> random_bits(saved_bits.size());
+  for (uint16_t& b : random_bits) b = uint16_t(g.uniform() * 65536.0);
+  for (const detail::ConversionPath path : detail::bulk_conversion_paths()) {
+    SCOPED_TRACE(std::string("rounding path ") + detail::conversion_path_name(path));
+    const detail::ConversionPathScope scope(path);
+    for (const ActivationCase& c : kActivationCases) {
+      if (c.op == kernels::Activation::relu) continue;  // on the raw bits, no table
+      for (DType t : {DType::bf16, DType::f16}) {
+        const Tensor x = of_bits(saved_bits, t);
+        const Tensor ordinary = make(away_from_zero(g, n, 0.25, 2), {n}, t);
+        Tensor y_table = Tensor::empty({n}, t), y_arith = Tensor::empty({n}, t);
+        {
+          const kernels::cpu::ActivationTable on(true);
+          ASSERT_TRUE(kernels::cpu::activation(c.op, x, y_table)) << c.name;
+        }
+        {
+          const kernels::cpu::ActivationTable off(false);
+          ASSERT_TRUE(kernels::cpu::activation(c.op, x, y_arith)) << c.name;
+        }
+        EXPECT_TRUE(same_bits(y_table, y_arith)) << c.name << " forward " << dtype_name(t);
+        for (const Tensor& gr : {of_bits(random_bits, t), ordinary}) {
+          Tensor d_table = Tensor::empty({n}, t), d_arith = Tensor::empty({n}, t);
+          {
+            const kernels::cpu::ActivationTable on(true);
+            ASSERT_TRUE(kernels::cpu::activation_grad(c.op, gr, x, d_table)) << c.name;
+          }
+          {
+            const kernels::cpu::ActivationTable off(false);
+            ASSERT_TRUE(kernels::cpu::activation_grad(c.op, gr, x, d_arith)) << c.name;
+          }
+          EXPECT_TRUE(same_bits(d_table, d_arith, &gr, &x)) << c.name << " backward " << dtype_name(t);
+        }
+      }
+    }
+  }
+}
+
 // ReLU works on the raw bits of 16-bit values: for every class of value, in the vector body (32
 // or 16 per step) and the tail, the forward must give exactly "x > 0 or NaN ? x : +0" and the
 // backward select exactly what "x > 0 ? g : 0" selects.

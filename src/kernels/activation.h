@@ -32,6 +32,19 @@ namespace cpu {
 bool activation(Activation op, const Tensor& x, Tensor& dst);
 bool activation_grad(Activation op, const Tensor& grad, const Tensor& saved, Tensor& dst);
 bool relu_mask_inplace(Tensor& grad, const Tensor& y);
+// For tests: while one lives, the 16-bit activations on this thread (relu aside) go through their
+// tables (on) or their arithmetic (off), whatever the tensor's size and MIXPREC_ACTIVATION_TABLE:
+// cpu/activation.cpp's table16, the default on AVX-512 hosts.
+class ActivationTable {
+ public:
+  explicit ActivationTable(bool on);
+  ~ActivationTable();
+  ActivationTable(const ActivationTable&) = delete;
+  ActivationTable& operator=(const ActivationTable&) = delete;
+
+ private:
+  int previous_;
+};
 }  // namespace cpu
 
 namespace cuda {  // src/kernels/cuda/activation.cu

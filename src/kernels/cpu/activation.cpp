@@ -12,14 +12,20 @@
 #include "core/simd.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string_view>
+#include <vector>
 
 #include "core/parallel.h"
 #include "kernels/activation.h"
 #include "kernels/cpu/f32_blocks.h"
 #include "kernels/cpu/vec_exp.h"
 #include "kernels/elementwise_math.h"
+#include "mixprec/convert.h"
 #include "mixprec/cpu.h"
+#include "mixprec/error.h"
 
 namespace mixprec::kernels::cpu {
 namespace {
@@ -431,11 +437,148 @@ void backward_blocks(const Tensor& grad, const Tensor& saved, Tensor& dst) {
                       [](const float* g, const float* v, float* o, int64_t len) { backward_f32<OP>(g, v, o, len); });
 }
 
+// ---------------------------------------------------------------- 16-bit by table
+// A bf16 or f16 value has 65536 bit patterns, so a smooth activation of one is a table: value[p]
+// is the f32 kernel's result on pattern p widened, rounded to the dtype (what the loops above and
+// the converted blocks give, bit for bit: Kernels.ActivationBf16IsTheF32KernelRoundedOnce), and
+// slope[p] the f32 kernel's derivative there (its backward with a gradient of 1). The forward is
+// then a gather, the backward a gather, one multiplication and the rounding, where the arithmetic
+// takes an e^x, a division and a dozen more operations a lane. A layer's activations span few
+// exponents, so the entries a call touches stay in L1. Built once per op and dtype, on first use,
+// by the kernels they replace (f32 tensors of the 65536 widened patterns); AVX-512 hosts, 16-bit
+// tensors of at least kTableMin elements; MIXPREC_ACTIVATION_TABLE=0 turns it off, and a
+// kernels::cpu::ActivationTable decides instead while one lives (the tests).
+constexpr int64_t kTableMin = 4096;
+constexpr int kPatterns = 1 << 16;
+struct Table16 {
+  std::vector<uint16_t> value;  // kPatterns + 1: the forward's 4-byte gathers read one entry past p
+  std::vector<float> slope;
+};
+
+thread_local int table_override = -1;  // ActivationTable alive: 0 or 1
+bool table_asked_off() {
+  static const bool off = [] {
+    const char* e = std::getenv("MIXPREC_ACTIVATION_TABLE");
+    return e != nullptr && std::string_view(e) == "0";
+  }();
+  return off;
+}
+bool use_table(Activation op, const Tensor& t) {
+  if (op == Activation::relu || (t.dtype() != DType::bf16 && t.dtype() != DType::f16) || simd_lanes() != Lanes::avx512)
+    return false;
+  if (table_override >= 0) return table_override == 1;
+  return t.numel() >= kTableMin && !table_asked_off();
+}
+
+Table16 build_table(Activation op, DType t) {
+  std::vector<uint16_t> patterns(kPatterns);
+  for (int p = 0; p < kPatterns; ++p) patterns[size_t(p)] = uint16_t(p);
+  const Tensor wide = Tensor::empty({kPatterns}, DType::f32);
+  convert(patterns.data(), t, wide.data_ptr(), DType::f32, size_t(kPatterns));  // exact
+  Tensor y = Tensor::empty({kPatterns}, DType::f32), d = Tensor::empty({kPatterns}, DType::f32);
+  const Tensor ones = Tensor::full({kPatterns}, 1.0, DType::f32);
+  // The pattern is the saved tensor's value, the input or the output (grad_from_output) alike.
+  if (!activation(op, wide, y) || !activation_grad(op, ones, wide, d))
+    throw Error("activation table: the f32 kernel declined");
+  Table16 tab;
+  tab.value.assign(size_t(kPatterns) + 1, 0);
+  convert(y.data_ptr(), DType::f32, tab.value.data(), t, size_t(kPatterns));
+  const auto* dv = static_cast<const float*>(d.data_ptr());
+  tab.slope.assign(dv, dv + kPatterns);
+  return tab;
+}
+
+const Table16& table16(Activation op, DType t) {
+  constexpr int kOps = int(Activation::tanh) + 1;
+  static std::once_flag once[kOps][2];
+  static Table16 tables[kOps][2];
+  const int o = int(op), k = t == DType::bf16 ? 0 : 1;
+  std::call_once(once[o][k], [&] { tables[o][k] = build_table(op, t); });
+  return tables[o][k];
+}
+
+// dst = value[x] over len values, 16 a gather (4 bytes from entry p: its low half is value[p]).
+__attribute__((target("avx512f"))) void lookup_16(const uint16_t* value, const uint16_t* x, uint16_t* dst,
+                                                  int64_t len) {
+  int64_t i = 0;
+  for (; i + 32 <= len; i += 32) {
+    fetch_ahead(x + i, 64);
+    const __m512i lo = _mm512_cvtepu16_epi32(load_16(x + i)), hi = _mm512_cvtepu16_epi32(load_16(x + i + 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(lo, value, 2)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 16),
+                        _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(hi, value, 2)));
+  }
+  for (; i < len; ++i) dst[i] = value[x[i]];
+}
+
+// The slope of 16 saved values, widened g times it, rounded: backward_16's operations with
+// derivative_ps's result read from the table.
+template <bool kNative>
+MIXPREC_ACT_BF16 inline __m256i table_grad_bf16(const float* slope, __m256i g, __m256i s) {
+  const __m512 d = _mm512_i32gather_ps(_mm512_cvtepu16_epi32(s), slope, 4);
+  return bf16_round_ps(_mm512_mul_ps(bf16_widen_ps(g), d), kNative);
+}
+template <bool kNative>
+MIXPREC_ACT_BF16 void table_backward_bf16(const float* slope, const uint16_t* g, const uint16_t* s, uint16_t* dst,
+                                          int64_t len) {
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    fetch_ahead(g + i, 32);
+    fetch_ahead(s + i, 32);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        table_grad_bf16<kNative>(slope, load_16(g + i), load_16(s + i)));
+  }
+  if (i < len)
+    store_tail(dst + i, table_grad_bf16<kNative>(slope, load_tail(g + i, len - i), load_tail(s + i, len - i)), len - i);
+}
+// f16: the same with VCVTPH2PS in and VCVTPS2PH out (round to nearest even: the bulk conversion's
+// instruction, whose bits the converted blocks get).
+__attribute__((target("avx512f"))) inline __m256i table_grad_f16(const float* slope, __m256i g, __m256i s) {
+  const __m512 d = _mm512_i32gather_ps(_mm512_cvtepu16_epi32(s), slope, 4);
+  return _mm512_cvtps_ph(_mm512_mul_ps(_mm512_cvtph_ps(g), d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+__attribute__((target("avx512f"))) void table_backward_f16(const float* slope, const uint16_t* g, const uint16_t* s,
+                                                           uint16_t* dst, int64_t len) {
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    fetch_ahead(g + i, 32);
+    fetch_ahead(s + i, 32);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), table_grad_f16(slope, load_16(g + i), load_16(s + i)));
+  }
+  if (i < len)
+    store_tail(dst + i, table_grad_f16(slope, load_tail(g + i, len - i), load_tail(s + i, len - i)), len - i);
+}
+
+void table_forward(Activation op, const Tensor& x, Tensor& dst) {
+  const uint16_t* value = table16(op, x.dtype()).value.data();
+  const auto* src = static_cast<const uint16_t*>(x.data_ptr());
+  auto* out = static_cast<uint16_t*>(dst.data_ptr());
+  for_blocks(x.numel(), [&](int64_t begin, int64_t len) { lookup_16(value, src + begin, out + begin, len); });
+}
+void table_backward(Activation op, const Tensor& grad, const Tensor& saved, Tensor& dst) {
+  const float* slope = table16(op, saved.dtype()).slope.data();
+  const auto* g = static_cast<const uint16_t*>(grad.data_ptr());
+  const auto* s = static_cast<const uint16_t*>(saved.data_ptr());
+  auto* out = static_cast<uint16_t*>(dst.data_ptr());
+  const bool f16 = saved.dtype() == DType::f16, native = detail::native_bf16_rounding();
+  for_blocks(saved.numel(), [&](int64_t begin, int64_t len) {
+    if (f16)
+      table_backward_f16(slope, g + begin, s + begin, out + begin, len);
+    else
+      (native ? table_backward_bf16<true> : table_backward_bf16<false>)(slope, g + begin, s + begin, out + begin, len);
+  });
+}
+
 }  // namespace
 
 bool activation(Activation op, const Tensor& x, Tensor& dst) {
   if (!f32_compute(x.dtype()) || !x.is_contiguous() || !dst.is_contiguous()) return false;
   if (op == Activation::relu && relu_forward(x, dst)) return true;
+  if (use_table(op, x) && dst.dtype() == x.dtype()) {
+    table_forward(op, x, dst);
+    return true;
+  }
   if (op == Activation::gelu_tanh && simd_lanes() == Lanes::avx2) {
     map_f32_blocks(x, dst, [](const float* v, float* o, int64_t len) { gelu_forward_f32_avx2(v, o, len); });
     return true;
@@ -461,6 +604,10 @@ bool activation_grad(Activation op, const Tensor& grad, const Tensor& saved, Ten
   if (!f32_compute(saved.dtype()) || grad.dtype() != saved.dtype()) return false;
   if (op == Activation::relu && supported(dst, grad, saved)) {
     apply(dst, grad, saved);
+    return true;
+  }
+  if (use_table(op, saved) && supported(dst, grad, saved)) {
+    table_backward(op, grad, saved, dst);
     return true;
   }
   if (op == Activation::gelu_tanh && simd_lanes() == Lanes::avx2) {
@@ -495,5 +642,8 @@ bool relu_mask_inplace(Tensor& grad, const Tensor& y) {
   apply(grad, grad, y);
   return true;
 }
+
+ActivationTable::ActivationTable(bool on) : previous_(table_override) { table_override = on ? 1 : 0; }
+ActivationTable::~ActivationTable() { table_override = previous_; }
 
 }  // namespace mixprec::kernels::cpu
