@@ -213,6 +213,50 @@ MIXPREC_LN_BF16 void layer_norm_rows_bf16(const LayerNormRow& a, const float* co
     }
   }
 }
+
+// The normalized backward (x is x̂, autocast's saved bf16) on bf16 gy and x̂ read in place, 16
+// lanes a step widened in registers, dx stored as f32 (the residual stream's gradient): the
+// operations of layer_norm_row_backward<true>, in its order, where the rows went through two bulk
+// conversions a group and an x̂ buffer (the gpt's amp-bf16 norms: a third of the backward's time
+// in bf16_to_f32). Rows of a multiple of 16 columns; the bits of the converted path
+// (Norm.LayerNormBackwardOnBf16IsTheF32KernelsBits).
+__attribute__((target("avx512f"))) void layer_norm_row_backward_bf16(const float* w, int64_t n, const uint16_t* gy,
+                                                                     const uint16_t* x, float rs, double* gw,
+                                                                     double* gb, float* dx) {
+  fetch_ahead(gy, n * 2);
+  fetch_ahead(x, n * 2);
+  __m512 sg = _mm512_setzero_ps(), sgx = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __m512 g16 = bf16_widen_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gy + j)));
+    const __m512 xh = bf16_widen_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j)));
+    const __m512 g = _mm512_mul_ps(g16, _mm512_loadu_ps(w + j));
+    sg = _mm512_add_ps(sg, g);
+    sgx = _mm512_add_ps(sgx, _mm512_mul_ps(g, xh));
+    const __m512 p = _mm512_mul_ps(g16, xh);
+    _mm512_storeu_pd(gw + j, _mm512_add_pd(_mm512_loadu_pd(gw + j), _mm512_cvtps_pd(_mm512_castps512_ps256(p))));
+    _mm512_storeu_pd(gw + j + 8,
+                     _mm512_add_pd(_mm512_loadu_pd(gw + j + 8),
+                                   _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)))));
+    _mm512_storeu_pd(gb + j, _mm512_add_pd(_mm512_loadu_pd(gb + j), _mm512_cvtps_pd(_mm512_castps512_ps256(g16))));
+    _mm512_storeu_pd(
+        gb + j + 8, _mm512_add_pd(_mm512_loadu_pd(gb + j + 8),
+                                  _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(g16), 1)))));
+  }
+  if (!dx) return;
+  float lanes[kLanes];
+  _mm512_storeu_ps(lanes, sg);
+  const __m512 mean_g = _mm512_set1_ps(lanes_total(lanes) / float(n));
+  _mm512_storeu_ps(lanes, sgx);
+  const __m512 mean_gx = _mm512_set1_ps(lanes_total(lanes) / float(n));
+  const __m512 vrs = _mm512_set1_ps(rs);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __m512 g16 = bf16_widen_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gy + j)));
+    const __m512 xh = bf16_widen_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j)));
+    const __m512 t =
+        _mm512_sub_ps(_mm512_sub_ps(_mm512_mul_ps(g16, _mm512_loadu_ps(w + j)), mean_g), _mm512_mul_ps(xh, mean_gx));
+    _mm512_storeu_ps(dx + j, _mm512_mul_ps(vrs, t));
+  }
+}
 #undef MIXPREC_LN_BF16
 
 // The function for groups of R rows (1 or kRowGroup).
@@ -454,6 +498,10 @@ bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
   // Rows in groups of kRowGroup, each group's 16-bit rows converted by one call (they are contiguous)
   // and its grad_x rounded by one: a call per row of the gpt's 128 columns cost more than the row.
   const int64_t groups = (rows + kRowGroup - 1) / kRowGroup, group_elems = kRowGroup * cols;
+  const bool direct = normalized && grad_y.dtype() == DType::bf16 && x.dtype() == DType::bf16 &&
+                      (!need_x || grad_x_dtype == DType::f32) && cols % 16 == 0 && simd_lanes() == Lanes::avx512;
+  const auto* gy16 = static_cast<const uint16_t*>(grad_y.data_ptr());
+  const auto* x16 = static_cast<const uint16_t*>(x.data_ptr());
 #pragma omp parallel
   {
     std::vector<float> gbuf, xbuf, ob(static_cast<size_t>(group_elems)), xhat(static_cast<size_t>(cols));
@@ -464,6 +512,12 @@ bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
 #pragma omp for schedule(static)
     for (int64_t grp = 0; grp < groups; ++grp) {
       const int64_t r0 = grp * kRowGroup, count = std::min<int64_t>(kRowGroup, rows - r0);
+      if (direct) {
+        for (int64_t r = r0; r < r0 + count; ++r)
+          layer_norm_row_backward_bf16(w.data(), cols, gy16 + r * cols, x16 + r * cols, rs[size_t(r)], gw_t.data(),
+                                       gb_t.data(), need_x ? out.x.data<float>() + r * cols : nullptr);
+        continue;
+      }
       const float* gy = in_f32(grad_y, r0 * cols, count * cols, gbuf);
       const float* xv = in_f32(x, r0 * cols, count * cols, xbuf);
       float* dx = need_x ? out_plane(out.x, r0 * cols, ob) : nullptr;
