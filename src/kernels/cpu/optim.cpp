@@ -340,8 +340,8 @@ void unscale_and_check(const std::vector<Tensor>& src, const std::vector<Tensor>
 }  // namespace mixprec::kernels::cpu
 
 // ------------------------------------------------------------------- gradient norm, clipping
-// The reference's arithmetic exactly (blocks of kNormBlock values, each summed in f64 in element
-// order, the blocks added in order; the clip factor applied in f64 and rounded once), without its
+// The reference's arithmetic exactly (blocks of kNormBlock values, each summed in f64 in its lanes
+// (rule::norm_lanes_total), the blocks added in order; the clip factor applied in f64 and rounded once), without its
 // per-element dtype switch: bit-identical results, tested against it.
 namespace mixprec::kernels::cpu {
 namespace {
@@ -360,14 +360,36 @@ std::vector<Piece> norm_pieces(const std::vector<Tensor>& grads) {
 template <class T, bool kInf>
 double block_norm_part(const T* p, int64_t n) {
   double s = 0;
-  for (int64_t e = 0; e < n; ++e) {
-    const double v = double(load(p + e));
-    if constexpr (kInf)
-      s = rule::nan_max(s, std::fabs(v));
-    else
-      s += v * v;
-  }
+  for (int64_t e = 0; e < n; ++e) s = rule::nan_max(s, std::fabs(double(load(p + e))));
   return s;
+}
+// The sum of squares of a block in the reference's lanes: 16 elements a step, element j of the
+// step into lane j (squares of f32, bf16 and f16 values are exact in f64, so only the lanes'
+// additions round, in their order), a ragged tail into lanes 0, 1, ...
+template <class T>
+[[gnu::always_inline]] inline double block_sum_sq(const T* p, int64_t n) {
+  double acc[rule::kNormLanes] = {};
+  int64_t e = 0;
+  for (; e + rule::kNormLanes <= n; e += rule::kNormLanes)
+    for (int j = 0; j < rule::kNormLanes; ++j) {
+      const double v = double(load(p + e + j));
+      acc[j] += v * v;
+    }
+  for (int j = 0; e < n; ++e, ++j) {
+    const double v = double(load(p + e));
+    acc[j] += v * v;
+  }
+  return rule::norm_lanes_total(acc);
+}
+// f32 in 512-bit lanes where the host has AVX-512 (the master gradients); the same operations.
+__attribute__((target("avx512f"))) double block_sum_sq_f32_avx512(const float* p, int64_t n) {
+  return block_sum_sq(p, n);
+}
+template <class T>
+double block_sum_sq_any(const T* p, int64_t n) {
+  if constexpr (std::is_same_v<T, float>)
+    if (simd_lanes() == Lanes::avx512) return block_sum_sq_f32_avx512(p, n);
+  return block_sum_sq(p, n);
 }
 
 }  // namespace
@@ -387,7 +409,7 @@ bool grad_norm(const std::vector<Tensor>& grads, double norm_type, Tensor& out) 
     dispatch_floating(g.dtype(), [&](auto tag) {
       using T = decltype(tag);
       const T* p = static_cast<const T*>(g.data_ptr()) + piece.begin;
-      partial[size_t(k)] = is_inf ? block_norm_part<T, true>(p, piece.len) : block_norm_part<T, false>(p, piece.len);
+      partial[size_t(k)] = is_inf ? block_norm_part<T, true>(p, piece.len) : block_sum_sq_any<T>(p, piece.len);
     });
   }
   double acc = 0;

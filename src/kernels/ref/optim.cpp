@@ -186,17 +186,18 @@ Tensor grad_norm(const std::vector<Tensor>& grads, double norm_type) {
     std::vector<double> partial(size_t(nb), 0.0);
 #pragma omp parallel for schedule(static) if (nb >= 8)
     for (int64_t b = 0; b < nb; ++b) {
-      double s = 0;
+      double s = 0, lanes[rule::kNormLanes] = {};
       for (int64_t e = b * kNormBlock; e < std::min(n, (b + 1) * kNormBlock); ++e) {
         const double v = load<double>(g, e);
+        double& lane = lanes[(e - b * kNormBlock) % rule::kNormLanes];
         if (is_inf)
           s = rule::nan_max(s, std::fabs(v));
         else if (norm_type == 2.0)
-          s += v * v;
+          lane += v * v;
         else
-          s += std::pow(std::fabs(v), norm_type);
+          lane += std::pow(std::fabs(v), norm_type);
       }
-      partial[size_t(b)] = s;
+      partial[size_t(b)] = is_inf ? s : rule::norm_lanes_total(lanes);
     }
     for (double s : partial) acc = combine(acc, s);
   }
