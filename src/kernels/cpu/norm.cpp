@@ -186,11 +186,53 @@ MIXPREC_LN_BF16 inline __m512 ln_lanes(__m512 x, __m512 w, __m512 b, __m512 mu, 
   n = _mm512_mul_ps(_mm512_sub_ps(x, mu), inv);
   return _mm512_add_ps(_mm512_mul_ps(n, w), b);
 }
+// lanes_total of 16 lanes in a register: the same additions, pair by pair (lane j with j + 8 is the
+// two halves' sum, and so on down).
+MIXPREC_LN_BF16 inline float lanes_total_ps(__m512 v) {
+  const __m256 h =
+      _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  const __m128 e = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(e, _mm_movehdup_ps(e)));
+}
+// layer_norm_stats<R> in registers, R rows in lockstep, for rows of a multiple of 16 columns: each
+// row's lanes and their totals as there, and the f64 divisions and square roots of the R rows in
+// one vector each (correctly rounded either way). The row-by-row form left each row's chain of
+// sums, divisions and root to the out-of-order window: the gpt's forward norms, 128 columns, took
+// about 280 cycles a row.
+template <int R>
+MIXPREC_LN_BF16 void layer_norm_stats_avx512(int64_t n, const float* const* x, double eps, float* mu, float* inv) {
+  static_assert(R <= 4);
+  __m512 acc[R];
+  for (int k = 0; k < R; ++k) acc[k] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16)
+    for (int k = 0; k < R; ++k) acc[k] = _mm512_add_ps(acc[k], _mm512_loadu_ps(x[k] + j));
+  alignas(32) double s[4] = {1, 1, 1, 1};
+  alignas(16) float m[4] = {};
+  for (int k = 0; k < R; ++k) s[k] = double(lanes_total_ps(acc[k]));
+  const __m256d vn = _mm256_set1_pd(double(n));
+  _mm_store_ps(m, _mm256_cvtpd_ps(_mm256_div_pd(_mm256_load_pd(s), vn)));
+  __m512 vm[R];
+  for (int k = 0; k < R; ++k) vm[k] = _mm512_set1_ps(m[k]), acc[k] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16)
+    for (int k = 0; k < R; ++k) {
+      const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x[k] + j), vm[k]);
+      acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(d, d));
+    }
+  for (int k = 0; k < R; ++k) s[k] = double(lanes_total_ps(acc[k]));
+  const __m256d root = _mm256_sqrt_pd(_mm256_add_pd(_mm256_div_pd(_mm256_load_pd(s), vn), _mm256_set1_pd(eps)));
+  alignas(16) float r[4];
+  _mm_store_ps(r, _mm256_cvtpd_ps(_mm256_div_pd(_mm256_set1_pd(1.0), root)));
+  for (int k = 0; k < R; ++k) mu[k] = m[k], inv[k] = r[k];
+}
 template <int R>
 MIXPREC_LN_BF16 void layer_norm_rows_bf16(const LayerNormRow& a, const float* const* x, double eps, uint16_t* const* y,
                                           uint16_t* const* xh, float* mu, float* inv) {
   const int64_t n = a.cols;
-  layer_norm_stats<R>(a, x, eps, mu, inv);
+  if (n % 16 == 0)
+    layer_norm_stats_avx512<R>(n, x, eps, mu, inv);
+  else
+    layer_norm_stats<R>(a, x, eps, mu, inv);
   for (int k = 0; k < R; ++k) {
     const __m512 vm = _mm512_set1_ps(mu[k]), vi = _mm512_set1_ps(inv[k]);
     int64_t j = 0;
