@@ -4,6 +4,8 @@
 // ReLU's input or its output: both are > 0 at the same positions. 16-bit values need no
 // conversion: y > 0 holds exactly for the bit patterns 0x0001..+inf (positive, not NaN), +inf
 // being 0x7F80 in bf16 and 0x7C00 in f16.
+// 16-bit tensors of the smooth activations on AVX-512 hosts go through tables of all 65536 values
+// (table16, below), which give the bits of the arithmetic here.
 // silu, sigmoid, tanh and gelu's tanh form run AVX-512 on f32 blocks (16-bit converted in, rounded once out) with a
 // vector exp (Cephes expf: a degree-7 polynomial after range reduction, scaled by 2^n with
 // scalef, within 2 ulp of the correctly rounded e^x); exact gelu, and on CPUs without AVX-512 all
@@ -473,10 +475,12 @@ bool use_table(Activation op, const Tensor& t) {
 Table16 build_table(Activation op, DType t) {
   std::vector<uint16_t> patterns(kPatterns);
   for (int p = 0; p < kPatterns; ++p) patterns[size_t(p)] = uint16_t(p);
-  const Tensor wide = Tensor::empty({kPatterns}, DType::f32);
+  // Host tensors whatever the calling kernel's DefaultDevice (the tables serve every call after).
+  const Device host = Device::cpu();
+  const Tensor wide = Tensor::empty({kPatterns}, DType::f32, host);
   convert(patterns.data(), t, wide.data_ptr(), DType::f32, size_t(kPatterns));  // exact
-  Tensor y = Tensor::empty({kPatterns}, DType::f32), d = Tensor::empty({kPatterns}, DType::f32);
-  const Tensor ones = Tensor::full({kPatterns}, 1.0, DType::f32);
+  Tensor y = Tensor::empty({kPatterns}, DType::f32, host), d = Tensor::empty({kPatterns}, DType::f32, host);
+  const Tensor ones = Tensor::full({kPatterns}, 1.0, DType::f32, host);
   // The pattern is the saved tensor's value, the input or the output (grad_from_output) alike.
   if (!activation(op, wide, y) || !activation_grad(op, ones, wide, d))
     throw Error("activation table: the f32 kernel declined");
