@@ -364,8 +364,8 @@ double block_norm_part(const T* p, int64_t n) {
   return s;
 }
 // The sum of squares of a block in the reference's lanes: 16 elements a step, element j of the
-// step into lane j (squares of f32, bf16 and f16 values are exact in f64, so only the lanes'
-// additions round, in their order), a ragged tail into lanes 0, 1, ...
+// step into lane j, a ragged tail into lanes 0, 1, ...: each square and addition is the
+// reference's (squares of f32, bf16 and f16 values are exact in f64; an f64 one rounds alike).
 template <class T>
 [[gnu::always_inline]] inline double block_sum_sq(const T* p, int64_t n) {
   double acc[rule::kNormLanes] = {};
