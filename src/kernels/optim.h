@@ -79,7 +79,7 @@ void increment(Tensor& counter);
 
 // The p-norm (p >= 1, or inf) of all grads together as a 0-d f64 tensor on their device: each
 // value read exactly into f64, sums per block of kNormBlock values (in rule::kNormLanes lanes,
-// rule::norm_lanes_total), blocks added in order (inf: max, NaN propagating).
+// lane_tree_sum), blocks added in order (inf: max, NaN propagating).
 constexpr int64_t kNormBlock = 4096;
 Tensor grad_norm(const std::vector<Tensor>& grads, double norm_type);
 // grads *= rule::clip_coef(total, max_norm), computed in f64, rounded once; nothing is written

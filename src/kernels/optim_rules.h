@@ -118,17 +118,10 @@ MIXPREC_HD double clip_coef(double total, double max_norm) {
 inline double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : (a < b ? b : a); }
 
 // A norm block's sum (kernels/optim.h, grad_norm): element e of the block into f64 lane
-// e % kNormLanes, each lane summed in element order, the lanes then added as a fixed tree (lane j
-// with lane j + 8, then j + 4, j + 2, j + 1). One chain of additions through the block made the sum
-// wait on the adder's latency (the gpt's 0.8 M gradients: 0.66 ms of a 44 ms step on the AMX host);
-// 16 chains run side by side, in two AVX-512 registers.
+// e % kNormLanes, each lane summed in element order, the lanes then added by lane_tree_sum
+// (kernels/lane_tree.h). One chain of additions through the block made the sum wait on the
+// adder's latency (the gpt's 0.8 M gradients: 0.66 ms of a 44 ms step on the AMX host); 16 chains
+// run side by side, in two AVX-512 registers.
 constexpr int kNormLanes = 16;
-inline double norm_lanes_total(const double* acc) {
-  double t[kNormLanes / 2];
-  for (int j = 0; j < kNormLanes / 2; ++j) t[j] = acc[j] + acc[j + kNormLanes / 2];
-  for (int w = kNormLanes / 4; w >= 1; w /= 2)
-    for (int j = 0; j < w; ++j) t[j] = t[j] + t[j + w];
-  return t[0];
-}
 
 }  // namespace mixprec::kernels::rule

@@ -516,42 +516,31 @@ __attribute__((target("avx512f"))) void lookup_16(const uint16_t* value, const u
   for (; i < len; ++i) dst[i] = value[x[i]];
 }
 
-// The slope of 16 saved values, widened g times it, rounded: backward_16's operations with
-// derivative_ps's result read from the table.
-template <bool kNative>
-MIXPREC_ACT_BF16 inline __m256i table_grad_bf16(const float* slope, __m256i g, __m256i s) {
+// The slope of 16 saved values times the widened gradient, rounded: backward_16's operations (bf16:
+// convert()'s rule, native or in integer lanes) with derivative_ps's result read from the table;
+// f16 with VCVTPH2PS in and VCVTPS2PH out (round to nearest even: the bulk conversion's
+// instruction, whose bits the converted blocks get).
+template <bool kF16, bool kNative>
+MIXPREC_ACT_BF16 inline __m256i table_grad(const float* slope, __m256i g, __m256i s) {
   const __m512 d = _mm512_i32gather_ps(_mm512_cvtepu16_epi32(s), slope, 4);
-  return bf16_round_ps(_mm512_mul_ps(bf16_widen_ps(g), d), kNative);
+  if constexpr (kF16)
+    return _mm512_cvtps_ph(_mm512_mul_ps(_mm512_cvtph_ps(g), d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  else
+    return bf16_round_ps(_mm512_mul_ps(bf16_widen_ps(g), d), kNative);
 }
-template <bool kNative>
-MIXPREC_ACT_BF16 void table_backward_bf16(const float* slope, const uint16_t* g, const uint16_t* s, uint16_t* dst,
-                                          int64_t len) {
+template <bool kF16, bool kNative>
+MIXPREC_ACT_BF16 void table_backward_16(const float* slope, const uint16_t* g, const uint16_t* s, uint16_t* dst,
+                                        int64_t len) {
   int64_t i = 0;
   for (; i + 16 <= len; i += 16) {
     fetch_ahead(g + i, 32);
     fetch_ahead(s + i, 32);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                        table_grad_bf16<kNative>(slope, load_16(g + i), load_16(s + i)));
+                        table_grad<kF16, kNative>(slope, load_16(g + i), load_16(s + i)));
   }
   if (i < len)
-    store_tail(dst + i, table_grad_bf16<kNative>(slope, load_tail(g + i, len - i), load_tail(s + i, len - i)), len - i);
-}
-// f16: the same with VCVTPH2PS in and VCVTPS2PH out (round to nearest even: the bulk conversion's
-// instruction, whose bits the converted blocks get).
-__attribute__((target("avx512f"))) inline __m256i table_grad_f16(const float* slope, __m256i g, __m256i s) {
-  const __m512 d = _mm512_i32gather_ps(_mm512_cvtepu16_epi32(s), slope, 4);
-  return _mm512_cvtps_ph(_mm512_mul_ps(_mm512_cvtph_ps(g), d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-__attribute__((target("avx512f"))) void table_backward_f16(const float* slope, const uint16_t* g, const uint16_t* s,
-                                                           uint16_t* dst, int64_t len) {
-  int64_t i = 0;
-  for (; i + 16 <= len; i += 16) {
-    fetch_ahead(g + i, 32);
-    fetch_ahead(s + i, 32);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), table_grad_f16(slope, load_16(g + i), load_16(s + i)));
-  }
-  if (i < len)
-    store_tail(dst + i, table_grad_f16(slope, load_tail(g + i, len - i), load_tail(s + i, len - i)), len - i);
+    store_tail(dst + i, table_grad<kF16, kNative>(slope, load_tail(g + i, len - i), load_tail(s + i, len - i)),
+               len - i);
 }
 
 void table_forward(Activation op, const Tensor& x, Tensor& dst) {
@@ -566,12 +555,10 @@ void table_backward(Activation op, const Tensor& grad, const Tensor& saved, Tens
   const auto* s = static_cast<const uint16_t*>(saved.data_ptr());
   auto* out = static_cast<uint16_t*>(dst.data_ptr());
   const bool f16 = saved.dtype() == DType::f16, native = detail::native_bf16_rounding();
-  for_blocks(saved.numel(), [&](int64_t begin, int64_t len) {
-    if (f16)
-      table_backward_f16(slope, g + begin, s + begin, out + begin, len);
-    else
-      (native ? table_backward_bf16<true> : table_backward_bf16<false>)(slope, g + begin, s + begin, out + begin, len);
-  });
+  const auto fn = f16      ? table_backward_16<true, false>
+                  : native ? table_backward_16<false, true>
+                           : table_backward_16<false, false>;
+  for_blocks(saved.numel(), [&](int64_t begin, int64_t len) { fn(slope, g + begin, s + begin, out + begin, len); });
 }
 
 }  // namespace

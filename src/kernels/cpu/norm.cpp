@@ -8,6 +8,7 @@
 
 #include "core/simd.h"
 #include "kernels/cpu/f32_blocks.h"
+#include "kernels/lane_tree.h"
 #include "kernels/norm.h"
 #include "mixprec/convert.h"
 #include "mixprec/cpu.h"
@@ -33,16 +34,10 @@ bool usable(const Tensor& t) { return !t.defined() || (f32_compute(t.dtype()) &&
 // with the same results as the baseline build's: the lanes fix the order of every sum.
 #define MIXPREC_LANES [[gnu::always_inline]] inline
 constexpr int kLanes = 16;
-// The lanes' total as a fixed tree of depth 4 (lane j with lane j + 8, then j + 4, j + 2, j + 1): a
-// row's reductions are a chain of additions, and 15 in a row made layer norm's short rows (the gpt's
-// 128) wait on them.
-MIXPREC_LANES float lanes_total(const float* acc) {
-  float t[kLanes / 2];
-  for (int j = 0; j < kLanes / 2; ++j) t[j] = acc[j] + acc[j + kLanes / 2];
-  for (int w = kLanes / 4; w >= 1; w /= 2)
-    for (int j = 0; j < w; ++j) t[j] = t[j] + t[j + w];
-  return t[0];
-}
+// The lanes' total: lane_tree_sum's fixed tree of depth 4 (kernels/lane_tree.h); a row's reductions
+// are a chain of additions, and 15 in a row made layer norm's short rows (the gpt's 128) wait on
+// them.
+MIXPREC_LANES float lanes_total(const float* acc) { return lane_tree_sum<kLanes>(acc); }
 MIXPREC_LANES float plane_sum(const float* p, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
@@ -262,6 +257,12 @@ MIXPREC_LN_BF16 void layer_norm_rows_bf16(const LayerNormRow& a, const float* co
 // conversions a group and an x̂ buffer (the gpt's amp-bf16 norms: a third of the backward's time
 // in bf16_to_f32). Rows of a multiple of 16 columns; the bits of the converted path
 // (NormKernels.LayerNormBackwardOnBf16IsTheF32KernelsBits).
+// acc[0 .. 16) += double(v), lane by lane (the row kernel's `gw[j] += double(...)`).
+__attribute__((target("avx512f"))) inline void add_to_f64(double* acc, __m512 v) {
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  _mm512_storeu_pd(acc, _mm512_add_pd(_mm512_loadu_pd(acc), _mm512_cvtps_pd(_mm512_castps512_ps256(v))));
+  _mm512_storeu_pd(acc + 8, _mm512_add_pd(_mm512_loadu_pd(acc + 8), _mm512_cvtps_pd(hi)));
+}
 __attribute__((target("avx512f"))) void layer_norm_row_backward_bf16(const float* w, int64_t n, const uint16_t* gy,
                                                                      const uint16_t* x, float rs, double* gw,
                                                                      double* gb, float* dx) {
@@ -274,15 +275,8 @@ __attribute__((target("avx512f"))) void layer_norm_row_backward_bf16(const float
     const __m512 g = _mm512_mul_ps(g16, _mm512_loadu_ps(w + j));
     sg = _mm512_add_ps(sg, g);
     sgx = _mm512_add_ps(sgx, _mm512_mul_ps(g, xh));
-    const __m512 p = _mm512_mul_ps(g16, xh);
-    _mm512_storeu_pd(gw + j, _mm512_add_pd(_mm512_loadu_pd(gw + j), _mm512_cvtps_pd(_mm512_castps512_ps256(p))));
-    _mm512_storeu_pd(gw + j + 8,
-                     _mm512_add_pd(_mm512_loadu_pd(gw + j + 8),
-                                   _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)))));
-    _mm512_storeu_pd(gb + j, _mm512_add_pd(_mm512_loadu_pd(gb + j), _mm512_cvtps_pd(_mm512_castps512_ps256(g16))));
-    _mm512_storeu_pd(
-        gb + j + 8, _mm512_add_pd(_mm512_loadu_pd(gb + j + 8),
-                                  _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(g16), 1)))));
+    add_to_f64(gw + j, _mm512_mul_ps(g16, xh));
+    add_to_f64(gb + j, g16);
   }
   if (!dx) return;
   float lanes[kLanes];

@@ -14,6 +14,7 @@
 #include "core/parallel.h"
 #include "core/simd.h"
 #include "kernels/cpu/f32_blocks.h"
+#include "kernels/lane_tree.h"
 #include "kernels/optim.h"
 #include "kernels/ref/access.h"
 #include "kernels/ref/optim_scalars.h"
@@ -341,8 +342,8 @@ void unscale_and_check(const std::vector<Tensor>& src, const std::vector<Tensor>
 
 // ------------------------------------------------------------------- gradient norm, clipping
 // The reference's arithmetic exactly (blocks of kNormBlock values, each summed in f64 in its lanes
-// (rule::norm_lanes_total), the blocks added in order; the clip factor applied in f64 and rounded once), without its
-// per-element dtype switch: bit-identical results, tested against it.
+// (rule::kNormLanes, lane_tree_sum), the blocks added in order; the clip factor applied in f64 and rounded once),
+// without its per-element dtype switch: bit-identical results, tested against it.
 namespace mixprec::kernels::cpu {
 namespace {
 
@@ -357,8 +358,9 @@ std::vector<Piece> norm_pieces(const std::vector<Tensor>& grads) {
   return pieces_of(grads, kNormBlock, [](const Tensor& g) { return g.numel(); });
 }
 
-template <class T, bool kInf>
-double block_norm_part(const T* p, int64_t n) {
+// The inf norm's part of a block: the largest |value|, NaN propagating.
+template <class T>
+double block_max_abs(const T* p, int64_t n) {
   double s = 0;
   for (int64_t e = 0; e < n; ++e) s = rule::nan_max(s, std::fabs(double(load(p + e))));
   return s;
@@ -379,7 +381,7 @@ template <class T>
     const double v = double(load(p + e));
     acc[j] += v * v;
   }
-  return rule::norm_lanes_total(acc);
+  return lane_tree_sum<rule::kNormLanes>(acc);
 }
 // f32 in 512-bit lanes where the host has AVX-512 (the master gradients); the same operations.
 __attribute__((target("avx512f"))) double block_sum_sq_f32_avx512(const float* p, int64_t n) {
@@ -409,7 +411,7 @@ bool grad_norm(const std::vector<Tensor>& grads, double norm_type, Tensor& out) 
     dispatch_floating(g.dtype(), [&](auto tag) {
       using T = decltype(tag);
       const T* p = static_cast<const T*>(g.data_ptr()) + piece.begin;
-      partial[size_t(k)] = is_inf ? block_norm_part<T, true>(p, piece.len) : block_sum_sq_any<T>(p, piece.len);
+      partial[size_t(k)] = is_inf ? block_max_abs<T>(p, piece.len) : block_sum_sq_any<T>(p, piece.len);
     });
   }
   double acc = 0;

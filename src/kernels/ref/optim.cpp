@@ -7,6 +7,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/lane_tree.h"
 #include "kernels/optim.h"
 #include "kernels/ref/optim_scalars.h"
 #include "mixprec/convert.h"
@@ -197,7 +198,7 @@ Tensor grad_norm(const std::vector<Tensor>& grads, double norm_type) {
         else
           lane += std::pow(std::fabs(v), norm_type);
       }
-      partial[size_t(b)] = is_inf ? s : rule::norm_lanes_total(lanes);
+      partial[size_t(b)] = is_inf ? s : lane_tree_sum<rule::kNormLanes>(lanes);
     }
     for (double s : partial) acc = combine(acc, s);
   }
