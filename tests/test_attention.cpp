@@ -397,15 +397,15 @@ TEST(Attention, OneKeyGivesExactlyZeroScoreGradients) {
       }
 }
 
-// The tiles' transpose (f32 and 16-bit through registers in 16 x 16 blocks, masked at the edges)
-// against its definition, on sizes around the blocks' edges, with row strides
+// The tiles' transpose (through registers, f32 in 16 x 16 blocks and 16-bit in 32 x 32, masked at
+// the edges) against its definition, on sizes around the blocks' edges, with row strides
 // wider than the rows: every element lands in place and nothing past the rows is written.
 TEST(AttentionTiles, TransposeMatchesItsDefinition) {
   if (!mixprec::cpu::has_avx512f()) GTEST_SKIP() << "no AVX-512 on this host: the fused CPU attention does not run";
   auto check = [](auto zero) {
     using E = decltype(zero);
-    for (int64_t rows : {1, 15, 16, 17, 64, 70})
-      for (int64_t cols : {1, 8, 16, 33}) {
+    for (int64_t rows : {1, 15, 16, 17, 31, 32, 33, 64, 70})
+      for (int64_t cols : {1, 8, 16, 31, 32, 33}) {
         const int64_t ld_src = cols + 3, ld_dst = rows + 5;
         std::vector<E> src(size_t(rows * ld_src)), dst(size_t(cols * ld_dst), E(-1));
         for (size_t i = 0; i < src.size(); ++i) src[i] = E(i % 4093);

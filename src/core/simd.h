@@ -32,6 +32,71 @@ inline __mmask16 first_lanes(int64_t n) {
   return n <= 0 ? __mmask16(0) : n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
 }
 
+// 16 rows of 16 f32 transposed in registers: pairs of rows interleaved, then pairs of pairs, then
+// 128-bit lanes twice.
+__attribute__((target("avx512f"))) inline void transpose_16x16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols of 32-bit elements (rows, cols
+// <= 16) through transpose_16x16, masked at the edges: nothing outside the block is read or written.
+__attribute__((target("avx512f"))) inline void transpose_16x16_32bit(const float* src, int64_t ld_src, int64_t rows,
+                                                                     int64_t cols, float* dst, int64_t ld_dst) {
+  const __mmask16 in = first_lanes(cols), out = first_lanes(rows);
+  __m512 v[16];
+  for (int64_t i = 0; i < 16; ++i) v[i] = i < rows ? _mm512_maskz_loadu_ps(in, src + i * ld_src) : _mm512_setzero_ps();
+  transpose_16x16(v);
+  for (int64_t j = 0; j < cols; ++j) _mm512_mask_storeu_ps(dst + j * ld_dst, out, v[j]);
+}
+
+// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols of 16-bit elements (rows, cols
+// <= 32): source rows 2i and 2i + 1 interleaved element by element into 32-bit pairs (columns 0-15
+// and 16-31), then two 16 x 16 transposes of those pairs, whose every output register is a whole
+// destination row of 32 elements. Masked at the edges: nothing outside the rows x cols block is read
+// or written.
+__attribute__((target("avx512f,avx512bw"))) inline void transpose_32x32_16bit(const uint16_t* src, int64_t ld_src,
+                                                                              int64_t rows, int64_t cols, uint16_t* dst,
+                                                                              int64_t ld_dst) {
+  alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static constexpr uint16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                   24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo_idx = _mm512_load_si512(kLo), hi_idx = _mm512_load_si512(kHi);
+  const auto first = [](int64_t n) { return n >= 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1; };
+  const __mmask32 in = first(cols), out = first(rows);
+  __m512 lo[16], hi[16];
+  for (int64_t i = 0; i < 16; ++i) {
+    const int64_t r = 2 * i;
+    const __m512i a = r < rows ? _mm512_maskz_loadu_epi16(in, src + r * ld_src) : _mm512_setzero_si512();
+    const __m512i b = r + 1 < rows ? _mm512_maskz_loadu_epi16(in, src + (r + 1) * ld_src) : _mm512_setzero_si512();
+    lo[i] = _mm512_castsi512_ps(_mm512_permutex2var_epi16(a, lo_idx, b));
+    hi[i] = _mm512_castsi512_ps(_mm512_permutex2var_epi16(a, hi_idx, b));
+  }
+  transpose_16x16(lo);
+  transpose_16x16(hi);
+  for (int64_t c = 0; c < cols; ++c)
+    _mm512_mask_storeu_epi16(dst + c * ld_dst, out, _mm512_castps_si512(c < 16 ? lo[c] : hi[c - 16]));
+}
+
 // Asks for the cache lines of [p + 4 KiB, p + 4 KiB + bytes): a streaming kernel's loads 4 KiB
 // ahead of where it reads. The hardware prefetchers stop at page boundaries, and on the AMX host
 // (2 MiB of L2 a core) GELU, the 2x2 pool's forward, the bias sums and layer norm stalled on their

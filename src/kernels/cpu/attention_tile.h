@@ -134,34 +134,11 @@ MIXPREC_ATTN_TARGET inline void pack_row_pairs(const float* src, int64_t ld, int
   }
 }
 
-// 16 rows of 16 f32 transposed in registers: pairs of rows interleaved, then pairs of pairs, then
-// 128-bit lanes twice.
-MIXPREC_ATTN_TARGET inline void transpose_16x16(__m512 (&r)[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int h = 0; h < 16; h += 8)
-    for (int i = 0; i < 4; ++i) {
-      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
-      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
-    }
-  for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-  }
-}
-
-// dst[c * ld_dst + r] = src[r * ld_src + c]: rows x cols of f32 or 16-bit elements, in 16 x 16
-// blocks through registers, masked at the edges (16-bit ones widened to 32-bit lanes: the
-// shuffles move bits, they do no arithmetic). Each block of rows asks for the next one's lines
+// dst[c * ld_dst + r] = src[r * ld_src + c]: rows x cols of f32 or 16-bit elements through
+// registers (core/simd.h), masked at the edges: f32 in 16 x 16 blocks, 16-bit ones in 32 x 32 (a
+// pair of rows interleaved into 32-bit lanes, a destination row a register: the gpt's attention
+// backward 0.1-0.5 ms a step faster than through 16 x 16 blocks of widened lanes, docs/hosts.md,
+// 2026-12-06, third session). Each block of rows asks for the next one's lines
 // first: in a training step the rows were last written by another op (the gpt's q, k, v, dO are
 // rows of 64-128 bytes 768 bytes apart in the packed qkv), the hardware prefetchers stop at every
 // 4 KiB page, and the gpt's bf16 attention backward took 1.35-1.46 ms a call in a step against
@@ -170,35 +147,28 @@ MIXPREC_ATTN_TARGET inline void transpose_16x16(__m512 (&r)[16]) {
 template <class E>
 MIXPREC_ATTN_TARGET void transpose(const E* src, int64_t ld_src, int64_t rows, int64_t cols, E* dst, int64_t ld_dst) {
   static_assert(std::is_same_v<E, float> || kBf16Tile<E>);
-  for (int64_t r0 = 0; r0 < rows; r0 += 16)
-    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
-      const int64_t nr = std::min<int64_t>(16, rows - r0), nc = std::min<int64_t>(16, cols - c0);
-      const __mmask16 in = first_lanes(nc), out = first_lanes(nr);
-      if (c0 == 0)  // the next 16 rows (their first 256 bytes), fetched while this block moves
-        for (int64_t i = r0 + 16; i < std::min<int64_t>(rows, r0 + 32); ++i)
-          for (int64_t b = 0; b < std::min<int64_t>(cols * int64_t(sizeof(E)), 256); b += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(src + i * ld_src) + b, _MM_HINT_T0);
-      __m512 v[16];
-      for (int64_t i = 0; i < 16; ++i) {
-        const E* row = src + (r0 + i) * ld_src + c0;
-        if (i >= nr)
-          v[i] = _mm512_setzero_ps();
-        else if constexpr (std::is_same_v<E, float>)
-          v[i] = _mm512_maskz_loadu_ps(in, row);
-        else
-          v[i] = _mm512_castsi512_ps(
-              _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, reinterpret_cast<const uint16_t*>(row))));
-      }
-      transpose_16x16(v);
-      for (int64_t j = 0; j < nc; ++j) {
-        E* col = dst + (c0 + j) * ld_dst + r0;
-        if constexpr (std::is_same_v<E, float>)
-          _mm512_mask_storeu_ps(col, out, v[j]);
-        else
-          _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(col), out,
-                                   _mm512_cvtepi32_epi16(_mm512_castps_si512(v[j])));
-      }
+  if constexpr (kBf16Tile<E>) {
+    const auto* s = reinterpret_cast<const uint16_t*>(src);
+    auto* d = reinterpret_cast<uint16_t*>(dst);
+    for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+      for (int64_t i = r0 + 32; i < std::min<int64_t>(rows, r0 + 64); ++i)  // the next 32 rows, as below
+        for (int64_t b = 0; b < std::min<int64_t>(cols * 2, 256); b += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(s + i * ld_src) + b, _MM_HINT_T0);
+      for (int64_t c0 = 0; c0 < cols; c0 += 32)
+        transpose_32x32_16bit(s + r0 * ld_src + c0, ld_src, std::min<int64_t>(32, rows - r0),
+                              std::min<int64_t>(32, cols - c0), d + c0 * ld_dst + r0, ld_dst);
     }
+  } else {
+    for (int64_t r0 = 0; r0 < rows; r0 += 16)
+      for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+        if (c0 == 0)  // the next 16 rows (their first 256 bytes), fetched while this block moves
+          for (int64_t i = r0 + 16; i < std::min<int64_t>(rows, r0 + 32); ++i)
+            for (int64_t b = 0; b < std::min<int64_t>(cols * 4, 256); b += 64)
+              _mm_prefetch(reinterpret_cast<const char*>(src + i * ld_src) + b, _MM_HINT_T0);
+        transpose_16x16_32bit(src + r0 * ld_src + c0, ld_src, std::min<int64_t>(16, rows - r0),
+                              std::min<int64_t>(16, cols - c0), dst + c0 * ld_dst + r0, ld_dst);
+      }
+  }
 }
 
 // B operand of the product, packed as [k_pad / kPair][n_pad][kPair]: from src = B itself (k rows
