@@ -136,9 +136,9 @@ MIXPREC_ATTN_TARGET inline void pack_row_pairs(const float* src, int64_t ld, int
 
 // dst[c * ld_dst + r] = src[r * ld_src + c]: rows x cols of f32 or 16-bit elements through
 // registers (core/simd.h), masked at the edges: f32 in 16 x 16 blocks, 16-bit ones in 32 x 32 (a
-// pair of rows interleaved into 32-bit lanes, a destination row a register: the gpt's attention
-// backward 0.1-0.5 ms a step faster than through 16 x 16 blocks of widened lanes, docs/hosts.md,
-// 2026-12-06, third session). Each block of rows asks for the next one's lines
+// pair of rows interleaved into 32-bit lanes, a destination row a register: a gpt layer's bf16
+// attention backward 1.18-1.22 ms against 1.19-1.30 through 16 x 16 blocks of widened lanes,
+// docs/design.md, "Transposes"). Each block of rows asks for the next one's lines
 // first: in a training step the rows were last written by another op (the gpt's q, k, v, dO are
 // rows of 64-128 bytes 768 bytes apart in the packed qkv), the hardware prefetchers stop at every
 // 4 KiB page, and the gpt's bf16 attention backward took 1.35-1.46 ms a call in a step against
