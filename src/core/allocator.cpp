@@ -197,7 +197,7 @@ void* CpuAllocator::allocate(size_t bytes, MemCategory cat) {
     // find() returns the oldest): its lines are the likeliest to be in cache still, so a kernel
     // writing its output there reads fewer lines back from memory for ownership first. The gpt's
     // amp-bf16 step, alternating runs of one binary on the AMX host: 1-9% faster in six pairs out of
-    // six (median 4%), fp32 in two of three (docs/design.md, "The CPU allocator's reuse").
+    // six (median 3%), fp32 in two of three (docs/design.md, "The CPU allocator's reuse").
     auto [lo, hi] = free_blocks_.equal_range(size);
     if (lo != hi) {
       const auto it = std::prev(hi);
