@@ -1,7 +1,8 @@
 // Kernels of the attention family (ops/attention.cpp): scaled dot-product attention over
 // q [B, H, Tq, E], k [B, H, Tk, E], v [B, H, Tk, Ev] (any strides), forward and backward, with a
 // causal mask and dropout on the probabilities. Reference: ref/attention.cpp (unfused, keeps the
-// [B, H, Tq, Tk] probabilities); fast: cpu/attention.cpp (fused, keeps only the log-sum-exp);
+// [B, H, Tq, Tk] probabilities); fast: cpu/attention.cpp (fused, keeps only the log-sum-exp; its forward
+// and backward in cpu/attention_forward.cpp and cpu/attention_backward.cpp);
 // CUDA: cuda/attention.cu; dispatch: attention.cpp.
 #pragma once
 #include <cstdint>
@@ -96,7 +97,7 @@ class EmulatedBf16Tiles {
 };
 // For tests: while one lives, the bf16-tile forward on this thread (dropout aside, which always
 // takes the row form) transposes its scores (on) or keeps them in rows (off), whatever the host:
-// cpu/attention.cpp's forward_transposed, the default where the products run on AMX.
+// cpu/attention_forward.cpp's forward_transposed, the default where the products run on AMX.
 class TransposedScores {
  public:
   explicit TransposedScores(bool on);
