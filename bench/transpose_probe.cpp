@@ -1,7 +1,7 @@
 // Timing probe (not a test) of a transpose made contiguous (kernels::contig(x.transpose(0, 1)),
 // cpu/shape.cpp's copy_tiles) on the gpt's activation shapes, [rows, cols] of bf16 and f32 into
 // [cols, rows]: best and median of reps, one line per case. Public API only, so the same file
-// times an older build (docs/design.md, "Transposes of 16-bit tiles").
+// times an older build (docs/design.md, Kernels, "Transposes").
 //
 //   cmake --build build --target transpose_probe
 //   OMP_NUM_THREADS=2 build/transpose_probe [reps=50]
@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "mixprec/ops.h"
