@@ -176,6 +176,28 @@ TEST(Allocator, LargeBlocksAreReused) {
   EXPECT_EQ(allocator::stats().cached_bytes, 0);
 }
 
+// Of the cached blocks of a size, the one given back last comes out first (its lines are the
+// likeliest to be in cache: docs/design.md, "The CPU allocator's reuse"), then the one before it.
+TEST(Allocator, TheBlockGivenBackLastIsReusedFirst) {
+  const int64_t n = 1 << 18;  // 1 MiB of f32: above the cache threshold
+  allocator::empty_cache();
+  void *older = nullptr, *newer = nullptr;
+  {
+    Tensor a = Tensor::empty({n}), b = Tensor::empty({n});
+    older = a.storage()->data();
+    newer = b.storage()->data();
+    a = Tensor();  // given back first
+    b = Tensor();  // given back last
+  }
+  ASSERT_NE(older, newer);
+  Tensor first = Tensor::empty({n}), second = Tensor::empty({n});
+  EXPECT_EQ(first.storage()->data(), newer);
+  EXPECT_EQ(second.storage()->data(), older);
+  first = Tensor();
+  second = Tensor();
+  allocator::empty_cache();
+}
+
 // The device-style figures: on the CPU every block is its rounded request, and the cache is all
 // that is held beyond the live blocks.
 TEST(Allocator, AllocatedAndReservedAsADeviceReportsThem) {
