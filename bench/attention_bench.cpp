@@ -6,9 +6,12 @@
 //   cmake --build build --target attention_bench
 //   OMP_NUM_THREADS=2 build/attention_bench [fused_reps=10] [ref_reps=3]
 //
-// `attention_bench gpt [reps=100] [f32|bf16]` times instead one layer of the gpt recipe as the model
-// runs it: packed_qkv_attention on a [32, 128, 3 * 128] qkv with 4 heads, forward and backward into
-// the packed gradient (each also on its own), fused kernel only, f32 and bf16 or the one named.
+// `attention_bench gpt [reps=100] [f32|bf16|both] [cold]` times instead one layer of the gpt recipe
+// as the model runs it: packed_qkv_attention on a [32, 128, 3 * 128] qkv with 4 heads, forward and
+// backward into the packed gradient (each also on its own), fused kernel only, f32 and bf16 or the
+// one named. `cold` writes 64 MiB before the forward and again before the backward (not timed), so
+// that their inputs come from memory as in a training step, where other ops ran in between
+// (docs/hosts.md, 2026-12-06, third session: it gives the step's call times).
 #include <omp.h>
 
 #include <algorithm>
@@ -73,7 +76,15 @@ struct Times {
 };
 
 // One gpt layer's attention as nn::CausalSelfAttention runs it, reps times per dtype.
-int gpt_layer(int reps, const std::string& only, const std::string& host) {
+int gpt_layer(int reps, const std::string& only, bool cold, const std::string& host) {
+  std::vector<char> other(size_t(64) << 20);
+  const auto evict = [&](int r) {  // every line of a buffer larger than the caches, written
+    if (!cold) return;
+    char* const p = other.data();
+    const int64_t n = int64_t(other.size());
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i += 64) p[i] = char(r + i);
+  };
   const int64_t b = 32, t = 128, c = 128, heads = 4;
   for (DType dt : {DType::f32, DType::bf16}) {
     if (!only.empty() && only != dtype_name(dt)) continue;
@@ -83,21 +94,26 @@ int gpt_layer(int reps, const std::string& only, const std::string& host) {
     Times times, fwd, bwd;
     for (int r = 0; r <= reps; ++r) {  // the first: warm-up
       qkv.set_grad(Tensor());
+      evict(r);
       const auto t0 = std::chrono::steady_clock::now();
       const Tensor y = ops::packed_qkv_attention(qkv, heads, {.causal = true});
       const auto t1 = std::chrono::steady_clock::now();
-      y.backward(g);
+      evict(r + 1);
       const auto t2 = std::chrono::steady_clock::now();
+      y.backward(g);
+      const auto t3 = std::chrono::steady_clock::now();
       if (r == 0) continue;
-      times.ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
-      fwd.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      bwd.ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+      const double fwd_ms = std::chrono::duration<double, std::milli>(t1 - t0).count(),
+                   bwd_ms = std::chrono::duration<double, std::milli>(t3 - t2).count();
+      times.ms.push_back(fwd_ms + bwd_ms);
+      fwd.ms.push_back(fwd_ms);
+      bwd.ms.push_back(bwd_ms);
     }
     std::printf(
-        "{\"bench\":\"attention_gpt_layer\",\"host\":\"%s\",\"threads\":%d,\"B\":%ld,\"T\":%ld,\"H\":%ld,"
+        "{\"bench\":\"attention_gpt_layer\",\"host\":\"%s\",\"threads\":%d,\"cold\":%s,\"B\":%ld,\"T\":%ld,\"H\":%ld,"
         "\"E\":%ld,\"dtype\":\"%s\",\"ms_best\":%.3f,\"ms_median\":%.3f,\"forward_ms_median\":%.3f,"
         "\"backward_ms_median\":%.3f}\n",
-        host.c_str(), omp_get_max_threads(), long(b), long(t), long(heads), long(c / heads),
+        host.c_str(), omp_get_max_threads(), cold ? "true" : "false", long(b), long(t), long(heads), long(c / heads),
         std::string(dtype_name(dt)).c_str(), times.best(), times.median(), fwd.median(), bwd.median());
   }
   return 0;
@@ -108,7 +124,10 @@ int gpt_layer(int reps, const std::string& only, const std::string& host) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "gpt") {
     const int reps = argc > 2 ? std::atoi(argv[2]) : 100;
-    return gpt_layer(std::max(reps, 1), argc > 3 ? argv[3] : "", cpu_model() + " (" + cpu::describe() + ")");
+    std::string only = argc > 3 ? argv[3] : "";
+    if (only == "both") only.clear();
+    const bool cold = argc > 4 && std::string(argv[4]) == "cold";
+    return gpt_layer(std::max(reps, 1), only, cold, cpu_model() + " (" + cpu::describe() + ")");
   }
   const int fused_reps = std::max(1, argc > 1 ? std::atoi(argv[1]) : 10),
             ref_reps = std::max(1, argc > 2 ? std::atoi(argv[2]) : 3);
