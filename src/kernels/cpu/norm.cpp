@@ -251,18 +251,19 @@ MIXPREC_LN_BF16 void layer_norm_rows_bf16(const LayerNormRow& a, const float* co
   }
 }
 
-// The normalized backward (x is x̂, autocast's saved bf16) on bf16 gy and x̂ read in place, 16
-// lanes a step widened in registers, dx stored as f32 (the residual stream's gradient): the
-// operations of layer_norm_row_backward<true>, in its order, where the rows went through two bulk
-// conversions a group and an x̂ buffer (the gpt's amp-bf16 norms: a third of the backward's time
-// in bf16_to_f32). Rows of a multiple of 16 columns; the bits of the converted path
-// (NormKernels.LayerNormBackwardOnBf16IsTheF32KernelsBits).
 // acc[0 .. 16) += double(v), lane by lane (the row kernel's `gw[j] += double(...)`).
 __attribute__((target("avx512f"))) inline void add_to_f64(double* acc, __m512 v) {
   const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
   _mm512_storeu_pd(acc, _mm512_add_pd(_mm512_loadu_pd(acc), _mm512_cvtps_pd(_mm512_castps512_ps256(v))));
   _mm512_storeu_pd(acc + 8, _mm512_add_pd(_mm512_loadu_pd(acc + 8), _mm512_cvtps_pd(hi)));
 }
+
+// The normalized backward (x is x̂, autocast's saved bf16) on bf16 gy and x̂ read in place, 16
+// lanes a step widened in registers, dx stored as f32 (the residual stream's gradient): the
+// operations of layer_norm_row_backward<true>, in its order, where the rows went through two bulk
+// conversions a group and an x̂ buffer (the gpt's amp-bf16 norms: a third of the backward's time
+// in bf16_to_f32). Rows of a multiple of 16 columns; the bits of the converted path
+// (NormKernels.LayerNormBackwardOnBf16IsTheF32KernelsBits).
 __attribute__((target("avx512f"))) void layer_norm_row_backward_bf16(const float* w, int64_t n, const uint16_t* gy,
                                                                      const uint16_t* x, float rs, double* gw,
                                                                      double* gb, float* dx) {
