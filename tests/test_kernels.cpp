@@ -381,6 +381,41 @@ TEST(Kernels, VectorExpIsWithinTwoUlp) {
   }
 }
 
+// The bf16 attention tiles' e^x (vec_exp.h, exp_bf16_ps) on its domain, x <= 0: within 3e-6 of e^x
+// relative down to x = -86 (its clamp, so no result is subnormal), a normal number at most
+// e^-86 below it (-inf included: the uses mask those lanes), and NaN kept. The bound is
+// the polynomial's 2.6e-6 plus f32's roundings; a coefficient off in its fourth digit breaks it.
+__attribute__((target("avx512f"))) void exp_bf16_avx512(const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; i += 16) _mm512_storeu_ps(y + i, kernels::cpu::exp_bf16_ps(_mm512_loadu_ps(x + i)));
+}
+TEST(Kernels, VectorExpForBf16IsWithinThreeMillionths) {
+  if (!mixprec::cpu::has_avx512f())
+    GTEST_SKIP() << "no AVX-512 on this host: the bf16 attention tiles (exp_bf16_ps's only users) do not run";
+  std::vector<float> x;
+  for (float v = -100.f; v <= 0.f; v += 0.000731f) x.push_back(v);
+  for (float v : {0.f, -0.f, -1e-30f, -0.3465736f, -0.3465737f, -86.f, -86.5f, -87.34f, -104.f, -1e30f, -INFINITY, NAN})
+    x.push_back(v);
+  x.resize((x.size() + 15) / 16 * 16, 0.f);
+  std::vector<float> y(x.size());
+  exp_bf16_avx512(x.data(), y.data(), x.size());
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i])) {
+      EXPECT_TRUE(std::isnan(y[i]));
+      continue;
+    }
+    ASSERT_TRUE(std::isnormal(y[i])) << "e^" << x[i] << " gave " << y[i];
+    if (x[i] < -86.f) {
+      EXPECT_LE(double(y[i]), std::exp(-86.0) * (1 + 3e-6)) << "e^" << x[i];
+      continue;
+    }
+    const double ref = std::exp(double(x[i])), rel = std::fabs(double(y[i]) - ref) / ref;
+    worst = std::max(worst, rel);
+    ASSERT_LE(rel, 3e-6) << "e^" << x[i] << " = " << ref << ", got " << y[i];
+  }
+  std::printf("bf16 attention exp: worst %.2e relative over %zu values\n", worst, x.size());
+}
+
 TEST(Kernels, ActivationBf16IsTheF32KernelRoundedOnce) {
   if (!mixprec::cpu::has_avx512f())
     GTEST_SKIP() << "no AVX-512 on this host: bf16 activations run the f32 kernels on converted blocks (no loops of "

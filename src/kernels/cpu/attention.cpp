@@ -5,11 +5,13 @@
 // on bf16 pairs with f32 accumulation where bf16 computes natively (AVX512-BF16; the probabilities
 // and dS are rounded to bf16 before their products, as FlashAttention does; tiles_for says where);
 // f32 and f16 inputs, and bf16 elsewhere, compute in f32 with FMA (converted on load: no 16-bit
-// arithmetic here). Dropout's keep bits come from the same Philox words
-// as the reference's (attention.h), recomputed by the backward. Where bf16 products run on AMX
-// the forward (without dropout) transposes its scores instead (forward_transposed): a query's
-// softmax runs down a column of S^T, 16 queries to a vector. OpenMP over (batch x head, query
-// block) forward and over batch x head backward (each task owns its dK, dV and dQ).
+// arithmetic here). The probabilities' exponentials are exp_ps's (f32's accuracy) on f32 tiles and
+// exp_bf16_ps's (3e-6 relative, half the instructions: vec_exp.h) on bf16 ones. Dropout's keep bits
+// come from the same Philox words as the reference's (attention.h), recomputed by the backward.
+// Where bf16 products run on AMX the forward (without dropout) transposes its scores instead
+// (forward_transposed): a query's softmax runs down a column of S^T, 16 queries to a vector. OpenMP
+// over (batch x head, query block) forward and over batch x head backward (each task owns its dK,
+// dV and dQ).
 // This file chooses the kernel and its tiles; the tiles' forward and backward are
 // attention_forward.cpp and attention_backward.cpp, over the blocks of attention_blocks.h.
 #include <cstdlib>

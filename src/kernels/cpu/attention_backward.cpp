@@ -51,7 +51,9 @@ MIXPREC_ATTN_TARGET void dot_columns(const E* a_t, const E* b_t, int64_t ld, int
 
 // One query row of the backward's two elementwise results, chunk by chunk: P after dropout and
 // dS = P (dP - D), zero past the row's last live key (and for a row past nr). backward_rows and
-// backward_pairs both compute them here, so their values are the same bits.
+// backward_pairs both compute them here, so their values are the same bits. P's exponential is the
+// forward's: exp_bf16_ps on bf16 tiles (P and dS are rounded to bf16 for their products), exp_ps
+// on f32 ones.
 struct RowOfDs {
   const float *s, *dp;
   int64_t i, lim;  // lim < 0: no live key (or no row)
@@ -68,12 +70,13 @@ RowOfDs row_of_ds(const float* s, const float* dp, int64_t r, int64_t nr, int64_
 struct RowChunk {
   __m512 p, ds;
 };
+template <class E>
 MIXPREC_ATTN_TARGET inline RowChunk row_chunk(const RowOfDs& w, int64_t c, int64_t bh, int64_t j0, const Dims& d,
                                               __m512 vscale, const AttentionParams& p) {
   if (c > w.lim) return {_mm512_setzero_ps(), _mm512_setzero_ps()};
   const __mmask16 in = up_to(c, w.lim);
-  const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(w.s + c), vscale);
-  const __m512 pr = _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(x, _mm512_set1_ps(w.lse))));
+  const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(w.s + c), vscale, _mm512_set1_ps(w.lse));
+  const __m512 pr = _mm512_maskz_mov_ps(in, attn::kBf16Tile<E> ? exp_bf16_ps(x) : exp_ps(x));
   __m512 pd = pr, dpv = _mm512_loadu_ps(w.dp + c);
   if (p.dropout > 0.0) {
     const __m512 vkeep = _mm512_set1_ps(float(1.0 / (1.0 - p.dropout)));
@@ -86,6 +89,7 @@ MIXPREC_ATTN_TARGET inline RowChunk row_chunk(const RowOfDs& w, int64_t c, int64
 
 // One query block's probabilities and dS against one key block, in place: s (raw scores) becomes
 // P after dropout (the dV product's operand), dp (dO V^T) becomes dS = P (dP - D).
+template <class E>
 MIXPREC_ATTN_TARGET void backward_rows(float* s, float* dp, int64_t nr, int64_t bc_pad, const Dims& d, int64_t bh,
                                        int64_t i0, int64_t j0, int64_t nc, const float* lse, const float* dsum,
                                        const AttentionParams& p) {
@@ -93,7 +97,7 @@ MIXPREC_ATTN_TARGET void backward_rows(float* s, float* dp, int64_t nr, int64_t 
   for (int64_t r = 0; r < nr; ++r) {
     const RowOfDs w = row_of_ds(s, dp, r, nr, bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
     for (int64_t c = 0; c < bc_pad; c += 16) {
-      const RowChunk x = row_chunk(w, c, bh, j0, d, vscale, p);  // reads the chunk before it is stored
+      const RowChunk x = row_chunk<E>(w, c, bh, j0, d, vscale, p);  // reads the chunk before it is stored
       _mm512_storeu_ps(s + r * bc_pad + c, x.p);
       _mm512_storeu_ps(dp + r * bc_pad + c, x.ds);
     }
@@ -117,13 +121,15 @@ MIXPREC_ATTN_TARGET void backward_pairs(const float* s, const float* dp, int64_t
     const RowOfDs w0 = row_of_ds(s, dp, r, nr, bc_pad, d, bh, i0, j0, nc, lse, dsum, p),
                   w1 = row_of_ds(s, dp, r + 1, nr, bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
     for (int64_t c = 0; c < bc_pad; c += 16) {
-      const RowChunk a = row_chunk(w0, c, bh, j0, d, vscale, p);
-      const RowChunk b = row_chunk(w1, c, bh, j0, d, vscale, p);
-      attn::store_interleaved(attn::round_bf16<E>(a.p), attn::round_bf16<E>(b.p), p_pairs + r * bc_pad + 2 * c);
-      const __m256i ds0 = attn::round_bf16<E>(a.ds), ds1 = attn::round_bf16<E>(b.ds);
-      attn::store_interleaved(ds0, ds1, ds_pairs + r * bc_pad + 2 * c);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_rows + r * bc_pad + c), ds0);
-      if (r + 1 < nr) _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_rows + (r + 1) * bc_pad + c), ds1);
+      const RowChunk a = row_chunk<E>(w0, c, bh, j0, d, vscale, p);
+      const RowChunk b = row_chunk<E>(w1, c, bh, j0, d, vscale, p);
+      _mm512_storeu_si512(p_pairs + r * bc_pad + 2 * c, attn::interleave_halves(attn::round_bf16_pair<E>(a.p, b.p)));
+      const __m512i ds = attn::round_bf16_pair<E>(a.ds, b.ds);  // row r's in the low half, r + 1's in the high
+      _mm512_storeu_si512(ds_pairs + r * bc_pad + 2 * c, attn::interleave_halves(ds));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_rows + r * bc_pad + c), _mm512_castsi512_si256(ds));
+      if (r + 1 < nr)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds_rows + (r + 1) * bc_pad + c),
+                            _mm512_extracti64x4_epi64(ds, 1));
     }
   }
 }
@@ -247,14 +253,14 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
           if (fused_pairs) {
             backward_pairs(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p, p_pairs, ds_pairs, ds_rows);
           } else {
-            backward_rows(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
+            backward_rows<E>(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
             attn::pack_row_pairs(s, d.bc_pad, nr, d.bc_pad, p_pairs);
             attn::pack_row_pairs(dp, d.bc_pad, nr, d.bc_pad, ds_pairs);
             for (int64_t r = 0; r < nr; ++r) attn::to_tile(dp + r * d.bc_pad, ds_rows + r * d.bc_pad, d.bc_pad);
           }
           pb = p_pairs, dsb = ds_pairs, dsa = ds_rows;
         } else {
-          backward_rows(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
+          backward_rows<E>(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
         }
         const attn::Live by_key = live_of(p, d, i0, j0, nc, attn::Live::k_begin);
         gemm<E>(d.ev, d.bc_pad, nr_pad, do_t + i0, tq_pad, pb, dv_t, d.bc_pad, true, by_key);

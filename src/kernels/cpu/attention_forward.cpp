@@ -27,6 +27,7 @@ namespace {
 // Row i's softmax step over one key block (FlashAttention's online softmax): s holds the raw
 // scores; on return it holds the probabilities relative to the new running max (dropped ones
 // zero), and m, l, the output row o are rescaled.
+template <class E>
 MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t lim, float scale, float& m, float& l,
                                             float* o, int64_t ev_pad, const AttentionParams& p, int64_t bh, int64_t i,
                                             int64_t j0, int64_t tq, int64_t tk) {
@@ -46,7 +47,8 @@ MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t li
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t c = 0; c < live_end; c += 16) {
     const __mmask16 in = up_to(c, lim);
-    __m512 e = _mm512_maskz_mov_ps(in, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + c), vm)));
+    const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s + c), vm);
+    __m512 e = _mm512_maskz_mov_ps(in, attn::kBf16Tile<E> ? exp_bf16_ps(x) : exp_ps(x));
     vsum = _mm512_add_ps(vsum, e);
     if (p.dropout > 0.0 && in) e = _mm512_maskz_mov_ps(__mmask16(keep_bits(p, bh, i, j0 + c, tq, tk)), e);
     _mm512_storeu_ps(s + c, e);
@@ -64,14 +66,17 @@ MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t li
 MIXPREC_ATTN_TARGET inline __mmask16 sees(int64_t j, __m512i last) {
   return _mm512_cmp_epi32_mask(_mm512_set1_epi32(int32_t(j)), last, _MM_CMPINT_LE);
 }
-// P's 16 lanes of key row j of S^T (zero past nc): e^(scale s - max) of the live scores only. A
-// masked one's e^-inf, as every result below the normal range, takes a microcode assist (perf
-// put 30% of this pass's samples on the instruction after VSCALEFPS when every lane took e^x).
+// P's 16 lanes of key row j of S^T (zero past nc): e^(scale s - max) of the live scores only, by
+// exp_bf16_ps (P is rounded to bf16 for its product; the gpt layer's forward on AMX took 0.61-0.64
+// ms in attention_bench against 0.74-0.80 with exp_ps, docs/hosts.md). A masked lane is zeroed
+// before the exponential: e^-inf, as every result below the normal range, takes a microcode
+// assist (perf put 30% of this pass's samples on the instruction after VSCALEFPS when every lane
+// took e^x).
 MIXPREC_ATTN_TARGET inline __m512 prob_row(const float* row, int64_t j, int64_t nc, __m512i last, __m512 vscale,
                                            __m512 vmax) {
   if (j >= nc) return _mm512_setzero_ps();
   const __mmask16 in = sees(j, last);
-  return _mm512_maskz_mov_ps(in, exp_ps(_mm512_maskz_sub_ps(in, _mm512_mul_ps(_mm512_loadu_ps(row), vscale), vmax)));
+  return _mm512_maskz_mov_ps(in, exp_bf16_ps(_mm512_maskz_fmsub_ps(in, _mm512_loadu_ps(row), vscale, vmax)));
 }
 
 // One block's online softmax down the columns of S^T (nc key rows of nq_pad queries; lim: each
@@ -86,24 +91,24 @@ MIXPREC_ATTN_TARGET void softmax_columns(const float* st, int64_t nq_pad, int64_
     const __m512i last = _mm512_loadu_si512(lim + c);
     const __m512 m_old = _mm512_loadu_ps(m + c);
     // Four running maxima (a max is exact: any order gives the same), so the chain of VMAXPS
-    // latencies is a quarter as long.
-    __m512 mx[4] = {m_old, m_old, m_old, m_old};
+    // latencies is a quarter as long; of the raw scores, scaled once after (scale > 0, and rounding
+    // is monotonic: the max of the scaled scores, bit for bit).
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 mx[4] = {ninf, ninf, ninf, ninf};
     int64_t j = 0;
     for (; j + 4 <= nc; j += 4)
       for (int u = 0; u < 4; ++u)
-        mx[u] = _mm512_mask_max_ps(mx[u], sees(j + u, last), mx[u],
-                                   _mm512_mul_ps(_mm512_loadu_ps(st + (j + u) * nq_pad + c), vscale));
-    for (; j < nc; ++j)
-      mx[0] =
-          _mm512_mask_max_ps(mx[0], sees(j, last), mx[0], _mm512_mul_ps(_mm512_loadu_ps(st + j * nq_pad + c), vscale));
-    const __m512 vmax = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
+        mx[u] = _mm512_mask_max_ps(mx[u], sees(j + u, last), mx[u], _mm512_loadu_ps(st + (j + u) * nq_pad + c));
+    for (; j < nc; ++j) mx[0] = _mm512_mask_max_ps(mx[0], sees(j, last), mx[0], _mm512_loadu_ps(st + j * nq_pad + c));
+    const __m512 raw = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
+    const __m512 vmax = _mm512_max_ps(m_old, _mm512_mul_ps(raw, vscale));
     __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();  // the sums of the even and odd keys
     for (j = 0; j < n32; j += 2) {
       const __m512 p0 = prob_row(st + j * nq_pad + c, j, nc, last, vscale, vmax);
       const __m512 p1 = prob_row(st + (j + 1) * nq_pad + c, j + 1, nc, last, vscale, vmax);
       even = _mm512_add_ps(even, p0);
       odd = _mm512_add_ps(odd, p1);
-      attn::store_interleaved(attn::round_bf16<E>(p0), attn::round_bf16<E>(p1), pairs + j * nq_pad + 2 * c);
+      _mm512_storeu_si512(pairs + j * nq_pad + 2 * c, attn::interleave_halves(attn::round_bf16_pair<E>(p0, p1)));
     }
     const __m512 vsum = _mm512_add_ps(even, odd);
     // The first block has no O or l to rescale (and m = -inf: e^-inf would take the assist too).
@@ -195,8 +200,8 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionP
           if (lim < 0)
             std::fill(sr, sr + d.bc_pad, 0.f);
           else
-            online_softmax_row(sr, d.bc_pad, lim, scale, m[r], l[r], o + r * d.ev_pad, d.ev_pad, p, bh, i0 + r, j0,
-                               d.tq, d.tk);
+            online_softmax_row<E>(sr, d.bc_pad, lim, scale, m[r], l[r], o + r * d.ev_pad, d.ev_pad, p, bh, i0 + r, j0,
+                                  d.tq, d.tk);
           if constexpr (P == 2) attn::to_tile(sr, pt + r * d.bc_pad, d.bc_pad);
         }
         // P's rows, rounded to bf16 for a bf16 tile; an f32 tile's are the scores' buffer itself.

@@ -116,6 +116,23 @@ MIXPREC_ATTN_TARGET inline void store_interleaved(__m256i x, __m256i y, void* ds
   _mm256_storeu_si256(d + 1, _mm256_permute2x128_si256(lo, hi, 0x31));
 }
 
+// 16 + 16 f32 of two rows rounded to bf16 (round_bf16's bits) side by side, x in the low half and
+// y in the high: one VCVTNE2PS2BF16 for bf16 tiles.
+template <class E>
+MIXPREC_ATTN_TARGET inline __m512i round_bf16_pair(__m512 x, __m512 y) {
+  if constexpr (std::is_same_v<E, uint16_t>)
+    return (__m512i)_mm512_cvtne2ps_pbh(y, x);
+  else
+    return _mm512_inserti64x4(_mm512_castsi256_si512(round_bf16<E>(x)), round_bf16<E>(y), 1);
+}
+// round_bf16_pair's halves interleaved, x0 y0 x1 y1 ... x15 y15 (store_interleaved's order), by one
+// VPERMW.
+MIXPREC_ATTN_TARGET inline __m512i interleave_halves(__m512i xy) {
+  alignas(64) static constexpr uint16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), xy);
+}
+
 // An f32 tile (rows of ld) as the B operand of a product that contracts over its rows: bf16 pairs
 // of rows interleaved ([rows_pad / 2][cols][2], an odd last row paired with zeros); cols a
 // multiple of 16.
