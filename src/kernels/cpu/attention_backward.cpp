@@ -268,10 +268,14 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
         gemm<E>(nr, d.e_pad, d.bc_pad, dsa, d.bc_pad, kp, dq + i0 * d.e_pad, d.e_pad, true,
                 live_of(p, d, i0, j0, nc, attn::Live::k_end));
       }
-      attn::transpose(dk_t, d.bc_pad, d.e, nc, block, d.e);
-      store_rows(block, d.e, nc, d.e, nullptr, scale, block, rdk, bh, j0);
-      attn::transpose(dv_t, d.bc_pad, d.ev, nc, block, d.ev);
-      store_rows(block, d.ev, nc, d.ev, nullptr, 1.f, block, rdv, bh, j0);
+      if (!store_columns(dk_t, d.bc_pad, d.e, nc, nullptr, scale, rdk, bh, j0)) {
+        attn::transpose(dk_t, d.bc_pad, d.e, nc, block, d.e);
+        store_rows(block, d.e, nc, d.e, nullptr, scale, block, rdk, bh, j0);
+      }
+      if (!store_columns(dv_t, d.bc_pad, d.ev, nc, nullptr, 1.f, rdv, bh, j0)) {
+        attn::transpose(dv_t, d.bc_pad, d.ev, nc, block, d.ev);
+        store_rows(block, d.ev, nc, d.ev, nullptr, 1.f, block, rdv, bh, j0);
+      }
     }
     store_rows(dq, d.e_pad, d.tq, d.e, nullptr, scale, dq, rdq, bh, 0);
   }

@@ -142,13 +142,29 @@ void to_columns(const E* src, int64_t ld, int64_t rows, int64_t width, E* dst, i
 // rounded by convert()'s rule (bf16_from_ps where the CPU has AVX512-BF16, else bf16_round_epi32: the
 // scalar RNE and NaN rule, subnormals kept; then a masked 16-bit store, not VPMOVDW to memory, which
 // is slow on AMD): the gpt's outputs and gradients are rows of 32 in views of stride 128 or 384, where
-// a convert() call per row cost more than the row (about 10% of a layer's attention). f16 rows go through tmp
+// a convert() call per row cost more than the row (about 10% of a layer's attention); bf16 rows 32
+// elements at a time where the CPU rounds natively (one VCVTNE2PS2BF16 and one 64-byte store: the
+// gpt layer's bf16 attention backward 1.13-1.15 ms against 1.17-1.18 with 16). f16 rows go through tmp
 // (rows x n f32, may be src itself: n <= ld) and convert(), one call for the block where its rows
 // are contiguous.
 MIXPREC_ATTN_TARGET inline void store_rows(const float* src, int64_t ld, int64_t rows, int64_t n, const float* factor,
                                            float f, float* tmp, const Rows& dst, int64_t bh, int64_t i0) {
   const bool direct = dst.t == DType::f32 || dst.t == DType::bf16;
   const bool native = detail::native_bf16_rounding();
+  if (dst.t == DType::bf16 && native) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 fr = _mm512_set1_ps(factor ? factor[r] : f);
+      const float* s = src + r * ld;
+      auto* out = reinterpret_cast<uint16_t*>(dst.row(bh, i0 + r));
+      for (int64_t c = 0; c < n; c += 32) {
+        const __mmask16 in0 = first_lanes(n - c), in1 = first_lanes(n - c - 16);
+        const __m512 lo = _mm512_mul_ps(_mm512_maskz_loadu_ps(in0, s + c), fr);
+        const __m512 hi = _mm512_mul_ps(_mm512_maskz_loadu_ps(in1, s + c + 16), fr);
+        _mm512_mask_storeu_epi16(out + c, __mmask32(in0) | (__mmask32(in1) << 16), bf16_pair_from_ps(lo, hi));
+      }
+    }
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 fr = _mm512_set1_ps(factor ? factor[r] : f);
     char* out = direct ? dst.row(bh, i0 + r) : nullptr;
@@ -166,6 +182,38 @@ MIXPREC_ATTN_TARGET inline void store_rows(const float* src, int64_t ld, int64_t
   if (direct) return;
   if (dst.st == n) return convert(tmp, DType::f32, dst.row(bh, i0), dst.t, size_t(rows * n));
   for (int64_t r = 0; r < rows; ++r) convert(tmp + r * n, DType::f32, dst.row(bh, i0 + r), dst.t, size_t(n));
+}
+
+// store_rows of a transposed block into bf16 rows of unit element stride where the CPU rounds
+// natively (else false: the caller transposes to f32 rows and calls store_rows): src holds width
+// rows of n values (row stride ld), value (w, c) times factor[c] or f going to element w of row
+// i0 + c of head bh. 32 x 32 blocks are scaled and rounded (store_rows' bits) into a 16-bit block
+// in L1, then transposed 16-bit (transpose_32x32_16bit) straight into the destination rows: one
+// pass of half the bytes where an f32 transpose and store_rows made two (the transposed forward's
+// O^T, the backward's dK^T and dV^T: the gpt layer's bf16 attention 1.69 ms against 1.76,
+// attention_bench, five alternating pairs on the AMX kind).
+MIXPREC_ATTN_TARGET inline bool store_columns(const float* src, int64_t ld, int64_t width, int64_t n,
+                                              const float* factor, float f, const Rows& dst, int64_t bh, int64_t i0) {
+  if (dst.t != DType::bf16 || dst.se != 1 || !detail::native_bf16_rounding()) return false;
+  alignas(64) uint16_t blk[32 * 32];
+  for (int64_t c0 = 0; c0 < n; c0 += 32) {  // 32 destination rows
+    const int64_t nn = std::min<int64_t>(32, n - c0);
+    const __mmask16 in0 = first_lanes(nn), in1 = first_lanes(nn - 16);
+    const __m512 f0 = factor ? _mm512_maskz_loadu_ps(in0, factor + c0) : _mm512_set1_ps(f);
+    const __m512 f1 = factor ? _mm512_maskz_loadu_ps(in1, factor + c0 + 16) : _mm512_set1_ps(f);
+    auto* out = reinterpret_cast<uint16_t*>(dst.row(bh, i0 + c0));
+    for (int64_t w0 = 0; w0 < width; w0 += 32) {  // 32 of their elements
+      const int64_t ww = std::min<int64_t>(32, width - w0);
+      for (int64_t r = 0; r < ww; ++r) {
+        const float* s = src + (w0 + r) * ld + c0;
+        const __m512 lo = _mm512_mul_ps(_mm512_maskz_loadu_ps(in0, s), f0);
+        const __m512 hi = _mm512_mul_ps(_mm512_maskz_loadu_ps(in1, s + 16), f1);
+        _mm512_store_si512(blk + r * 32, bf16_pair_from_ps(lo, hi));
+      }
+      transpose_32x32_16bit(blk, 32, ww, nn, out + w0, dst.st);
+    }
+  }
+  return true;
 }
 
 // The tiles' forward with the scores in rows (f32 and bf16 tiles), with them transposed (bf16 tiles

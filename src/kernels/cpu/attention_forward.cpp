@@ -318,8 +318,10 @@ void forward_transposed(const Tensor& q, const Tensor& k, const Tensor& v, const
         lse[bh * d.tq + i0 + r] = m[r] + std::log(l[r]);
         factor[r] = 1.f / l[r];
       }
-      attn::transpose(ot, nq_pad, d.ev, nr, block, d.ev);
-      store_rows(block, d.ev, nr, d.ev, factor, 0.f, block, rout, bh, i0);
+      if (!store_columns(ot, nq_pad, d.ev, nr, factor, 0.f, rout, bh, i0)) {
+        attn::transpose(ot, nq_pad, d.ev, nr, block, d.ev);
+        store_rows(block, d.ev, nr, d.ev, factor, 0.f, block, rout, bh, i0);
+      }
     }
   }
 }
