@@ -228,18 +228,24 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
                    k_pack + kb * d.bc_pad * d.e_pad);
       pack_keys<E>(rv, bh, j0, nc, d.ev, d.ev_pad, d.bc_pad, tmp, vt_pack + kb * d.bc_pad * d.ev_pad, nullptr);
     }
-    std::fill(dq, dq + tq_pad * d.e_pad, 0.f);
+    // dQ, dK^T and dV^T are not zeroed first: their first product writes them (accumulate off),
+    // and a product over masked queries or keys writes zeros (attn::Live). dQ's first is key block
+    // 0's, which every query block sees; only without keys is dQ never written.
+    if (d.nkb == 0) std::fill(dq, dq + tq_pad * d.e_pad, 0.f);
 
     for (int64_t kb = 0; kb < d.nkb; ++kb) {
       const int64_t j0 = kb * kBc, nc = std::min(kBc, d.tk - j0);
       const E* kt = kt_pack + kb * d.bc_pad * d.e_pad;
       const E* kp = k_pack + kb * d.bc_pad * d.e_pad;
       const E* vt = vt_pack + kb * d.bc_pad * d.ev_pad;
-      std::fill(dk_t, dk_t + d.bc_pad * d.e_pad, 0.f);
-      std::fill(dv_t, dv_t + d.bc_pad * d.ev_pad, 0.f);
       // Query blocks before the first row that sees key j0 are masked: skipped.
       const int64_t first_row = p.causal ? std::max<int64_t>(0, j0 - std::max<int64_t>(d.tk - d.tq, 0)) : 0;
+      if (first_row / kBr >= d.nqb) {  // no query: dK and dV are zero
+        std::fill(dk_t, dk_t + d.bc_pad * d.e_pad, 0.f);
+        std::fill(dv_t, dv_t + d.bc_pad * d.ev_pad, 0.f);
+      }
       for (int64_t qb = first_row / kBr; qb < d.nqb; ++qb) {
+        const bool first_q = qb == first_row / kBr;
         const int64_t i0 = qb * kBr, nr = std::min(kBr, d.tq - i0), nr_pad = round_up(nr, P);
         const attn::Live scores = live_of(p, d, i0, j0, nc, attn::Live::scores);
         gemm<E>(nr, d.bc_pad, d.e_pad, qa + i0 * ldq, ldq, kt, s, d.bc_pad, false, scores);
@@ -263,9 +269,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
           backward_rows<E>(s, dp, nr, d.bc_pad, d, bh, i0, j0, nc, lse, dsum, p);
         }
         const attn::Live by_key = live_of(p, d, i0, j0, nc, attn::Live::k_begin);
-        gemm<E>(d.ev, d.bc_pad, nr_pad, do_t + i0, tq_pad, pb, dv_t, d.bc_pad, true, by_key);
-        gemm<E>(d.e, d.bc_pad, nr_pad, q_t + i0, tq_pad, dsb, dk_t, d.bc_pad, true, by_key);
-        gemm<E>(nr, d.e_pad, d.bc_pad, dsa, d.bc_pad, kp, dq + i0 * d.e_pad, d.e_pad, true,
+        gemm<E>(d.ev, d.bc_pad, nr_pad, do_t + i0, tq_pad, pb, dv_t, d.bc_pad, !first_q, by_key);
+        gemm<E>(d.e, d.bc_pad, nr_pad, q_t + i0, tq_pad, dsb, dk_t, d.bc_pad, !first_q, by_key);
+        gemm<E>(nr, d.e_pad, d.bc_pad, dsa, d.bc_pad, kp, dq + i0 * d.e_pad, d.e_pad, kb > 0,
                 live_of(p, d, i0, j0, nc, attn::Live::k_end));
       }
       if (!store_columns(dk_t, d.bc_pad, d.e, nc, nullptr, scale, rdk, bh, j0)) {
