@@ -67,8 +67,8 @@ MIXPREC_ATTN_TARGET inline __mmask16 sees(int64_t j, __m512i last) {
   return _mm512_cmp_epi32_mask(_mm512_set1_epi32(int32_t(j)), last, _MM_CMPINT_LE);
 }
 // P's 16 lanes of key row j of S^T (zero past nc): e^(scale s - max) of the live scores only, by
-// exp_bf16_ps (P is rounded to bf16 for its product; the gpt layer's forward on AMX took 0.61-0.64
-// ms in attention_bench against 0.74-0.80 with exp_ps, docs/hosts.md). A masked lane is zeroed
+// exp_bf16_ps (P is rounded to bf16 for its product; the gpt layer's forward on AMX took 0.62-0.67
+// ms in attention_bench against 0.76-0.78 with exp_ps, four alternating pairs). A masked lane is zeroed
 // before the exponential: e^-inf, as every result below the normal range, takes a microcode
 // assist (perf put 30% of this pass's samples on the instruction after VSCALEFPS when every lane
 // took e^x).
