@@ -52,8 +52,7 @@ MIXPREC_ATTN_TARGET void dot_columns(const E* a_t, const E* b_t, int64_t ld, int
 // One query row of the backward's two elementwise results, chunk by chunk: P after dropout and
 // dS = P (dP - D), zero past the row's last live key (and for a row past nr). backward_rows and
 // backward_pairs both compute them here, so their values are the same bits. P's exponential is the
-// forward's: exp_bf16_ps on bf16 tiles (P and dS are rounded to bf16 for their products), exp_ps
-// on f32 ones.
+// forward's (prob_exp).
 struct RowOfDs {
   const float *s, *dp;
   int64_t i, lim;  // lim < 0: no live key (or no row)
@@ -76,7 +75,7 @@ MIXPREC_ATTN_TARGET inline RowChunk row_chunk(const RowOfDs& w, int64_t c, int64
   if (c > w.lim) return {_mm512_setzero_ps(), _mm512_setzero_ps()};
   const __mmask16 in = up_to(c, w.lim);
   const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(w.s + c), vscale, _mm512_set1_ps(w.lse));
-  const __m512 pr = _mm512_maskz_mov_ps(in, attn::kBf16Tile<E> ? exp_bf16_ps(x) : exp_ps(x));
+  const __m512 pr = _mm512_maskz_mov_ps(in, prob_exp<E>(x));
   __m512 pd = pr, dpv = _mm512_loadu_ps(w.dp + c);
   if (p.dropout > 0.0) {
     const __m512 vkeep = _mm512_set1_ps(float(1.0 / (1.0 - p.dropout)));
@@ -274,14 +273,8 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
         gemm<E>(nr, d.e_pad, d.bc_pad, dsa, d.bc_pad, kp, dq + i0 * d.e_pad, d.e_pad, kb > 0,
                 live_of(p, d, i0, j0, nc, attn::Live::k_end));
       }
-      if (!store_columns(dk_t, d.bc_pad, d.e, nc, nullptr, scale, rdk, bh, j0)) {
-        attn::transpose(dk_t, d.bc_pad, d.e, nc, block, d.e);
-        store_rows(block, d.e, nc, d.e, nullptr, scale, block, rdk, bh, j0);
-      }
-      if (!store_columns(dv_t, d.bc_pad, d.ev, nc, nullptr, 1.f, rdv, bh, j0)) {
-        attn::transpose(dv_t, d.bc_pad, d.ev, nc, block, d.ev);
-        store_rows(block, d.ev, nc, d.ev, nullptr, 1.f, block, rdv, bh, j0);
-      }
+      store_columns(dk_t, d.bc_pad, d.e, nc, nullptr, scale, block, rdk, bh, j0);
+      store_columns(dv_t, d.bc_pad, d.ev, nc, nullptr, 1.f, block, rdv, bh, j0);
     }
     store_rows(dq, d.e_pad, d.tq, d.e, nullptr, scale, dq, rdq, bh, 0);
   }

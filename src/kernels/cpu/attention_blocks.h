@@ -46,6 +46,17 @@ struct Dims {
         nkb((tk + kBc - 1) / kBc) {}
 };
 
+// The probabilities' e^x, forward and backward alike (so the backward's P is the forward's): on
+// bf16 tiles exp_bf16_ps (3e-6 relative; P and dS are rounded to bf16 for their products, and the
+// sums of P keep an error far under that), on f32 tiles exp_ps (f32's accuracy).
+template <class E>
+MIXPREC_ATTN_TARGET inline __m512 prob_exp(__m512 x) {
+  if constexpr (attn::kBf16Tile<E>)
+    return exp_bf16_ps(x);
+  else
+    return exp_ps(x);
+}
+
 // Carves one workspace tensor into 64-byte aligned arrays.
 class Carver {
  public:
@@ -184,17 +195,22 @@ MIXPREC_ATTN_TARGET inline void store_rows(const float* src, int64_t ld, int64_t
   for (int64_t r = 0; r < rows; ++r) convert(tmp + r * n, DType::f32, dst.row(bh, i0 + r), dst.t, size_t(n));
 }
 
-// store_rows of a transposed block into bf16 rows of unit element stride where the CPU rounds
-// natively (else false: the caller transposes to f32 rows and calls store_rows): src holds width
-// rows of n values (row stride ld), value (w, c) times factor[c] or f going to element w of row
-// i0 + c of head bh. 32 x 32 blocks are scaled and rounded (store_rows' bits) into a 16-bit block
-// in L1, then transposed 16-bit (transpose_32x32_16bit) straight into the destination rows: one
-// pass of half the bytes where an f32 transpose and store_rows made two (the transposed forward's
-// O^T, the backward's dK^T and dV^T: the gpt layer's bf16 attention 1.69 ms against 1.76,
-// attention_bench, five alternating pairs on the AMX kind).
-MIXPREC_ATTN_TARGET inline bool store_columns(const float* src, int64_t ld, int64_t width, int64_t n,
-                                              const float* factor, float f, const Rows& dst, int64_t bh, int64_t i0) {
-  if (dst.t != DType::bf16 || dst.se != 1 || !detail::native_bf16_rounding()) return false;
+// store_rows of a transposed block: src holds width rows of n values (row stride ld), value (w, c)
+// times factor[c] or f going to element w of row i0 + c of head bh. Into bf16 rows of unit element
+// stride where the CPU rounds natively, 32 x 32 blocks are scaled and rounded (store_rows' bits)
+// into a 16-bit block in L1, then transposed 16-bit (transpose_32x32_16bit) straight into the
+// destination rows: one pass of half the bytes where an f32 transpose and store_rows made two (the
+// transposed forward's O^T, the backward's dK^T and dV^T: the gpt layer's bf16 attention 1.69 ms
+// against 1.76, attention_bench, five alternating pairs on the AMX kind). Elsewhere src goes
+// through block (n x width f32) to store_rows.
+MIXPREC_ATTN_TARGET inline void store_columns(const float* src, int64_t ld, int64_t width, int64_t n,
+                                              const float* factor, float f, float* block, const Rows& dst, int64_t bh,
+                                              int64_t i0) {
+  if (dst.t != DType::bf16 || dst.se != 1 || !detail::native_bf16_rounding()) {
+    attn::transpose(src, ld, width, n, block, width);
+    store_rows(block, width, n, width, factor, f, block, dst, bh, i0);
+    return;
+  }
   alignas(64) uint16_t blk[32 * 32];
   for (int64_t c0 = 0; c0 < n; c0 += 32) {  // 32 destination rows
     const int64_t nn = std::min<int64_t>(32, n - c0);
@@ -213,7 +229,6 @@ MIXPREC_ATTN_TARGET inline bool store_columns(const float* src, int64_t ld, int6
       transpose_32x32_16bit(blk, 32, ww, nn, out + w0, dst.st);
     }
   }
-  return true;
 }
 
 // The tiles' forward with the scores in rows (f32 and bf16 tiles), with them transposed (bf16 tiles

@@ -47,8 +47,7 @@ MIXPREC_ATTN_TARGET void online_softmax_row(float* s, int64_t bc_pad, int64_t li
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t c = 0; c < live_end; c += 16) {
     const __mmask16 in = up_to(c, lim);
-    const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s + c), vm);
-    __m512 e = _mm512_maskz_mov_ps(in, attn::kBf16Tile<E> ? exp_bf16_ps(x) : exp_ps(x));
+    __m512 e = _mm512_maskz_mov_ps(in, prob_exp<E>(_mm512_sub_ps(_mm512_loadu_ps(s + c), vm)));
     vsum = _mm512_add_ps(vsum, e);
     if (p.dropout > 0.0 && in) e = _mm512_maskz_mov_ps(__mmask16(keep_bits(p, bh, i, j0 + c, tq, tk)), e);
     _mm512_storeu_ps(s + c, e);
@@ -90,13 +89,13 @@ MIXPREC_ATTN_TARGET void softmax_columns(const float* st, int64_t nq_pad, int64_
   for (int64_t c = 0; c < nq_pad; c += 16) {
     const __m512i last = _mm512_loadu_si512(lim + c);
     const __m512 m_old = _mm512_loadu_ps(m + c);
-    // Four running maxima (a max is exact: any order gives the same), so the chain of VMAXPS
-    // latencies is a quarter as long; of the raw scores, scaled once after (scale > 0, and rounding
-    // is monotonic: the max of the scaled scores, bit for bit).
     // Key rows from `live` on are masked for every query of the chunk (past the causal diagonal):
     // not read, and zero in P^T (a gpt layer's bf16 forward on AMX 0.48-0.50 ms against 0.53-0.55
     // reading them, attention_bench, four alternating pairs).
     const int64_t live = std::clamp<int64_t>(int64_t(_mm512_reduce_max_epi32(last)) + 1, 0, nc);
+    // Four running maxima (a max is exact: any order gives the same), so the chain of VMAXPS
+    // latencies is a quarter as long; of the raw scores, scaled once after (scale > 0, and rounding
+    // is monotonic: the max of the scaled scores, bit for bit).
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     __m512 mx[4] = {ninf, ninf, ninf, ninf};
     int64_t j = 0;
@@ -323,10 +322,7 @@ void forward_transposed(const Tensor& q, const Tensor& k, const Tensor& v, const
         lse[bh * d.tq + i0 + r] = m[r] + std::log(l[r]);
         factor[r] = 1.f / l[r];
       }
-      if (!store_columns(ot, nq_pad, d.ev, nr, factor, 0.f, rout, bh, i0)) {
-        attn::transpose(ot, nq_pad, d.ev, nr, block, d.ev);
-        store_rows(block, d.ev, nr, d.ev, factor, 0.f, block, rout, bh, i0);
-      }
+      store_columns(ot, nq_pad, d.ev, nr, factor, 0.f, block, rout, bh, i0);
     }
   }
 }

@@ -144,9 +144,8 @@ MIXPREC_ATTN_TARGET inline void pack_row_pairs(const float* src, int64_t ld, int
     const float* b = r + 1 < rows ? a + ld : nullptr;
     E* d = dst + r * cols;
     for (int64_t c = 0; c < cols; c += 16) {
-      const __m256i x = round_bf16<E>(_mm512_loadu_ps(a + c));
-      const __m256i y = b ? round_bf16<E>(_mm512_loadu_ps(b + c)) : _mm256_setzero_si256();
-      store_interleaved(x, y, d + 2 * c);
+      const __m512 y = b ? _mm512_loadu_ps(b + c) : _mm512_setzero_ps();  // rounds to bf16 zeros
+      _mm512_storeu_si512(d + 2 * c, interleave_halves(round_bf16_pair<E>(_mm512_loadu_ps(a + c), y)));
     }
   }
 }
