@@ -242,11 +242,27 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
   if ((need_x && !bd) || (one_primitive && !bw)) return false;
   if (in_t != t || (need_x && out.x.dtype() != t)) profile::detail::note_impl(kFusedCasts);
   CallState cs;
-  // Backward-data first where the split follows: the parts then read their shares of grad_y from
-  // the copy it reordered, where the layouts agree, instead of reordering them again.
-  const bool data_first = split && need_x && !as_forward;
+  // The input gradient (backward-data, or a forward convolution of the flipped weight) runs first
+  // where the split follows: the parts then read their shares of grad_y from the copy it reordered,
+  // where the layouts agree, instead of reordering them again (a forward convolution's source and
+  // backward-weights' grad_y are both NHWC on AMX: the wide cnn's 64 x 1000 x 14 x 14 grad_y, 4 ms a
+  // step on one thread per share). That copy is held through the split in place of the parts' own;
+  // the flipped weight's reordered copy is not.
+  const bool data_first = split && need_x;
   const conv_detail::Output dx{need_x ? out.x.data_ptr() : nullptr, need_x ? out.x.dtype() : t};
-  if (data_first) execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {dx}, cs);
+  auto input_gradient = [&] {
+    if (as_forward) {
+      const Tensor flipped = flipped_transposed(weight, g);
+      profile::detail::note_impl("dgrad_as_fwd");
+      execute(*bd, {{grad_y.data_ptr()}, {flipped.data_ptr()}}, {dx}, cs);
+    } else {
+      execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {dx}, cs);
+    }
+  };
+  if (data_first) {
+    input_gradient();
+    cs.keep_only(grad_y.data_ptr());
+  }
   if (small_k || split) {
     ConvGrads wgrads;  // weight (and bias) only: backward-data runs below
     wgrads.weight = out.weight;
@@ -272,13 +288,7 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
     execute(*wf, {{x.data_ptr()}, {grad_y.data_ptr()}}, {{dw}}, wcs);
     if (!direct) convert(dw, DType::f32, out.weight.data_ptr(), out.weight.dtype(), size_t(out.weight.numel()));
   }
-  if (need_x && as_forward) {
-    const Tensor flipped = flipped_transposed(weight, g);
-    profile::detail::note_impl("dgrad_as_fwd");
-    execute(*bd, {{grad_y.data_ptr()}, {flipped.data_ptr()}}, {dx}, cs);
-  } else if (need_x && !data_first) {
-    execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {dx}, cs);
-  }
+  if (need_x && !data_first) input_gradient();
   if (one_primitive) {
     std::vector<conv_detail::Output> outs{{out.weight.data_ptr(), out.weight.dtype()}};
     if (fused_bias) outs.push_back({out.bias.data_ptr(), out.bias.dtype()});

@@ -307,7 +307,7 @@ memory bind_input(const Operand& op, const void* user_ptr, CallState& cs) {
     if (r.user_ptr == user_ptr && r.md == op.prim) return r.mem;
   memory prim = cs.buffer(op.prim);
   run_reorder(op, user, prim);
-  cs.reordered.push_back({user_ptr, op.prim, prim});
+  cs.reordered.push_back({user_ptr, op.prim, prim, cs.bufs.size() - 1});
   return prim;
 }
 

@@ -45,6 +45,7 @@ struct CallState {
     const void* user_ptr;
     memory::desc md;
     memory mem;
+    size_t buf;  // its index in bufs
   };
   std::vector<Reordered> reordered;
 
@@ -57,6 +58,16 @@ struct CallState {
     for (const auto& r : reordered)
       if (r.user_ptr == user_ptr) return &r.mem;
     return nullptr;
+  }
+  // Frees every reordered input but the one at user_ptr, which a later primitive of the call reads.
+  void keep_only(const void* user_ptr) {
+    std::vector<Reordered> kept;
+    for (Reordered& r : reordered)
+      if (r.user_ptr == user_ptr)
+        kept.push_back(std::move(r));
+      else
+        bufs[r.buf].reset();
+    reordered = std::move(kept);
   }
 };
 
