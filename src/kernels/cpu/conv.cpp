@@ -218,16 +218,17 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
   // a forward convolution (wf), oneDNN's backward-weights split over the batch, or one oneDNN
   // primitive (bw).
   const bool small_k = need_w && x.dtype() == t && small_k_wgrad(g, t);
-  const bool gemm = need_w && !small_k && x.dtype() == t && wgrad_as_gemm(g, t);
+  const bool amx = need_w && !small_k && x.dtype() == t && in_t == t && wgrad_amx(g, t);
+  const bool gemm = need_w && !small_k && !amx && x.dtype() == t && wgrad_as_gemm(g, t);
   ConvEntry hold_d, hold_w, hold_wf;
-  const ConvEntry* wf = need_w && !small_k && !gemm && x.dtype() == t && wgrad_as_forward(g, t)
+  const ConvEntry* wf = need_w && !small_k && !amx && !gemm && x.dtype() == t && wgrad_as_forward(g, t)
                             ? entry(g, t, false, DType::f32, false, ConvPass::weights_as_forward, hold_wf)
                             : nullptr;
-  const bool split = need_w && !small_k && !gemm && !wf && split_wgrad(g);
-  const bool one_primitive = need_w && !small_k && !gemm && !wf && !split;
+  const bool split = need_w && !small_k && !amx && !gemm && !wf && split_wgrad(g);
+  const bool one_primitive = need_w && !small_k && !amx && !gemm && !wf && !split;
   // The bias gradient rides on backward-weights; otherwise (frozen weight, or the weight gradient
   // as matmuls or a forward convolution) it is a plain reduction.
-  const bool fused_bias = need_b && need_w && !wf && !gemm;
+  const bool fused_bias = need_b && need_w && !wf && !gemm && !amx;
   // The input gradient: a forward convolution of the flipped weight, else oneDNN's backward-data.
   const ConvEntry* bd = need_x && in_t == t && dgrad_as_forward(g, t)
                             ? entry(dgrad_geometry(g), t, false, DType::f32, false, ConvPass::forward, hold_d)
@@ -271,6 +272,10 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
       backward_weights_small_k(grad_y, x, g, wgrads);
     else if (!backward_weights_split(grad_y, x, g, wgrads, t, data_first ? cs.find(grad_y.data_ptr()) : nullptr))
       return false;
+  }
+  if (amx) {
+    profile::detail::note_impl("mixprec:wgrad_amx");
+    backward_weights_amx(grad_y, x, g, out.weight);
   }
   if (gemm) {
     profile::detail::note_impl("wgrad_as_gemm");

@@ -39,6 +39,16 @@ std::atomic<WgradGemm>& wgrad_gemm_mode() {
   return mode;
 }
 
+std::atomic<WgradAmx>& wgrad_amx_mode() {
+  static std::atomic<WgradAmx> mode{[] {
+    const char* env = std::getenv("MIXPREC_CONV_WGRAD");
+    const std::string_view v = env != nullptr ? env : "";
+    if (v == "amx") return WgradAmx::force;
+    return v == "native" || v == "forward" || v == "gemm" ? WgradAmx::off : WgradAmx::where_faster;
+  }()};
+  return mode;
+}
+
 // conv_in_f32's narrowest layer on the by_size kind, in weights per tap (32 -> 64).
 constexpr int64_t kBf16InF32MinProducts = 2048;
 
@@ -118,6 +128,17 @@ bool wgrad_as_forward(const ConvGeometry& g, DType t) {
   return mode == WgradForward::force || (!by_size_kind() && !has_amx_bf16() && (t == DType::bf16 || bf16_unit()));
 }
 
+// The bf16 weight gradient on mixprec's AMX kernel (cpu/conv_wgrad_amx.cpp) on AMX hosts, where it
+// ran faster than oneDNN 2.6's backward-weights split over the batch (jit:avx512_core_amx_bf16, two
+// single-threaded primitives of 32 images each, 85-88 ms, and their f32 partials reordered and
+// summed): MEASUREMENT. Hence from kWgradGemmMinProducts weights per tap, as the matmuls.
+bool wgrad_amx(const ConvGeometry& g, DType t) {
+  const WgradAmx mode = wgrad_amx_mode().load();
+  if (mode == WgradAmx::off || t != DType::bf16 || !rewritable(g) || !has_amx_bf16()) return false;
+  if (mode == WgradAmx::force) return true;
+  return g.oc * g.c >= kWgradGemmMinProducts && g.c > kFirstLayerChannels;
+}
+
 // The weight gradient as one matmul per tap (cpu/conv_wgrad_gemm.cpp), where it beat the
 // forward-convolution rewrite on the AVX512-BF16 kind (2026-12-02, oneDNN alone, 2 threads, the
 // same minute; docs/conv.md, item 4). The 420 -> 1000 layer at 64 images of 14 x 14: bf16 144-152
@@ -166,5 +187,6 @@ Tensor flipped_transposed(const Tensor& w, const ConvGeometry& g) {
 void set_conv_dgrad_as_forward(bool on) { dgrad_as_forward_flag().store(on); }
 void set_conv_wgrad_as_forward(WgradForward mode) { wgrad_as_forward_mode().store(mode); }
 void set_conv_wgrad_as_gemm(WgradGemm mode) { wgrad_gemm_mode().store(mode); }
+void set_conv_wgrad_amx(WgradAmx mode) { wgrad_amx_mode().store(mode); }
 
 }  // namespace mixprec::kernels::cpu

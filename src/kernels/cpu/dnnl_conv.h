@@ -40,6 +40,11 @@ struct WgradGrid {
 WgradGrid wgrad_grid(const ConvGeometry& g);
 int64_t wgrad_stride(const WgradGrid& grid, int64_t images);  // a chunk of `images` images' row length
 void backward_weights_as_gemm(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, Tensor& weight_grad);
+// The bf16 weight gradient of the same convolutions on AMX tiles (cpu/conv_wgrad_amx.cpp): the same
+// grid, each tap's product by TDPBF16PS over operands packed once for all taps, f32 sums rounded
+// once into weight_grad (f32 or bf16). conv2d_backward runs it for wide layers on AMX hosts
+// (wgrad_amx, below).
+void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, Tensor& weight_grad);
 // Input channels up to which a convolution counts as a first layer.
 constexpr int64_t kFirstLayerChannels = 4;
 // A first layer: at most kFirstLayerChannels input channels and kSmallKTaps taps, stride 1, no
@@ -87,11 +92,18 @@ bool is_f32_nchw16c(const dnnl::memory::desc& md);
 // rounded once to nearest, convert()'s bits (cpu/conv_round.cpp).
 void round_nchw16c(const float* src, int64_t n, int64_t c, int64_t hw, DType t, void* dst);
 constexpr int64_t kWgradGemmMinProducts = int64_t(1) << 17;
+// Whether the bf16 weight gradient of a wide stride-1 layer runs on mixprec's AMX kernel
+// (backward_weights_amx): by default on AMX hosts where the layer is wide enough to gain
+// (MIXPREC_CONV_WGRAD=native, forward or gemm starts it off); `force` wherever the geometry allows on
+// an AMX host, at any size (tests; MIXPREC_CONV_WGRAD=amx starts it so).
+enum class WgradAmx { off, where_faster, force };
+void set_conv_wgrad_amx(WgradAmx mode);
 
 // Paths (cpu/conv_paths.cpp, each rule with its measurements): which kernel runs a pass where it
 // is not oneDNN's own primitive for it. conv2d_backward asks them in this order for the weight
 // gradient, and dgrad_as_forward for the input gradient.
 bool small_k_wgrad(const ConvGeometry& g, DType t);     // backward_weights_small_k
+bool wgrad_amx(const ConvGeometry& g, DType t);         // backward_weights_amx
 bool wgrad_as_gemm(const ConvGeometry& g, DType t);     // backward_weights_as_gemm
 bool wgrad_as_forward(const ConvGeometry& g, DType t);  // ConvPass::weights_as_forward
 bool split_wgrad(const ConvGeometry& g);                // backward-weights split over the batch
