@@ -153,6 +153,7 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
 
   for (int64_t n0 = 0; n0 < g.n; n0 += images) {
     const int64_t count = std::min(images, g.n - n0);
+    const int64_t run = (count * image + 31) / 32;  // this chunk's steps (fewer in a short last one)
 #pragma omp parallel
     {
       uint16_t* const rows = static_cast<uint16_t*>(rows_buf.data()) + omp_get_thread_num() * std::max(kp, 16 * xlen);
@@ -161,11 +162,11 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
       for (int64_t oc = 0; oc < ocp; ++oc) {
         uint16_t* tile_row = a + ((oc / 16) * steps * 16 + oc % 16) * 32;
         if (oc >= g.oc) {
-          for (int64_t s = 0; s < steps; ++s) std::memset(tile_row + s * 512, 0, 64);
+          for (int64_t s = 0; s < run; ++s) std::memset(tile_row + s * 512, 0, 64);
           continue;
         }
         grid_row(ys, g.oc, oc, n0, count, g.oh, g.ow, grid, 0, 0, kp, rows);
-        for (int64_t s = 0; s < steps; ++s) std::memcpy(tile_row + s * 512, rows + s * 32, 64);
+        for (int64_t s = 0; s < run; ++s) std::memcpy(tile_row + s * 512, rows + s * 32, 64);
       }
       // B: 16 channels' grid rows at a time, their 32-bit words (pairs) transposed into pair rows,
       // from t even (packing 0) and from t odd (packing 1, the rows read one element on).
@@ -194,7 +195,7 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
           for (int64_t tap = 0; tap < taps; ++tap) {
             const int64_t o = (tap / g.kw) * grid.wp + tap % g.kw, par = o % 2;
             const uint16_t* bt = b + ((par * cb + j) * pairs + (o - par) / 2) * 64;
-            block(a0, a1, bt, steps, sums + (tap * ocp + 32 * i) * cp + 32 * j, cp, n0 == 0);
+            block(a0, a1, bt, run, sums + (tap * ocp + 32 * i) * cp + 32 * j, cp, n0 == 0);
           }
         }
       release();
