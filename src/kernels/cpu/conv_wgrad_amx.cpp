@@ -17,7 +17,8 @@
 // one after the other on the same packed A and on B windows o pairs apart, so both stay in the
 // core's caches. The f32 sums of a chunk are added to the earlier chunks' (C tiles loaded and
 // stored), in chunk order; each sum's order is fixed, whatever the thread count. Channels are
-// padded with zeros to multiples of 32.
+// padded with zeros to multiples of 16: the blocks at their ends may be 16 rows or 16 columns
+// (the 420 -> 1000 layer's 1008 x 432 against 1024 x 448).
 //
 // TDPBF16PS, like oneDNN's AMX kernels that this replaces, treats bf16 subnormal inputs as zero and
 // flushes subnormal sums. A non-finite x value meets only its own channel's products, as in the
@@ -58,23 +59,25 @@ constexpr TileConfig kTileConfig = tile_config();
 MIXPREC_AMX_WGRAD void configure() { _tile_loadconfig(&kTileConfig); }
 MIXPREC_AMX_WGRAD void release() { _tile_release(); }
 
-// C[32 x 32] (+)= A[32 x 32 steps] B over `steps` steps of 32 positions. a0, a1: the first step's
-// tiles of rows 0-15 and 16-31 (each step's tile 512 elements after the last); b: the first step's
-// 16 pair rows of 32 channels (128 bytes a row; the step's next pairs 1024 elements on); c: row 0,
-// column 0 of the sums, ldc floats a row. Tiles: C 0-3, A 4-5, B 6-7.
+// C[16 MR x 16 NR] (+)= A[16 MR x 32 steps] B over `steps` steps of 32 positions (MR, NR 1 or 2:
+// a 16-row or 16-column block at the channels' ends). a0, a1: the first step's tiles of rows 0-15
+// and 16-31 (each step's tile 512 elements after the last); b: the first step's 16 pair rows of 32
+// channels (128 bytes a row; the step's next pairs 1024 elements on); c: row 0, column 0 of the
+// sums, ldc floats a row. Tiles: C 0-3 (row block r, column block k: 2 r + k), A 4-5, B 6-7.
+template <int MR, int NR>
 MIXPREC_AMX_WGRAD void block(const uint16_t* a0, const uint16_t* a1, const uint16_t* b, int64_t steps, float* c,
                              int64_t ldc, bool first) {
   const int64_t cs = ldc * int64_t(sizeof(float));
   if (first) {
     _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    if (NR == 2) _tile_zero(1);
+    if (MR == 2) _tile_zero(2);
+    if (MR == 2 && NR == 2) _tile_zero(3);
   } else {
     _tile_loadd(0, c, cs);
-    _tile_loadd(1, c + 16, cs);
-    _tile_loadd(2, c + 16 * ldc, cs);
-    _tile_loadd(3, c + 16 * ldc + 16, cs);
+    if (NR == 2) _tile_loadd(1, c + 16, cs);
+    if (MR == 2) _tile_loadd(2, c + 16 * ldc, cs);
+    if (MR == 2 && NR == 2) _tile_loadd(3, c + 16 * ldc + 16, cs);
   }
   for (int64_t s = 0; s < steps; ++s) {
     // The next step's lines: without them the tile loads waited on L2 (1.14 against 1.56 TFLOP/s on
@@ -84,24 +87,27 @@ MIXPREC_AMX_WGRAD void block(const uint16_t* a0, const uint16_t* a1, const uint1
     const char* nb = reinterpret_cast<const char*>(b + (s + 1) * 1024);
     for (int l = 0; l < 16; ++l) {
       _mm_prefetch(na0 + 64 * l, _MM_HINT_T0);
-      _mm_prefetch(na1 + 64 * l, _MM_HINT_T0);
+      if (MR == 2) _mm_prefetch(na1 + 64 * l, _MM_HINT_T0);
       _mm_prefetch(nb + 128 * l, _MM_HINT_T0);
-      _mm_prefetch(nb + 128 * l + 64, _MM_HINT_T0);
+      if (NR == 2) _mm_prefetch(nb + 128 * l + 64, _MM_HINT_T0);
     }
     _tile_loadd(4, a0 + s * 512, 64);
-    _tile_loadd(5, a1 + s * 512, 64);
+    if (MR == 2) _tile_loadd(5, a1 + s * 512, 64);
     _tile_loadd(6, b + s * 1024, 128);
-    _tile_loadd(7, b + s * 1024 + 32, 128);
+    if (NR == 2) _tile_loadd(7, b + s * 1024 + 32, 128);
     _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    if (NR == 2) _tile_dpbf16ps(1, 4, 7);
+    if (MR == 2) _tile_dpbf16ps(2, 5, 6);
+    if (MR == 2 && NR == 2) _tile_dpbf16ps(3, 5, 7);
   }
   _tile_stored(0, c, cs);
-  _tile_stored(1, c + 16, cs);
-  _tile_stored(2, c + 16 * ldc, cs);
-  _tile_stored(3, c + 16 * ldc + 16, cs);
+  if (NR == 2) _tile_stored(1, c + 16, cs);
+  if (MR == 2) _tile_stored(2, c + 16 * ldc, cs);
+  if (MR == 2 && NR == 2) _tile_stored(3, c + 16 * ldc + 16, cs);
 }
+
+using BlockFn = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, int64_t, float*, int64_t, bool);
+constexpr BlockFn kBlocks[2][2] = {{block<1, 1>, block<1, 2>}, {block<2, 1>, block<2, 2>}};
 
 // Channel ch's planes of images n0 .. n0 + count onto a zeroed grid row of len elements: image n's
 // plane at row top, column left of its hp x wp grid.
@@ -134,8 +140,9 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
   const int64_t images = std::clamp<int64_t>(kChunkPositions / image, 1, g.n);
   const int64_t kp = (images * image + 31) / 32 * 32;  // a full chunk's positions, whole steps
   const int64_t steps = kp / 32;
-  const int64_t ocp = (g.oc + 31) / 32 * 32, cp = (g.c + 31) / 32 * 32;
-  const int64_t ob = ocp / 32, cb = cp / 32;
+  // Channels in 16s (the A tiles' rows, the B tiles' columns), blocks of 32 with a 16 at the end.
+  const int64_t ocp = (g.oc + 15) / 16 * 16, cp = (g.c + 15) / 16 * 16;
+  const int64_t ob = (ocp + 31) / 32, cb = (cp + 31) / 32;
   // Pairs of x's grid a chunk's last step can reach (the last tap's o is grid.lead), whole 16s, and
   // the row its words are read from (both packings; one step past the end for the prefetches).
   const int64_t pairs = (kp + grid.lead) / 32 * 16 + 32;
@@ -192,10 +199,11 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
         for (int64_t j = 0; j < cb; ++j) {
           const uint16_t* a0 = a + (2 * i) * steps * 512;
           const uint16_t* a1 = a0 + steps * 512;
+          const BlockFn run_block = kBlocks[ocp - 32 * i > 16][cp - 32 * j > 16];
           for (int64_t tap = 0; tap < taps; ++tap) {
             const int64_t o = (tap / g.kw) * grid.wp + tap % g.kw, par = o % 2;
             const uint16_t* bt = b + ((par * cb + j) * pairs + (o - par) / 2) * 64;
-            block(a0, a1, bt, run, sums + (tap * ocp + 32 * i) * cp + 32 * j, cp, n0 == 0);
+            run_block(a0, a1, bt, run, sums + (tap * ocp + 32 * i) * cp + 32 * j, cp, n0 == 0);
           }
         }
       release();
