@@ -130,8 +130,14 @@ bool wgrad_as_forward(const ConvGeometry& g, DType t) {
 
 // The bf16 weight gradient on mixprec's AMX kernel (cpu/conv_wgrad_amx.cpp) on AMX hosts, where it
 // ran faster than oneDNN 2.6's backward-weights split over the batch (jit:avx512_core_amx_bf16, two
-// single-threaded primitives of 32 images each, 85-88 ms, and their f32 partials reordered and
-// summed): MEASUREMENT. Hence from kWgradGemmMinProducts weights per tap, as the matmuls.
+// single-threaded primitives of 32 images each, 85-88 ms, then their f32 partials reordered and
+// summed) on the 420 -> 1000 layer at batch 64: alternating `mixprec bench --profile` runs (a Xeon
+// with AMX-BF16, 2 cores, 2026-12-06, against MIXPREC_CONV_WGRAD=native), the layer's backward
+// 106-112 ms against 138-148 and the wide cnn's amp-bf16 step 179-186 against 214-225 (the kernel's
+// products about 47 ms, its packing 6, the f32 sums' transposition 2). Narrower layers were slower
+// on it (forced with MIXPREC_CONV_WGRAD=amx): the cnn 32/64's 32 -> 64 layer 4.6-4.7 ms a backward
+// against 4.0-4.1, the cnn-bn's 12.6-13.4 against 12.1-12.2. Hence from kWgradGemmMinProducts
+// weights per tap, as the matmuls.
 bool wgrad_amx(const ConvGeometry& g, DType t) {
   const WgradAmx mode = wgrad_amx_mode().load();
   if (mode == WgradAmx::off || t != DType::bf16 || !rewritable(g) || !has_amx_bf16()) return false;
