@@ -2,9 +2,9 @@
 // cpu/conv_wgrad_amx.cpp): its values against the f64 reference on the geometries the grid and the
 // two pair packings must hold (padding on both sides, on one axis, none; 1x1, 3x3, 5x3 kernels, so
 // taps of both parities; odd sizes; channels that are not multiples of 32; one image, and chunks of
-// images with a short last one), into bf16 and f32 gradients; non-finite values; and which layers
-// take it on which host kind. The kernel needs AMX-BF16: elsewhere its value tests skip, and the
-// path test asserts that no layer takes it.
+// images with a short last one), into bf16 and f32 gradients; non-finite values; the bias gradient
+// it sums on the way; and which layers take it on which host kind. The kernel needs AMX-BF16: elsewhere its value tests
+// skip, and the path test asserts that no layer takes it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -71,8 +71,10 @@ TEST(ConvWgradAmx, MatchesTheReference) {
     const Tensor abs = reference_wgrad(convtest::abs_of(x), convtest::abs_of(w), convtest::abs_of(gy), c);
     for (DType out_t : {DType::bf16, DType::f32}) {
       SCOPED_TRACE(dtype_name(out_t));
-      Tensor dw = Tensor::empty(c.w, out_t);
-      kernels::cpu::backward_weights_amx(gy, x, g, dw);
+      kernels::ConvGrads out;
+      out.weight = Tensor::empty(c.w, out_t);
+      kernels::cpu::backward_weights_amx(gy, x, g, out);
+      const Tensor& dw = out.weight;
       EXPECT_TRUE(convtest::close_accumulated(dw, ref.to(out_t), abs, double(g.n * g.oh * g.ow), "backward weights"));
     }
   }
@@ -99,8 +101,10 @@ TEST(ConvWgradAmx, NonFiniteValuesStayInTheirChannel) {
       const Tensor& xs = in_grad_y ? x : bad;
       const Tensor& gys = in_grad_y ? bad : gy;
       const Tensor ref = reference_wgrad(xs.to(DType::f64), w.to(DType::f64), gys.to(DType::f64), c).to(DType::f32);
-      Tensor dw = Tensor::empty(c.w, DType::f32);
-      kernels::cpu::backward_weights_amx(gys, xs, g, dw);
+      kernels::ConvGrads out;
+      out.weight = Tensor::empty(c.w, DType::f32);
+      kernels::cpu::backward_weights_amx(gys, xs, g, out);
+      const Tensor& dw = out.weight;
       const std::vector<double> f = dw.to_vector_f64(), r = ref.to_vector_f64(), a = abs.to_vector_f64();
       const int64_t taps = g.kh * g.kw;
       int64_t compared = 0, wrong = 0;
@@ -119,6 +123,51 @@ TEST(ConvWgradAmx, NonFiniteValuesStayInTheirChannel) {
       EXPECT_EQ(wrong, 0) << "of " << compared;
     }
   }
+}
+
+// The bias gradient summed while grad_y is packed has conv_bias_gradient's bits (the same plane
+// sums in the same image order, across chunks too), in f32 and bf16; and through the op, a layer
+// with a bias gets the same gradients as with the kernel called alone.
+TEST(ConvWgradAmx, BiasGradientHasTheBitsOfConvBiasGradient) {
+  if (!kernels::cpu::has_amx_bf16()) GTEST_SKIP() << kNoAmx;
+  for (const WgradCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const kernels::ConvGeometry g = geometry_of(c);
+    Generator gen(47);
+    const Tensor x = convtest::rand(gen, c.x, DType::bf16);
+    const Tensor gy = convtest::rand(gen, {g.n, g.oc, g.oh, g.ow}, DType::bf16);
+    for (DType bias_t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(dtype_name(bias_t));
+      kernels::ConvGrads out;
+      out.weight = Tensor::empty(c.w, DType::bf16);
+      out.bias = Tensor::empty({g.oc}, bias_t);
+      kernels::cpu::backward_weights_amx(gy, x, g, out);
+      Tensor expected = Tensor::empty({g.oc}, bias_t);
+      kernels::cpu::conv_bias_gradient(gy, g, expected);
+      EXPECT_EQ(out.bias.to_vector_f64(), expected.to_vector_f64());
+    }
+  }
+  const WgradCase wide{"wide", {4, 256, 6, 6}, {512, 256, 3, 3}, 1, 1};
+  const kernels::ConvGeometry g = geometry_of(wide);
+  BackendGuard guard(kernels::Backend::cpu);
+  Generator gen(49);
+  const Tensor x = convtest::rand(gen, wide.x, DType::bf16);
+  Tensor w = convtest::rand(gen, wide.w, DType::bf16, -0.5, 0.5).set_requires_grad();
+  Tensor b = convtest::rand(gen, {g.oc}, DType::bf16).set_requires_grad();
+  const Tensor gy = convtest::rand(gen, {g.n, g.oc, g.oh, g.ow}, DType::bf16);
+  profile::start();
+  ops::conv2d(x, w, b, {.padding = 1}).backward(gy);
+  profile::stop();
+  std::string impl;
+  for (const auto& r : profile::rows())
+    if (r.kernel == "conv2d_backward") impl = r.impl;
+  EXPECT_NE(impl.find("mixprec:wgrad_amx"), std::string::npos) << impl;
+  kernels::ConvGrads alone;
+  alone.weight = Tensor::empty(wide.w, DType::bf16);
+  alone.bias = Tensor::empty({g.oc}, DType::bf16);
+  kernels::cpu::backward_weights_amx(gy, x, g, alone);
+  EXPECT_EQ(w.grad().to_vector_f64(), alone.weight.to_vector_f64());
+  EXPECT_EQ(b.grad().to_vector_f64(), alone.bias.to_vector_f64());
 }
 
 std::string backward_impl(const WgradCase& c, DType t, int64_t stride = 1) {

@@ -226,9 +226,10 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
                             : nullptr;
   const bool split = need_w && !small_k && !amx && !gemm && !wf && split_wgrad(g);
   const bool one_primitive = need_w && !small_k && !amx && !gemm && !wf && !split;
-  // The bias gradient rides on backward-weights; otherwise (frozen weight, or the weight gradient
-  // as matmuls or a forward convolution) it is a plain reduction.
-  const bool fused_bias = need_b && need_w && !wf && !gemm && !amx;
+  // The bias gradient rides on backward-weights or on mixprec's AMX kernel (which sums it while it
+  // packs grad_y); otherwise (frozen weight, or the weight gradient as matmuls or a forward
+  // convolution) it is a plain reduction.
+  const bool fused_bias = need_b && need_w && !wf && !gemm;
   // The input gradient: a forward convolution of the flipped weight, else oneDNN's backward-data.
   const ConvEntry* bd = need_x && in_t == t && dgrad_as_forward(g, t)
                             ? entry(dgrad_geometry(g), t, false, DType::f32, false, ConvPass::forward, hold_d)
@@ -274,8 +275,11 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
       return false;
   }
   if (amx) {
+    ConvGrads wgrads;  // weight (and bias) only: backward-data runs below
+    wgrads.weight = out.weight;
+    if (fused_bias) wgrads.bias = out.bias;
     profile::detail::note_impl("mixprec:wgrad_amx");
-    backward_weights_amx(grad_y, x, g, out.weight);
+    backward_weights_amx(grad_y, x, g, wgrads);
   }
   if (gemm) {
     profile::detail::note_impl("wgrad_as_gemm");

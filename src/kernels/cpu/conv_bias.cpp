@@ -81,6 +81,15 @@ float channel_sum(const T* y, const ConvGeometry& g, int64_t o, bool avx2) {
 
 }  // namespace
 
+float conv_bias_plane_sum(const uint16_t* plane_bf16, int64_t plane) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (!avx2) return plane_sum_scalar(plane_bf16, plane);
+  const uint16_t* p[1] = {plane_bf16};
+  float s = 0.f;
+  plane_sums<1>(p, plane, &s);
+  return s;
+}
+
 void conv_bias_gradient(const Tensor& grad_y, const ConvGeometry& g, Tensor& bias) {
   static const bool avx2 = __builtin_cpu_supports("avx2");
   std::vector<float> sums(size_t(g.oc));

@@ -131,7 +131,9 @@ __attribute__((target("avx512f"))) void words_16x16(const char* src, int64_t ld,
 
 }  // namespace
 
-void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, Tensor& weight_grad) {
+void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
+  Tensor& weight_grad = out.weight;
+  const bool with_bias = out.bias.defined();
   MIXPREC_ASSERT(x.dtype() == DType::bf16 && grad_y.dtype() == DType::bf16, "wgrad on AMX: bf16 operands");
   const WgradGrid grid = wgrad_grid(g);
   MIXPREC_ASSERT(g.oh <= grid.hp && g.ow <= grid.wp && g.pad_h <= grid.hp - g.h && g.pad_w <= grid.wp - g.w,
@@ -150,6 +152,9 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
   // Every buffer before the parallel regions (an OutOfMemory cannot leave one).
   WorkspaceBuffer a_buf(size_t(ocp * kp) * 2), b_buf(size_t(2 * cb * pairs * 64) * 2);
   WorkspaceBuffer sums_buf(size_t(taps * ocp * cp) * sizeof(float));
+  WorkspaceBuffer bias_buf(with_bias ? size_t(g.oc) * sizeof(float) : 0);
+  auto* const bias_sums = static_cast<float*>(bias_buf.data());
+  if (with_bias) std::fill(bias_sums, bias_sums + g.oc, 0.f);
   const int threads = omp_get_max_threads();
   WorkspaceBuffer rows_buf(size_t(threads) * size_t(std::max(kp, 16 * xlen)) * 2);
   auto* const a = static_cast<uint16_t*>(a_buf.data());
@@ -173,6 +178,10 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
           continue;
         }
         grid_row(ys, g.oc, oc, n0, count, g.oh, g.ow, grid, 0, 0, kp, rows);
+        // The bias gradient from the planes just read, in image order (conv_bias_gradient's bits).
+        if (with_bias)
+          for (int64_t n = 0; n < count; ++n)
+            bias_sums[oc] += conv_bias_plane_sum(ys + ((n0 + n) * g.oc + oc) * g.oh * g.ow, g.oh * g.ow);
         for (int64_t s = 0; s < run; ++s) std::memcpy(tile_row + s * 512, rows + s * 32, 64);
       }
       // B: 16 channels' grid rows at a time, their 32-bit words (pairs) transposed into pair rows,
@@ -211,7 +220,7 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
   }
 
   // [tap][oc][c] -> [oc][c][tap], rounded once into the gradient's dtype, a row of C x taps at a time.
-  char* const out = static_cast<char*>(weight_grad.data_ptr());
+  char* const dst = static_cast<char*>(weight_grad.data_ptr());
   const size_t out_size = dtype_size(weight_grad.dtype());
   const int64_t row_len = g.c * taps;
   WorkspaceBuffer out_rows(size_t(threads * row_len) * sizeof(float));
@@ -222,8 +231,9 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
       const float* src = sums + (tap * ocp + oc) * cp;
       for (int64_t c = 0; c < g.c; ++c) row[c * taps + tap] = src[c];
     }
-    convert(row, DType::f32, out + size_t(oc * row_len) * out_size, weight_grad.dtype(), size_t(row_len));
+    convert(row, DType::f32, dst + size_t(oc * row_len) * out_size, weight_grad.dtype(), size_t(row_len));
   }
+  if (with_bias) convert(bias_sums, DType::f32, out.bias.data_ptr(), out.bias.dtype(), size_t(g.oc));
 }
 
 }  // namespace mixprec::kernels::cpu

@@ -42,9 +42,10 @@ int64_t wgrad_stride(const WgradGrid& grid, int64_t images);  // a chunk of `ima
 void backward_weights_as_gemm(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, Tensor& weight_grad);
 // The bf16 weight gradient of the same convolutions on AMX tiles (cpu/conv_wgrad_amx.cpp): the same
 // grid, each tap's product by TDPBF16PS over operands packed once for all taps, f32 sums rounded
-// once into weight_grad (f32 or bf16). conv2d_backward runs it for wide layers on AMX hosts
-// (wgrad_amx, below).
-void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, Tensor& weight_grad);
+// once into out.weight (f32 or bf16); and where out.bias is defined, the bias gradient with
+// conv_bias_gradient's bits, summed while grad_y is packed. conv2d_backward runs it for wide layers
+// on AMX hosts (wgrad_amx, below).
+void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out);
 // Input channels up to which a convolution counts as a first layer.
 constexpr int64_t kFirstLayerChannels = 4;
 // A first layer: at most kFirstLayerChannels input channels and kSmallKTaps taps, stride 1, no
@@ -64,6 +65,9 @@ void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bi
 // ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)), then its last elements one by one. The order
 // does not depend on the thread count or the host.
 void conv_bias_gradient(const Tensor& grad_y, const ConvGeometry& g, Tensor& bias);
+// One bf16 plane's sum in that order: a channel's gradient is the f32 sum of its planes' sums in
+// image order (what backward_weights_amx adds while it packs grad_y).
+float conv_bias_plane_sum(const uint16_t* plane_bf16, int64_t plane);
 // Whether a bf16 backward-data that can run as the forward convolution of grad_y with the flipped,
 // transposed weight does (default on; MIXPREC_CONV_DGRAD=native starts it off): cpu/conv_paths.cpp.
 void set_conv_dgrad_as_forward(bool on);
