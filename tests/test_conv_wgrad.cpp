@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "conv_test_util.h"
+#include "conv_wgrad_cases.h"
 #include "kernels/cpu/dnnl_conv.h"
 #include "mixprec/ops.h"
 #include "mixprec/profile.h"
@@ -18,12 +19,10 @@ namespace mixprec {
 namespace {
 
 using convtest::BackendGuard;
-
-struct WgradCase {
-  std::string name;
-  Shape x, w;
-  int64_t pad_h, pad_w;
-};
+using wgradtest::backward_impl;
+using wgradtest::geometry_of;
+using wgradtest::reference_wgrad;
+using wgradtest::WgradCase;
 
 std::vector<WgradCase> wgrad_cases() {
   return {
@@ -36,22 +35,6 @@ std::vector<WgradCase> wgrad_cases() {
       // 24 images a chunk on this grid (15 x 15): chunks of 24, 24 and 7.
       {"three_chunks", {55, 8, 14, 14}, {16, 8, 3, 3}, 1, 1},
   };
-}
-
-kernels::ConvGeometry geometry_of(const WgradCase& c) {
-  kernels::ConvGeometry g{.n = c.x[0], .c = c.x[1], .h = c.x[2], .w = c.x[3], .oc = c.w[0], .kh = c.w[2], .kw = c.w[3]};
-  g.pad_h = c.pad_h, g.pad_w = c.pad_w;
-  g.oh = g.h + 2 * c.pad_h - g.kh + 1;
-  g.ow = g.w + 2 * c.pad_w - g.kw + 1;
-  return g;
-}
-
-// The weight gradient of conv2d(x, w) for grad_y gy on the reference backend, in x's dtype.
-Tensor reference_wgrad(const Tensor& x, const Tensor& w, const Tensor& gy, const WgradCase& c) {
-  BackendGuard guard(kernels::Backend::ref);
-  Tensor wl = w.clone().set_requires_grad();
-  ops::conv2d(x, wl, Tensor(), {.padding = {c.pad_h, c.pad_w}}).backward(gy);
-  return wl.grad();
 }
 
 bool bf16_matmuls() { return kernels::cpu::has_avx512_bf16() || kernels::cpu::has_amx_bf16(); }
@@ -156,22 +139,6 @@ TEST(ConvWgradGemm, GridSharesThePaddingBetweenNeighbours) {
   EXPECT_EQ(chunked.positions, 24 * 225);
 }
 
-std::string backward_impl(const WgradCase& c, DType t) {
-  BackendGuard guard(kernels::Backend::cpu);
-  Generator gen(33);
-  const kernels::ConvGeometry g = geometry_of(c);
-  const Tensor x = convtest::rand(gen, c.x, t);
-  Tensor w = convtest::rand(gen, c.w, t, -0.5, 0.5).set_requires_grad();
-  const Tensor gy = convtest::rand(gen, {g.n, g.oc, g.oh, g.ow}, t);
-  profile::start();
-  ops::conv2d(x, w, Tensor(), {.padding = {c.pad_h, c.pad_w}}).backward(gy);
-  profile::stop();
-  std::string impl;
-  for (const auto& r : profile::rows())
-    if (r.kernel == "conv2d_backward") impl = r.impl;
-  return impl;
-}
-
 struct RestoreWgradGemm {
   ~RestoreWgradGemm() { kernels::cpu::set_conv_wgrad_as_gemm(kernels::cpu::WgradGemm::where_faster); }
 };
@@ -185,7 +152,7 @@ TEST(ConvWgradGemm, ForcedRunsThroughTheOp) {
   kernels::cpu::set_conv_wgrad_as_gemm(kernels::cpu::WgradGemm::force);
   const WgradCase c = wgrad_cases()[0];
   for (DType t : {DType::bf16, DType::f32}) {
-    const std::string impl = backward_impl(c, t);
+    const std::string impl = backward_impl(c, t, 33);
     EXPECT_NE(impl.find("wgrad_as_gemm+brg:"), std::string::npos) << dtype_name(t) << ": " << impl;
   }
   BackendGuard guard(kernels::Backend::cpu);
@@ -218,7 +185,7 @@ TEST(ConvWgradGemm, DefaultFollowsTheHostKindAndTheLayersWidth) {
   const bool amx = kernels::cpu::has_amx_bf16();
   for (DType t : {DType::bf16, DType::f32}) {
     SCOPED_TRACE(dtype_name(t));
-    const std::string wide_impl = backward_impl(wide, t), narrow_impl = backward_impl(narrow, t);
+    const std::string wide_impl = backward_impl(wide, t, 33), narrow_impl = backward_impl(narrow, t, 33);
     EXPECT_EQ(wide_impl.find("wgrad_as_gemm") != std::string::npos, !amx) << wide_impl;
     EXPECT_EQ(wide_impl.find("wgrad_as_fwd"), std::string::npos) << wide_impl;
     EXPECT_EQ(narrow_impl.find("wgrad_as_fwd") != std::string::npos, !kernels::cpu::by_size_kind() && !amx)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "conv_test_util.h"
+#include "conv_wgrad_cases.h"
 #include "kernels/cpu/dnnl_conv.h"
 #include "mixprec/ops.h"
 #include "mixprec/profile.h"
@@ -20,12 +21,10 @@ namespace mixprec {
 namespace {
 
 using convtest::BackendGuard;
-
-struct WgradCase {
-  std::string name;
-  Shape x, w;
-  int64_t pad_h, pad_w;
-};
+using wgradtest::backward_impl;
+using wgradtest::geometry_of;
+using wgradtest::reference_wgrad;
+using wgradtest::WgradCase;
 
 std::vector<WgradCase> cases() {
   return {
@@ -38,21 +37,6 @@ std::vector<WgradCase> cases() {
       // 18 images a chunk on this grid (15 x 15, 4096 positions a chunk): chunks of 18, 18 and 4.
       {"three_chunks", {40, 8, 14, 14}, {16, 8, 3, 3}, 1, 1},
   };
-}
-
-kernels::ConvGeometry geometry_of(const WgradCase& c) {
-  kernels::ConvGeometry g{.n = c.x[0], .c = c.x[1], .h = c.x[2], .w = c.x[3], .oc = c.w[0], .kh = c.w[2], .kw = c.w[3]};
-  g.pad_h = c.pad_h, g.pad_w = c.pad_w;
-  g.oh = g.h + 2 * c.pad_h - g.kh + 1;
-  g.ow = g.w + 2 * c.pad_w - g.kw + 1;
-  return g;
-}
-
-Tensor reference_wgrad(const Tensor& x, const Tensor& w, const Tensor& gy, const WgradCase& c) {
-  BackendGuard guard(kernels::Backend::ref);
-  Tensor wl = w.clone().set_requires_grad();
-  ops::conv2d(x, wl, Tensor(), {.padding = {c.pad_h, c.pad_w}}).backward(gy);
-  return wl.grad();
 }
 
 constexpr const char* kNoAmx = "needs AMX-BF16 (the kernel's TDPBF16PS): this CPU has none";
@@ -170,23 +154,6 @@ TEST(ConvWgradAmx, BiasGradientHasTheBitsOfConvBiasGradient) {
   EXPECT_EQ(b.grad().to_vector_f64(), alone.bias.to_vector_f64());
 }
 
-std::string backward_impl(const WgradCase& c, DType t, int64_t stride = 1) {
-  BackendGuard guard(kernels::Backend::cpu);
-  Generator gen(45);
-  kernels::ConvGeometry g = geometry_of(c);
-  g.oh = (g.h + 2 * c.pad_h - g.kh) / stride + 1, g.ow = (g.w + 2 * c.pad_w - g.kw) / stride + 1;
-  const Tensor x = convtest::rand(gen, c.x, t);
-  Tensor w = convtest::rand(gen, c.w, t, -0.5, 0.5).set_requires_grad();
-  const Tensor gy = convtest::rand(gen, {g.n, g.oc, g.oh, g.ow}, t);
-  profile::start();
-  ops::conv2d(x, w, Tensor(), {.stride = stride, .padding = {c.pad_h, c.pad_w}}).backward(gy);
-  profile::stop();
-  std::string impl;
-  for (const auto& r : profile::rows())
-    if (r.kernel == "conv2d_backward") impl = r.impl;
-  return impl;
-}
-
 struct RestoreWgradAmx {
   ~RestoreWgradAmx() { kernels::cpu::set_conv_wgrad_amx(kernels::cpu::WgradAmx::where_faster); }
 };
@@ -204,18 +171,18 @@ TEST(ConvWgradAmx, DefaultFollowsTheHostKindAndTheLayersWidth) {
   const bool amx = kernels::cpu::has_amx_bf16();
   const bool bf16 = amx || kernels::cpu::has_avx512_bf16();
   if (bf16) {
-    const std::string wide_bf16 = backward_impl(wide, DType::bf16);
+    const std::string wide_bf16 = backward_impl(wide, DType::bf16, 45);
     EXPECT_EQ(wide_bf16.find("mixprec:wgrad_amx") != std::string::npos, amx) << wide_bf16;
-    const std::string narrow_bf16 = backward_impl(narrow, DType::bf16);
+    const std::string narrow_bf16 = backward_impl(narrow, DType::bf16, 45);
     EXPECT_EQ(narrow_bf16.find("wgrad_amx"), std::string::npos) << narrow_bf16;
   }
-  const std::string wide_f32 = backward_impl(wide, DType::f32);
+  const std::string wide_f32 = backward_impl(wide, DType::f32, 45);
   EXPECT_EQ(wide_f32.find("wgrad_amx"), std::string::npos) << wide_f32;
   kernels::cpu::set_conv_wgrad_amx(kernels::cpu::WgradAmx::force);
   if (bf16) {
-    const std::string forced = backward_impl(narrow, DType::bf16);
+    const std::string forced = backward_impl(narrow, DType::bf16, 45);
     EXPECT_EQ(forced.find("mixprec:wgrad_amx") != std::string::npos, amx) << forced;
-    const std::string strided = backward_impl(narrow, DType::bf16, 2);
+    const std::string strided = backward_impl(narrow, DType::bf16, 45, 2);
     EXPECT_EQ(strided.find("wgrad_amx"), std::string::npos) << strided;
   }
 }

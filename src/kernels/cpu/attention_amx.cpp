@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "core/simd.h"  // <immintrin.h>, with GCC 12's false warnings off
+#include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/attention_tile.h"
 #include "mixprec/cpu.h"
 
@@ -18,26 +19,9 @@
 namespace mixprec::kernels::cpu::attn {
 namespace {
 
-// LDTILECFG's 64-byte operand, palette 1: every tile 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-constexpr TileConfig tile_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  return cfg;
-}
-// A constant in memory: GCC's LDTILECFG asm takes only the pointer, so the stores of a local
-// configuration looked dead to it and were dropped (the tiles then faulted: SIGILL).
-constexpr TileConfig kTileConfig = tile_config();
-
-MIXPREC_AMX_TARGET void configure() { _tile_loadconfig(&kTileConfig); }
-MIXPREC_AMX_TARGET void release() { _tile_release(); }
+// The tiles' configuration (amx_tiles.h): every tile 16 rows of 64 bytes.
+void configure() { amx::configure(); }
+void release() { amx::release(); }
 
 thread_local int tl_scopes = 0;  // AmxScopes alive on this thread
 

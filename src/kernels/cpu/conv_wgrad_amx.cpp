@@ -30,6 +30,7 @@
 #include <cstring>
 
 #include "core/simd.h"
+#include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/dnnl_conv.h"
 #include "mixprec/convert.h"
 #include "mixprec/error.h"
@@ -40,24 +41,6 @@ namespace mixprec::kernels::cpu {
 namespace {
 
 constexpr int64_t kChunkPositions = 4096;  // grid positions per chunk of images, at least one image
-
-// LDTILECFG's operand, palette 1: eight tiles of 16 rows x 64 bytes. A constant in memory (GCC's
-// asm for LDTILECFG takes only the pointer: attention_amx.cpp).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-constexpr TileConfig tile_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  return cfg;
-}
-constexpr TileConfig kTileConfig = tile_config();
-MIXPREC_AMX_WGRAD void configure() { _tile_loadconfig(&kTileConfig); }
-MIXPREC_AMX_WGRAD void release() { _tile_release(); }
 
 // C[16 MR x 16 NR] (+)= A[16 MR x 32 steps] B over `steps` steps of 32 positions (MR, NR 1 or 2:
 // a 16-row or 16-column block at the channels' ends). a0, a1: the first step's tiles of rows 0-15
@@ -202,7 +185,7 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
         }
       }
       // The products: 32 x 32 blocks, the nine taps of a block in turn.
-      configure();
+      amx::configure();  // every tile 16 rows of 64 bytes (amx_tiles.h)
 #pragma omp for schedule(static) collapse(2)
       for (int64_t i = 0; i < ob; ++i)
         for (int64_t j = 0; j < cb; ++j) {
@@ -215,7 +198,7 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
             run_block(a0, a1, bt, run, sums + (tap * ocp + 32 * i) * cp + 32 * j, cp, n0 == 0);
           }
         }
-      release();
+      amx::release();
     }
   }
 
