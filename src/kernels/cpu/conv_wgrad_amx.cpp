@@ -1,6 +1,6 @@
-// The bf16 weight gradient of a wide stride-1 convolution on AMX tiles (conv.cpp's wgrad_amx,
-// docs/conv.md): the grid identity of cpu/conv_wgrad_gemm.cpp, each tap's product run by
-// TDPBF16PS over operands packed once per chunk of images for all nine taps.
+// The bf16 weight gradient of a wide stride-1 convolution on AMX tiles (conv_paths.cpp's
+// wgrad_amx, docs/conv.md item 5): the grid identity of cpu/conv_wgrad_gemm.cpp, each tap's
+// product run by TDPBF16PS over operands packed once per chunk of images for all nine taps.
 //
 // On the grid (conv_wgrad_gemm.cpp's top comment), grad_y's plane at row 0, column 0 of each image's
 // hp x wp grid and x's at row pad_h, column pad_w, position t of grad_y's grid pairs with position
