@@ -3,8 +3,8 @@
 // two pair packings must hold (padding on both sides, on one axis, none; 1x1, 3x3, 5x3 kernels, so
 // taps of both parities; odd sizes; channels that are not multiples of 32; one image, and chunks of
 // images with a short last one), into bf16 and f32 gradients; non-finite values; the bias gradient
-// it sums on the way; and which layers take it on which host kind. The kernel needs AMX-BF16: elsewhere its value tests
-// skip, and the path test asserts that no layer takes it.
+// it sums on the way; and which layers take it on which host kind. The kernel needs AMX-BF16:
+// elsewhere its value tests skip, and the path test asserts that no layer takes it.
 #include <gtest/gtest.h>
 
 #include <cmath>
