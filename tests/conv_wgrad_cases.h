@@ -3,6 +3,7 @@
 // gradient, and the implementation the profile names for a layer's backward through ops::conv2d.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "conv_test_util.h"
 #include "kernels/conv.h"
@@ -16,6 +17,18 @@ struct WgradCase {
   Shape x, w;
   int64_t pad_h, pad_w;
 };
+
+// The geometries every weight-gradient path must hold: padding on both sides, on one axis, none;
+// 1x1, 3x3 and 5x3 kernels; odd sizes; one image. Each test file adds its own chunked cases.
+inline std::vector<WgradCase> stride1_cases() {
+  return {
+      {"3x3_pad1", {4, 16, 12, 12}, {32, 16, 3, 3}, 1, 1},
+      {"3x3_no_pad_one_image", {1, 24, 7, 9}, {20, 24, 3, 3}, 0, 0},
+      {"5x3_pad_2x0_odd", {17, 6, 9, 8}, {10, 6, 5, 3}, 2, 0},
+      {"5x3_pad_1x1", {3, 8, 11, 5}, {12, 8, 5, 3}, 1, 1},
+      {"1x1", {2, 32, 7, 7}, {48, 32, 1, 1}, 0, 0},
+  };
+}
 
 inline kernels::ConvGeometry geometry_of(const WgradCase& c, int64_t stride = 1) {
   kernels::ConvGeometry g{.n = c.x[0], .c = c.x[1], .h = c.x[2], .w = c.x[3], .oc = c.w[0], .kh = c.w[2], .kw = c.w[3]};

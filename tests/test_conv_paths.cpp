@@ -1,6 +1,7 @@
 // The helpers of cpu/conv_paths.cpp that the convolution paths share: the flipped, transposed
 // weight of the input gradient as a forward convolution, element for element against its
-// definition (kernels of 1 to 31 taps, the vector road and the scalar one alike).
+// definition (kernels of 1 to 31 taps: the VPERMW road on hosts with AVX-512BW, the scalar loop
+// elsewhere).
 #include <gtest/gtest.h>
 
 #include <cstdint>

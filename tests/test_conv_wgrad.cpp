@@ -25,16 +25,11 @@ using wgradtest::reference_wgrad;
 using wgradtest::WgradCase;
 
 std::vector<WgradCase> wgrad_cases() {
-  return {
-      {"3x3_pad1", {4, 16, 12, 12}, {32, 16, 3, 3}, 1, 1},
-      {"3x3_no_pad_one_image", {1, 24, 7, 9}, {20, 24, 3, 3}, 0, 0},
-      {"5x3_pad_2x0_odd", {17, 6, 9, 8}, {10, 6, 5, 3}, 2, 0},
-      {"5x3_pad_1x1", {3, 8, 11, 5}, {12, 8, 5, 3}, 1, 1},
-      {"1x1", {2, 32, 7, 7}, {48, 32, 1, 1}, 0, 0},
-      {"planes_14x14", {16, 32, 14, 14}, {48, 32, 3, 3}, 1, 1},
-      // 24 images a chunk on this grid (15 x 15): chunks of 24, 24 and 7.
-      {"three_chunks", {55, 8, 14, 14}, {16, 8, 3, 3}, 1, 1},
-  };
+  std::vector<WgradCase> cases = wgradtest::stride1_cases();
+  cases.push_back({"planes_14x14", {16, 32, 14, 14}, {48, 32, 3, 3}, 1, 1});
+  // 24 images a chunk on this grid (15 x 15): chunks of 24, 24 and 7.
+  cases.push_back({"three_chunks", {55, 8, 14, 14}, {16, 8, 3, 3}, 1, 1});
+  return cases;
 }
 
 bool bf16_matmuls() { return kernels::cpu::has_avx512_bf16() || kernels::cpu::has_amx_bf16(); }

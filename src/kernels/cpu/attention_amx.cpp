@@ -19,20 +19,16 @@
 namespace mixprec::kernels::cpu::attn {
 namespace {
 
-// The tiles' configuration (amx_tiles.h): every tile 16 rows of 64 bytes.
-void configure() { amx::configure(); }
-void release() { amx::release(); }
-
 thread_local int tl_scopes = 0;  // AmxScopes alive on this thread
 
 // The tiles for one call: configured at its start and released at its end, unless a scope holds them.
 class CallTiles {
  public:
   CallTiles() : own_(tl_scopes == 0) {
-    if (own_) configure();
+    if (own_) amx::configure();  // every tile 16 rows of 64 bytes (amx_tiles.h)
   }
   ~CallTiles() {
-    if (own_) release();
+    if (own_) amx::release();
   }
   CallTiles(const CallTiles&) = delete;
   CallTiles& operator=(const CallTiles&) = delete;
@@ -91,10 +87,10 @@ MIXPREC_AMX_TARGET void block(const uint16_t* a, int64_t lda, const uint16_t* b,
 }  // namespace
 
 AmxScope::AmxScope(bool use) : on_(use && amx_products()) {
-  if (on_ && tl_scopes++ == 0) configure();
+  if (on_ && tl_scopes++ == 0) amx::configure();
 }
 AmxScope::~AmxScope() {
-  if (on_ && --tl_scopes == 0) release();
+  if (on_ && --tl_scopes == 0) amx::release();
 }
 
 bool amx_products() { return amx_flag().load(std::memory_order_relaxed); }

@@ -265,21 +265,18 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
     input_gradient();
     cs.keep_only(grad_y.data_ptr());
   }
-  if (small_k || split) {
-    ConvGrads wgrads;  // weight (and bias) only: backward-data runs below
+  if (small_k || amx || split) {
+    ConvGrads wgrads;  // weight (and bias) only: backward-data runs apart
     wgrads.weight = out.weight;
     if (fused_bias) wgrads.bias = out.bias;
-    if (small_k)
+    if (small_k) {
       backward_weights_small_k(grad_y, x, g, wgrads);
-    else if (!backward_weights_split(grad_y, x, g, wgrads, t, data_first ? cs.find(grad_y.data_ptr()) : nullptr))
+    } else if (amx) {
+      profile::detail::note_impl("mixprec:wgrad_amx");
+      backward_weights_amx(grad_y, x, g, wgrads);
+    } else if (!backward_weights_split(grad_y, x, g, wgrads, t, data_first ? cs.find(grad_y.data_ptr()) : nullptr)) {
       return false;
-  }
-  if (amx) {
-    ConvGrads wgrads;  // weight (and bias) only: backward-data runs below
-    wgrads.weight = out.weight;
-    if (fused_bias) wgrads.bias = out.bias;
-    profile::detail::note_impl("mixprec:wgrad_amx");
-    backward_weights_amx(grad_y, x, g, wgrads);
+    }
   }
   if (gemm) {
     profile::detail::note_impl("wgrad_as_gemm");

@@ -92,17 +92,6 @@ MIXPREC_AMX_WGRAD void block(const uint16_t* a0, const uint16_t* a1, const uint1
 using BlockFn = void (*)(const uint16_t*, const uint16_t*, const uint16_t*, int64_t, float*, int64_t, bool);
 constexpr BlockFn kBlocks[2][2] = {{block<1, 1>, block<1, 2>}, {block<2, 1>, block<2, 2>}};
 
-// Channel ch's planes of images n0 .. n0 + count onto a zeroed grid row of len elements: image n's
-// plane at row top, column left of its hp x wp grid.
-void grid_row(const uint16_t* src, int64_t channels, int64_t ch, int64_t n0, int64_t count, int64_t h, int64_t w,
-              const WgradGrid& grid, int64_t top, int64_t left, int64_t len, uint16_t* row) {
-  std::memset(row, 0, size_t(len) * 2);
-  for (int64_t n = 0; n < count; ++n)
-    for (int64_t i = 0; i < h; ++i)
-      std::memcpy(row + n * grid.hp * grid.wp + (i + top) * grid.wp + left,
-                  src + (((n0 + n) * channels + ch) * h + i) * w, size_t(w) * 2);
-}
-
 // The 32-bit words of 16 rows (row r at src + r * ld bytes), 16 words from each, transposed: word
 // k of row r stored at dst + k * 128 + 4 r bytes (one pair row of B, 16 of its channels).
 __attribute__((target("avx512f"))) void words_16x16(const char* src, int64_t ld, char* dst) {
@@ -139,7 +128,8 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
   auto* const bias_sums = static_cast<float*>(bias_buf.data());
   if (with_bias) std::fill(bias_sums, bias_sums + g.oc, 0.f);
   const int threads = omp_get_max_threads();
-  WorkspaceBuffer rows_buf(size_t(threads) * size_t(std::max(kp, 16 * xlen)) * 2);
+  const int64_t row_elems = std::max(kp, 16 * xlen);  // a thread's grid rows: one of A's, 16 of B's
+  WorkspaceBuffer rows_buf(size_t(threads * row_elems) * 2);
   auto* const a = static_cast<uint16_t*>(a_buf.data());
   auto* const b = static_cast<uint16_t*>(b_buf.data());
   auto* const sums = static_cast<float*>(sums_buf.data());
@@ -151,7 +141,7 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
     const int64_t run = (count * image + 31) / 32;  // this chunk's steps (fewer in a short last one)
 #pragma omp parallel
     {
-      uint16_t* const rows = static_cast<uint16_t*>(rows_buf.data()) + omp_get_thread_num() * std::max(kp, 16 * xlen);
+      uint16_t* const rows = static_cast<uint16_t*>(rows_buf.data()) + omp_get_thread_num() * row_elems;
       // A: each output channel's grid row cut into its steps' tile rows (zeros past the channels).
 #pragma omp for schedule(static)
       for (int64_t oc = 0; oc < ocp; ++oc) {
@@ -160,7 +150,7 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
           for (int64_t s = 0; s < run; ++s) std::memset(tile_row + s * 512, 0, 64);
           continue;
         }
-        grid_row(ys, g.oc, oc, n0, count, g.oh, g.ow, grid, 0, 0, kp, rows);
+        lay_on_grid(ys, g.oc, oc, n0, count, g.oh, g.ow, grid, 0, 0, kp, 2, rows);
         // The bias gradient from the planes just read, in image order (conv_bias_gradient's bits).
         if (with_bias)
           for (int64_t n = 0; n < count; ++n)
@@ -174,7 +164,7 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
         for (int64_t r = 0; r < 16; ++r) {
           const int64_t c = c16 * 16 + r;
           if (c < g.c)
-            grid_row(xs, g.c, c, n0, count, g.h, g.w, grid, g.pad_h, g.pad_w, xlen, rows + r * xlen);
+            lay_on_grid(xs, g.c, c, n0, count, g.h, g.w, grid, g.pad_h, g.pad_w, xlen, 2, rows + r * xlen);
           else
             std::memset(rows + r * xlen, 0, size_t(xlen) * 2);
         }

@@ -59,23 +59,20 @@ WgradGrid wgrad_grid(const ConvGeometry& g) {
   return grid;
 }
 
-namespace {
-
-// Channel ch of images n0 .. n0 + count of src ([N, channels, h, w], es-byte elements) onto its
-// grid row of `stride` positions (row ch of dst): each image's plane at row top, column left of
-// the image's hp x wp grid, zeros elsewhere (zero bits are 0 in both dtypes). The position is
-// top * wp + left along the row: grad_y's planes go at left = lead, after its leading zeros.
-void lay_on_grid(const char* src, int64_t channels, int64_t ch, int64_t n0, int64_t count, int64_t h, int64_t w,
-                 const WgradGrid& grid, int64_t top, int64_t left, int64_t stride, size_t es, char* dst) {
-  char* row = dst + size_t(ch * stride) * es;
-  std::memset(row, 0, size_t(stride) * es);
+// Channel ch of images n0 .. n0 + count of src ([N, channels, h, w], es-byte elements) onto a grid
+// row of len positions: each image's plane at row top, column left of the image's hp x wp grid,
+// zeros elsewhere (zero bits are 0 in both dtypes). The position is top * wp + left along the row:
+// grad_y's planes go at left = lead, after its leading zeros.
+void lay_on_grid(const void* src, int64_t channels, int64_t ch, int64_t n0, int64_t count, int64_t h, int64_t w,
+                 const WgradGrid& grid, int64_t top, int64_t left, int64_t len, size_t es, void* row) {
+  const char* s = static_cast<const char*>(src);
+  char* r = static_cast<char*>(row);
+  std::memset(r, 0, size_t(len) * es);
   for (int64_t n = 0; n < count; ++n)
     for (int64_t i = 0; i < h; ++i)
-      std::memcpy(row + size_t(n * grid.hp * grid.wp + (i + top) * grid.wp + left) * es,
-                  src + size_t((((n0 + n) * channels + ch) * h + i) * w) * es, size_t(w) * es);
+      std::memcpy(r + size_t(n * grid.hp * grid.wp + (i + top) * grid.wp + left) * es,
+                  s + size_t((((n0 + n) * channels + ch) * h + i) * w) * es, size_t(w) * es);
 }
-
-}  // namespace
 
 void backward_weights_as_gemm(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, Tensor& weight_grad) {
   const DType t = x.dtype();
@@ -104,10 +101,10 @@ void backward_weights_as_gemm(const Tensor& grad_y, const Tensor& x, const ConvG
     const int64_t stride = wgrad_stride(grid, count);
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < g.c; ++c)
-      lay_on_grid(xs, g.c, c, n0, count, g.h, g.w, grid, g.pad_h, g.pad_w, stride, es, xg);
+      lay_on_grid(xs, g.c, c, n0, count, g.h, g.w, grid, g.pad_h, g.pad_w, stride, es, xg + size_t(c * stride) * es);
 #pragma omp parallel for schedule(static)
     for (int64_t oc = 0; oc < g.oc; ++oc)
-      lay_on_grid(ys, g.oc, oc, n0, count, g.oh, g.ow, grid, 0, grid.lead, stride, es, yg);
+      lay_on_grid(ys, g.oc, oc, n0, count, g.oh, g.ow, grid, 0, grid.lead, stride, es, yg + size_t(oc * stride) * es);
     if (stride < grid.stride)  // a short last chunk: the last row's window reads up to `lead` past it
       std::memset(yg + size_t(g.oc * stride) * es, 0, size_t(grid.lead) * es);
     // Each tap's sums over this chunk, added to the earlier chunks' (in chunk order): x's grid as

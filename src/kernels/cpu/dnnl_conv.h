@@ -39,6 +39,10 @@ struct WgradGrid {
 };
 WgradGrid wgrad_grid(const ConvGeometry& g);
 int64_t wgrad_stride(const WgradGrid& grid, int64_t images);  // a chunk of `images` images' row length
+// Channel ch of images n0 .. n0 + count of src ([N, channels, h, w], es-byte elements) onto a
+// zeroed grid row of len positions, each image's plane at row top, column left of its grid.
+void lay_on_grid(const void* src, int64_t channels, int64_t ch, int64_t n0, int64_t count, int64_t h, int64_t w,
+                 const WgradGrid& grid, int64_t top, int64_t left, int64_t len, size_t es, void* row);
 void backward_weights_as_gemm(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, Tensor& weight_grad);
 // The bf16 weight gradient of the same convolutions on AMX tiles (cpu/conv_wgrad_amx.cpp): the same
 // grid, each tap's product by TDPBF16PS over operands packed once for all taps, f32 sums rounded
