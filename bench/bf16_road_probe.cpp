@@ -172,8 +172,10 @@ void widened() {
       {4096, 128, 384, false, true, DType::bf16},   {4096, 128, 512, false, true, DType::bf16},
       {4096, 512, 128, false, false, DType::bf16},  {4096, 384, 128, false, false, DType::bf16},
       {128, 4096, 512, true, false, DType::f32},    {512, 4096, 128, true, false, DType::f16},
-      {4096, 1024, 1024, false, true, DType::bf16}, {512, 1024, 10, false, true, DType::bf16},
-      {256, 3136, 10, false, true, DType::bf16},    {10, 256, 3136, true, false, DType::bf16}};
+      {4096, 1024, 1024, false, true, DType::bf16}, {1024, 1024, 1024, false, false, DType::bf16},
+      {1024, 512, 512, false, false, DType::bf16},  {2048, 1024, 1024, false, false, DType::bf16},
+      {512, 1024, 10, false, true, DType::bf16},    {256, 3136, 10, false, true, DType::bf16},
+      {10, 256, 3136, true, false, DType::bf16}};
   Generator g(1);
   kernels::cpu::set_bf16_products(Road::f32);
   for (const ProductShape& s : shapes) {

@@ -18,6 +18,8 @@ namespace {
 
 using kernels::MatmulOpts;
 using kernels::cpu::matmul_widened;
+using kernels::cpu::set_matmul_widened_b;
+using kernels::cpu::WidenedB;
 
 class ThreadsGuard {
  public:
@@ -28,6 +30,18 @@ class ThreadsGuard {
 
  private:
   int prev_ = omp_get_max_threads();
+};
+
+// Sets how a product by rows holds b for a scope (every case runs both ways on every host).
+class WidenedBGuard {
+ public:
+  explicit WidenedBGuard(WidenedB how) : prev_(set_matmul_widened_b(how)) {}
+  ~WidenedBGuard() { set_matmul_widened_b(prev_); }
+  WidenedBGuard(const WidenedBGuard&) = delete;
+  WidenedBGuard& operator=(const WidenedBGuard&) = delete;
+
+ private:
+  WidenedB prev_;
 };
 
 struct Case {
@@ -180,15 +194,22 @@ TEST(MatmulWidened, EveryShapeItTakesMatchesTheReference) {
       if (c.bf16_only && t == DType::f16) continue;
       const Operands p = make(c, t, 11);
       const Expected e = expected(c, p);
-      for (int threads : {1, 2, 3}) {
-        SCOPED_TRACE(std::string(c.what) + " " + std::string(dtype_name(t)) + " on " + std::to_string(threads) +
-                     " threads");
-        const ThreadsGuard guard(threads);
-        Tensor fast = p.dst.clone();
-        ASSERT_TRUE(matmul_widened(p.a, p.b, fast, opts(c, p)));
-        // One rounding to dst's dtype of an f32 accumulation: (k + 16) * 2^-24 * the terms'
-        // magnitudes (16 covers the partial sums of a weight gradient's chunks).
-        EXPECT_TRUE(convtest::close_accumulated(fast, e.ref, e.abs_sum, double(c.k + 16), c.what));
+      // Blocks of rows with b not transposed hold b as given or as [n, k] (the host's rule picks
+      // one): both, on every host.
+      const bool rows_of_b = !c.trans_a && !c.trans_b && c.n <= c.m;
+      for (WidenedB how : {WidenedB::given, WidenedB::rows}) {
+        if (how == WidenedB::rows && !rows_of_b) continue;
+        const WidenedBGuard b_guard(how);
+        for (int threads : {1, 2, 3}) {
+          SCOPED_TRACE(std::string(c.what) + " " + std::string(dtype_name(t)) + " on " + std::to_string(threads) +
+                       " threads" + (how == WidenedB::rows ? ", b as [n, k]" : ""));
+          const ThreadsGuard guard(threads);
+          Tensor fast = p.dst.clone();
+          ASSERT_TRUE(matmul_widened(p.a, p.b, fast, opts(c, p)));
+          // One rounding to dst's dtype of an f32 accumulation: (k + 16) * 2^-24 * the terms'
+          // magnitudes (16 covers the partial sums of a weight gradient's chunks).
+          EXPECT_TRUE(convtest::close_accumulated(fast, e.ref, e.abs_sum, double(c.k + 16), c.what));
+        }
       }
     }
 }

@@ -36,6 +36,7 @@ constexpr int64_t kBlockFloats = int64_t(1) << 18, kMinBlockRows = 256;
 constexpr double kMinFlops = double(int64_t(1) << 22);
 
 std::atomic<bool> g_on{true}, g_columns{true};
+std::atomic<WidenedB> g_b{WidenedB::host_rule};
 
 // Stands in for the data pointers when a product is created (never read or written there).
 float placeholder = 0.f;
@@ -140,17 +141,27 @@ bool by_rows(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o,
   const Pieces split = pieces_of(m, k + n, threads);
   const int64_t rows = split.size, blocks = split.count, last = split.last;
   const bool dst32 = dst.dtype() == DType::f32;
-  const Tensor b32 = kernels::cast(b, DType::f32);  // contiguous in b's own shape
   const Tensor bias32 = o.bias ? kernels::cast(*o.bias, DType::f32) : Tensor();
 
   MatmulArgs args;
   args.m = rows, args.n = n, args.k = k;
   args.src = &placeholder, args.src_stride_m = k, args.src_stride_k = 1;
-  args.wei = b32.data_ptr();
-  args.wei_stride_k = o.trans_b ? 1 : n, args.wei_stride_n = o.trans_b ? k : 1;
+  args.wei = &placeholder, args.wei_stride_k = o.trans_b ? 1 : n, args.wei_stride_n = o.trans_b ? k : 1;
   args.dst = &placeholder, args.dst_stride_m = n;
   args.bias = o.bias ? bias32.data_ptr() : nullptr;
   args.relu = o.relu, args.accumulate = o.accumulate;
+  // b widened once, shared, as [n, k] (b^T's rows) where the pieces' product is oneDNN's packing
+  // gemm:jit (hosts without AVX-512, whose f32 matmuls all run it): its one-thread product on a
+  // [k, n] b ran at about half its rate there. `bf16_road_probe widened`, AMD Zen 3, 2 cores
+  // (2026-12-06): the f32 road in blocks against the product on f32 operands, b [k, n] then [n, k]:
+  // 1024^3 2.10x -> 1.32x, 1024 x 512 x 512 1.71x -> 1.18x, 2048 x 1024 x 1024 1.91x -> 1.18x;
+  // 4096 x 512 x 128 1.11x both. Elsewhere b keeps its shape.
+  const WidenedB how = g_b.load(std::memory_order_relaxed);
+  const bool b_rows = o.trans_b || how == WidenedB::rows ||
+                      (how == WidenedB::host_rule && OneThreadMatmul(args).impl().rfind("gemm:", 0) == 0);
+  const Tensor b32 = kernels::cast(b_rows && !o.trans_b ? b.t() : b, DType::f32);  // contiguous
+  args.wei = b32.data_ptr();
+  args.wei_stride_k = b_rows ? 1 : n, args.wei_stride_n = b_rows ? k : 1;
   MatmulArgs last_args = args;
   last_args.m = last;
   // Each thread's buffers: widened a, and the f32 result unless dst is f32.
@@ -370,6 +381,7 @@ bool by_chunks(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& 
 
 bool set_matmul_widened(bool on) { return g_on.exchange(on); }
 bool set_matmul_widened_columns(bool on) { return g_columns.exchange(on); }
+WidenedB set_matmul_widened_b(WidenedB how) { return g_b.exchange(how); }
 
 bool matmul_widened(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) {
   const DType t = a.dtype();

@@ -24,5 +24,10 @@ bool set_matmul_widened(bool on);
 // Probe hook: off keeps matmul_widened from splitting a product by b's columns (it takes the
 // shape by rows or chunks, or declines, as it did before it had columns). Returns the previous.
 bool set_matmul_widened_columns(bool on);
+// Test hook: how a product by rows of a holds b where b is not transposed: as the host's rule says
+// (as [n, k] where the pieces' product is oneDNN's gemm:jit, else as given), as given ([k, n]), or
+// as [n, k]. The same values either way. Returns the previous setting.
+enum class WidenedB { host_rule, given, rows };
+WidenedB set_matmul_widened_b(WidenedB how);
 
 }  // namespace mixprec::kernels::cpu
