@@ -170,11 +170,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernels,
 // The CPU kernels' blocking edges (cpu/attention_rows.cpp on AVX2 hosts: blocks of 6 and 12 query
 // rows, 4 keys, 16 lanes and an 8-lane tail): 23 keys, a last block of 3 keys, head dims 24 and 40
 // (16 + 8, 32 + 8 lanes), 21 query rows (6 + 6 + 6 + 3, 12 + 9); causal 30 x 30 at E 8 (the
-// 8-lane path alone, blocks ending at keys 12, 24, 30: a last block of 2 keys).
+// 8-lane path alone, blocks ending at keys 12, 24, 30: a last block of 2 keys); head dims 20 and
+// 12 (rows of 16 + 4 and 8 + 4 elements: the 16-bit rows' widening and rounding, 8 lanes at a time,
+// end in a tail).
 const std::vector<Shape4> kCpuBlockingShapes = {
     {1, 1, 21, 23, 24, 40, false, 0.0},
     {1, 2, 30, 30, 8, 8, true, 0.0},
     {2, 1, 23, 21, 40, 24, true, 0.0},
+    {1, 2, 14, 17, 20, 12, true, 0.0},
 };
 INSTANTIATE_TEST_SUITE_P(CpuBlocking, AttentionKernels,
                          ::testing::Combine(::testing::ValuesIn(kCpuBlockingShapes),

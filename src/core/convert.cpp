@@ -163,27 +163,13 @@ __attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* src, f
 
 // AVX2 forms (hosts without AVX-512: AMD Zen 2, 2026-12-02), 8 lanes, bit-identical to the scalar
 // rules: bf16 by the same integer RNE and NaN rule as bf16_round_epi32, f16 by F16C's VCVTPS2PH
-// with an explicit RNE immediate (as the AVX-512 form above). Tails go through stack copies.
-__attribute__((target("avx2"))) inline __m128i bf16_round_avx2(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i high = _mm256_srli_epi32(u, 16);
-  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(high, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
-  const __m256i rne = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));  // signed compare: both sides >= 0
-  const __m256i r = _mm256_blendv_epi8(rne, _mm256_or_si256(high, _mm256_set1_epi32(0x0040)), nan);
-  // 32-bit lanes holding 16-bit values -> 8 packed uint16 (packus per 128-bit half, then the halves' order).
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-  return _mm256_castsi256_si128(packed);
-}
-
-// One group of 8: from src to dst.
+// with an explicit RNE immediate (as the AVX-512 form above), bf16's lanes in core/simd.h. Tails
+// go through stack copies. One group of 8: from src to dst.
 __attribute__((target("avx2"))) inline void bf16_group_avx2(const float* src, uint16_t* dst) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), bf16_round_avx2(_mm256_loadu_ps(src)));
 }
 __attribute__((target("avx2"))) inline void bf16_widen_group_avx2(const uint16_t* src, float* dst) {
-  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-  _mm256_storeu_ps(dst, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  _mm256_storeu_ps(dst, bf16_widen_avx2(src));
 }
 __attribute__((target("avx2,f16c"))) inline void f16_group_avx2(const float* src, uint16_t* dst) {
   constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;

@@ -215,4 +215,25 @@ __attribute__((target("avx512f"))) inline __m512 bf16_widen_ps(__m256i x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
 }
 
+// 8 bf16 (bits) at p -> 8 f32, exactly (AVX2).
+__attribute__((target("avx2"))) inline __m256 bf16_widen_avx2(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+// 8 f32 -> 8 bf16 (bits), round to nearest even, NaNs kept quiet with their sign and top payload
+// bits: the scalar rule's bits (AVX2's integer lanes; bf16_round_epi32's rule on 8 lanes).
+__attribute__((target("avx2"))) inline __m128i bf16_round_avx2(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(high, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
+  const __m256i rne = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));  // signed compare: both sides >= 0
+  const __m256i r = _mm256_blendv_epi8(rne, _mm256_or_si256(high, _mm256_set1_epi32(0x0040)), nan);
+  // 32-bit lanes holding 16-bit values -> 8 packed uint16 (packus per 128-bit half, then the halves' order).
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  return _mm256_castsi256_si128(packed);
+}
+
 }  // namespace mixprec

@@ -44,11 +44,27 @@ struct Dims {
         tk8(pad8(tk)) {}
 };
 
+// n elements of a row of unit stride into f32. A row is a head's few dozen elements: bf16 and f16
+// widen here, 8 lanes at a time, where convert()'s dispatch cost as much as its widening (a third of
+// the gpt's bf16 attention layer was convert() and its dispatch, `perf`, AMD Zen 3).
+__attribute__((target("avx2,f16c"))) void widen_row(const char* src, DType t, float* dst, int64_t n) {
+  int64_t c = 0;
+  if (t == DType::bf16) {
+    const auto* s = reinterpret_cast<const uint16_t*>(src);
+    for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, bf16_widen_avx2(s + c));
+  } else if (t == DType::f16) {
+    const auto* s = reinterpret_cast<const uint16_t*>(src);
+    for (; c + 8 <= n; c += 8)
+      _mm256_storeu_ps(dst + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c))));
+  }
+  if (c < n) convert(src + size_t(c) * dtype_size(t), t, dst + c, DType::f32, size_t(n - c));
+}
+
 // n elements of row i of head bh as f32 into dst, zeros in [n, padded).
 void load_row(const Rows& x, int64_t bh, int64_t i, int64_t n, float* dst, int64_t padded) {
   const char* src = x.row(bh, i);
   if (x.se == 1) {
-    convert(src, x.t, dst, DType::f32, size_t(n));
+    widen_row(src, x.t, dst, n);
   } else {
     const size_t es = dtype_size(x.t);
     for (int64_t c = 0; c < n; ++c) convert(src + size_t(c * x.se) * es, x.t, dst + c, DType::f32, 1);
@@ -77,10 +93,30 @@ RowBlock row_block(const Rows& x, int64_t bh, int64_t i0, int64_t nr, int64_t n,
   return {buf, padded};
 }
 
+// dst[c] = src[c] * f rounded to bf16 or f16 (t) for c < n rounded down to 8; returns that count.
+// The bits of scale_into then convert().
+__attribute__((target("avx2,f16c"))) int64_t scale_round_into(uint16_t* dst, DType t, const float* src, int64_t n,
+                                                              float f) {
+  constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m256 vf = _mm256_set1_ps(f);
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(src + c), vf);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c),
+                     t == DType::bf16 ? bf16_round_avx2(v) : _mm256_cvtps_ph(v, kRne));
+  }
+  return c;
+}
+
 // src[0, n) times f into row i of head bh (rounded once to its dtype); tmp holds n floats.
 void store_row(const float* src, int64_t n, float f, float* tmp, const Rows& x, int64_t bh, int64_t i) {
   char* dst = x.row(bh, i);
   if (x.t == DType::f32 && x.se == 1) return scale_into(reinterpret_cast<float*>(dst), src, n, f);
+  if (x.se == 1 && (x.t == DType::bf16 || x.t == DType::f16)) {
+    const int64_t done = scale_round_into(reinterpret_cast<uint16_t*>(dst), x.t, src, n, f);
+    src += done, n -= done, dst += size_t(done) * 2;
+    if (n == 0) return;
+  }
   scale_into(tmp, src, n, f);
   if (x.se == 1) return convert(tmp, DType::f32, dst, x.t, size_t(n));
   const size_t es = dtype_size(x.t);
