@@ -418,8 +418,8 @@ TEST(Kernels, VectorExpForBf16IsWithinThreeMillionths) {
 
 TEST(Kernels, ActivationBf16IsTheF32KernelRoundedOnce) {
   if (!mixprec::cpu::has_avx512f())
-    GTEST_SKIP() << "no AVX-512 on this host: bf16 activations run the f32 kernels on converted blocks (no loops of "
-                    "their own to compare)";
+    GTEST_SKIP() << "no AVX-512 on this host: bf16 activations run the f32 kernels on converted blocks or their "
+                    "tables (no loops of their own to compare)";
   // Each rounding this host runs: VCVTNE2PS2BF16 where it has AVX512-BF16, and the integer lanes of
   // the CPUs without it (detail::native_bf16_rounding).
   for (const detail::ConversionPath path : detail::bulk_conversion_paths()) {
