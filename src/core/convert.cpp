@@ -163,8 +163,8 @@ __attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* src, f
 
 // AVX2 forms (hosts without AVX-512: AMD Zen 2, 2026-12-02), 8 lanes, bit-identical to the scalar
 // rules: bf16 by the same integer RNE and NaN rule as bf16_round_epi32, f16 by F16C's VCVTPS2PH
-// with an explicit RNE immediate (as the AVX-512 form above), bf16's lanes in core/simd.h. Tails
-// go through stack copies. One group of 8: from src to dst.
+// with an explicit RNE immediate (as the AVX-512 form above), both dtypes' lanes in core/simd.h.
+// Tails go through stack copies. One group of 8: from src to dst.
 __attribute__((target("avx2"))) inline void bf16_group_avx2(const float* src, uint16_t* dst) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), bf16_round_avx2(_mm256_loadu_ps(src)));
 }
@@ -172,11 +172,10 @@ __attribute__((target("avx2"))) inline void bf16_widen_group_avx2(const uint16_t
   _mm256_storeu_ps(dst, bf16_widen_avx2(src));
 }
 __attribute__((target("avx2,f16c"))) inline void f16_group_avx2(const float* src, uint16_t* dst) {
-  constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(_mm256_loadu_ps(src), kRne));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), f16_round_avx2(_mm256_loadu_ps(src)));
 }
 __attribute__((target("avx2,f16c"))) inline void f16_widen_group_avx2(const uint16_t* src, float* dst) {
-  _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+  _mm256_storeu_ps(dst, f16_widen_avx2(src));
 }
 
 // n elements in groups of 8, the tail through zero-padded stack copies.

@@ -236,4 +236,15 @@ __attribute__((target("avx2"))) inline __m128i bf16_round_avx2(__m256 x) {
   return _mm256_castsi256_si128(packed);
 }
 
+// 8 f16 (bits) at p -> 8 f32, exactly (F16C).
+__attribute__((target("avx2,f16c"))) inline __m256 f16_widen_avx2(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// 8 f32 -> 8 f16 (bits), round to nearest even whatever MXCSR says (VCVTPS2PH with an explicit RNE
+// immediate): the scalar rule's bits, subnormal outputs kept, NaNs quiet with sign and top payload.
+__attribute__((target("avx2,f16c"))) inline __m128i f16_round_avx2(__m256 x) {
+  return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
 }  // namespace mixprec

@@ -49,13 +49,10 @@ struct Dims {
 // the gpt's bf16 attention layer was convert() and its dispatch, `perf`, AMD Zen 3).
 __attribute__((target("avx2,f16c"))) void widen_row(const char* src, DType t, float* dst, int64_t n) {
   int64_t c = 0;
-  if (t == DType::bf16) {
-    const auto* s = reinterpret_cast<const uint16_t*>(src);
-    for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, bf16_widen_avx2(s + c));
-  } else if (t == DType::f16) {
+  if (t == DType::bf16 || t == DType::f16) {
     const auto* s = reinterpret_cast<const uint16_t*>(src);
     for (; c + 8 <= n; c += 8)
-      _mm256_storeu_ps(dst + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c))));
+      _mm256_storeu_ps(dst + c, t == DType::bf16 ? bf16_widen_avx2(s + c) : f16_widen_avx2(s + c));
   }
   if (c < n) convert(src + size_t(c) * dtype_size(t), t, dst + c, DType::f32, size_t(n - c));
 }
@@ -97,13 +94,11 @@ RowBlock row_block(const Rows& x, int64_t bh, int64_t i0, int64_t nr, int64_t n,
 // The bits of scale_into then convert().
 __attribute__((target("avx2,f16c"))) int64_t scale_round_into(uint16_t* dst, DType t, const float* src, int64_t n,
                                                               float f) {
-  constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   const __m256 vf = _mm256_set1_ps(f);
   int64_t c = 0;
   for (; c + 8 <= n; c += 8) {
     const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(src + c), vf);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c),
-                     t == DType::bf16 ? bf16_round_avx2(v) : _mm256_cvtps_ph(v, kRne));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c), t == DType::bf16 ? bf16_round_avx2(v) : f16_round_avx2(v));
   }
   return c;
 }
