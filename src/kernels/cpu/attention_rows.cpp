@@ -57,8 +57,28 @@ __attribute__((target("avx2,f16c"))) void widen_row(const char* src, DType t, fl
   if (c < n) convert(src + size_t(c) * dtype_size(t), t, dst + c, DType::f32, size_t(n - c));
 }
 
+// Rows are read and written a row at a time, 8 rows ahead of their use: in a training step the
+// inputs were last written by another op (the gpt's q, k, v and dO are rows of 64-128 bytes 768
+// bytes apart in the packed qkv, its 3 MB of bf16 past L2), the hardware prefetchers stop at
+// every 4 KiB page, and `perf` of `attention_bench gpt 200 bf16` put a fifth of the layer on the
+// first use of each row's loaded line (AMD Zen 3). As the AVX-512 tiles do (attention_tile.h).
+constexpr int64_t kRowsAhead = 8;
+
+// The lines of row i of head bh's first n elements (unit stride; none past the last row), for a
+// read or for a write. Always inlined: GCC 12 finds a function of prefetches alone "pure" and drops
+// its calls (none was left in the object file).
+template <bool Write = false>
+__attribute__((always_inline)) inline void prefetch_row(const Rows& x, int64_t bh, int64_t i, int64_t n) {
+  if (i >= x.t_count || x.se != 1) return;
+  const char* r = x.row(bh, i);
+  const size_t bytes = size_t(n) * dtype_size(x.t);
+  for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b, Write ? 1 : 0, 3);
+  __builtin_prefetch(r + bytes - 1, Write ? 1 : 0, 3);  // the last line, where the row starts mid-line
+}
+
 // n elements of row i of head bh as f32 into dst, zeros in [n, padded).
 void load_row(const Rows& x, int64_t bh, int64_t i, int64_t n, float* dst, int64_t padded) {
+  prefetch_row(x, bh, i + kRowsAhead, n);
   const char* src = x.row(bh, i);
   if (x.se == 1) {
     widen_row(src, x.t, dst, n);
@@ -85,7 +105,10 @@ struct RowBlock {
   int64_t ld;
 };
 RowBlock row_block(const Rows& x, int64_t bh, int64_t i0, int64_t nr, int64_t n, int64_t padded, float* buf) {
-  if (x.t == DType::f32 && x.se == 1 && n == padded) return {reinterpret_cast<const float*>(x.row(bh, i0)), x.st};
+  if (x.t == DType::f32 && x.se == 1 && n == padded) {  // the block's rows and the next ones, asked for
+    for (int64_t r = 0; r < nr + kRowsAhead; ++r) prefetch_row(x, bh, i0 + r, n);
+    return {reinterpret_cast<const float*>(x.row(bh, i0)), x.st};
+  }
   for (int64_t r = 0; r < nr; ++r) load_row(x, bh, i0 + r, n, buf + r * padded, padded);
   return {buf, padded};
 }
@@ -105,6 +128,7 @@ __attribute__((target("avx2,f16c"))) int64_t scale_round_into(uint16_t* dst, DTy
 
 // src[0, n) times f into row i of head bh (rounded once to its dtype); tmp holds n floats.
 void store_row(const float* src, int64_t n, float f, float* tmp, const Rows& x, int64_t bh, int64_t i) {
+  prefetch_row<true>(x, bh, i + kRowsAhead, n);
   char* dst = x.row(bh, i);
   if (x.t == DType::f32 && x.se == 1) return scale_into(reinterpret_cast<float*>(dst), src, n, f);
   if (x.se == 1 && (x.t == DType::bf16 || x.t == DType::f16)) {
@@ -291,12 +315,27 @@ __attribute__((target("avx2,fma"))) void ds_row(const float* pr, float* ds, int6
   for (; j < n; ++j) ds[j] = pr[j] * (ds[j] - dsum);
 }
 
-// sum over c < n of a[c] b[c], one fused multiply-add per term in order from zero (as gemm_block
-// sums each element).
-__attribute__((target("avx2,fma"))) float dot_in_order(const float* a, const float* b, int64_t n) {
-  __m128 acc = _mm_setzero_ps();
-  for (int64_t c = 0; c < n; ++c) acc = _mm_fmadd_ss(_mm_load_ss(a + c), _mm_load_ss(b + c), acc);
-  return _mm_cvtss_f32(acc);
+// out[r] = sum over c < n of a[r][c] b[r][c] for r < nr, each sum one fused multiply-add per term
+// in order from zero (as gemm_block sums each element). Eight rows' sums side by side, so that the
+// chains of dependent FMAs overlap (one row's chain alone waits on each FMA's latency: 4% of the
+// gpt's attention layer in `perf`, AMD Zen 3); a short group repeats its last row.
+__attribute__((target("avx2,fma"))) void dots_in_order(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                                       int64_t nr, int64_t n, float* out) {
+  constexpr int64_t G = 8;
+  for (int64_t r0 = 0; r0 < nr; r0 += G) {
+    const float* ar[G];
+    const float* br[G];
+    for (int64_t r = 0; r < G; ++r) {
+      const int64_t row = std::min(r0 + r, nr - 1);
+      ar[r] = a + row * lda, br[r] = b + row * ldb;
+    }
+    __m128 acc[G];
+    for (auto& x : acc) x = _mm_setzero_ps();
+    for (int64_t c = 0; c < n; ++c)
+#pragma GCC unroll 8
+      for (int64_t r = 0; r < G; ++r) acc[r] = _mm_fmadd_ss(_mm_load_ss(ar[r] + c), _mm_load_ss(br[r] + c), acc[r]);
+    for (int64_t r = 0; r < std::min(G, nr - r0); ++r) out[r0 + r] = _mm_cvtss_f32(acc[r]);
+  }
 }
 
 Tensor workspace(int64_t floats) {
@@ -369,10 +408,10 @@ void backward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
   const int64_t wmax = std::max(d.e8, d.ev8);
   constexpr int64_t R = kRowsPerUpdate;
   // Per thread: K^T [e8][tk8] and K rows [tk8][e8], V^T [ev8][tk8], dK [tk8][e8], dV [tk8][ev8];
-  // for a block of R query rows their q, dO, dQ, P and dP (dS) rows; the row of O, 8 rows being
-  // packed, the keep flags.
+  // for a block of R query rows their q, dO, O, dQ, P and dP (dS) rows; 8 rows being packed, the
+  // keep flags.
   const int64_t per_thread =
-      3 * d.e8 * d.tk8 + 2 * d.ev8 * d.tk8 + R * (2 * d.e8 + d.ev8 + 2 * d.tk8) + d.ev8 + 8 * wmax + d.tk8;
+      3 * d.e8 * d.tk8 + 2 * d.ev8 * d.tk8 + R * (2 * d.e8 + 2 * d.ev8 + 2 * d.tk8) + 8 * wmax + d.tk8;
   const Tensor ws = workspace(omp_get_max_threads() * per_thread);
 
 #pragma omp parallel for schedule(dynamic)
@@ -387,8 +426,8 @@ void backward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
     float* dqrows = dorows + R * d.ev8;  // [R][e8]
     float* pr = dqrows + R * d.e8;       // [R][tk8]
     float* ds = pr + R * d.tk8;          // [R][tk8]
-    float* orow = ds + R * d.tk8;
-    float* row = orow + d.ev8;
+    float* orows = ds + R * d.tk8;       // [R][ev8]
+    float* row = orows + R * d.ev8;
     auto* keep = reinterpret_cast<uint8_t*>(row + 8 * wmax);
     const RowBlock kb = row_block(rk, bh, 0, d.tk, d.e, d.e8, krows);  // K's rows, widened once
     pack(kb, d.tk, d.e, d.e8, d.tk8, kt);
@@ -400,15 +439,12 @@ void backward_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Atte
       const int64_t n_max = attention_last_key(p, i0 + nr - 1, d.tq, d.tk) + 1;  // keys any row of the block sees
       const RowBlock qb = row_block(rq, bh, i0, nr, d.e, d.e8, qrows);
       const RowBlock dob = row_block(rgo, bh, i0, nr, d.ev, d.ev8, dorows);
+      // D = dO . O from the stored (rounded) output, as FlashAttention-2, summed as the dP product
+      // sums dP = dO V^T (one fused multiply-add per term, in order from zero): where O is V_j (a
+      // single key), dP - D, and with it dS, is exactly zero.
+      const RowBlock ob = row_block(ro, bh, i0, nr, d.ev, d.ev8, orows);
       float dsum[R];
-      for (int64_t r = 0; r < nr; ++r) {
-        const float* dorow = dob.p + r * dob.ld;
-        load_row(ro, bh, i0 + r, d.ev, orow, d.ev8);
-        // D = dO . O from the stored (rounded) output, as FlashAttention-2, summed as the dP
-        // product sums dP = dO V^T (one fused multiply-add per term, in order from zero): where O
-        // is V_j (a single key), dP - D, and with it dS, is exactly zero.
-        dsum[r] = dot_in_order(dorow, orow, d.ev);
-      }
+      dots_in_order(dob.p, dob.ld, ob.p, ob.ld, nr, d.ev, dsum);
       matmul_rows(qb.p, qb.ld, nr, d.e, kt, d.tk8, pad8(n_max), pr, d.tk8);
       matmul_rows(dob.p, dob.ld, nr, d.ev, vt, d.tk8, pad8(n_max), ds, d.tk8);
       for (int64_t r = 0; r < nr; ++r) {

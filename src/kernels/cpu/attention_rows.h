@@ -15,11 +15,12 @@ namespace mixprec::kernels::cpu::attn {
 struct Rows {
   char* base;
   DType t;
-  int64_t h_count, sb, sh, st, se;
+  int64_t h_count, t_count, sb, sh, st, se;
   explicit Rows(const Tensor& x)
       : base(static_cast<char*>(x.data_ptr())),
         t(x.dtype()),
         h_count(x.size(1)),
+        t_count(x.size(2)),
         sb(x.strides()[0]),
         sh(x.strides()[1]),
         st(x.strides()[2]),
