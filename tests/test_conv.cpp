@@ -279,44 +279,47 @@ TEST(ConvFast, Bf16UsesTheHostsMatrixUnit) {
 }
 
 // A first layer's weight gradient (at most 4 input channels and 32 taps) runs mixprec's kernel
-// (the profile names it) on the AVX2 kind and with AVX-512, in fp32, bf16 and f16 (on the AVX2 kind
-// the 16-bit ones through f32), at 32 output channels (a width oneDNN's blocked kernels take,
-// padding the one input channel to a block) and 42 (where oneDNN 2.6's bf16 kernel is its im2col
-// GEMM). As in the nets, the input needs no gradient (an f16 layer's weight gradient then reads the
-// f16 tensors, nothing cast): the weight and bias gradients are the f64 truth rounded once, within
-// an f32 sum's bound. MatchesReferenceInEveryDType checks the first_layer_* cases with an input
-// gradient too.
+// (the profile names it) on the AVX2 kind and with AVX-512, in fp32, bf16 and f16 (where a 16-bit
+// layer computes in f32, the kernel still reads the 16-bit tensors), at 32 output channels (a width
+// oneDNN's blocked kernels take, padding the one input channel to a block) and 42 (where oneDNN
+// 2.6's bf16 kernel is its im2col GEMM), on 28 x 28 images and 13 x 11 ones (143 positions: a last
+// vector of 7 on AVX2, of 15 on AVX-512). As in the nets, the input needs no gradient (a 16-bit
+// layer's weight gradient then reads the 16-bit tensors, nothing cast): the weight and bias
+// gradients are the f64 truth rounded once, within an f32 sum's bound. MatchesReferenceInEveryDType
+// checks the first_layer_* cases with an input gradient too.
 TEST(ConvFast, FirstLayerWeightGradientRunsMixprecsKernel) {
   if (!mixprec::cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2 and FMA: the scalar host runs oneDNN's kernels";
-  for (int64_t oc : {32, 42})
-    for (DType t : {DType::f32, DType::bf16, DType::f16}) {
-      SCOPED_TRACE(std::string(dtype_name(t)) + " oc " + std::to_string(oc));
-      Generator gen(5);
-      const Tensor x = convtest::rand(gen, {8, 1, 28, 28}, t);
-      const Tensor w = convtest::rand(gen, {oc, 1, 3, 3}, t);
-      const Tensor b = convtest::rand(gen, {oc}, t);
-      const Tensor gy = convtest::rand(gen, {8, oc, 28, 28}, t);
-      // The weight and bias gradients of conv2d(xi, wi, bi) against gyi on backend be.
-      auto grads = [](kernels::Backend be, const Tensor& xi, const Tensor& wi, const Tensor& bi, const Tensor& gyi) {
-        BackendGuard guard(be);
-        Tensor wl = wi.clone().set_requires_grad(), bl = bi.clone().set_requires_grad();
-        ops::conv2d(xi, wl, bl, {.padding = 1}).backward(gyi);
-        return std::pair{wl.grad(), bl.grad()};
-      };
-      profile::start();
-      const auto [gw, gb] = grads(kernels::Backend::cpu, x, w, b, gy);
-      profile::stop();
-      std::string impl;
-      for (const auto& r : profile::rows())
-        if (r.kernel == "conv2d_backward") impl = r.impl;
-      EXPECT_EQ(impl, "mixprec:small_k_wgrad");
-      const auto f64 = [](const Tensor& v) { return v.to(DType::f64); };
-      const auto [tw, tb] = grads(kernels::Backend::ref, f64(x), f64(w), f64(b), f64(gy));
-      const auto [aw, ab] = grads(kernels::Backend::ref, convtest::abs_of(x), f64(w), f64(b), convtest::abs_of(gy));
-      const double terms = 8 * 28 * 28;  // images x positions
-      EXPECT_TRUE(convtest::close_rounded_once(gw, tw, aw, terms, "weight gradient"));
-      EXPECT_TRUE(convtest::close_rounded_once(gb, tb, ab, terms, "bias gradient"));
-    }
+  for (const auto& [h, wd] : {std::pair<int64_t, int64_t>{28, 28}, {13, 11}})
+    for (int64_t oc : {32, 42})
+      for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " oc " + std::to_string(oc) + " " + std::to_string(h) + " x " +
+                     std::to_string(wd));
+        Generator gen(5);
+        const Tensor x = convtest::rand(gen, {8, 1, h, wd}, t);
+        const Tensor w = convtest::rand(gen, {oc, 1, 3, 3}, t);
+        const Tensor b = convtest::rand(gen, {oc}, t);
+        const Tensor gy = convtest::rand(gen, {8, oc, h, wd}, t);
+        // The weight and bias gradients of conv2d(xi, wi, bi) against gyi on backend be.
+        auto grads = [](kernels::Backend be, const Tensor& xi, const Tensor& wi, const Tensor& bi, const Tensor& gyi) {
+          BackendGuard guard(be);
+          Tensor wl = wi.clone().set_requires_grad(), bl = bi.clone().set_requires_grad();
+          ops::conv2d(xi, wl, bl, {.padding = 1}).backward(gyi);
+          return std::pair{wl.grad(), bl.grad()};
+        };
+        profile::start();
+        const auto [gw, gb] = grads(kernels::Backend::cpu, x, w, b, gy);
+        profile::stop();
+        std::string impl;
+        for (const auto& r : profile::rows())
+          if (r.kernel == "conv2d_backward") impl = r.impl;
+        EXPECT_EQ(impl, "mixprec:small_k_wgrad");
+        const auto f64 = [](const Tensor& v) { return v.to(DType::f64); };
+        const auto [tw, tb] = grads(kernels::Backend::ref, f64(x), f64(w), f64(b), f64(gy));
+        const auto [aw, ab] = grads(kernels::Backend::ref, convtest::abs_of(x), f64(w), f64(b), convtest::abs_of(gy));
+        const double terms = double(8 * h * wd);  // images x positions
+        EXPECT_TRUE(convtest::close_rounded_once(gw, tw, aw, terms, "weight gradient"));
+        EXPECT_TRUE(convtest::close_rounded_once(gb, tb, ab, terms, "bias gradient"));
+      }
 }
 
 // A 16-bit first layer's forward (at most 4 input channels and 32 taps, stride 1): mixprec's own

@@ -14,6 +14,7 @@
 #endif
 
 #include <cstdint>
+#include <cstring>
 
 #include "mixprec/cpu.h"
 
@@ -101,8 +102,10 @@ __attribute__((target("avx512f,avx512bw"))) inline void transpose_32x32_16bit(co
 // ahead of where it reads. The hardware prefetchers stop at page boundaries, and on the AMX host
 // (2 MiB of L2 a core) GELU, the 2x2 pool's forward, the bias sums and layer norm stalled on their
 // loads of tensors of a few MiB (docs/hosts.md, 2026-12-05, fifth session; each call site has its
-// measurement). A prefetch never faults, so the lines may lie past the tensor's end.
-inline void fetch_ahead(const void* p, int64_t bytes) {
+// measurement). A prefetch never faults, so the lines may lie past the tensor's end. Always
+// inlined: GCC 12 finds a function of prefetches alone "pure" and drops calls it did not inline
+// (cpu/attention_rows.cpp's row prefetch had none left in its object file).
+__attribute__((always_inline)) inline void fetch_ahead(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p) + 4096;
   for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
 }
@@ -208,6 +211,52 @@ __attribute__((target("avx2"))) inline void store_first8(float* p, __m256 v, int
     p += 2, n -= 2;
   }
   if (n >= 1) _mm_store_ss(p, part);
+}
+
+// The first nb (0..16) bytes at p in the low bytes of a vector, zeros above; nothing past them is
+// read. Pieces of 8, 4, 2 and 1 bytes of constant size: a memcpy of a variable size was a libc
+// call per row chunk, most of the bf16 2x2 pool's backward on AMD Zen 3 (its rows of 7 and 14).
+inline __m128i load_first_bytes(const void* p, int64_t nb) {
+  if (nb >= 16) return _mm_loadu_si128(static_cast<const __m128i*>(p));
+  const auto* c = static_cast<const unsigned char*>(p);
+  uint64_t lo = 0, tail = 0;
+  int64_t off = 0;
+  int shift = 0;
+  if (nb & 8) std::memcpy(&lo, c, 8), off = 8;
+  if (nb & 4) {
+    uint32_t x;
+    std::memcpy(&x, c + off, 4);
+    tail = x, shift = 32, off += 4;
+  }
+  if (nb & 2) {
+    uint16_t x;
+    std::memcpy(&x, c + off, 2);
+    tail |= uint64_t(x) << shift, shift += 16, off += 2;
+  }
+  if (nb & 1) tail |= uint64_t(c[off]) << shift;
+  return (nb & 8) ? _mm_set_epi64x(int64_t(tail), int64_t(lo)) : _mm_set_epi64x(0, int64_t(tail));
+}
+
+// The first nb (0..16) bytes of v at p, nothing past them written: pieces as above.
+inline void store_first_bytes(void* p, __m128i v, int64_t nb) {
+  if (nb >= 16) {
+    _mm_storeu_si128(static_cast<__m128i*>(p), v);
+    return;
+  }
+  auto* c = static_cast<unsigned char*>(p);
+  uint64_t w = uint64_t(_mm_cvtsi128_si64(v));
+  if (nb & 8) std::memcpy(c, &w, 8), c += 8, w = uint64_t(_mm_cvtsi128_si64(_mm_unpackhi_epi64(v, v)));
+  if (nb & 4) {
+    const auto x = uint32_t(w);
+    std::memcpy(c, &x, 4);
+    c += 4, w >>= 32;
+  }
+  if (nb & 2) {
+    const auto x = uint16_t(w);
+    std::memcpy(c, &x, 2);
+    c += 2, w >>= 16;
+  }
+  if (nb & 1) *c = static_cast<unsigned char>(w);
 }
 
 // 16 bf16 (bits) -> 16 f32, exactly: each value's bits moved to the high half of its lane.

@@ -344,10 +344,11 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
   const bool need_x = out.x.defined(), need_w = out.weight.defined(), need_b = out.bias.defined();
   const DType t = grad_y.dtype();
   if (conv_in_f32(g, t)) {
-    // An f16 first layer's weight and bias gradients: mixprec's kernel on the f16 tensors (the cnns'
-    // first layers need nothing else, so grad_y is never cast); the rest in f32.
-    const bool small_k = need_w && t == DType::f16 && x.dtype() == t && small_k_wgrad(g, t) &&
-                         out.weight.dtype() == t && (!need_b || out.bias.dtype() == t);
+    // A 16-bit first layer's weight and bias gradients: mixprec's kernel on the 16-bit tensors (the
+    // cnns' first layers need nothing else, so grad_y is never cast); the rest in f32.
+    const auto t_or_f32 = [&](const Tensor& v) { return v.dtype() == t || v.dtype() == DType::f32; };
+    const bool small_k =
+        need_w && x.dtype() == t && small_k_wgrad(g, t) && t_or_f32(out.weight) && (!need_b || t_or_f32(out.bias));
     if (small_k) backward_weights_small_k(grad_y, x, g, out);
     const bool wide_w = need_w && !small_k, wide_b = need_b && !small_k;
     if (!need_x && !wide_w && !wide_b) return true;

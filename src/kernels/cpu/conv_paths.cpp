@@ -68,15 +68,17 @@ bool rewritable(const ConvGeometry& g) {
 bool split_wgrad(const ConvGeometry& g) { return omp_get_max_threads() > 1 && g.n >= 2; }
 
 // A first layer's weight gradient (at most kFirstLayerChannels input channels and kSmallKTaps taps,
-// one group) runs mixprec's own kernel (cpu/conv_small_k.cpp): in f32 on AVX2 and AVX-512 hosts, in
-// bf16 and f16 with AVX-512 (bf16 convolutions run in f32 on AVX2 hosts; f16 ones in f32 on every
-// host, this gradient aside: conv2d_backward). oneDNN 2.6's kernels for it pad
+// one group) runs mixprec's own kernel (cpu/conv_small_k.cpp) in f32 and f16 on AVX2 and AVX-512
+// hosts, in bf16 on AVX2 hosts and with AVX512-BF16 (where a layer's 16-bit convolutions compute in
+// f32, this gradient reads the 16-bit tensors all the same: conv2d_backward; an AVX-512 CPU without
+// AVX512-BF16 widens bf16 and runs the f32 kernel). oneDNN 2.6's kernels for it pad
 // the input channels to a block of 8 (AVX2) or 16 (AVX-512) or, in bf16 at widths that are not a
 // multiple of 16, fall back to its im2col GEMM; mixprec's ran 1.5-2x faster on each (docs/conv.md).
 bool small_k_wgrad(const ConvGeometry& g, DType t) {
   if (g.groups != 1 || g.c > kFirstLayerChannels || g.c * g.kh * g.kw > kSmallKTaps) return false;
   const Lanes lanes = simd_lanes();
-  return t == DType::f32 ? lanes != Lanes::none : (t == DType::bf16 || t == DType::f16) && lanes == Lanes::avx512;
+  return t == DType::bf16 ? lanes == Lanes::avx2 || mixprec::cpu::has_avx512_bf16()
+                          : lanes != Lanes::none && (t == DType::f32 || t == DType::f16);
 }
 
 // On the by_size kind (dnnl_common.h: Intel's AVX512-BF16 without AMX, where VDPBF16PS has the f32

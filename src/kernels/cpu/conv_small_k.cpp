@@ -1,5 +1,5 @@
-// mixprec's weight gradient of a convolution with a short contraction (a first layer), in f32 on
-// AVX2 and AVX-512 hosts and in bf16 and f16 with AVX-512, where oneDNN 2.6 pads the input channels
+// mixprec's weight gradient of a convolution with a short contraction (a first layer), in f32, bf16
+// and f16 on AVX2 and AVX-512 hosts, where oneDNN 2.6 pads the input channels
 // to a block or, in bf16, falls back to its im2col GEMM, and has no f16 (see conv.cpp's
 // small_k_wgrad and docs/conv.md).
 //
@@ -10,7 +10,8 @@
 // of P, zero-padded to whole vectors), and for four output channels by three taps at a time the
 // dot products of their dy rows, read in place, with the cols rows, f32 accumulation: f32 by FMA
 // (16 lanes with AVX-512, 8 with AVX2), f16 by the same FMAs on values widened as they are loaded
-// (VCVTPH2PS, exact), bf16 by VDPBF16PS (pairs of positions). Images go in fixed
+// (VCVTPH2PS, exact), bf16 by VDPBF16PS (pairs of positions) where the CPU has AVX512-BF16, else
+// (on AVX2 hosts) by AVX2's FMAs on values widened as they are loaded. Images go in fixed
 // parts of kImagesPerPart, each with its own f32 partial sums, added in part order: the result does
 // not depend on the thread count.
 #include <omp.h>
@@ -132,34 +133,51 @@ MIXPREC_BF16_DOT void wgrad_four_rows(const uint16_t* cols, int64_t k_count, int
 }
 #undef MIXPREC_BF16_DOT
 
-// The same sums from f32 on AVX2 (8 lanes): acc[r * K + k] += sum_p rows[r][p] * cols[k][p] over the
-// first p_count positions, three taps at a time (twelve accumulators). The rows are read in place
-// (grad_y's planes), masked past p_count; cols rows are p8 floats apart, zeros past p_count. The
-// lanes of each sum add in lane order, so the result is fixed for a given p_count.
-__attribute__((target("avx2,fma"))) void wgrad_four_rows_avx2(const float* cols, int64_t k_count, int64_t p_count,
-                                                              int64_t p8, const float* const* rows, float* acc,
-                                                              float* bias) {
-  const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
-  const int64_t whole = p_count / 8 * 8;
-  const __m256i tail = first_lanes8(p_count - whole);
+// 8 elements as f32 lanes (bf16 and f16 widened exactly), and the first n (0..8) of them, zeros past
+// them, nothing past them read.
+__attribute__((target("avx2"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2"))) inline __m256 load8(const uint16_t* p) { return bf16_widen_avx2(p); }
+__attribute__((target("avx2,f16c"))) inline __m256 load8(const f16_t* p) { return f16_widen_avx2(&p->bits); }
+__attribute__((target("avx2"))) inline __m256 load8(const float* p, int64_t n) { return load_first8(p, n); }
+__attribute__((target("avx2"))) inline __m256 load8(const uint16_t* p, int64_t n) {
+  const __m256i w = _mm256_cvtepu16_epi32(load_first_bytes(p, 2 * n));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+__attribute__((target("avx2,f16c"))) inline __m256 load8(const f16_t* p, int64_t n) {
+  return _mm256_cvtph_ps(load_first_bytes(p, 2 * n));
+}
+
+// The same sums on AVX2 (8 lanes): acc[r * K + k] += sum_p rows[r][p] * cols[k][p] over the first
+// p_count positions, three taps at a time (twelve accumulators). The rows are read in place
+// (grad_y's planes), loaded partially past p_count: f32, or bf16 or f16 widened as they are loaded;
+// cols rows are f32 (a 16-bit image's widened once, part_sums), `stride` elements apart, zeros past
+// p_count. Widening is exact: the sums of the values widened beforehand, bit for bit, without the
+// casts of x and grad_y that computing a 16-bit layer in f32 took. The lanes of each sum add in
+// lane order, so the result is fixed for a given p_count.
+template <class T>
+__attribute__((target("avx2,fma,f16c"))) void wgrad_four_rows_avx2(const float* cols, int64_t k_count, int64_t p_count,
+                                                                   int64_t stride, const T* const* rows, float* acc,
+                                                                   float* bias) {
+  const T *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
+  const int64_t whole = p_count / 8 * 8, rest = p_count - whole;
   for (int64_t k = 0; k < k_count; k += 3) {
     const int64_t taps = std::min<int64_t>(3, k_count - k);
     // A last block of one or two taps repeats its first; only the taps it has are added.
-    const float* c0 = cols + k * p8;
-    const float* c1 = taps > 1 ? c0 + p8 : c0;
-    const float* c2 = taps > 2 ? c0 + 2 * p8 : c0;
+    const float* c0 = cols + k * stride;
+    const float* c1 = taps > 1 ? c0 + stride : c0;
+    const float* c2 = taps > 2 ? c0 + 2 * stride : c0;
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
     __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
     for (int64_t p = 0; p < p_count; p += 8) {
       const bool full = p < whole;
-      const __m256 v0 = _mm256_loadu_ps(c0 + p), v1 = _mm256_loadu_ps(c1 + p), v2 = _mm256_loadu_ps(c2 + p);
-      __m256 y = full ? _mm256_loadu_ps(r0 + p) : _mm256_maskload_ps(r0 + p, tail);
+      const __m256 v0 = load8(c0 + p), v1 = load8(c1 + p), v2 = load8(c2 + p);
+      __m256 y = full ? load8(r0 + p) : load8(r0 + p, rest);
       a00 = _mm256_fmadd_ps(y, v0, a00), a01 = _mm256_fmadd_ps(y, v1, a01), a02 = _mm256_fmadd_ps(y, v2, a02);
-      y = full ? _mm256_loadu_ps(r1 + p) : _mm256_maskload_ps(r1 + p, tail);
+      y = full ? load8(r1 + p) : load8(r1 + p, rest);
       a10 = _mm256_fmadd_ps(y, v0, a10), a11 = _mm256_fmadd_ps(y, v1, a11), a12 = _mm256_fmadd_ps(y, v2, a12);
-      y = full ? _mm256_loadu_ps(r2 + p) : _mm256_maskload_ps(r2 + p, tail);
+      y = full ? load8(r2 + p) : load8(r2 + p, rest);
       a20 = _mm256_fmadd_ps(y, v0, a20), a21 = _mm256_fmadd_ps(y, v1, a21), a22 = _mm256_fmadd_ps(y, v2, a22);
-      y = full ? _mm256_loadu_ps(r3 + p) : _mm256_maskload_ps(r3 + p, tail);
+      y = full ? load8(r3 + p) : load8(r3 + p, rest);
       a30 = _mm256_fmadd_ps(y, v0, a30), a31 = _mm256_fmadd_ps(y, v1, a31), a32 = _mm256_fmadd_ps(y, v2, a32);
     }
     const __m256 sums[4][3] = {{a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}, {a30, a31, a32}};
@@ -169,8 +187,8 @@ __attribute__((target("avx2,fma"))) void wgrad_four_rows_avx2(const float* cols,
   if (!bias) return;
   for (int64_t r = 0; r < 4; ++r) {
     __m256 b = _mm256_setzero_ps();
-    for (int64_t p = 0; p < whole; p += 8) b = _mm256_add_ps(b, _mm256_loadu_ps(rows[r] + p));
-    if (whole < p_count) b = _mm256_add_ps(b, _mm256_maskload_ps(rows[r] + whole, tail));
+    for (int64_t p = 0; p < whole; p += 8) b = _mm256_add_ps(b, load8(rows[r] + p));
+    if (rest) b = _mm256_add_ps(b, load8(rows[r] + whole, rest));
     bias[r] += lane_sum(b);
   }
 }
@@ -211,34 +229,59 @@ void im2col(const T* x, const ConvGeometry& g, int64_t stride, T* padded, T* col
       }
 }
 
+// Whether the sums run on AVX2's kernel (hosts without AVX-512), else on AVX-512's.
+bool on_avx2() { return simd_lanes() == Lanes::avx2; }
+
+// Bytes of a thread's scratch before its f32 cols (part_sums), and in all.
+struct Scratch {
+  size_t own, total;
+};
+template <class T>
+Scratch scratch_bytes(const ConvGeometry& g, int64_t stride, bool by_rows) {
+  const int64_t k_count = g.c * g.kh * g.kw;
+  const size_t own =
+      size_t((by_rows ? g.c * (g.h + 2 * g.pad_h) * (g.w + 2 * g.pad_w) : 0) + k_count * stride + stride) * sizeof(T);
+  const size_t wide = std::is_same_v<T, float> || !on_avx2() ? 0 : size_t(k_count * stride) * sizeof(float);
+  const size_t own64 = (own + 63) / 64 * 64;
+  return {own64, (own64 + wide + 63) / 64 * 64};
+}
+
 // One part's images [first, last) into its partial sums: T is x's and grad_y's element (float, or
-// bf16 or f16 bits); scratch holds the padded image, the cols (K rows of `stride`) and one zero dy row.
+// bf16 or f16 bits); scratch holds the padded image, the cols (K rows of `stride`) and one zero dy
+// row, and for AVX2's kernel on 16-bit tensors the cols widened to f32 (once an image, where the
+// kernel widening them on load took half again the f32 layer's time: four groups of output
+// channels each widened them anew, AMD Zen 3).
 template <class T>
 void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, int64_t last, int64_t stride,
-               bool by_rows, T* scratch, float* acc, float* bias_acc) {
+               bool by_rows, char* scratch, float* acc, float* bias_acc) {
   const int64_t k_count = g.c * g.kh * g.kw, p_count = g.oh * g.ow, oc4 = (g.oc + 3) / 4 * 4;
   const int64_t padded_count = by_rows ? g.c * (g.h + 2 * g.pad_h) * (g.w + 2 * g.pad_w) : 0;
-  T* const padded = scratch;
+  T* const padded = reinterpret_cast<T*>(scratch);
   T* const cols = padded + padded_count;
   T* const zero_row = cols + k_count * stride;
+  const bool avx2 = on_avx2();
+  float* const wide = std::is_same_v<T, float> || !avx2
+                          ? nullptr
+                          : reinterpret_cast<float*>(scratch + scratch_bytes<T>(g, stride, by_rows).own);
   std::fill(padded, padded + padded_count, T{});  // the border stays zero
   std::fill(zero_row, zero_row + stride, T{});
   for (int64_t n = first; n < last; ++n) {
     im2col(x + n * g.c * g.h * g.w, g, stride, by_rows ? padded : nullptr, cols);
+    if (wide)
+      convert(cols, std::is_same_v<T, uint16_t> ? DType::bf16 : DType::f16, wide, DType::f32, size_t(k_count * stride));
     for (int64_t oc = 0; oc < oc4; oc += 4) {
       const T* rows[4];
       for (int64_t r = 0; r < 4; ++r) rows[r] = oc + r < g.oc ? dy + (n * g.oc + oc + r) * p_count : zero_row;
       float* const dw = acc + oc * k_count;
       float* const db = bias_acc ? bias_acc + oc : nullptr;
-      if constexpr (std::is_same_v<T, uint16_t>) {
+      // AVX2's FMAs, or with AVX-512 bf16 by VDPBF16PS (small_k_wgrad: the CPU has it), f16 and f32
+      // by FMAs.
+      if (avx2) {
+        wgrad_four_rows_avx2(wide ? wide : reinterpret_cast<const float*>(cols), k_count, p_count, stride, rows, dw,
+                             db);
+      } else if constexpr (std::is_same_v<T, uint16_t>) {
         wgrad_four_rows(cols, k_count, p_count, stride, rows, dw, db);
       } else {
-        if constexpr (std::is_same_v<T, float>) {
-          if (simd_lanes() == Lanes::avx2) {
-            wgrad_four_rows_avx2(cols, k_count, p_count, stride, rows, dw, db);
-            continue;
-          }
-        }
         wgrad_four_rows_fma(cols, k_count, p_count, stride, rows, dw, db);
       }
     }
@@ -248,13 +291,11 @@ void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, in
 }  // namespace
 
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
-  // f32 on AVX2 and AVX-512, bf16 with AVX512-BF16 (conv2d_backward runs bf16 in f32 elsewhere),
-  // f16 with AVX-512.
+  // f32 and f16 on AVX2 and AVX-512 hosts, bf16 on AVX2 hosts and with AVX512-BF16 (small_k_wgrad).
   const DType t = x.dtype();
   const bool f32 = t == DType::f32;
-  MIXPREC_ASSERT(f32                ? simd_lanes() != Lanes::none
-                 : t == DType::bf16 ? mixprec::cpu::has_avx512_bf16()
-                                    : t == DType::f16 && simd_lanes() == Lanes::avx512,
+  MIXPREC_ASSERT(t == DType::bf16 ? simd_lanes() == Lanes::avx2 || mixprec::cpu::has_avx512_bf16()
+                                  : simd_lanes() != Lanes::none && (f32 || t == DType::f16),
                  "small-K weight gradient: ", dtype_name(t), " on this host");
   const int64_t k_count = g.c * g.kh * g.kw, p_count = g.oh * g.ow;
   const int64_t vector = t == DType::bf16 ? 32 : 16;  // elements of a cols row's vectors
@@ -271,27 +312,28 @@ void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
   // partial sums, per thread the padded image, the cols and a zero dy row, in x's dtype.
   const int64_t part_floats = oc4 * k_count + (with_bias ? oc4 : 0);
   WorkspaceBuffer partials(size_t(parts * part_floats) * sizeof(float));
-  const size_t scratch_bytes = size_t((by_rows ? g.c * hp * wp : 0) + k_count * stride + stride) * (f32 ? 4 : 2);
-  const size_t scratch_stride = (scratch_bytes + 63) / 64 * 64;
+  const size_t scratch_stride = f32                ? scratch_bytes<float>(g, stride, by_rows).total
+                                : t == DType::bf16 ? scratch_bytes<uint16_t>(g, stride, by_rows).total
+                                                   : scratch_bytes<f16_t>(g, stride, by_rows).total;
   WorkspaceBuffer scratch(size_t(threads) * scratch_stride);
   float* const part_base = static_cast<float*>(partials.data());
   std::fill(part_base, part_base + parts * part_floats, 0.0f);
   profile::detail::note_impl("mixprec:small_k_wgrad");
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t part = 0; part < parts; ++part) {
-    void* const tmp = static_cast<char*>(scratch.data()) + size_t(omp_get_thread_num()) * scratch_stride;
+    char* const tmp = static_cast<char*>(scratch.data()) + size_t(omp_get_thread_num()) * scratch_stride;
     float* const acc = part_base + part * part_floats;
     float* const bias_acc = with_bias ? acc + oc4 * k_count : nullptr;
     const int64_t first = part * kImagesPerPart, last = std::min(g.n, first + kImagesPerPart);
     if (f32)
       part_sums(static_cast<const float*>(x.data_ptr()), static_cast<const float*>(grad_y.data_ptr()), g, first, last,
-                stride, by_rows, static_cast<float*>(tmp), acc, bias_acc);
+                stride, by_rows, tmp, acc, bias_acc);
     else if (t == DType::bf16)
       part_sums(static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint16_t*>(grad_y.data_ptr()), g, first,
-                last, stride, by_rows, static_cast<uint16_t*>(tmp), acc, bias_acc);
+                last, stride, by_rows, tmp, acc, bias_acc);
     else
       part_sums(static_cast<const f16_t*>(x.data_ptr()), static_cast<const f16_t*>(grad_y.data_ptr()), g, first, last,
-                stride, by_rows, static_cast<f16_t*>(tmp), acc, bias_acc);
+                stride, by_rows, tmp, acc, bias_acc);
   }
   // The parts in order, then one rounding into the gradients' dtypes.
   for (int64_t part = 1; part < parts; ++part) {

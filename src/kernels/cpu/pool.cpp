@@ -215,16 +215,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void max_rows_2x2_backward_
 
 // A chunk of n outputs: a full one loads and stores whole vectors, a row's last one loads masked
 // and stores its lanes in pieces (core/simd.h's load_first8 and store_first8; bf16 pairs, only
-// 2-byte aligned, through memcpy).
+// 2-byte aligned, and the argmax bytes, load_first_bytes and store_first_bytes).
 // n 32-bit lanes (bf16 pairs) at a 2-byte aligned p: the bits as they are.
 __attribute__((target("avx2"))) inline void store_pairs8(uint16_t* p, __m256i v, int64_t n) {
   if (n >= 8) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
     return;
   }
-  alignas(32) uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
-  std::memcpy(p, lanes, size_t(std::max<int64_t>(n, 0)) * sizeof(uint32_t));
+  const int64_t nb = 4 * std::max<int64_t>(n, 0);
+  store_first_bytes(p, _mm256_castsi256_si128(v), std::min<int64_t>(nb, 16));
+  if (nb > 16) store_first_bytes(p + 8, _mm256_extracti128_si256(v, 1), nb - 16);
 }
 struct Taps8 {
   __m256 a, b, c, d;
@@ -289,9 +289,7 @@ __attribute__((target("avx2"))) inline void route8(__m256i g, __m256i k, int64_t
 // scalar rounding rule applied to a widened bf16 value: its own bits otherwise).
 __attribute__((target("avx2"))) inline __m256 grad8(const float* gy, int64_t n) { return load_first8(gy, n); }
 __attribute__((target("avx2"))) inline __m256i grad8(const uint16_t* gy, int64_t n) {
-  alignas(16) uint16_t buf[8] = {};
-  std::memcpy(buf, gy, size_t(std::min<int64_t>(n, 8)) * 2);
-  const __m256i low = _mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
+  const __m256i low = _mm256_cvtepu16_epi32(load_first_bytes(gy, 2 * std::min<int64_t>(n, 8)));
   const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(low, _mm256_set1_epi32(0x7fff)), _mm256_set1_epi32(0x7f80));
   return _mm256_or_si256(low, _mm256_and_si256(nan, _mm256_set1_epi32(0x0040)));
 }
@@ -304,9 +302,7 @@ __attribute__((target("avx2"))) void max_rows_2x2_avx2(const T* x, int64_t w, in
       const Winners8 win = winners8(taps8(x + 2 * ox, x + w + 2 * ox, n));
       store_first8(out + ox, win.max, n);
       const __m128i k16 = _mm_packus_epi32(_mm256_castsi256_si128(win.k), _mm256_extracti128_si256(win.k, 1));
-      alignas(16) uint8_t k8[16];
-      _mm_store_si128(reinterpret_cast<__m128i*>(k8), _mm_packus_epi16(k16, k16));
-      std::memcpy(arg + ox, k8, size_t(n));
+      store_first_bytes(arg + ox, _mm_packus_epi16(k16, k16), n);
     }
 }
 
@@ -316,9 +312,7 @@ __attribute__((target("avx2"))) void max_rows_2x2_backward_avx2(const T* gy, con
   for (int64_t j = 0; j < rows; ++j, gy += ow, arg += ow, gx += 2 * w)
     for (int64_t ox = 0; ox < ow; ox += 8) {
       const int64_t n = std::min<int64_t>(8, ow - ox);
-      alignas(8) uint8_t k8[8] = {};
-      std::memcpy(k8, arg + ox, size_t(n));
-      const __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(k8)));
+      const __m256i k = _mm256_cvtepu8_epi32(load_first_bytes(arg + ox, n));
       route8(grad8(gy + ox, n), k, n, gx + 2 * ox, gx + w + 2 * ox);
     }
 }
