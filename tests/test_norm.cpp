@@ -485,14 +485,15 @@ TEST(NormAutocast, LayerNormSavesXhatIn16BitsWithinItsBound) {
 TEST(NormKernels, LayerNormOutDtypeIsTheNormRoundedOnceAndTakesA16BitGradient) {
   Generator g(23);
   // The cpu backend under each rounding this host runs: the bf16 row kernel where it has
-  // AVX512-BF16, the buffered path of CPUs without it (detail::native_bf16_rounding).
+  // AVX512-BF16, the buffered path of AVX-512 CPUs without it (detail::native_bf16_rounding), the
+  // AVX2 row kernel (bf16 and f16) on hosts without AVX-512.
   std::vector<std::pair<kernels::Backend, detail::ConversionPath>> runs = {
       {kernels::Backend::ref, detail::ConversionPath::best}};
   for (const detail::ConversionPath path : detail::bulk_conversion_paths())
     runs.emplace_back(kernels::Backend::cpu, path);
-  // 37: a last group of one row (groups of 4); 72 columns: the bf16 row kernel's 32-lane steps and a
-  // masked tail of 8.
-  for (const int64_t cols : {int64_t(128), int64_t(72)}) {
+  // 37: a last group of one row (groups of 4); 72 columns: the AVX-512 bf16 row kernel's 32-lane
+  // steps and a masked tail of 8; 75: tails of 11 there and of 3 in the AVX2 row kernel's 8 lanes.
+  for (const int64_t cols : {int64_t(128), int64_t(72), int64_t(75)}) {
     SCOPED_TRACE("cols " + std::to_string(cols));
     const int64_t rows = 37;
     const Tensor x = convtest::rand(g, {rows, cols}, DType::f32, -2, 3);
