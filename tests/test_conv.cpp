@@ -324,19 +324,23 @@ TEST(ConvFast, FirstLayerWeightGradientRunsMixprecsKernel) {
 
 // A 16-bit first layer's forward (at most 4 input channels and 32 taps, stride 1): mixprec's own
 // kernel, in bf16 (where oneDNN 2.6 has only its im2col GEMM for an NCHW output) and f16 (where it
-// has no kernel at all), on every host with AVX-512BW, with or without a bf16 unit (the profile
-// names it). With the fused ReLU and a NaN input: the windows that hold it give NaN, the others are
-// the f64 truth rounded once to nearest, within an f32 sum's bound. The second shape's output, 56 x 96 x 28 x 28
-// (8.4 MB), is stored with non-temporal stores. MatchesReferenceInEveryDType covers more geometries.
+// has no kernel at all), on every host with AVX-512BW, with or without a bf16 unit, and on AVX2
+// hosts in f32 too (the profile names it). With the fused ReLU and a NaN input: the windows that
+// hold it give NaN, the others are the f64 truth rounded once to nearest, within an f32 sum's
+// bound. The second shape's output, 56 x 96 x 28 x 28 (8.4 MB in 16 bits), is stored with
+// non-temporal stores. MatchesReferenceInEveryDType covers more geometries.
 TEST(ConvFast, FirstLayerForwardRunsMixprecsKernel) {
-  if (!mixprec::cpu::has_avx512bw())
-    GTEST_SKIP() << "no AVX-512BW: 16-bit first layers run oneDNN's kernels (f32's, between casts)";
+  const bool avx2_host = mixprec::cpu::has_avx2_fma() && !mixprec::cpu::has_avx512f();
+  if (!mixprec::cpu::has_avx512bw() && !avx2_host)
+    GTEST_SKIP() << "an AVX-512 CPU without AVX-512BW, or neither AVX2 nor AVX-512: first layers run oneDNN's kernels";
+  std::vector<DType> dtypes{DType::bf16, DType::f16};
+  if (avx2_host) dtypes.push_back(DType::f32);  // AVX2 hosts: f32 too (oneDNN's kernel writes nChw8c)
   const Conv2dOptions o{.padding = 1, .relu = true};
   auto run = [&](kernels::Backend be, const Tensor& xi, const Tensor& wi, const Tensor& bi) {
     BackendGuard guard(be);
     return ops::conv2d(xi, wi, bi, o);
   };
-  for (DType t : {DType::bf16, DType::f16})
+  for (DType t : dtypes)
     for (const auto& [xs, oc] : std::vector<std::pair<Shape, int64_t>>{{{5, 1, 13, 21}, 7}, {{56, 1, 28, 28}, 96}}) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " " + shape_str(xs));
       Generator gen(9);

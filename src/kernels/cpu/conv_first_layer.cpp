@@ -1,8 +1,10 @@
 // A first layer's forward convolution (at most kFirstLayerChannels input channels and kSmallKTaps
-// taps, stride 1, no dilation, one group) in bf16 or f16: mixprec's own, direct loops over each
-// image zero-padded in f32 (dnnl_conv.h; docs/conv.md, item 1), rounded once on store. oneDNN 2.6
-// has only its im2col GEMM for such a forward with an NCHW output in bf16, and no f16 at all (f16
-// convolutions otherwise run its f32 kernels, on the f32 road: dnnl_conv.h, conv_in_f32).
+// taps, stride 1, no dilation, one group): mixprec's own, direct loops over each image zero-padded
+// in f32 (dnnl_conv.h; docs/conv.md, item 1), rounded once on store, into an NCHW output. In bf16
+// or f16 with AVX-512BW: oneDNN 2.6 has only its im2col GEMM for such a forward with an NCHW output
+// in bf16, and no f16 at all (f16 convolutions otherwise run its f32 kernels, on the f32 road:
+// dnnl_conv.h, conv_in_f32). In f32, bf16 and f16 on AVX2 hosts: oneDNN's blocked kernel there
+// writes nChw8c, and the reorder of that output to NCHW took longer than the convolution itself.
 #include <omp.h>
 
 #include <algorithm>
@@ -91,14 +93,65 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
     }
 }
 
+// The same on AVX2 hosts, 8 outputs a step (a row's tail loaded with load_first8, stored with
+// store_first8), into an output of dtype t: the f32 planes copied, 16-bit ones rounded once
+// (bf16_round_avx2, f16_round_avx2: convert()'s bits), a plane's last piece under 8 by convert().
+// ReLU by max(0, acc), which returns acc where it is NaN, and keeps -0, as AVX-512's.
+__attribute__((target("avx2,fma,f16c"))) void forward_four_channels_avx2(const float* xp, int64_t pw,
+                                                                         const int64_t* off, int64_t taps,
+                                                                         const ConvGeometry& g, const float* w4,
+                                                                         const float* b4, int64_t channels, bool relu,
+                                                                         bool stream, DType t, float* planes, char* y) {
+  const int64_t plane = g.oh * g.ow;
+  const __m256 zero = _mm256_setzero_ps();
+  const float *w0 = w4, *w1 = w4 + taps, *w2 = w4 + 2 * taps, *w3 = w4 + 3 * taps;
+  for (int64_t oy = 0; oy < g.oh; ++oy)
+    for (int64_t ox = 0; ox < g.ow; ox += 8) {
+      const int64_t n = std::min<int64_t>(8, g.ow - ox);
+      const float* base = xp + oy * pw + ox;
+      __m256 a0 = _mm256_set1_ps(b4[0]), a1 = _mm256_set1_ps(b4[1]), a2 = _mm256_set1_ps(b4[2]),
+             a3 = _mm256_set1_ps(b4[3]);
+      for (int64_t k = 0; k < taps; ++k) {
+        const __m256 v = n == 8 ? _mm256_loadu_ps(base + off[k]) : load_first8(base + off[k], n);
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(w0[k]), v, a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(w1[k]), v, a1);
+        a2 = _mm256_fmadd_ps(_mm256_set1_ps(w2[k]), v, a2);
+        a3 = _mm256_fmadd_ps(_mm256_set1_ps(w3[k]), v, a3);
+      }
+      const __m256 acc[4] = {a0, a1, a2, a3};
+      for (int64_t r = 0; r < channels; ++r)
+        store_first8(planes + r * plane + oy * g.ow + ox, relu ? _mm256_max_ps(zero, acc[r]) : acc[r], n);
+    }
+  const size_t es = dtype_size(t);
+  for (int64_t r = 0; r < channels; ++r) {
+    const float* src = planes + r * plane;
+    char* dst = y + size_t(r * plane) * es;
+    int64_t i = 0;
+    for (; i + 8 <= plane; i += 8) {
+      const __m256 v = _mm256_loadu_ps(src + i);
+      if (t == DType::f32) {
+        float* d = reinterpret_cast<float*>(dst) + i;
+        stream ? _mm256_stream_ps(d, v) : _mm256_storeu_ps(d, v);
+      } else {
+        auto* d = reinterpret_cast<__m128i*>(reinterpret_cast<uint16_t*>(dst) + i);
+        const __m128i h = t == DType::f16 ? f16_round_avx2(v) : bf16_round_avx2(v);
+        stream ? _mm_stream_si128(d, h) : _mm_storeu_si128(d, h);
+      }
+    }
+    if (i < plane) convert(src + i, DType::f32, dst + size_t(i) * es, t, size_t(plane - i));
+  }
+}
+
 constexpr size_t kStreamBytes = size_t(8) << 20;
 
 }  // namespace
 
 bool first_layer_applies(const ConvGeometry& g, DType t) {
-  return (t == DType::bf16 || t == DType::f16) && g.groups == 1 && g.c <= kFirstLayerChannels &&
-         g.c * g.kh * g.kw <= kSmallKTaps && g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1 &&
-         mixprec::cpu::has_avx512bw();
+  const bool sixteen = t == DType::bf16 || t == DType::f16;
+  const bool host =
+      mixprec::cpu::has_avx512bw() ? sixteen : simd_lanes() == Lanes::avx2 && (sixteen || t == DType::f32);
+  return host && g.groups == 1 && g.c <= kFirstLayerChannels && g.c * g.kh * g.kw <= kSmallKTaps && g.stride_h == 1 &&
+         g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1;
 }
 
 void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
@@ -114,12 +167,18 @@ void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bi
   const int64_t scratch_floats = g.c * pplane + 4 * plane;
   WorkspaceBuffer scratch(size_t(threads) * size_t(scratch_floats) * sizeof(float));
   const char* const xb = static_cast<const char*>(x.data_ptr());
-  auto* const y = static_cast<uint16_t*>(dst.data_ptr());
-  // Non-temporal stores need 32-byte aligned planes. On the AMD Zen 5 host (micro-benchmark, 2
-  // threads) they took the wide cnn's first layer (64 x 420 x 28 x 28 out, 42 MB) from 3.9-4.5 to
-  // 3.3-4.2 ms and the 256 x 32 x 28 x 28 one (13 MB) from 1.18-1.24 to 1.09-1.17 ms.
-  const bool f16 = dst.dtype() == DType::f16;
-  const bool stream = dst.nbytes() >= kStreamBytes && plane % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 32 == 0;
+  char* const yb = static_cast<char*>(dst.data_ptr());
+  auto* const y = reinterpret_cast<uint16_t*>(yb);
+  const DType t = dst.dtype();
+  const size_t es = dtype_size(t);
+  const bool avx2 = simd_lanes() == Lanes::avx2;
+  // Non-temporal stores need aligned planes (AVX-512: 16 outputs of 16 bits, 32 bytes; AVX2: 8
+  // outputs). On the AMD Zen 5 host (micro-benchmark, 2 threads) they took the wide cnn's first
+  // layer (64 x 420 x 28 x 28 out, 42 MB) from 3.9-4.5 to 3.3-4.2 ms and the 256 x 32 x 28 x 28 one
+  // (13 MB) from 1.18-1.24 to 1.09-1.17 ms.
+  const bool f16 = t == DType::f16;
+  const bool stream =
+      dst.nbytes() >= kStreamBytes && plane % (avx2 ? 8 : 16) == 0 && reinterpret_cast<uintptr_t>(yb) % 32 == 0;
   profile::detail::note_impl("mixprec:first_layer_fwd");
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t n = 0; n < g.n; ++n) {
@@ -127,8 +186,13 @@ void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bi
     float* const planes = xp + g.c * pplane;
     pad_image(xb, x.dtype(), n, g, pd, xp);
     for (int64_t o = 0; o < g.oc; o += 4)
-      forward_four_channels(xp, pd.pw, pd.off, taps, g, wf.data() + o * taps, bf.data() + o,
-                            std::min<int64_t>(4, g.oc - o), relu, stream, f16, planes, y + (n * g.oc + o) * plane);
+      if (avx2)
+        forward_four_channels_avx2(xp, pd.pw, pd.off, taps, g, wf.data() + o * taps, bf.data() + o,
+                                   std::min<int64_t>(4, g.oc - o), relu, stream, t, planes,
+                                   yb + size_t((n * g.oc + o) * plane) * es);
+      else
+        forward_four_channels(xp, pd.pw, pd.off, taps, g, wf.data() + o * taps, bf.data() + o,
+                              std::min<int64_t>(4, g.oc - o), relu, stream, f16, planes, y + (n * g.oc + o) * plane);
     if (stream) _mm_sfence();  // the streamed lines are in memory before the region's barrier
   }
 }

@@ -53,12 +53,14 @@ void backward_weights_amx(const Tensor& grad_y, const Tensor& x, const ConvGeome
 // Input channels up to which a convolution counts as a first layer.
 constexpr int64_t kFirstLayerChannels = 4;
 // A first layer: at most kFirstLayerChannels input channels and kSmallKTaps taps, stride 1, no
-// dilation, one group, bf16 or f16, on a CPU with AVX-512BW (with or without a bf16 unit: its math
-// is f32's). mixprec computes its forward itself (cpu/conv_first_layer.cpp): each image zero-padded
-// in f32, four output channels at a time from the same tap loads, f32 accumulation, fused ReLU, one
-// rounding; bias optional (x's dtype or f32), dst in x's dtype. It replaces oneDNN 2.6's im2col
-// GEMM, all it has for a bf16 first layer writing NCHW (docs/conv.md, item 1), and for f16 (and
-// bf16 without a bf16 unit) its f32 kernel on the f32 road (conv_in_f32).
+// dilation, one group, bf16 or f16 on a CPU with AVX-512BW (with or without a bf16 unit: its math
+// is f32's), f32, bf16 or f16 on one with AVX2 but no AVX-512. mixprec computes its forward itself
+// (cpu/conv_first_layer.cpp): each image zero-padded in f32, four output channels at a time from the
+// same tap loads, f32 accumulation, fused ReLU, one rounding; bias optional (x's dtype or f32), dst
+// in x's dtype, NCHW. It replaces oneDNN 2.6's im2col GEMM, all it has for a bf16 first layer
+// writing NCHW (docs/conv.md, item 1), for f16 (and bf16 without a bf16 unit) its f32 kernel on
+// the f32 road (conv_in_f32), and on AVX2 hosts its blocked kernel and the reorder of its nChw8c
+// output.
 bool first_layer_applies(const ConvGeometry& g, DType t);
 void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                          Tensor& dst);
