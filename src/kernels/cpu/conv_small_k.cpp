@@ -248,9 +248,9 @@ Scratch scratch_bytes(const ConvGeometry& g, int64_t stride, bool by_rows) {
 
 // One part's images [first, last) into its partial sums: T is x's and grad_y's element (float, or
 // bf16 or f16 bits); scratch holds the padded image, the cols (K rows of `stride`) and one zero dy
-// row, and for AVX2's kernel on 16-bit tensors the cols widened to f32 (once an image, where the
-// kernel widening them on load took half again the f32 layer's time: four groups of output
-// channels each widened them anew, AMD Zen 3).
+// row, and for AVX2's kernel on 16-bit tensors the cols widened to f32 (once an image: every group of
+// four output channels reads them, and widening them in the inner loop would add three widenings
+// to its four of grad_y's rows a step of twelve FMAs).
 template <class T>
 void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, int64_t last, int64_t stride,
                bool by_rows, char* scratch, float* acc, float* bias_acc) {
@@ -309,7 +309,8 @@ void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
   const bool by_rows = g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1 && g.oh - 1 + g.kh <= hp &&
                        g.ow - 1 + g.kw <= wp;
   // Every buffer before the parallel region (an OutOfMemory cannot leave one): per part its f32
-  // partial sums, per thread the padded image, the cols and a zero dy row, in x's dtype.
+  // partial sums, per thread the padded image, the cols and a zero dy row, in x's dtype (and the
+  // cols in f32, scratch_bytes).
   const int64_t part_floats = oc4 * k_count + (with_bias ? oc4 : 0);
   WorkspaceBuffer partials(size_t(parts * part_floats) * sizeof(float));
   const size_t scratch_stride = f32                ? scratch_bytes<float>(g, stride, by_rows).total
