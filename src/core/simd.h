@@ -296,4 +296,12 @@ __attribute__((target("avx2,f16c"))) inline __m128i f16_round_avx2(__m256 x) {
   return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
+// The pairs above by the 16-bit dtype: f16 (true) or bf16 (false).
+__attribute__((target("avx2,f16c"))) inline __m256 widen16_avx2(const uint16_t* p, bool f16) {
+  return f16 ? f16_widen_avx2(p) : bf16_widen_avx2(p);
+}
+__attribute__((target("avx2,f16c"))) inline __m128i round16_avx2(__m256 x, bool f16) {
+  return f16 ? f16_round_avx2(x) : bf16_round_avx2(x);
+}
+
 }  // namespace mixprec

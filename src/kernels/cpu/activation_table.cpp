@@ -124,8 +124,7 @@ template <bool kF16>
 __attribute__((target("avx2,f16c"))) inline void table_grad_8(const float* slope, const uint16_t* g, const uint16_t* s,
                                                               uint16_t* dst) {
   const __m256 d = _mm256_i32gather_ps(slope, _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)s)), 4);
-  const __m128i r = kF16 ? f16_round_avx2(_mm256_mul_ps(f16_widen_avx2(g), d))
-                         : bf16_round_avx2(_mm256_mul_ps(bf16_widen_avx2(g), d));
+  const __m128i r = round16_avx2(_mm256_mul_ps(widen16_avx2(g, kF16), d), kF16);
   _mm_storeu_si128((__m128i*)dst, r);
 }
 template <bool kF16>

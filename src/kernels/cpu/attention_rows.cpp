@@ -51,8 +51,7 @@ __attribute__((target("avx2,f16c"))) void widen_row(const char* src, DType t, fl
   int64_t c = 0;
   if (t == DType::bf16 || t == DType::f16) {
     const auto* s = reinterpret_cast<const uint16_t*>(src);
-    for (; c + 8 <= n; c += 8)
-      _mm256_storeu_ps(dst + c, t == DType::bf16 ? bf16_widen_avx2(s + c) : f16_widen_avx2(s + c));
+    for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, widen16_avx2(s + c, t == DType::f16));
   }
   if (c < n) convert(src + size_t(c) * dtype_size(t), t, dst + c, DType::f32, size_t(n - c));
 }
@@ -121,7 +120,7 @@ __attribute__((target("avx2,f16c"))) int64_t scale_round_into(uint16_t* dst, DTy
   int64_t c = 0;
   for (; c + 8 <= n; c += 8) {
     const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(src + c), vf);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c), t == DType::bf16 ? bf16_round_avx2(v) : f16_round_avx2(v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c), round16_avx2(v, t == DType::f16));
   }
   return c;
 }

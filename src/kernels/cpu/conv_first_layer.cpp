@@ -95,7 +95,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
 
 // The same on AVX2 hosts, 8 outputs a step (a row's tail loaded with load_first8, stored with
 // store_first8), into an output of dtype t: the f32 planes copied, 16-bit ones rounded once
-// (bf16_round_avx2, f16_round_avx2: convert()'s bits), a plane's last piece under 8 by convert().
+// (round16_avx2: convert()'s bits), a plane's last piece under 8 by convert().
 // ReLU by max(0, acc), which returns acc where it is NaN, and keeps -0, as AVX-512's.
 __attribute__((target("avx2,fma,f16c"))) void forward_four_channels_avx2(const float* xp, int64_t pw,
                                                                          const int64_t* off, int64_t taps,
@@ -134,7 +134,7 @@ __attribute__((target("avx2,fma,f16c"))) void forward_four_channels_avx2(const f
         stream ? _mm256_stream_ps(d, v) : _mm256_storeu_ps(d, v);
       } else {
         auto* d = reinterpret_cast<__m128i*>(reinterpret_cast<uint16_t*>(dst) + i);
-        const __m128i h = t == DType::f16 ? f16_round_avx2(v) : bf16_round_avx2(v);
+        const __m128i h = round16_avx2(v, t == DType::f16);
         stream ? _mm_stream_si128(d, h) : _mm_storeu_si128(d, h);
       }
     }

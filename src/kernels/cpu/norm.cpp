@@ -252,8 +252,8 @@ MIXPREC_LN_BF16 void layer_norm_rows_bf16(const LayerNormRow& a, const float* co
 }
 
 // The same where the CPU has AVX2 but no AVX-512, for bf16 and f16: layer_norm_rows's statistics
-// and its operations in its order, 8 lanes at a time, rounded in registers (bf16_round_avx2,
-// f16_round_avx2: convert's bits), a row's last piece under 8 through a buffer and convert(). The
+// and its operations in its order, 8 lanes at a time, rounded in registers (round16_avx2:
+// convert's bits), a row's last piece under 8 through a buffer and convert(). The
 // buffered path wrote y and x̂ as f32 rows and converted them with two calls a group: the gpt's
 // amp-bf16 forward norms took 2.7 ms a step against fp32's 1.4 (AMD Zen 3).
 template <int R>
@@ -262,15 +262,15 @@ __attribute__((target("avx2,f16c"))) void layer_norm_rows_16_avx2(const LayerNor
                                                                   uint16_t* const* xh, float* mu, float* inv) {
   const int64_t n = a.cols;
   layer_norm_stats<R>(a, x, eps, mu, inv);
-  const auto round = [t](__m256 v) { return t == DType::bf16 ? bf16_round_avx2(v) : f16_round_avx2(v); };
+  const bool f16 = t == DType::f16;
   for (int k = 0; k < R; ++k) {
     const __m256 vm = _mm256_set1_ps(mu[k]), vi = _mm256_set1_ps(inv[k]);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
       const __m256 nv = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x[k] + j), vm), vi);
       const __m256 yv = _mm256_add_ps(_mm256_mul_ps(nv, _mm256_loadu_ps(a.w + j)), _mm256_loadu_ps(a.b + j));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(y[k] + j), round(yv));
-      if (xh[k]) _mm_storeu_si128(reinterpret_cast<__m128i*>(xh[k] + j), round(nv));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y[k] + j), round16_avx2(yv, f16));
+      if (xh[k]) _mm_storeu_si128(reinterpret_cast<__m128i*>(xh[k] + j), round16_avx2(nv, f16));
     }
     if (j == n) continue;
     float yt[8], nt[8];
