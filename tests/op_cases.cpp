@@ -95,6 +95,15 @@ std::vector<OpCase> build() {
   c.push_back({"conv2d", "fused_relu_stride2", {any({2, 2, 6, 6}), any({3, 2, 3, 3})},
                [](const In& x) { return ops::conv2d(x[0], x[1], Tensor(), {.stride = 2, .relu = true}); }, 18});
   c.push_back({"max_pool2d", "k2", {any({2, 2, 4, 6})}, [](const In& x) { return ops::max_pool2d(x[0], 2); }});
+  // conv2d then max_pool2d as one op; with 8 output channels the CPU's pool reads oneDNN's layout
+  // (test_conv_pool.cpp has the deeper cases).
+  c.push_back({"conv2d_max_pool2d", "pad1_bias_k2", {any({2, 3, 6, 5}), any({8, 3, 3, 3}), any({8})},
+               [](const In& x) { return ops::conv2d_max_pool2d(x[0], x[1], x[2], {.padding = 1}, 2); }, 72});
+  c.push_back({"conv2d_max_pool2d", "k3_s2_p1", {any({2, 4, 7, 7}), any({8, 4, 3, 3})},
+               [](const In& x) {
+                 return ops::conv2d_max_pool2d(x[0], x[1], Tensor(), {}, 3, {.stride = 2, .padding = 1});
+               },
+               72});
   // Channels-last (NHWC bytes; the layout a GPU's convolutions run in): the ops that keep it, on
   // channel counts that give the GPU's NHWC pool several channels a thread (8) and one (3). The
   // ReLU before the pool makes its backward read the kept input (the from-input path).

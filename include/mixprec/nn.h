@@ -194,6 +194,8 @@ struct Conv2dOptions {
 };
 // weight [out, in/groups, kH, kW] and bias [out], PyTorch's default init: U(-1/sqrt(fan_in), +)
 // with fan_in = in/groups * kH * kW. Shape errors name the layer.
+class MaxPool2d;
+
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, ops::IntPair kernel_size, Conv2dOptions o = {});
@@ -201,6 +203,9 @@ class Conv2d : public Module {
   // The convolution followed by ReLU in one oneDNN primitive (a container calls this instead of
   // forward() then ReLU when it sees the pair; same result and gradients).
   Tensor forward_relu(const Tensor& x);
+  // The convolution followed by `pool` in one op (ops::conv2d_max_pool2d: a container calls this
+  // when it sees the pair; same result and gradients). An error names the layer it is about.
+  Tensor forward_max_pool(const Tensor& x, const MaxPool2d& pool);
   std::string name() const override;
   Tensor weight, bias;
   int64_t in_channels, out_channels;
@@ -216,6 +221,8 @@ class MaxPool2d : public Module {
   explicit MaxPool2d(ops::IntPair kernel_size, ops::Pool2dOptions o = {});
   Tensor forward(const Tensor& x) override;
   std::string name() const override;
+  ops::IntPair kernel_size() const { return kernel_size_; }
+  const ops::Pool2dOptions& options() const { return o_; }
 
  private:
   ops::IntPair kernel_size_;

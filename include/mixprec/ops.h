@@ -120,6 +120,13 @@ struct Pool2dOptions {
   bool ceil_mode = false;
   bool count_include_pad = true;  // avg pooling only
 };
+// max_pool2d(conv2d(x, weight, bias, c), kernel_size, p) as one op (autocast: lower, as conv2d): the
+// same values and gradients, bit for bit. On the CPU the pool reads the convolution's output in
+// oneDNN's own layout, so the full-size output is never reordered into NCHW nor kept (nn::Sequential
+// runs Conv2d [, ReLU], MaxPool2d this way). A fused ReLU (c.relu), channels-last or an unbatched x
+// run the two ops.
+Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& c,
+                         IntPair kernel_size, const Pool2dOptions& p = {});
 // Pooling over [N, C, H, W] (or [C, H, W]) windows (autocast: keep). max_pool2d keeps the argmax of
 // each window for backward (one byte per output when the window has at most 256 elements).
 Tensor max_pool2d(const Tensor& x, IntPair kernel_size, const Pool2dOptions& o = {});

@@ -2,6 +2,10 @@
 // case, else the reference.
 #include "kernels/conv.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
+
 #include "kernels/shape.h"
 
 namespace mixprec::kernels {
@@ -35,7 +39,33 @@ ConvGrads cpu_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weig
   return ref::conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
 }
 
+std::atomic<bool>& pool_fused_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("MIXPREC_CONV_POOL");
+    return env == nullptr || std::string_view(env) != "separate";
+  }()};
+  return on;
+}
+
 }  // namespace
+
+void set_conv_pool_fused(bool on) { pool_fused_flag().store(on); }
+
+MaxPoolResult conv2d_max_pool2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                        const ConvGeometry& g, const PoolGeometry& pool) {
+  if (!x.device().is_cuda() && pool_fused_flag().load() && use_fast() &&
+      cpu::conv2d_forward_max_pool_applies(g, x.dtype())) {
+    const DeviceScope on({&x, &weight, &bias});
+    MaxPoolResult r;
+    r.dst = Tensor::empty({pool.n, pool.c, pool.oh, pool.ow}, x.dtype());
+    r.argmax = Tensor::empty({pool.n, pool.c, pool.oh, pool.ow}, DType::u8);
+    if (cpu::conv2d_forward_max_pool(x, weight, bias, g, pool, r)) {
+      profile::detail::add_flops(conv_flops(g));
+      return r;
+    }
+  }
+  return max_pool2d_forward(conv2d_forward(x, weight, bias, g, false), pool);
+}
 
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu) {
   const DeviceScope on({&x, &weight, &bias});

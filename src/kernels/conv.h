@@ -4,6 +4,7 @@
 // cpu/dnnl_common.{h,cpp}; GPU (cuDNN graph API): cuda/conv.cpp on cuda/conv_plans.{h,cpp}; dispatch: conv.cpp.
 #pragma once
 #include "kernels/backend.h"
+#include "kernels/pool.h"
 #include "mixprec/tensor.h"
 
 namespace mixprec::kernels {
@@ -40,6 +41,19 @@ struct ConvGrads {
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
                           bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype);
 
+// conv2d_forward (no ReLU) and max_pool2d_forward over its output (`pool`: y's [n, oc, oh, ow] as
+// its input) in one call: the pool's dst and argmax, bit for bit those of the two calls. On the CPU
+// the pool reads the convolution's output where oneDNN's primitive wrote it (blocked or NHWC), so
+// the full-size output is never reordered into NCHW nor read back from there
+// (cpu::conv2d_forward_max_pool); elsewhere (a GPU, channels-last, the reference, a first layer
+// written by mixprec's kernel, a layout the pool does not read) the two kernels run one after the
+// other.
+MaxPoolResult conv2d_max_pool2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                        const ConvGeometry& g, const PoolGeometry& pool);
+// Whether the CPU pools in the primitive's layout (the default; MIXPREC_CONV_POOL=separate starts it
+// off): with it off, conv2d_max_pool2d_forward is always the two calls (tests, A/B runs).
+void set_conv_pool_fused(bool on);
+
 namespace ref {
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu);
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
@@ -49,6 +63,12 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
 namespace cpu {
 bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                     Tensor& dst);
+// Whether conv2d_forward_max_pool may take a convolution of x's dtype t (not a first layer, nor
+// channels-last); it may still decline at the primitive's layout. Then: dst and argmax of `out`
+// (allocated by the caller, [n, oc, pool.oh, pool.ow], t and u8) filled, or false, nothing run.
+bool conv2d_forward_max_pool_applies(const ConvGeometry& g, DType t);
+bool conv2d_forward_max_pool(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g,
+                             const PoolGeometry& pool, MaxPoolResult& out);
 // Fills the defined members of `out` (allocated by the caller).
 bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
                      ConvGrads& out);

@@ -61,6 +61,10 @@ bool avg_pool2d_forward(const Tensor& x, const PoolGeometry& g, Tensor& dst);
 bool avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g, Tensor& grad_x);
 bool pack_argmax_2bit(const Tensor& argmax, Tensor& packed);
 bool unpack_argmax_2bit(const Tensor& packed, Tensor& argmax);
+// One f32 plane [g.h][g.w] max-pooled into out [g.oh][g.ow] and its u8 argmax (g.argmax_dtype()
+// u8): max_pool2d_forward's kernel for a plane, for a caller that holds the plane in cache (a
+// first layer's forward pooling its output planes as it computes them).
+void max_pool_plane_f32(const float* src, const PoolGeometry& g, float* out, uint8_t* argmax);
 }  // namespace cpu
 
 namespace cuda {

@@ -1,6 +1,7 @@
 // Conv2d and the pooling layers, with PyTorch's names, printing and default initialisation.
 #include <cmath>
 #include <sstream>
+#include <string_view>
 
 #include "mixprec/error.h"
 #include "mixprec/nn.h"
@@ -59,6 +60,20 @@ Tensor Conv2d::forward_relu(const Tensor& x) {
         x, weight, bias,
         {options.stride, options.padding, options.dilation, options.groups, true, options.channels_last});
   });
+}
+
+Tensor Conv2d::forward_max_pool(const Tensor& x, const MaxPool2d& pool) {
+  try {
+    return ops::conv2d_max_pool2d(
+        x, weight, bias,
+        {options.stride, options.padding, options.dilation, options.groups, false, options.channels_last},
+        pool.kernel_size(), pool.options());
+  } catch (const OutOfMemory&) {
+    throw;
+  } catch (const Error& e) {  // the op names its pool's checks max_pool2d's
+    const bool pool_error = std::string_view(e.what()).starts_with("max_pool2d:");
+    throw Error((pool_error ? pool.name() : name()) + ": " + e.what());
+  }
 }
 
 void Conv2d::bind_parameter(const std::string& name, const Tensor& t) { (name == "weight" ? weight : bias) = t; }

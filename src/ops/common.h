@@ -16,6 +16,10 @@ namespace mixprec::ops {
 // the gradient back to x's dtype.
 Tensor record_cast(const Tensor& x, const Tensor& out);
 
+// A pooling's geometry over an input of shape x ([N, C, H, W]), its arguments checked for `op`
+// (ops/pool.cpp; conv2d_max_pool2d's pool too).
+kernels::PoolGeometry pool_geometry(std::string_view op, const Shape& x, IntPair k, const Pool2dOptions& o, bool max);
+
 inline int64_t wrap_dim(int64_t d, int64_t nd, std::string_view op) {
   const int64_t w = d < 0 ? d + nd : d;
   MIXPREC_CHECK(w >= 0 && w < std::max<int64_t>(nd, 1), op, ": dimension ", d, " out of range for ", nd, "-d input");

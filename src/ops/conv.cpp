@@ -1,5 +1,7 @@
 // conv2d (autocast class lower): stride, padding, dilation, groups, bias and an optional fused
 // ReLU; oneDNN forward, backward-data and backward-weights on the fast path, reference otherwise.
+#include <algorithm>
+
 #include "ops/common.h"
 
 namespace mixprec::ops {
@@ -40,6 +42,59 @@ kernels::ConvGeometry geometry(const Tensor& x, const Tensor& w, const Tensor& b
   return g;
 }
 
+// geometry() after the checks every convolution op makes of its (autocast) operands.
+kernels::ConvGeometry checked_geometry(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& o) {
+  check_floating(w, "conv2d", "weight");
+  if (b.defined()) check_floating(b, "conv2d", "bias");
+  kernels::ConvGeometry g = geometry(x, w, b, o);
+  MIXPREC_CHECK(x.dtype() == w.dtype(), "conv2d: input is ", dtype_name(x.dtype()), " but weight is ",
+                dtype_name(w.dtype()), " (use autocast, or cast one of them)");
+  return g;
+}
+
+// A convolution's operands as the kernels take them, what its backward keeps, and that backward.
+struct Saved {
+  Tensor xd, wk, bd;           // x dense (in the forward's layout), the weight, the bias
+  Tensor x_saved, w_saved;     // only what backward will read
+  std::vector<Tensor> inputs;  // the graph's inputs
+  kernels::ConvGeometry g;
+  DType bias_t = DType::f32, weight_t = DType::f32;
+
+  // The gradients of the inputs from grad_y (dense, in y's layout).
+  std::vector<Tensor> gradients(const Tensor& gy, const autograd::Node& n) const {
+    const bool need_b = n.next.size() > 2 && n.needs_grad(2);
+    kernels::ConvGrads grads =
+        kernels::conv2d_backward(gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t);
+    std::vector<Tensor> r{grads.x, grads.weight};
+    if (n.next.size() > 2) r.push_back(grads.bias);
+    return r;
+  }
+};
+
+// x, w, b: the operands after autocast (b in x's dtype); x_in, w_in, b_in: the op's arguments.
+Saved saved(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Tensor& x, const Tensor& w,
+            const Tensor& b, const kernels::ConvGeometry& g) {
+  Saved s;
+  s.g = g;
+  // The weight goes in undetached when dense: its storage and version key the reordered-weight cache.
+  s.xd = g.channels_last ? kernels::channels_last(x.detach()) : kernels::contig(x.detach());
+  s.wk = w.is_contiguous() ? w : kernels::contig(w.detach());
+  s.bd = b.defined() ? kernels::contig(b.detach()) : Tensor();
+  // Save only what backward will read: x for the weight gradient, the weight for the input's.
+  const bool x_grad = x.defined() && x.requires_grad(), w_grad = w.requires_grad();
+  s.x_saved = w_grad ? s.xd : Tensor();
+  s.w_saved = x_grad ? s.wk : Tensor();
+  // As in linear: an f32 weight or bias that autocast turned bf16 gets its gradient in f32,
+  // straight from the convolution's f32 accumulation, with the graph edge past the cast node.
+  const bool w_wide = w_in.dtype() == DType::f32 && w.dtype() == DType::bf16;
+  const bool b_wide = b.defined() && b_in.dtype() == DType::f32 && b.dtype() == DType::bf16;
+  s.bias_t = b.defined() ? (b_wide ? DType::f32 : b.dtype()) : DType::f32;
+  s.weight_t = w_wide ? DType::f32 : w.dtype();
+  s.inputs = {x, w_wide ? w_in : w};
+  if (b.defined()) s.inputs.push_back(b_wide ? b_in : b);
+  return s;
+}
+
 }  // namespace
 
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dOptions& o) {
@@ -51,49 +106,55 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
   }
   Tensor x = x_in, w = w_in, b = b_in;
   amp::autocast(OpId::conv2d, {&x, &w, &b});
-  check_floating(w, "conv2d", "weight");
-  if (b.defined()) check_floating(b, "conv2d", "bias");
-  kernels::ConvGeometry g = geometry(x, w, b, o);
+  kernels::ConvGeometry g = checked_geometry(x, w, b, o);
   g.channels_last = o.channels_last || kernels::is_channels_last(x);
-  MIXPREC_CHECK(x.dtype() == w.dtype(), "conv2d: input is ", dtype_name(x.dtype()), " but weight is ",
-                dtype_name(w.dtype()), " (use autocast, or cast one of them)");
   if (b.defined() && b.dtype() != x.dtype()) b = b.to(x.dtype());
-
-  // The weight goes in undetached when dense: its storage and version key the reordered-weight cache.
-  const Tensor xd = g.channels_last ? kernels::channels_last(x.detach()) : kernels::contig(x.detach());
-  const Tensor wk = w.is_contiguous() ? w : kernels::contig(w.detach());
-  const Tensor bd = b.defined() ? kernels::contig(b.detach()) : Tensor();
-  Tensor out = kernels::conv2d_forward(xd, wk, bd, g, o.relu);
-
-  // Save only what backward will read: x for the weight gradient, the weight for the input's.
-  const bool x_grad = x.defined() && x.requires_grad(), w_grad = w.requires_grad();
-  const Tensor x_saved = w_grad ? xd : Tensor();
-  const Tensor w_saved = x_grad ? wk : Tensor();
-  // As in linear: an f32 weight or bias that autocast turned bf16 gets its gradient in f32,
-  // straight from the convolution's f32 accumulation, with the graph edge past the cast node.
-  const bool w_wide = w_in.dtype() == DType::f32 && w.dtype() == DType::bf16;
-  const bool b_wide = b.defined() && b_in.dtype() == DType::f32 && b.dtype() == DType::bf16;
-  const DType bias_t = b.defined() ? (b_wide ? DType::f32 : b.dtype()) : DType::f32;
-  const DType weight_t = w_wide ? DType::f32 : w.dtype();
-  std::vector<Tensor> inputs{x, w_wide ? w_in : w};
-  if (b.defined()) inputs.push_back(b_wide ? b_in : b);
+  const Saved s = saved(x_in, w_in, b_in, x, w, b, g);
+  Tensor out = kernels::conv2d_forward(s.xd, s.wk, s.bd, g, o.relu);
   // relu'(.) = [y > 0]; dropped as soon as the mask is applied (the lambda is mutable).
   Tensor y_mask = o.relu ? out.detach() : Tensor();
-  return autograd::record(out, "conv2d", inputs,
+  return autograd::record(out, "conv2d", s.inputs,
                           [=](const Tensor& g_in, const autograd::Node& n) mutable {
                             // The output is no longer needed once masked: freed before the convolution runs.
                             // The gradient in the forward's layout (y's).
                             const Tensor gy = y_mask.defined()  ? relu_masked_grad(g_in, y_mask)
                                               : g.channels_last ? kernels::channels_last(g_in)
                                                                 : kernels::contig(g_in);
-                            const bool need_b = n.next.size() > 2 && n.needs_grad(2);
-                            kernels::ConvGrads grads = kernels::conv2d_backward(
-                                gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t);
-                            std::vector<Tensor> r{grads.x, grads.weight};
-                            if (n.next.size() > 2) r.push_back(grads.bias);
-                            return r;
+                            return s.gradients(gy, n);
                           },
-                          {x_saved, w_saved, y_mask});
+                          {s.x_saved, s.w_saved, y_mask});
+}
+
+Tensor conv2d_max_pool2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dOptions& o,
+                         IntPair kernel_size, const Pool2dOptions& po) {
+  // The two ops where the pool cannot follow the convolution in one call: a fused ReLU (its mask
+  // is the full-size output), channels-last, an unbatched input.
+  if (o.relu || o.channels_last || x_in.dim() != 4 || kernels::is_channels_last(x_in))
+    return max_pool2d(conv2d(x_in, w_in, b_in, o), kernel_size, po);
+  Tensor x = x_in, w = w_in, b = b_in;
+  amp::autocast(OpId::conv2d_max_pool2d, {&x, &w, &b});
+  check_floating(x, "conv2d", "input");
+  const kernels::ConvGeometry g = checked_geometry(x, w, b, o);
+  const kernels::PoolGeometry pg = pool_geometry("max_pool2d", g.y_shape(), kernel_size, po, true);
+  if (b.defined() && b.dtype() != x.dtype()) b = b.to(x.dtype());
+  const Saved s = saved(x_in, w_in, b_in, x, w, b, g);
+  kernels::MaxPoolResult r = kernels::conv2d_max_pool2d_forward(s.xd, s.wk, s.bd, g, pg);
+  const bool any_grad =
+      std::any_of(s.inputs.begin(), s.inputs.end(), [](const Tensor& t) { return t.defined() && t.requires_grad(); });
+  if (!autograd::grad_enabled() || !any_grad) return r.dst;
+  // The argmax in two bits an output where the window has at most 4 taps, as max_pool2d keeps it.
+  const bool packed = pg.argmax_fits_two_bits();
+  const Tensor argmax = packed ? kernels::pack_argmax_2bit(r.argmax) : r.argmax;
+  r.argmax = Tensor();
+  return autograd::record(r.dst, "conv2d_max_pool2d", s.inputs,
+                          [=](const Tensor& g_in, const autograd::Node& n) {
+                            const Shape pooled{pg.n, pg.c, pg.oh, pg.ow};
+                            const Tensor gy = kernels::max_pool2d_backward(
+                                kernels::contig(g_in), packed ? kernels::unpack_argmax_2bit(argmax, pooled) : argmax,
+                                pg);
+                            return s.gradients(gy, n);
+                          },
+                          {s.x_saved, s.w_saved});
 }
 
 }  // namespace mixprec::ops

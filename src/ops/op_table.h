@@ -17,7 +17,7 @@ enum class OpId : unsigned char {
 
 // Bumped by hand with every line added to ops.def, so a new op is a deliberate act that the
 // compiler checks against the table.
-constexpr size_t kNumOps = 40;
+constexpr size_t kNumOps = 41;
 static_assert(static_cast<size_t>(OpId::count_) == kNumOps, "ops.def and kNumOps disagree");
 
 constexpr std::array<AutocastClass, kNumOps> kOpClass = {

@@ -18,29 +18,6 @@ int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t 
   return out;
 }
 
-kernels::PoolGeometry pool_geometry(std::string_view op, const Tensor& x, IntPair k, const Pool2dOptions& o, bool max) {
-  MIXPREC_CHECK(x.dim() == 4, op, ": input must be [N, C, H, W] or [C, H, W], got ", shape_str(x.shape()));
-  MIXPREC_CHECK(k.h >= 1 && k.w >= 1, op, ": kernel_size must be >= 1, got (", k.h, ", ", k.w, ")");
-  const IntPair stride = o.stride == IntPair(0) ? k : o.stride;
-  MIXPREC_CHECK(stride.h >= 1 && stride.w >= 1, op, ": stride must be >= 1, got (", stride.h, ", ", stride.w, ")");
-  MIXPREC_CHECK(max || o.dilation == IntPair(1), op, ": dilation is for max pooling only");
-  MIXPREC_CHECK(o.dilation.h >= 1 && o.dilation.w >= 1, op, ": dilation must be >= 1");
-  MIXPREC_CHECK(o.padding.h >= 0 && o.padding.w >= 0 && o.padding.h <= k.h / 2 && o.padding.w <= k.w / 2, op,
-                ": padding (", o.padding.h, ", ", o.padding.w, ") must be >= 0 and at most half the kernel (", k.h,
-                ", ", k.w, ")");
-  kernels::PoolGeometry g;
-  g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
-  g.kh = k.h, g.kw = k.w, g.stride_h = stride.h, g.stride_w = stride.w;
-  g.pad_h = o.padding.h, g.pad_w = o.padding.w, g.dil_h = o.dilation.h, g.dil_w = o.dilation.w;
-  g.count_include_pad = o.count_include_pad;
-  g.oh = pooled_size(g.h, g.kh, g.pad_h, g.stride_h, g.dil_h, o.ceil_mode);
-  g.ow = pooled_size(g.w, g.kw, g.pad_w, g.stride_w, g.dil_w, o.ceil_mode);
-  MIXPREC_CHECK(g.oh >= 1 && g.ow >= 1, op, ": kernel ", (g.kh - 1) * g.dil_h + 1, "x", (g.kw - 1) * g.dil_w + 1,
-                " is larger than the padded input ", g.h + 2 * g.pad_h, "x", g.w + 2 * g.pad_w, " of input ",
-                shape_str(x.shape()));
-  return g;
-}
-
 // Runs f on a 4-d view of x ([C, H, W] gains a batch of one) and drops the added dim again.
 template <class F>
 Tensor batched(const Tensor& x, F&& f) {
@@ -51,11 +28,34 @@ Tensor batched(const Tensor& x, F&& f) {
 
 }  // namespace
 
+kernels::PoolGeometry pool_geometry(std::string_view op, const Shape& x, IntPair k, const Pool2dOptions& o, bool max) {
+  MIXPREC_CHECK(x.size() == 4, op, ": input must be [N, C, H, W] or [C, H, W], got ", shape_str(x));
+  MIXPREC_CHECK(k.h >= 1 && k.w >= 1, op, ": kernel_size must be >= 1, got (", k.h, ", ", k.w, ")");
+  const IntPair stride = o.stride == IntPair(0) ? k : o.stride;
+  MIXPREC_CHECK(stride.h >= 1 && stride.w >= 1, op, ": stride must be >= 1, got (", stride.h, ", ", stride.w, ")");
+  MIXPREC_CHECK(max || o.dilation == IntPair(1), op, ": dilation is for max pooling only");
+  MIXPREC_CHECK(o.dilation.h >= 1 && o.dilation.w >= 1, op, ": dilation must be >= 1");
+  MIXPREC_CHECK(o.padding.h >= 0 && o.padding.w >= 0 && o.padding.h <= k.h / 2 && o.padding.w <= k.w / 2, op,
+                ": padding (", o.padding.h, ", ", o.padding.w, ") must be >= 0 and at most half the kernel (", k.h,
+                ", ", k.w, ")");
+  kernels::PoolGeometry g;
+  g.n = x[0], g.c = x[1], g.h = x[2], g.w = x[3];
+  g.kh = k.h, g.kw = k.w, g.stride_h = stride.h, g.stride_w = stride.w;
+  g.pad_h = o.padding.h, g.pad_w = o.padding.w, g.dil_h = o.dilation.h, g.dil_w = o.dilation.w;
+  g.count_include_pad = o.count_include_pad;
+  g.oh = pooled_size(g.h, g.kh, g.pad_h, g.stride_h, g.dil_h, o.ceil_mode);
+  g.ow = pooled_size(g.w, g.kw, g.pad_w, g.stride_w, g.dil_w, o.ceil_mode);
+  MIXPREC_CHECK(g.oh >= 1 && g.ow >= 1, op, ": kernel ", (g.kh - 1) * g.dil_h + 1, "x", (g.kw - 1) * g.dil_w + 1,
+                " is larger than the padded input ", g.h + 2 * g.pad_h, "x", g.w + 2 * g.pad_w, " of input ",
+                shape_str(x));
+  return g;
+}
+
 Tensor max_pool2d(const Tensor& x_in, IntPair kernel_size, const Pool2dOptions& o) {
   return batched(x_in, [&](Tensor x) {
     amp::autocast(OpId::max_pool2d, {&x});
     check_floating(x, "max_pool2d");
-    const kernels::PoolGeometry g = pool_geometry("max_pool2d", x, kernel_size, o, true);
+    const kernels::PoolGeometry g = pool_geometry("max_pool2d", x.shape(), kernel_size, o, true);
     // A channels-last input keeps its layout, in the output, the argmax and the gradient (kernels/shape.h).
     const Tensor xd = kernels::in_layout_of(x.detach(), x);
     kernels::MaxPoolResult r = kernels::max_pool2d_forward(xd, g);
@@ -94,7 +94,7 @@ Tensor avg_pool2d(const Tensor& x_in, IntPair kernel_size, const Pool2dOptions& 
   return batched(x_in, [&](Tensor x) {
     amp::autocast(OpId::avg_pool2d, {&x});
     check_floating(x, "avg_pool2d");
-    const kernels::PoolGeometry g = pool_geometry("avg_pool2d", x, kernel_size, o, false);
+    const kernels::PoolGeometry g = pool_geometry("avg_pool2d", x.shape(), kernel_size, o, false);
     Tensor out = kernels::avg_pool2d_forward(kernels::contig(x.detach()), g);
     return autograd::record(out, "avg_pool2d", {x}, [g](const Tensor& gy, const autograd::Node&) {
       return std::vector<Tensor>{kernels::avg_pool2d_backward(kernels::contig(gy), g)};

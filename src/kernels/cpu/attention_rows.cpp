@@ -141,31 +141,11 @@ void store_row(const float* src, int64_t n, float f, float* tmp, const Rows& x, 
   for (int64_t c = 0; c < n; ++c) convert(tmp + c, DType::f32, dst + size_t(c * x.se) * es, x.t, 1);
 }
 
-// dst[c][j] = src[j][c] for the 8 x 8 block at src ([8][lds]) into dst ([8][ldd]).
-__attribute__((target("avx2"))) void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-  }
-}
-
 // Rows [0, nj) of b (nj <= 8, width_pad floats each, zeros past width) as columns [0, nj) of dst
 // ([width_pad][ld]).
 void put_columns(const RowBlock& b, int64_t nj, int64_t width, int64_t width_pad, int64_t ld, float* dst) {
   if (nj == 8) {
-    for (int64_t c = 0; c + 8 <= width_pad; c += 8) transpose8(b.p + c, b.ld, dst + c * ld, ld);
+    for (int64_t c = 0; c + 8 <= width_pad; c += 8) transpose_8x8_avx2(b.p + c, b.ld, dst + c * ld, ld);
   } else {
     for (int64_t r = 0; r < nj; ++r)
       for (int64_t c = 0; c < width; ++c) dst[c * ld + r] = b.p[r * b.ld + c];

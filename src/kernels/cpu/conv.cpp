@@ -191,18 +191,28 @@ constexpr const char* kFusedCasts = "casts_in_reorders";  // the profile's name 
 bool fused_casts() { return fused_casts_flag().load() && simd_lanes() == Lanes::avx512; }
 
 // A convolution on oneDNN's primitives of dtype t; the caller's x and weight in t, or bf16 for t f32
-// (widened by the reorders); dst in t, or 16-bit for t f32 (rounded by mixprec).
+// (widened by the reorders); dst in t, or 16-bit for t f32 (rounded by mixprec). With `pooled`, the
+// output is max-pooled by *pool from the primitive's layout into pooled's dst (dst's dtype) and
+// argmax instead of written: false, nothing run, where the pool cannot read that layout.
 bool forward_on(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
-                Tensor& dst, DType t) {
+                Tensor& dst, DType t, const PoolGeometry* pool = nullptr, MaxPoolResult* pooled = nullptr) {
   ConvEntry holder;
   const ConvEntry* e = entry(g, t, bias.defined(), bias.defined() ? bias.dtype() : DType::f32, relu, ConvPass::forward,
                              holder, false, false, x.dtype());
   if (!e) return false;
+  if (pooled && !pool_reads_layout(e->outputs[0].prim, *pool)) return false;
   if (x.dtype() != t || dst.dtype() != t) profile::detail::note_impl(kFusedCasts);
   CallState cs;
   std::vector<Input> in{{x.data_ptr()}, {weight.data_ptr(), &weight}};
   if (bias.defined()) in.push_back({bias.data_ptr()});
-  execute(*e, in, {{dst.data_ptr(), dst.dtype()}}, cs);
+  conv_detail::Output out{dst.data_ptr(), dst.dtype()};
+  if (pooled) {
+    profile::detail::note_impl(kPoolFused);
+    out.consume = [&](const memory& y) {
+      max_pool_from_layout(y.get_desc(), y.get_data_handle(), *pool, pooled->dst, pooled->argmax);
+    };
+  }
+  execute(*e, in, {out}, cs);
   return true;
 }
 
@@ -336,6 +346,30 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && bf16_unit())) return false;
   if (bias.defined() && bias.dtype() != DType::f32 && bias.dtype() != x.dtype()) return false;
   return forward_on(x, weight, bias, g, relu, dst, x.dtype());
+}
+
+bool conv2d_forward_max_pool_applies(const ConvGeometry& g, DType t) { return shapes_ok(g) && !g.channels_last; }
+
+bool conv2d_forward_max_pool(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g,
+                             const PoolGeometry& pool, MaxPoolResult& out) {
+  if (!shapes_ok(g) || !dense(x) || !dense(weight) || !dense(bias) || g.channels_last) return false;
+  if (weight.dtype() != x.dtype() || (bias.defined() && bias.dtype() != DType::f32 && bias.dtype() != x.dtype()))
+    return false;
+  Tensor& dst = out.dst;
+  // A first layer (mixprec's kernel) pools each image's planes while they are in cache.
+  if (first_layer_applies(g, x.dtype())) {
+    if (pool.argmax_dtype() != DType::u8) return false;
+    forward_first_layer(x, weight, bias, g, false, dst, &pool, &out);
+    return true;
+  }
+  if (conv_in_f32(g, x.dtype())) {
+    // The f32 road, as conv2d_forward takes it; the pool rounds each value into x's dtype first.
+    const bool widened = fused_casts() && x.dtype() == DType::bf16 && weight.dtype() == DType::bf16;
+    return (widened && forward_on(x, weight, bias, g, false, dst, DType::f32, &pool, &out)) ||
+           forward_on(as_f32(x), as_f32(weight), as_f32(bias), g, false, dst, DType::f32, &pool, &out);
+  }
+  if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && bf16_unit())) return false;
+  return forward_on(x, weight, bias, g, false, dst, x.dtype(), &pool, &out);
 }
 
 bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,

@@ -359,7 +359,8 @@ void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector
   for (size_t i = 0; i < e.outputs.size(); ++i) {
     const Operand& op = e.outputs[i];
     rounds[i] = to_dnnl(out[i].t) != op.user.data_type();
-    staged[i] = op.reorder || rounds[i] ? staging.buffer(op.prim) : memory(op.user, dnnl_engine(), out[i].ptr);
+    staged[i] = op.reorder || rounds[i] || out[i].consume ? staging.buffer(op.prim)
+                                                          : memory(op.user, dnnl_engine(), out[i].ptr);
     args[op.arg] = staged[i];
   }
   Scratchpad pad(e.pd);
@@ -368,7 +369,9 @@ void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector
   e.prim.execute(dnnl_stream(), args);
   for (size_t i = 0; i < e.outputs.size(); ++i) {
     const Operand& op = e.outputs[i];
-    if (rounds[i])
+    if (out[i].consume)
+      out[i].consume(staged[i]);
+    else if (rounds[i])
       round_out(op, staged[i], out[i], staging);
     else if (op.reorder)
       run_reorder(op, staged[i], memory(op.user, dnnl_engine(), out[i].ptr));

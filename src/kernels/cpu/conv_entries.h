@@ -3,6 +3,7 @@
 // NCHW/OIHW buffer (in the caller's dtype) and the primitive's layout; weights reordered once per
 // version through a cache; an entry run on the caller's buffers.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -80,9 +81,12 @@ struct Input {
 // One output: the caller's buffer and its dtype. A 16-bit buffer behind an f32 primitive (the f32
 // road) is rounded into by mixprec: from the primitive's layout where it is nChw16c
 // (round_nchw16c), else after a reorder into f32 NCHW.
+// With `consume`, the output is handed over in the primitive's layout instead (its staging buffer,
+// alive for the call): a max pool reads it there (conv2d_forward_max_pool).
 struct Output {
   void* ptr;
   DType t = DType::f32;
+  std::function<void(const memory&)> consume = nullptr;
 };
 
 // Runs the primitive on user buffers: inputs reordered in as needed, outputs staged in the

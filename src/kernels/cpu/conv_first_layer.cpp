@@ -55,7 +55,8 @@ void pad_image(const char* xb, DType t, int64_t n, const ConvGeometry& g, const 
 // computed into `planes` (f32, L1-sized), then each is rounded once into y (bf16 by the scalar
 // rule, bf16_round_epi32; f16 by VCVTPS2PH to nearest, convert()'s instruction) with whole-vector
 // stores, non-temporal where `stream` (an output far larger than the caches, whose lines would
-// only be read for ownership and evicted).
+// only be read for ownership and evicted). With y null the planes are left in `planes`, each value
+// rounded into 16 bits and widened back (the values y would hold), for the pool.
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
     const float* xp, int64_t pw, const int64_t* off, int64_t taps, const ConvGeometry& g, const float* w4,
     const float* b4, int64_t channels, bool relu, bool stream, bool f16, float* planes, uint16_t* y) {
@@ -76,10 +77,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
         a3 = _mm512_fmadd_ps(_mm512_set1_ps(w3[k]), v, a3);
       }
       const __m512 acc[4] = {a0, a1, a2, a3};
-      for (int64_t r = 0; r < channels; ++r)
-        _mm512_mask_storeu_ps(planes + r * plane + oy * g.ow + ox, m,
-                              relu ? _mm512_max_ps(zero, acc[r]) : acc[r]);  // max returns its second operand for NaN
+      for (int64_t r = 0; r < channels; ++r) {
+        const __m512 v = relu ? _mm512_max_ps(zero, acc[r]) : acc[r];  // max returns its second operand for NaN
+        // For the pool, each value as y would hold it: rounded into 16 bits, widened back exactly.
+        const __m512 kept = y != nullptr ? v
+                            : f16 ? _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+                                  : _mm512_castsi512_ps(_mm512_slli_epi32(bf16_round_epi32(v), 16));
+        _mm512_mask_storeu_ps(planes + r * plane + oy * g.ow + ox, m, kept);
+      }
     }
+  if (y == nullptr) return;  // the planes are pooled instead (forward_first_layer)
   for (int64_t r = 0; r < channels; ++r)
     for (int64_t i = 0; i < plane; i += 16) {
       const __mmask16 m = first_lanes(plane - i);
@@ -95,7 +102,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
 
 // The same on AVX2 hosts, 8 outputs a step (a row's tail loaded with load_first8, stored with
 // store_first8), into an output of dtype t: the f32 planes copied, 16-bit ones rounded once
-// (round16_avx2: convert()'s bits), a plane's last piece under 8 by convert().
+// (round16_avx2: convert()'s bits), a plane's last piece under 8 by convert(); or, with y null,
+// left in `planes` as y would hold them (16-bit ones rounded and widened back), for the pool.
 // ReLU by max(0, acc), which returns acc where it is NaN, and keeps -0, as AVX-512's.
 __attribute__((target("avx2,fma,f16c"))) void forward_four_channels_avx2(const float* xp, int64_t pw,
                                                                          const int64_t* off, int64_t taps,
@@ -119,9 +127,18 @@ __attribute__((target("avx2,fma,f16c"))) void forward_four_channels_avx2(const f
         a3 = _mm256_fmadd_ps(_mm256_set1_ps(w3[k]), v, a3);
       }
       const __m256 acc[4] = {a0, a1, a2, a3};
-      for (int64_t r = 0; r < channels; ++r)
-        store_first8(planes + r * plane + oy * g.ow + ox, relu ? _mm256_max_ps(zero, acc[r]) : acc[r], n);
+      for (int64_t r = 0; r < channels; ++r) {
+        const __m256 v = relu ? _mm256_max_ps(zero, acc[r]) : acc[r];
+        // For the pool, each value as y would hold it: rounded into 16 bits, widened back exactly.
+        const bool round_trip = y == nullptr && t != DType::f32;
+        const __m128i h = round_trip ? round16_avx2(v, t == DType::f16) : __m128i{};
+        const __m256 kept = !round_trip       ? v
+                            : t == DType::f16 ? _mm256_cvtph_ps(h)
+                                              : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        store_first8(planes + r * plane + oy * g.ow + ox, kept, n);
+      }
     }
+  if (y == nullptr) return;  // the planes are pooled instead (forward_first_layer)
   const size_t es = dtype_size(t);
   for (int64_t r = 0; r < channels; ++r) {
     const float* src = planes + r * plane;
@@ -144,6 +161,18 @@ __attribute__((target("avx2,fma,f16c"))) void forward_four_channels_avx2(const f
 
 constexpr size_t kStreamBytes = size_t(8) << 20;
 
+// The four (`channels`) planes just computed (f32, each value as the output of dtype t holds it),
+// max-pooled by `pool` into planes p0 .. of out.dst and out.argmax by the pool's own plane kernel
+// (max_pool_plane_f32), the maxima stored exactly. maxima: 4 pooled planes of f32.
+void pool_planes(const float* planes, int64_t channels, const PoolGeometry& pool, DType t, float* maxima, int64_t p0,
+                 MaxPoolResult& out) {
+  const int64_t plane = pool.h * pool.w, pooled = pool.oh * pool.ow;
+  for (int64_t r = 0; r < channels; ++r)
+    max_pool_plane_f32(planes + r * plane, pool, maxima + r * pooled, out.argmax.data<uint8_t>() + (p0 + r) * pooled);
+  convert(maxima, DType::f32, static_cast<char*>(out.dst.data_ptr()) + size_t(p0 * pooled) * dtype_size(t), t,
+          size_t(channels * pooled));
+}
+
 }  // namespace
 
 bool first_layer_applies(const ConvGeometry& g, DType t) {
@@ -155,16 +184,18 @@ bool first_layer_applies(const ConvGeometry& g, DType t) {
 }
 
 void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
-                         Tensor& dst) {
+                         Tensor& dst, const PoolGeometry* pool, MaxPoolResult* pooled) {
   const Padded pd(g);
   const int64_t taps = pd.taps, pplane = pd.pplane, oc4 = (g.oc + 3) / 4 * 4, plane = g.oh * g.ow;
+  const int64_t pool_plane = pooled ? pool->oh * pool->ow : 0;
   // f32 weights and bias, padded to whole groups of four channels with zeros.
   std::vector<float> wf(size_t(oc4 * taps), 0.0f), bf(size_t(oc4), 0.0f);
   convert(weight.data_ptr(), weight.dtype(), wf.data(), DType::f32, size_t(g.oc * taps));
   if (bias.defined()) convert(bias.data_ptr(), bias.dtype(), bf.data(), DType::f32, size_t(g.oc));
-  // Per thread: the padded image and four f32 output planes, allocated before the parallel region.
+  // Per thread: the padded image and four f32 output planes (and where they are pooled, four pooled
+  // planes), allocated before the parallel region.
   const int threads = omp_get_max_threads();
-  const int64_t scratch_floats = g.c * pplane + 4 * plane;
+  const int64_t scratch_floats = g.c * pplane + 4 * plane + (pooled ? 4 * pool_plane : 0);
   WorkspaceBuffer scratch(size_t(threads) * size_t(scratch_floats) * sizeof(float));
   const char* const xb = static_cast<const char*>(x.data_ptr());
   char* const yb = static_cast<char*>(dst.data_ptr());
@@ -177,22 +208,25 @@ void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bi
   // layer (64 x 420 x 28 x 28 out, 42 MB) from 3.9-4.5 to 3.3-4.2 ms and the 256 x 32 x 28 x 28 one
   // (13 MB) from 1.18-1.24 to 1.09-1.17 ms.
   const bool f16 = t == DType::f16;
-  const bool stream =
-      dst.nbytes() >= kStreamBytes && plane % (avx2 ? 8 : 16) == 0 && reinterpret_cast<uintptr_t>(yb) % 32 == 0;
+  const bool stream = !pooled && dst.nbytes() >= kStreamBytes && plane % (avx2 ? 8 : 16) == 0 &&
+                      reinterpret_cast<uintptr_t>(yb) % 32 == 0;
   profile::detail::note_impl("mixprec:first_layer_fwd");
+  if (pooled) profile::detail::note_impl(kPoolFused);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t n = 0; n < g.n; ++n) {
     float* const xp = static_cast<float*>(scratch.data()) + int64_t(omp_get_thread_num()) * scratch_floats;
     float* const planes = xp + g.c * pplane;
     pad_image(xb, x.dtype(), n, g, pd, xp);
-    for (int64_t o = 0; o < g.oc; o += 4)
+    for (int64_t o = 0; o < g.oc; o += 4) {
+      const int64_t channels = std::min<int64_t>(4, g.oc - o);
       if (avx2)
-        forward_four_channels_avx2(xp, pd.pw, pd.off, taps, g, wf.data() + o * taps, bf.data() + o,
-                                   std::min<int64_t>(4, g.oc - o), relu, stream, t, planes,
-                                   yb + size_t((n * g.oc + o) * plane) * es);
+        forward_four_channels_avx2(xp, pd.pw, pd.off, taps, g, wf.data() + o * taps, bf.data() + o, channels, relu,
+                                   stream, t, planes, pooled ? nullptr : yb + size_t((n * g.oc + o) * plane) * es);
       else
-        forward_four_channels(xp, pd.pw, pd.off, taps, g, wf.data() + o * taps, bf.data() + o,
-                              std::min<int64_t>(4, g.oc - o), relu, stream, f16, planes, y + (n * g.oc + o) * plane);
+        forward_four_channels(xp, pd.pw, pd.off, taps, g, wf.data() + o * taps, bf.data() + o, channels, relu, stream,
+                              f16, planes, pooled ? nullptr : y + (n * g.oc + o) * plane);
+      if (pooled) pool_planes(planes, channels, *pool, t, planes + 4 * plane, n * g.oc + o, *pooled);
+    }
     if (stream) _mm_sfence();  // the streamed lines are in memory before the region's barrier
   }
 }

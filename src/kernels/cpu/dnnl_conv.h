@@ -6,6 +6,7 @@
 
 #include "kernels/conv.h"
 #include "kernels/cpu/dnnl_common.h"
+#include "kernels/pool.h"
 #include "kernels/shape.h"
 
 namespace mixprec::kernels::cpu {
@@ -62,8 +63,14 @@ constexpr int64_t kFirstLayerChannels = 4;
 // the f32 road (conv_in_f32), and on AVX2 hosts its blocked kernel and the reorder of its nChw8c
 // output.
 bool first_layer_applies(const ConvGeometry& g, DType t);
+// With `pooled`: dst is not written; each image's planes are max-pooled by *pool while they are in
+// cache, into pooled's dst (dst's dtype) and u8 argmax, with max_pool2d_forward's bits over the
+// output dst would have held.
 void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
-                         Tensor& dst);
+                         Tensor& dst, const PoolGeometry* pool = nullptr, MaxPoolResult* pooled = nullptr);
+// The profile's note of a max pool fused with the convolution before it (cpu/conv_pool.cpp, and a
+// first layer's pooled planes).
+inline constexpr const char* kPoolFused = "pool_fused";
 
 // The bias gradient: grad_y [N, OC, OH, OW] (f32 or bf16, dense) summed over N, OH and OW in f32,
 // rounded once into bias (cpu/conv_bias.cpp). Each channel's planes in image order; a plane's sum
@@ -101,6 +108,14 @@ bool is_f32_nchw16c(const dnnl::memory::desc& md);
 // src: [n, c, hw] f32 in nChw16c -> dst: [n, c, hw] dense 16-bit (t bf16 or f16), each value
 // rounded once to nearest, convert()'s bits (cpu/conv_round.cpp).
 void round_nchw16c(const float* src, int64_t n, int64_t c, int64_t hw, DType t, void* dst);
+// A max pool reading a convolution's output where the primitive left it (cpu/conv_pool.cpp): md
+// blocked over channels (nChw8c, nChw16c) or NHWC, f32 or bf16, and a window of at most 256 taps
+// (a u8 argmax). max_pool_from_layout writes dst [n, c, oh, ow] (NCHW, f32 or 16-bit; bf16 for a
+// bf16 md) and its u8 argmax as kernels::max_pool2d_forward would over the output in NCHW rounded
+// into dst's dtype: the same values and winners, bit for bit.
+bool pool_reads_layout(const dnnl::memory::desc& md, const PoolGeometry& g);
+void max_pool_from_layout(const dnnl::memory::desc& md, const void* src, const PoolGeometry& g, Tensor& dst,
+                          Tensor& argmax);
 constexpr int64_t kWgradGemmMinProducts = int64_t(1) << 17;
 // Whether the bf16 weight gradient of a wide stride-1 layer runs on mixprec's AMX kernel
 // (backward_weights_amx): by default on AMX hosts where the layer is wide enough to gain

@@ -501,6 +501,10 @@ void for_planes(const PoolGeometry& g, F&& f) {
 
 }  // namespace
 
+void max_pool_plane_f32(const float* src, const PoolGeometry& g, float* out, uint8_t* argmax) {
+  max_plane(src, g, out, argmax);
+}
+
 bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
   if (!f32_compute(x.dtype()) || !x.is_contiguous()) return false;
   if (tensor_2x2(g, x.dtype())) {

@@ -1,0 +1,259 @@
+// Max pooling of a convolution's output read in the oneDNN primitive's own layout (dnnl_conv.h,
+// max_pool_from_layout): the pool of kernels::conv2d_max_pool2d_forward, which then never reorders
+// the full-size output into NCHW for the pool to read it back. Each task pools one output row of
+// one run of channels (a block of nChw8c / nChw16c, or all channels of NHWC), the channels side by
+// side in vectors, and writes the pooled row into the NCHW planes. The window rule is window_max's
+// (pool_window.h): ties keep the first tap, a NaN wins and the last NaN stays; the values are
+// rounded into the output's dtype before they are compared, so the winners are those of the pool
+// over the rounded NCHW output, bit for bit.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "core/simd.h"
+#include "kernels/cpu/dnnl_conv.h"
+#include "kernels/pool_window.h"
+#include "mixprec/convert.h"
+
+namespace mixprec::kernels::cpu {
+namespace {
+
+// The layout of a 4-d [N, C, H, W] buffer: element (n, c, h, w) at n s0 + (c / block) s1 + h s2 +
+// w s3 + c % block (block 1: c s1). Channels come in contiguous runs of `run`.
+struct Layout {
+  int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, block = 1, run = 0;
+};
+
+std::optional<Layout> layout_of(const dnnl::memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0 || d.extra.flags != 0) return std::nullopt;
+  if (d.data_type != dnnl_f32 && d.data_type != dnnl_bf16) return std::nullopt;
+  const auto& b = d.format_desc.blocking;
+  Layout l;
+  l.s0 = b.strides[0], l.s1 = b.strides[1], l.s2 = b.strides[2], l.s3 = b.strides[3];
+  if (b.inner_nblks == 1 && b.inner_idxs[0] == 1) {
+    l.block = l.run = b.inner_blks[0];
+  } else if (b.inner_nblks == 0 && l.s1 == 1) {
+    l.run = d.dims[1];  // NHWC: all channels of a position side by side
+  } else {
+    return std::nullopt;  // NCHW (a run of one: nothing to gain) or another blocking
+  }
+  // A row of one run, its W positions, is contiguous (what a task converts at once): positions
+  // `block` apart in a blocked layout, C apart in NHWC.
+  if (l.s3 != (l.block > 1 ? l.block : l.run) || l.run < 2) return std::nullopt;
+  return l;
+}
+
+// v's lanes that win against best's: greater, or a NaN (window_max's scan).
+__attribute__((target("avx2"))) inline __m256 wins(__m256 v, __m256 best) {
+  return _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+// Eight int32 taps (each < 256) stored as floats (the tile's argmax goes through the same transposes).
+__attribute__((target("avx2"))) inline void store_taps(__m256i a, float* to) {
+  _mm256_storeu_ps(to, _mm256_cvtepi32_ps(a));
+}
+
+// best[j], arg[j] over the taps of one window, channels j0 .. len: window_max's scan, one lane at a time.
+void window_lanes(const float* const* tap, const int32_t* k, int ntaps, int64_t j0, int64_t len, float* best,
+                  float* arg) {
+  for (int64_t j = j0; j < len; ++j) {
+    float b = tap[0][j];
+    int32_t a = k[0];
+    for (int t = 1; t < ntaps; ++t) {
+      const float v = tap[t][j];
+      if (v > b || v != v) b = v, a = k[t];
+    }
+    best[j] = b, arg[j] = float(a);
+  }
+}
+
+// The same, eight channels at a time from j = 0 where the host has AVX2 (returns where it stopped).
+__attribute__((target("avx2"))) int64_t window_avx2(const float* const* tap, const int32_t* k, int ntaps, int64_t len,
+                                                    float* best, float* arg) {
+  int64_t j = 0;
+  for (; j + 8 <= len; j += 8) {
+    __m256 b = _mm256_loadu_ps(tap[0] + j);
+    __m256i a = _mm256_set1_epi32(k[0]);
+    for (int t = 1; t < ntaps; ++t) {
+      const __m256 v = _mm256_loadu_ps(tap[t] + j);
+      const __m256i take = _mm256_castps_si256(wins(v, b));
+      b = _mm256_blendv_ps(b, v, _mm256_castsi256_ps(take));
+      a = _mm256_blendv_epi8(a, _mm256_set1_epi32(k[t]), take);
+    }
+    _mm256_storeu_ps(best + j, b);
+    store_taps(a, arg + j);
+  }
+  return j;
+}
+
+void window(const float* const* tap, const int32_t* k, int ntaps, int64_t len, float* best, float* arg, bool avx2) {
+  if (ntaps == 0) {  // a window wholly on the padding (window_max's start values)
+    std::fill(best, best + len, -std::numeric_limits<float>::infinity());
+    std::fill(arg, arg + len, float(uint8_t(-1)));  // -1 as the u8 argmax holds it
+    return;
+  }
+  window_lanes(tap, k, ntaps, avx2 ? window_avx2(tap, k, ntaps, len, best, arg) : 0, len, best, arg);
+}
+
+// One output row of a 2x2, stride-2 pool without padding: input rows r0 and r1 (positions s3 apart),
+// output positions `run` apart in best and arg; taps 0 1 / 2 3 in window_max's order.
+__attribute__((target("avx2"))) void row_2x2_avx2(const float* r0, const float* r1, int64_t s3, int64_t ow, int64_t len,
+                                                  int64_t run, float* best, float* arg) {
+  const int64_t len8 = len / 8 * 8;
+  for (int64_t ox = 0; ox < ow; ++ox) {
+    const float* t[4] = {r0 + 2 * ox * s3, r0 + (2 * ox + 1) * s3, r1 + 2 * ox * s3, r1 + (2 * ox + 1) * s3};
+    float* bo = best + ox * run;
+    float* ao = arg + ox * run;
+    for (int64_t j = 0; j < len8; j += 8) {
+      __m256 b = _mm256_loadu_ps(t[0] + j);
+      __m256i a = _mm256_setzero_si256();
+      for (int k = 1; k < 4; ++k) {
+        const __m256 v = _mm256_loadu_ps(t[k] + j);
+        const __m256i take = _mm256_castps_si256(wins(v, b));
+        b = _mm256_blendv_ps(b, v, _mm256_castsi256_ps(take));
+        a = _mm256_blendv_epi8(a, _mm256_set1_epi32(k), take);
+      }
+      _mm256_storeu_ps(bo + j, b);
+      store_taps(a, ao + j);
+    }
+  }
+}
+
+constexpr int32_t kTaps2x2[4] = {0, 1, 2, 3};
+
+void row_2x2(const float* r0, const float* r1, int64_t s3, int64_t ow, int64_t len, int64_t run, float* best,
+             float* arg, bool avx2) {
+  if (avx2) row_2x2_avx2(r0, r1, s3, ow, len, run, best, arg);
+  const int64_t j0 = avx2 ? len / 8 * 8 : 0;
+  if (j0 == len) return;
+  for (int64_t ox = 0; ox < ow; ++ox) {
+    const float* t[4] = {r0 + 2 * ox * s3, r0 + (2 * ox + 1) * s3, r1 + 2 * ox * s3, r1 + (2 * ox + 1) * s3};
+    window_lanes(t, kTaps2x2, 4, j0, len, best + ox * run, arg + ox * run);
+  }
+}
+
+// The tile [plane][run] (channels 0 .. len used) as columns col [len][plane].
+void tile_to_columns(const float* tile, int64_t run, int64_t plane, int64_t len, float* col, bool avx2) {
+  int64_t j0 = 0;
+  if (avx2)
+    for (; j0 + 8 <= len; j0 += 8) {
+      int64_t q0 = 0;
+      for (; q0 + 8 <= plane; q0 += 8) transpose_8x8_avx2(tile + q0 * run + j0, run, col + j0 * plane + q0, plane);
+      for (int64_t q = q0; q < plane; ++q)
+        for (int64_t j = j0; j < j0 + 8; ++j) col[j * plane + q] = tile[q * run + j];
+    }
+  for (int64_t j = j0; j < len; ++j)
+    for (int64_t q = 0; q < plane; ++q) col[j * plane + q] = tile[q * run + j];
+}
+
+// n taps held as floats (0 .. 255) into bytes.
+__attribute__((target("avx2"))) int64_t taps_to_bytes_avx2(const float* f, int64_t n, uint8_t* to) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i a = _mm256_cvttps_epi32(_mm256_loadu_ps(f + i));
+    const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(to + i), _mm_packus_epi16(w16, w16));
+  }
+  return i;
+}
+void taps_to_bytes(const float* f, int64_t n, uint8_t* to, bool avx2) {
+  for (int64_t i = avx2 ? taps_to_bytes_avx2(f, n, to) : 0; i < n; ++i) to[i] = uint8_t(int32_t(f[i]));
+}
+
+}  // namespace
+
+bool pool_reads_layout(const dnnl::memory::desc& md, const PoolGeometry& g) {
+  return layout_of(md).has_value() && g.argmax_dtype() == DType::u8 && !g.adaptive;
+}
+
+void max_pool_from_layout(const dnnl::memory::desc& md, const void* src, const PoolGeometry& g, Tensor& dst,
+                          Tensor& argmax) {
+  const Layout l = *layout_of(md);
+  const bool src_bf16 = md.data.data_type == dnnl_bf16;
+  const DType out_t = dst.dtype();
+  MIXPREC_ASSERT(!src_bf16 || out_t == DType::bf16, "conv pool: a bf16 output pools into bf16");
+  // Rows are converted into f32 first where they are bf16, or f32 to be rounded into a 16-bit output.
+  const bool convert_rows = src_bf16 || out_t != DType::f32;
+  const bool two_by_two = g.kh == 2 && g.kw == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
+                          g.pad_w == 0 && g.dil_h == 1 && g.dil_w == 1;
+  const bool avx2 = simd_lanes() != Lanes::none;
+  // A task: one image's run of channels, every output row of it.
+  const int64_t groups = (g.c + l.run - 1) / l.run, tasks = g.n * groups;
+  const int64_t row = g.w * l.s3;  // one input row of a run, padded channels included
+  const int64_t plane = g.oh * g.ow;
+  const int threads = std::max(1, std::min<int>(omp_get_max_threads(), int(tasks)));
+  // Per thread: the window's rows in f32 (when converted), a 16-bit staging row, the pooled tile
+  // [oh ow][run] and its argmax, one output plane; allocated before the parallel region (an
+  // OutOfMemory cannot leave it).
+  const int64_t rows_floats = convert_rows ? g.kh * row : 0, stage_halves = convert_rows ? row : 0;
+  const int64_t tile = plane * l.run;
+  const size_t per_thread =
+      (size_t(rows_floats + 4 * tile) * sizeof(float) + size_t(stage_halves) * sizeof(uint16_t) + 63) / 64 * 64;
+  WorkspaceBuffer scratch(per_thread * size_t(threads));
+  const size_t es = src_bf16 ? 2 : 4;
+  const auto* base = static_cast<const char*>(src);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t task = 0; task < tasks; ++task) {
+    char* mine = static_cast<char*>(scratch.data()) + per_thread * size_t(omp_get_thread_num());
+    float* rows = reinterpret_cast<float*>(mine);
+    float* tile_v = rows + rows_floats;  // [plane][run]: values, then argmax
+    float* tile_a = tile_v + tile;
+    float* col_v = tile_a + tile;  // [len][plane]: the same, one channel's plane after another
+    float* col_a = col_v + tile;
+    uint16_t* stage = reinterpret_cast<uint16_t*>(col_a + tile);
+    const int64_t gi = task % groups, n = task / groups;
+    const int64_t c0 = gi * l.run, len = std::min(l.run, g.c - c0);
+    const int64_t run_off = n * l.s0 + (l.block > 1 ? gi * l.s1 : 0);
+    for (int64_t oy = 0; oy < g.oh; ++oy) {
+      // Row ky of the window in f32: the buffer's own row, or the source's where it is f32 already.
+      const float* row_of[256];
+      for (int64_t ky = 0; ky < g.kh; ++ky) {
+        const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dil_h;
+        row_of[ky] = nullptr;
+        if (iy < 0 || iy >= g.h) continue;
+        const char* s = base + size_t(run_off + iy * l.s2) * es;
+        if (!convert_rows) {
+          row_of[ky] = reinterpret_cast<const float*>(s);
+          continue;
+        }
+        float* r = rows + ky * row;
+        if (src_bf16) {
+          convert(s, DType::bf16, r, DType::f32, size_t(row));
+        } else {  // the f32 road: each value rounded into the output's dtype, as the NCHW output holds it
+          convert(s, DType::f32, stage, out_t, size_t(row));
+          convert(stage, out_t, r, DType::f32, size_t(row));
+        }
+        row_of[ky] = r;
+      }
+      float* tv = tile_v + oy * g.ow * l.run;
+      float* ta = tile_a + oy * g.ow * l.run;
+      if (two_by_two) {
+        row_2x2(row_of[0], row_of[1], l.s3, g.ow, len, l.run, tv, ta, avx2);
+        continue;
+      }
+      const float* tap[256];
+      int32_t k[256];
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        int ntaps = 0;
+        for_each_tap(g, oy, ox, [&](int64_t ky, int64_t kx, int64_t, int64_t ix) {
+          tap[ntaps] = row_of[ky] + ix * l.s3;
+          k[ntaps++] = int32_t(ky * g.kw + kx);
+        });
+        window(tap, k, ntaps, len, tv + ox * l.run, ta + ox * l.run, avx2);
+      }
+    }
+    // The tile [oh ow][run] into the NCHW planes of channels c0 .. c0 + len (each plane contiguous).
+    tile_to_columns(tile_v, l.run, plane, len, col_v, avx2);
+    tile_to_columns(tile_a, l.run, plane, len, col_a, avx2);
+    const int64_t at = (n * g.c + c0) * plane;
+    taps_to_bytes(col_a, len * plane, argmax.data<uint8_t>() + at, avx2);
+    // Exact: the values are the output dtype's already.
+    convert(col_v, DType::f32, static_cast<char*>(dst.data_ptr()) + size_t(at) * dtype_size(out_t), out_t,
+            size_t(len * plane));
+  }
+}
+
+}  // namespace mixprec::kernels::cpu

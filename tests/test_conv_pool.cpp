@@ -1,0 +1,245 @@
+// ops::conv2d_max_pool2d on the CPU: the pool reading the convolution's output in oneDNN's layout
+// (cpu/conv_pool.cpp: nChw8c on AVX2 hosts, nChw16c on AVX-512 ones for f32, NHWC for AMX's bf16),
+// or a first layer's planes as mixprec's kernel computes them (cpu/conv_first_layer.cpp), against
+// the same op with the fusion off (the convolution's output reordered into NCHW, then
+// kernels::max_pool2d_forward), bit for bit: the output, and every gradient (the argmax routes
+// them). Channel counts that fill blocks and leave a partial one; a 2x2 pool on odd sizes (its
+// own loop), overlapping, padded, ceil-mode and dilated windows (the general one); random values,
+// integer ones (ties everywhere: the first tap must win), integers with noise below a 16-bit ulp
+// (ties only once rounded: the values must be rounded before they are compared), and NaNs (a NaN
+// wins, the last one).
+// nn::Sequential runs Conv2d [, ReLU], MaxPool2d as this op, with the same results as the ops one
+// after the other, and names the layer an error is about.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/conv.h"
+#include "kernels/cpu/dnnl_conv.h"
+#include "mixprec/autocast.h"
+#include "mixprec/nn.h"
+#include "mixprec/ops.h"
+#include "mixprec/profile.h"
+#include "tensor_bytes.h"
+
+namespace mixprec {
+namespace {
+
+using testutil::bytes_of;
+
+struct Geometry {
+  const char* name;
+  Shape x;
+  int64_t oc;
+  ops::Conv2dOptions conv;
+  ops::IntPair k;
+  ops::Pool2dOptions pool;
+};
+
+const std::vector<Geometry>& geometries() {
+  static const std::vector<Geometry> g = {
+      {"k2_odd_sizes", {2, 16, 13, 11}, 24, {.padding = 1}, 2, {}},
+      {"k3_s2_p1_ceil", {2, 8, 9, 9}, 16, {}, 3, {.stride = 2, .padding = 1, .ceil_mode = true}},
+      {"k2_s1_overlapping", {1, 8, 8, 7}, 8, {.padding = 1}, 2, {.stride = 1}},
+      {"k2_dilated_after_strided_conv", {2, 12, 10, 10}, 20, {.stride = 2, .padding = 1}, 2, {.dilation = 2}},
+      // First layers (1 to 4 input channels), where mixprec's kernel computes them: the pool runs on
+      // each image's planes while they are in cache; output channels not a multiple of its four.
+      {"first_layer_k2", {3, 1, 12, 10}, 6, {.padding = 1}, 2, {}},
+      {"first_layer_k3_s2_p1_ceil", {2, 3, 9, 9}, 5, {.padding = 1}, 3, {.stride = 2, .padding = 1, .ceil_mode = true}},
+  };
+  return g;
+}
+
+enum class Values { random, integers, near_ties, nans };
+
+// x, weight, bias in t: uniform in [-1, 1]; or small integers (many equal sums: ties in the windows);
+// or random with a NaN planted in some images' channels.
+std::vector<Tensor> operands(const Geometry& g, DType t, Values v) {
+  Generator gen(7);
+  const Shape ws{g.oc, g.x[1], 3, 3};
+  Tensor x = Tensor::uniform(g.x, gen, -1, 1), w = Tensor::uniform(ws, gen, -0.5, 0.5);
+  Tensor b = Tensor::uniform({g.oc}, gen, -0.5, 0.5);
+  if (v == Values::integers) {  // -2 .. 2, -1 .. 1, -1 .. 1
+    const auto rounded = [](const Tensor& u, double scale) {
+      std::vector<float> h = u.to_vector();
+      for (float& e : h) e = std::round(float(scale) * e);
+      return Tensor::from_vector(h, u.shape());
+    };
+    x = rounded(x, 2), w = rounded(w, 2), b = rounded(b, 1);
+  }
+  if (v == Values::near_ties) {  // integers plus 2^-12 noise: distinct in f32, equal once rounded to 16 bits
+    std::vector<float> h = x.to_vector(), wv = w.to_vector(), bv = b.to_vector();
+    for (float& e : h) e = std::round(2 * e) + std::ldexp(e, -12);
+    for (float& e : wv) e = std::round(2 * e);
+    for (float& e : bv) e = std::round(e);
+    x = Tensor::from_vector(h, x.shape()), w = Tensor::from_vector(wv, w.shape()),
+    b = Tensor::from_vector(bv, b.shape());
+  }
+  x = x.to(t).contiguous();
+  if (v == Values::nans) {
+    // A NaN input spreads to a 3x3 patch of every output channel: some windows hold one NaN,
+    // some several.
+    const int64_t plane = g.x[2] * g.x[3];
+    std::vector<float> h = x.to_vector();
+    h[size_t(3 * g.x[3] + 4)] = std::numeric_limits<float>::quiet_NaN();
+    h[size_t((g.x[0] * g.x[1] - 1) * plane + plane / 2)] = std::numeric_limits<float>::quiet_NaN();
+    x = Tensor::from_vector(h, g.x, DType::f32).to(t);
+  }
+  return {x, w.to(t), b.to(t)};
+}
+
+struct Result {
+  std::vector<uint8_t> y, gx, gw, gb;
+  bool fused = false;  // whether the pool ran fused with the convolution
+};
+
+Result run(const Geometry& g, DType t, Values v, bool fused) {
+  kernels::set_conv_pool_fused(fused);
+  std::vector<Tensor> in = operands(g, t, v);
+  for (Tensor& p : in) p.set_requires_grad(true);
+  profile::start();
+  const Tensor y = ops::conv2d_max_pool2d(in[0], in[1], in[2], g.conv, g.k, g.pool);
+  profile::stop();
+  Result r;
+  for (const profile::Row& row : profile::rows())
+    r.fused |= row.kernel == "conv2d_max_pool2d_forward" && row.impl.find("pool_fused") != std::string::npos;
+  // A gradient of distinct values, so that a winner moved shows in every gradient.
+  Generator gen(11);
+  const Tensor gy = Tensor::uniform(y.shape(), gen, 0.5, 1.5).to(y.dtype());
+  y.backward(gy);
+  kernels::set_conv_pool_fused(true);
+  r.y = bytes_of(y);
+  r.gx = bytes_of(in[0].grad());
+  r.gw = bytes_of(in[1].grad());
+  r.gb = bytes_of(in[2].grad());
+  return r;
+}
+
+class ConvPool : public ::testing::TestWithParam<DType> {};
+
+// Whether mixprec's first-layer kernel computes g's convolution in t on this host.
+bool first_layer(const Geometry& g, DType t) {
+  kernels::ConvGeometry c;
+  c.n = g.x[0], c.c = g.x[1], c.h = g.x[2], c.w = g.x[3], c.oc = g.oc, c.kh = 3, c.kw = 3;
+  c.stride_h = g.conv.stride.h, c.stride_w = g.conv.stride.w;
+  return kernels::cpu::first_layer_applies(c, t);
+}
+
+TEST_P(ConvPool, FusedMatchesSeparateBitForBit) {
+  const DType t = GetParam();
+  int fused_cases = 0, cases = 0;
+  for (const Geometry& g : geometries())
+    for (Values v : {Values::random, Values::integers, Values::near_ties, Values::nans}) {
+      SCOPED_TRACE(std::string(g.name) + (v == Values::random      ? " random"
+                                          : v == Values::integers  ? " ties"
+                                          : v == Values::near_ties ? " ties once rounded"
+                                                                   : " nan"));
+      const Result fused = run(g, t, v, true), separate = run(g, t, v, false);
+      EXPECT_FALSE(separate.fused);
+      // oneDNN's f32 convolutions of 8 or more input channels write a channel-blocked layout on
+      // every x86 host with AVX2 (nChw8c) or AVX-512 (nChw16c), which the pool reads, and a first
+      // layer that mixprec's kernel computes is pooled by it; elsewhere (a 16-bit primitive's
+      // layout, oneDNN's first layers) the fusion may not apply, and the comparison below is then
+      // of a path with itself.
+      if (first_layer(g, t) || (t == DType::f32 && g.x[1] >= 8)) {
+        EXPECT_TRUE(fused.fused) << "not fused";
+      }
+      fused_cases += fused.fused;
+      ++cases;
+      EXPECT_EQ(fused.y, separate.y);
+      EXPECT_EQ(fused.gx, separate.gx);
+      EXPECT_EQ(fused.gw, separate.gw);
+      EXPECT_EQ(fused.gb, separate.gb);
+    }
+  if (fused_cases == 0) GTEST_SKIP() << "no " << dtype_name(t) << " case was fused on this host";
+  if (fused_cases < cases) std::printf("[ NOTE     ] %d of %d cases fused on this host\n", fused_cases, cases);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ConvPool, ::testing::Values(DType::f32, DType::bf16, DType::f16),
+                         [](const ::testing::TestParamInfo<DType>& p) { return std::string(dtype_name(p.param)); });
+
+// Under autocast (the training step's case): x f32, the op lowered to bf16, the weight's and the
+// bias's gradients in f32 from the convolution's accumulation.
+TEST(ConvPool, AutocastBf16MatchesSeparate) {
+  const Geometry& g = geometries()[0];
+  std::vector<std::vector<uint8_t>> got[2];
+  for (bool on : {true, false}) {
+    kernels::set_conv_pool_fused(on);
+    std::vector<Tensor> in = operands(g, DType::f32, Values::random);
+    for (Tensor& p : in) p.set_requires_grad(true);
+    Tensor y;
+    {
+      amp::Autocast ac(DType::bf16);
+      y = ops::conv2d_max_pool2d(in[0], in[1], in[2], g.conv, g.k, g.pool);
+    }
+    EXPECT_EQ(y.dtype(), DType::bf16);
+    ops::sum(ops::cast(y, DType::f32)).backward();
+    EXPECT_EQ(in[1].grad().dtype(), DType::f32);
+    got[on] = {bytes_of(y), bytes_of(in[0].grad()), bytes_of(in[1].grad()), bytes_of(in[2].grad())};
+  }
+  kernels::set_conv_pool_fused(true);
+  EXPECT_EQ(got[1], got[0]);
+}
+
+// The containers' rewrite: Conv2d [, ReLU], MaxPool2d as one op, the same bits as the ops one after
+// the other (ReLU after the pool or before: the same values).
+TEST(ConvPool, SequentialMatchesTheOpsComposed) {
+  for (bool relu : {false, true}) {
+    SCOPED_TRACE(relu ? "with ReLU" : "without ReLU");
+    default_generator().manual_seed(3);
+    nn::Sequential m;
+    auto conv = std::make_shared<nn::Conv2d>(16, 24, 3, nn::Conv2dOptions{.padding = 1});
+    m.push_back(conv);
+    if (relu) m.push_back(std::make_shared<nn::ReLU>());
+    m.push_back(std::make_shared<nn::MaxPool2d>(2));
+    Generator gen(5);
+    const Tensor x = Tensor::uniform({2, 16, 9, 9}, gen, -1, 1);
+    profile::start();
+    const Tensor y = m.forward(x);
+    profile::stop();
+    bool fused = false;
+    for (const profile::Row& row : profile::rows()) fused |= row.kernel == "conv2d_max_pool2d_forward";
+    EXPECT_TRUE(fused) << "Sequential did not run conv2d_max_pool2d";
+    ops::sum(y).backward();
+    const std::vector<uint8_t> gw = bytes_of(conv->weight.grad()), gb = bytes_of(conv->bias.grad());
+    conv->weight.set_grad(Tensor()), conv->bias.set_grad(Tensor());
+
+    Tensor ref = ops::max_pool2d(ops::conv2d(x, conv->weight, conv->bias, {.padding = 1}), 2);
+    if (relu) ref = ops::relu(ref);
+    EXPECT_EQ(bytes_of(y), bytes_of(ref));
+    ops::sum(ref).backward();
+    EXPECT_EQ(gw, bytes_of(conv->weight.grad()));
+    EXPECT_EQ(gb, bytes_of(conv->bias.grad()));
+  }
+}
+
+// An error names the layer it is about: the pool's window too large for the convolution's output,
+// or the input's channels wrong for the convolution.
+TEST(ConvPool, SequentialErrorsNameTheirLayer) {
+  nn::Sequential m;
+  m.push_back(std::make_shared<nn::Conv2d>(2, 4, 3));
+  m.push_back(std::make_shared<nn::MaxPool2d>(5));
+  Generator gen(1);
+  try {
+    m.forward(Tensor::uniform({1, 2, 5, 5}, gen, -1, 1));  // conv output 3x3: the 5x5 window does not fit
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("MaxPool2d(kernel_size=5", 0), 0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_pool2d: kernel 5x5 is larger than the padded input 3x3"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    m.forward(Tensor::uniform({1, 3, 8, 8}, gen, -1, 1));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("Conv2d(2, 4", 0), 0u) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mixprec
