@@ -1,7 +1,8 @@
 // ops::conv2d_max_pool2d on the CPU: the pool reading the convolution's output in oneDNN's layout
 // (cpu/conv_pool.cpp: nChw8c on AVX2 hosts, nChw16c on AVX-512 ones for f32, NHWC for AMX's bf16),
-// or a first layer's planes as mixprec's kernel computes them (cpu/conv_first_layer.cpp), against
-// the same op with the fusion off (the convolution's output reordered into NCHW, then
+// or a first layer's planes as mixprec's kernel computes them (cpu/conv_first_layer.cpp), and a first
+// layer's weight gradient reading the pool's gradient routed plane by plane (cpu/conv_small_k.cpp),
+// against the same op with the fusion off (the convolution's output reordered into NCHW, then
 // kernels::max_pool2d_forward), bit for bit: the output, and every gradient (the argmax routes
 // them). Channel counts that fill blocks and leave a partial one; a 2x2 pool on odd sizes (its
 // own loop), overlapping, padded, ceil-mode and dilated windows (the general one); random values,
@@ -48,7 +49,7 @@ const std::vector<Geometry>& geometries() {
       {"k2_dilated_after_strided_conv", {2, 12, 10, 10}, 20, {.stride = 2, .padding = 1}, 2, {.dilation = 2}},
       // First layers (1 to 4 input channels), where mixprec's kernel computes them: the pool runs on
       // each image's planes while they are in cache; output channels not a multiple of its four.
-      {"first_layer_k2", {3, 1, 12, 10}, 6, {.padding = 1}, 2, {}},
+      {"first_layer_k2_odd", {3, 1, 11, 10}, 6, {.padding = 1}, 2, {}},
       {"first_layer_k3_s2_p1_ceil", {2, 3, 9, 9}, 5, {.padding = 1}, 3, {.stride = 2, .padding = 1, .ceil_mode = true}},
   };
   return g;
@@ -94,26 +95,33 @@ std::vector<Tensor> operands(const Geometry& g, DType t, Values v) {
 
 struct Result {
   std::vector<uint8_t> y, gx, gw, gb;
-  bool fused = false;  // whether the pool ran fused with the convolution
+  bool fused = false, fused_backward = false;  // whether the pool ran fused with the convolution
 };
+
+// The case's first layers take data (no gradient for x), as a network's first layer does: then
+// their weight gradient reads the pool's gradient routed plane by plane.
+bool is_first(const Geometry& g) { return g.x[1] <= kernels::cpu::kFirstLayerChannels; }
 
 Result run(const Geometry& g, DType t, Values v, bool fused) {
   kernels::set_conv_pool_fused(fused);
   std::vector<Tensor> in = operands(g, t, v);
-  for (Tensor& p : in) p.set_requires_grad(true);
+  for (size_t i = is_first(g) ? 1 : 0; i < in.size(); ++i) in[i].set_requires_grad(true);
   profile::start();
   const Tensor y = ops::conv2d_max_pool2d(in[0], in[1], in[2], g.conv, g.k, g.pool);
-  profile::stop();
-  Result r;
-  for (const profile::Row& row : profile::rows())
-    r.fused |= row.kernel == "conv2d_max_pool2d_forward" && row.impl.find("pool_fused") != std::string::npos;
   // A gradient of distinct values, so that a winner moved shows in every gradient.
   Generator gen(11);
   const Tensor gy = Tensor::uniform(y.shape(), gen, 0.5, 1.5).to(y.dtype());
   y.backward(gy);
+  profile::stop();
+  Result r;
+  for (const profile::Row& row : profile::rows()) {
+    const bool noted = row.impl.find("pool_fused") != std::string::npos;
+    r.fused |= row.kernel == "conv2d_max_pool2d_forward" && noted;
+    r.fused_backward |= row.kernel == "conv2d_max_pool2d_backward" && noted;
+  }
   kernels::set_conv_pool_fused(true);
   r.y = bytes_of(y);
-  r.gx = bytes_of(in[0].grad());
+  r.gx = in[0].grad().defined() ? bytes_of(in[0].grad()) : std::vector<uint8_t>{};
   r.gw = bytes_of(in[1].grad());
   r.gb = bytes_of(in[2].grad());
   return r;
@@ -121,13 +129,16 @@ Result run(const Geometry& g, DType t, Values v, bool fused) {
 
 class ConvPool : public ::testing::TestWithParam<DType> {};
 
-// Whether mixprec's first-layer kernel computes g's convolution in t on this host.
-bool first_layer(const Geometry& g, DType t) {
+kernels::ConvGeometry conv_geometry(const Geometry& g) {
   kernels::ConvGeometry c;
   c.n = g.x[0], c.c = g.x[1], c.h = g.x[2], c.w = g.x[3], c.oc = g.oc, c.kh = 3, c.kw = 3;
   c.stride_h = g.conv.stride.h, c.stride_w = g.conv.stride.w;
-  return kernels::cpu::first_layer_applies(c, t);
+  return c;
 }
+// Whether mixprec's first-layer kernel computes g's convolution in t on this host (its forward),
+// and its small-K kernel the weight gradient (the backward).
+bool first_layer(const Geometry& g, DType t) { return kernels::cpu::first_layer_applies(conv_geometry(g), t); }
+bool small_k(const Geometry& g, DType t) { return kernels::cpu::small_k_wgrad(conv_geometry(g), t); }
 
 TEST_P(ConvPool, FusedMatchesSeparateBitForBit) {
   const DType t = GetParam();
@@ -148,6 +159,8 @@ TEST_P(ConvPool, FusedMatchesSeparateBitForBit) {
       if (first_layer(g, t) || (t == DType::f32 && g.x[1] >= 8)) {
         EXPECT_TRUE(fused.fused) << "not fused";
       }
+      EXPECT_FALSE(separate.fused_backward);
+      EXPECT_EQ(fused.fused_backward, is_first(g) && small_k(g, t));
       fused_cases += fused.fused;
       ++cases;
       EXPECT_EQ(fused.y, separate.y);

@@ -67,6 +67,25 @@ MaxPoolResult conv2d_max_pool2d_forward(const Tensor& x, const Tensor& weight, c
   return max_pool2d_forward(conv2d_forward(x, weight, bias, g, false), pool);
 }
 
+ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, const Tensor& argmax, const PoolGeometry& pool,
+                                     const Tensor& x, const Tensor& weight, const ConvGeometry& g, bool need_x,
+                                     bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
+  if (!grad.device().is_cuda() && pool_fused_flag().load() && use_fast() && !need_x && need_weight &&
+      argmax.dtype() == DType::u8 &&
+      cpu::conv2d_backward_max_unpool_applies(g, pool, grad.dtype(), x.dtype(), weight_dtype,
+                                              need_bias ? std::optional<DType>(bias_dtype) : std::nullopt)) {
+    const DeviceScope on({&grad, &argmax, &x});
+    profile::detail::add_flops(conv_flops(g));
+    ConvGrads out;
+    out.weight = Tensor::empty(g.w_shape(), weight_dtype);
+    if (need_bias) out.bias = Tensor::empty({g.oc}, bias_dtype);
+    cpu::conv2d_backward_max_unpool(grad, argmax, pool, x, g, out);
+    return out;
+  }
+  return conv2d_backward(max_pool2d_backward(grad, argmax, pool), x, weight, g, need_x, need_weight, need_bias,
+                         bias_dtype, weight_dtype);
+}
+
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu) {
   const DeviceScope on({&x, &weight, &bias});
   profile::detail::add_flops(conv_flops(g));

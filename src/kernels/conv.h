@@ -3,6 +3,8 @@
 // caches): cpu/conv.cpp on cpu/conv_entries.{h,cpp}, with the shared oneDNN helpers in
 // cpu/dnnl_common.{h,cpp}; GPU (cuDNN graph API): cuda/conv.cpp on cuda/conv_plans.{h,cpp}; dispatch: conv.cpp.
 #pragma once
+#include <optional>
+
 #include "kernels/backend.h"
 #include "kernels/pool.h"
 #include "mixprec/tensor.h"
@@ -50,6 +52,14 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
 // other.
 MaxPoolResult conv2d_max_pool2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                         const ConvGeometry& g, const PoolGeometry& pool);
+// The gradients of conv2d_max_pool2d_forward's inputs from its output's gradient and the pool's
+// u8 argmax: max_pool2d_backward then conv2d_backward, bit for bit. On the CPU, where only the
+// weight and bias gradients are asked for and mixprec's small-K kernel computes them (a first
+// layer), grad_y is routed plane by plane as that kernel reads it, never written whole
+// (cpu::conv2d_backward_max_unpool); elsewhere the two kernels run one after the other.
+ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, const Tensor& argmax, const PoolGeometry& pool,
+                                     const Tensor& x, const Tensor& weight, const ConvGeometry& g, bool need_x,
+                                     bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype);
 // Whether the CPU pools in the primitive's layout (the default; MIXPREC_CONV_POOL=separate starts it
 // off): with it off, conv2d_max_pool2d_forward is always the two calls (tests, A/B runs).
 void set_conv_pool_fused(bool on);
@@ -69,6 +79,15 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
 bool conv2d_forward_max_pool_applies(const ConvGeometry& g, DType t);
 bool conv2d_forward_max_pool(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g,
                              const PoolGeometry& pool, MaxPoolResult& out);
+// The weight (and bias) gradient of a convolution whose output a max pool read, from the pool's
+// gradient and u8 argmax: where conv2d_backward would run mixprec's small-K kernel for them (a
+// first layer), that kernel routes each image's planes of grad_y as it reads them, so grad_y is
+// never written whole; the bits of max_pool2d_backward then conv2d_backward. out: weight (and
+// bias) allocated by the caller, x undefined.
+bool conv2d_backward_max_unpool_applies(const ConvGeometry& g, const PoolGeometry& pool, DType t, DType x_t,
+                                        DType weight_t, std::optional<DType> bias_t);
+void conv2d_backward_max_unpool(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& pool,
+                                const Tensor& x, const ConvGeometry& g, ConvGrads& out);
 // Fills the defined members of `out` (allocated by the caller).
 bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
                      ConvGrads& out);

@@ -65,6 +65,10 @@ bool unpack_argmax_2bit(const Tensor& packed, Tensor& argmax);
 // u8): max_pool2d_forward's kernel for a plane, for a caller that holds the plane in cache (a
 // first layer's forward pooling its output planes as it computes them).
 void max_pool_plane_f32(const float* src, const PoolGeometry& g, float* out, uint8_t* argmax);
+// One plane's max_pool2d_backward: gy [g.oh][g.ow] of dtype t (f32, bf16 or f16) routed by its u8
+// argmax into gx [g.h][g.w] (t), the bits max_pool2d_backward gives that plane. scratch: g.oh g.ow +
+// g.h g.w floats. For a caller that consumes the plane at once (a first layer's weight gradient).
+void max_unpool_plane(const void* gy, const uint8_t* argmax, const PoolGeometry& g, DType t, void* gx, float* scratch);
 }  // namespace cpu
 
 namespace cuda {

@@ -63,8 +63,19 @@ struct Saved {
   // The gradients of the inputs from grad_y (dense, in y's layout).
   std::vector<Tensor> gradients(const Tensor& gy, const autograd::Node& n) const {
     const bool need_b = n.next.size() > 2 && n.needs_grad(2);
-    kernels::ConvGrads grads =
-        kernels::conv2d_backward(gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t);
+    return listed(
+        kernels::conv2d_backward(gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t),
+        n);
+  }
+  // The same from the gradient of a max pool over y (its u8 argmax, geometry pool).
+  std::vector<Tensor> gradients_through_pool(const Tensor& grad, const Tensor& argmax,
+                                             const kernels::PoolGeometry& pool, const autograd::Node& n) const {
+    const bool need_b = n.next.size() > 2 && n.needs_grad(2);
+    return listed(kernels::conv2d_max_pool2d_backward(grad, argmax, pool, x_saved, w_saved, g, n.needs_grad(0),
+                                                      n.needs_grad(1), need_b, bias_t, weight_t),
+                  n);
+  }
+  static std::vector<Tensor> listed(const kernels::ConvGrads& grads, const autograd::Node& n) {
     std::vector<Tensor> r{grads.x, grads.weight};
     if (n.next.size() > 2) r.push_back(grads.bias);
     return r;
@@ -149,10 +160,9 @@ Tensor conv2d_max_pool2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b
   return autograd::record(r.dst, "conv2d_max_pool2d", s.inputs,
                           [=](const Tensor& g_in, const autograd::Node& n) {
                             const Shape pooled{pg.n, pg.c, pg.oh, pg.ow};
-                            const Tensor gy = kernels::max_pool2d_backward(
+                            return s.gradients_through_pool(
                                 kernels::contig(g_in), packed ? kernels::unpack_argmax_2bit(argmax, pooled) : argmax,
-                                pg);
-                            return s.gradients(gy, n);
+                                pg, n);
                           },
                           {s.x_saved, s.w_saved});
 }

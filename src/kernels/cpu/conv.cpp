@@ -372,6 +372,24 @@ bool conv2d_forward_max_pool(const Tensor& x, const Tensor& weight, const Tensor
   return forward_on(x, weight, bias, g, false, dst, x.dtype(), &pool, &out);
 }
 
+bool conv2d_backward_max_unpool_applies(const ConvGeometry& g, const PoolGeometry& pool, DType t, DType x_t,
+                                        DType weight_t, std::optional<DType> bias_t) {
+  // conv2d_backward's choice for these gradients (weight and bias only): mixprec's small-K kernel,
+  // on either road, where the gradients' dtypes are t or f32.
+  const auto t_or_f32 = [&](DType d) { return d == t || d == DType::f32; };
+  return shapes_ok(g) && !g.channels_last && x_t == t && small_k_wgrad(g, t) && t_or_f32(weight_t) &&
+         (!bias_t || t_or_f32(*bias_t)) && pool.argmax_dtype() == DType::u8;
+}
+
+void conv2d_backward_max_unpool(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& pool,
+                                const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
+  MIXPREC_ASSERT(dense(grad_pooled) && dense(x) && argmax.is_contiguous() && !out.x.defined(),
+                 "conv2d_backward_max_unpool: operands");
+  profile::detail::note_impl(kPoolFused);
+  const UnpooledGrad up{&grad_pooled, &argmax, &pool};
+  backward_weights_small_k(Tensor(), x, g, out, &up);
+}
+
 bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
                      ConvGrads& out) {
   if (!shapes_ok(g) || !dense(grad_y) || !dense(x) || !dense(weight)) return false;

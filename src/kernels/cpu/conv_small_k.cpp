@@ -251,9 +251,13 @@ Scratch scratch_bytes(const ConvGeometry& g, int64_t stride, bool by_rows) {
 // row, and for AVX2's kernel on 16-bit tensors the cols widened to f32 (once an image: every group of
 // four output channels reads them, and widening them in the inner loop would add three widenings
 // to its four of grad_y's rows a step of twelve FMAs).
+// With `up`, dy is not given: each group of four output channels' planes of an image are routed
+// from the max pool's gradient by its argmax into up_rows (4 planes of T), up_f32 the router's
+// scratch.
 template <class T>
 void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, int64_t last, int64_t stride,
-               bool by_rows, char* scratch, float* acc, float* bias_acc) {
+               bool by_rows, char* scratch, float* acc, float* bias_acc, const UnpooledGrad* up = nullptr,
+               T* up_rows = nullptr, float* up_f32 = nullptr) {
   const int64_t k_count = g.c * g.kh * g.kw, p_count = g.oh * g.ow, oc4 = (g.oc + 3) / 4 * 4;
   const int64_t padded_count = by_rows ? g.c * (g.h + 2 * g.pad_h) * (g.w + 2 * g.pad_w) : 0;
   T* const padded = reinterpret_cast<T*>(scratch);
@@ -271,7 +275,18 @@ void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, in
       convert(cols, std::is_same_v<T, uint16_t> ? DType::bf16 : DType::f16, wide, DType::f32, size_t(k_count * stride));
     for (int64_t oc = 0; oc < oc4; oc += 4) {
       const T* rows[4];
-      for (int64_t r = 0; r < 4; ++r) rows[r] = oc + r < g.oc ? dy + (n * g.oc + oc + r) * p_count : zero_row;
+      for (int64_t r = 0; r < 4; ++r) {
+        if (oc + r >= g.oc) {
+          rows[r] = zero_row;
+        } else if (up) {
+          const int64_t pooled = up->pool->oh * up->pool->ow, plane = (n * g.oc + oc + r) * pooled;
+          max_unpool_plane(static_cast<const T*>(up->pooled->data_ptr()) + plane, up->argmax->data<uint8_t>() + plane,
+                           *up->pool, up->pooled->dtype(), up_rows + r * p_count, up_f32);
+          rows[r] = up_rows + r * p_count;
+        } else {
+          rows[r] = dy + (n * g.oc + oc + r) * p_count;
+        }
+      }
       float* const dw = acc + oc * k_count;
       float* const db = bias_acc ? bias_acc + oc : nullptr;
       // AVX2's FMAs, or with AVX-512 bf16 by VDPBF16PS (small_k_wgrad: the CPU has it), f16 and f32
@@ -290,7 +305,8 @@ void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, in
 
 }  // namespace
 
-void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
+void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out,
+                              const UnpooledGrad* up) {
   // f32 and f16 on AVX2 and AVX-512 hosts, bf16 on AVX2 hosts and with AVX512-BF16 (small_k_wgrad).
   const DType t = x.dtype();
   const bool f32 = t == DType::f32;
@@ -316,25 +332,34 @@ void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
   const size_t scratch_stride = f32                ? scratch_bytes<float>(g, stride, by_rows).total
                                 : t == DType::bf16 ? scratch_bytes<uint16_t>(g, stride, by_rows).total
                                                    : scratch_bytes<f16_t>(g, stride, by_rows).total;
-  WorkspaceBuffer scratch(size_t(threads) * scratch_stride);
+  // Routing a pool's gradient: four planes of x's dtype and the router's f32 scratch, per thread.
+  const int64_t up_f32 = up ? up->pool->oh * up->pool->ow + p_count : 0;
+  const size_t up_bytes =
+      up ? (size_t(4 * p_count) * dtype_size(t) + size_t(up_f32) * sizeof(float) + 63) / 64 * 64 : 0;
+  const size_t thread_bytes = scratch_stride + up_bytes;
+  WorkspaceBuffer scratch(size_t(threads) * thread_bytes);
   float* const part_base = static_cast<float*>(partials.data());
   std::fill(part_base, part_base + parts * part_floats, 0.0f);
   profile::detail::note_impl("mixprec:small_k_wgrad");
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t part = 0; part < parts; ++part) {
-    char* const tmp = static_cast<char*>(scratch.data()) + size_t(omp_get_thread_num()) * scratch_stride;
+    char* const tmp = static_cast<char*>(scratch.data()) + size_t(omp_get_thread_num()) * thread_bytes;
+    char* const up_rows = tmp + scratch_stride;
+    float* const up_scratch = reinterpret_cast<float*>(up_rows + size_t(4 * p_count) * dtype_size(t));
     float* const acc = part_base + part * part_floats;
     float* const bias_acc = with_bias ? acc + oc4 * k_count : nullptr;
     const int64_t first = part * kImagesPerPart, last = std::min(g.n, first + kImagesPerPart);
+    const auto sums = [&](auto e) {
+      using T = decltype(e);
+      part_sums(static_cast<const T*>(x.data_ptr()), up ? nullptr : static_cast<const T*>(grad_y.data_ptr()), g, first,
+                last, stride, by_rows, tmp, acc, bias_acc, up, reinterpret_cast<T*>(up_rows), up_scratch);
+    };
     if (f32)
-      part_sums(static_cast<const float*>(x.data_ptr()), static_cast<const float*>(grad_y.data_ptr()), g, first, last,
-                stride, by_rows, tmp, acc, bias_acc);
+      sums(float{});
     else if (t == DType::bf16)
-      part_sums(static_cast<const uint16_t*>(x.data_ptr()), static_cast<const uint16_t*>(grad_y.data_ptr()), g, first,
-                last, stride, by_rows, tmp, acc, bias_acc);
+      sums(uint16_t{});
     else
-      part_sums(static_cast<const f16_t*>(x.data_ptr()), static_cast<const f16_t*>(grad_y.data_ptr()), g, first, last,
-                stride, by_rows, tmp, acc, bias_acc);
+      sums(f16_t{});
   }
   // The parts in order, then one rounding into the gradients' dtypes.
   for (int64_t part = 1; part < parts; ++part) {

@@ -24,7 +24,16 @@ std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass);
 // cpu/conv_small_k.cpp. x and grad_y f32 (AVX2 or AVX-512) or bf16 (AVX-512). conv2d_backward runs
 // it for first layers (small_k_wgrad, below).
 constexpr int64_t kSmallKTaps = 32;
-void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out);
+// With `up`, grad_y is not read (nor needed): it is the backward of the max pool that followed the
+// convolution, each image's planes routed from the pool's gradient by its argmax (max_unpool_plane)
+// as the kernel reads them, so the full-size grad_y is never written; the same bits.
+struct UnpooledGrad {
+  const Tensor* pooled;  // the pool's gradient [n, oc, pool.oh, pool.ow], x's dtype
+  const Tensor* argmax;  // u8, the same shape
+  const PoolGeometry* pool;
+};
+void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out,
+                              const UnpooledGrad* up = nullptr);
 // The weight gradient (bf16 or f32 operands) of a stride-1, undilated, one-group convolution
 // (padding at most k - 1 on each side) as one oneDNN matmul per tap over x and grad_y copied onto
 // a shared zero-padded grid (cpu/conv_wgrad_gemm.cpp has the identity), f32 sums rounded once into

@@ -505,6 +505,24 @@ void max_pool_plane_f32(const float* src, const PoolGeometry& g, float* out, uin
   max_plane(src, g, out, argmax);
 }
 
+void max_unpool_plane(const void* gy, const uint8_t* argmax, const PoolGeometry& g, DType t, void* gx, float* scratch) {
+  if (tensor_2x2(g, t)) {  // max_backward_2x2's kernels on one plane's rows
+    with_row_type(t, [&](auto e) {
+      using T = decltype(e);
+      max_rows_2x2_backward(static_cast<const T*>(gy), argmax, g.w, g.ow, g.oh, static_cast<T*>(gx));
+      zero_unreached(static_cast<T*>(gx), g, g.oh);
+    });
+    return;
+  }
+  // max_pool2d_backward's plane path.
+  const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow;
+  const float* gyf = in_f32(gy, t, 0, out_plane, scratch);
+  float* gxf = scratch + out_plane;
+  std::fill(gxf, gxf + in_plane, 0.0f);
+  max_plane_backward_fast(gyf, argmax, g, gxf);
+  store_f32(gx, t, 0, in_plane, gxf);
+}
+
 bool max_pool2d_forward(const Tensor& x, const PoolGeometry& g, MaxPoolResult& r) {
   if (!f32_compute(x.dtype()) || !x.is_contiguous()) return false;
   if (tensor_2x2(g, x.dtype())) {
