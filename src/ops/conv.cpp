@@ -52,11 +52,9 @@ kernels::ConvGeometry checked_geometry(const Tensor& x, const Tensor& w, const T
   return g;
 }
 
-// A convolution's operands as the kernels take them, what its backward keeps, and that backward.
-struct Saved {
-  Tensor xd, wk, bd;           // x dense (in the forward's layout), the weight, the bias
-  Tensor x_saved, w_saved;     // only what backward will read
-  std::vector<Tensor> inputs;  // the graph's inputs
+// What a convolution's backward keeps (only what it will read), and that backward.
+struct ConvBackward {
+  Tensor x_saved, w_saved;  // x for the weight gradient, the weight for the input's
   kernels::ConvGeometry g;
   DType bias_t = DType::f32, weight_t = DType::f32;
 
@@ -82,25 +80,32 @@ struct Saved {
   }
 };
 
+// A convolution's operands as the kernels take them, the graph's inputs, and its backward.
+struct Saved {
+  Tensor xd, wk, bd;           // x dense (in the forward's layout), the weight, the bias
+  std::vector<Tensor> inputs;  // the graph's inputs
+  ConvBackward backward;       // what the recorded lambda captures, and nothing else
+};
+
 // x, w, b: the operands after autocast (b in x's dtype); x_in, w_in, b_in: the op's arguments.
 Saved saved(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Tensor& x, const Tensor& w,
             const Tensor& b, const kernels::ConvGeometry& g) {
   Saved s;
-  s.g = g;
+  s.backward.g = g;
   // The weight goes in undetached when dense: its storage and version key the reordered-weight cache.
   s.xd = g.channels_last ? kernels::channels_last(x.detach()) : kernels::contig(x.detach());
   s.wk = w.is_contiguous() ? w : kernels::contig(w.detach());
   s.bd = b.defined() ? kernels::contig(b.detach()) : Tensor();
   // Save only what backward will read: x for the weight gradient, the weight for the input's.
   const bool x_grad = x.defined() && x.requires_grad(), w_grad = w.requires_grad();
-  s.x_saved = w_grad ? s.xd : Tensor();
-  s.w_saved = x_grad ? s.wk : Tensor();
+  s.backward.x_saved = w_grad ? s.xd : Tensor();
+  s.backward.w_saved = x_grad ? s.wk : Tensor();
   // As in linear: an f32 weight or bias that autocast turned bf16 gets its gradient in f32,
   // straight from the convolution's f32 accumulation, with the graph edge past the cast node.
   const bool w_wide = w_in.dtype() == DType::f32 && w.dtype() == DType::bf16;
   const bool b_wide = b.defined() && b_in.dtype() == DType::f32 && b.dtype() == DType::bf16;
-  s.bias_t = b.defined() ? (b_wide ? DType::f32 : b.dtype()) : DType::f32;
-  s.weight_t = w_wide ? DType::f32 : w.dtype();
+  s.backward.bias_t = b.defined() ? (b_wide ? DType::f32 : b.dtype()) : DType::f32;
+  s.backward.weight_t = w_wide ? DType::f32 : w.dtype();
   s.inputs = {x, w_wide ? w_in : w};
   if (b.defined()) s.inputs.push_back(b_wide ? b_in : b);
   return s;
@@ -125,15 +130,15 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
   // relu'(.) = [y > 0]; dropped as soon as the mask is applied (the lambda is mutable).
   Tensor y_mask = o.relu ? out.detach() : Tensor();
   return autograd::record(out, "conv2d", s.inputs,
-                          [=](const Tensor& g_in, const autograd::Node& n) mutable {
+                          [bw = s.backward, g, y_mask](const Tensor& g_in, const autograd::Node& n) mutable {
                             // The output is no longer needed once masked: freed before the convolution runs.
                             // The gradient in the forward's layout (y's).
                             const Tensor gy = y_mask.defined()  ? relu_masked_grad(g_in, y_mask)
                                               : g.channels_last ? kernels::channels_last(g_in)
                                                                 : kernels::contig(g_in);
-                            return s.gradients(gy, n);
+                            return bw.gradients(gy, n);
                           },
-                          {s.x_saved, s.w_saved, y_mask});
+                          {s.backward.x_saved, s.backward.w_saved, y_mask});
 }
 
 Tensor conv2d_max_pool2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dOptions& o,
@@ -158,13 +163,13 @@ Tensor conv2d_max_pool2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b
   const Tensor argmax = packed ? kernels::pack_argmax_2bit(r.argmax) : r.argmax;
   r.argmax = Tensor();
   return autograd::record(r.dst, "conv2d_max_pool2d", s.inputs,
-                          [=](const Tensor& g_in, const autograd::Node& n) {
+                          [bw = s.backward, pg, packed, argmax](const Tensor& g_in, const autograd::Node& n) {
                             const Shape pooled{pg.n, pg.c, pg.oh, pg.ow};
-                            return s.gradients_through_pool(
+                            return bw.gradients_through_pool(
                                 kernels::contig(g_in), packed ? kernels::unpack_argmax_2bit(argmax, pooled) : argmax,
                                 pg, n);
                           },
-                          {s.x_saved, s.w_saved});
+                          {s.backward.x_saved, s.backward.w_saved});
 }
 
 }  // namespace mixprec::ops
