@@ -67,9 +67,9 @@ MaxPoolResult conv2d_max_pool2d_forward(const Tensor& x, const Tensor& weight, c
   return max_pool2d_forward(conv2d_forward(x, weight, bias, g, false), pool);
 }
 
-ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, const Tensor& argmax, const PoolGeometry& pool,
-                                     const Tensor& x, const Tensor& weight, const ConvGeometry& g, bool need_x,
-                                     bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
+ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, Tensor argmax, const PoolGeometry& pool, const Tensor& x,
+                                     const Tensor& weight, const ConvGeometry& g, bool need_x, bool need_weight,
+                                     bool need_bias, DType bias_dtype, DType weight_dtype) {
   if (!grad.device().is_cuda() && pool_fused_flag().load() && use_fast() && !need_x && need_weight &&
       argmax.dtype() == DType::u8 &&
       cpu::conv2d_backward_max_unpool_applies(g, pool, grad.dtype(), x.dtype(), weight_dtype,
@@ -82,8 +82,9 @@ ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, const Tensor& argmax, c
     cpu::conv2d_backward_max_unpool(grad, argmax, pool, x, g, out);
     return out;
   }
-  return conv2d_backward(max_pool2d_backward(grad, argmax, pool), x, weight, g, need_x, need_weight, need_bias,
-                         bias_dtype, weight_dtype);
+  Tensor grad_y = max_pool2d_backward(grad, argmax, pool);
+  argmax = Tensor();  // not held through the convolution's backward (where a step's peak may be)
+  return conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
 }
 
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu) {

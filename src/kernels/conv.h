@@ -56,10 +56,11 @@ MaxPoolResult conv2d_max_pool2d_forward(const Tensor& x, const Tensor& weight, c
 // u8 argmax: max_pool2d_backward then conv2d_backward, bit for bit. On the CPU, where only the
 // weight and bias gradients are asked for and mixprec's small-K kernel computes them (a first
 // layer), grad_y is routed plane by plane as that kernel reads it, never written whole
-// (cpu::conv2d_backward_max_unpool); elsewhere the two kernels run one after the other.
-ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, const Tensor& argmax, const PoolGeometry& pool,
-                                     const Tensor& x, const Tensor& weight, const ConvGeometry& g, bool need_x,
-                                     bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype);
+// (cpu::conv2d_backward_max_unpool); elsewhere the two kernels run one after the other, the
+// argmax (taken by value: pass the caller's last handle) released between them.
+ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, Tensor argmax, const PoolGeometry& pool, const Tensor& x,
+                                     const Tensor& weight, const ConvGeometry& g, bool need_x, bool need_weight,
+                                     bool need_bias, DType bias_dtype, DType weight_dtype);
 // Whether the CPU pools in the primitive's layout (the default; MIXPREC_CONV_POOL=separate starts it
 // off): with it off, conv2d_max_pool2d_forward is always the two calls (tests, A/B runs).
 void set_conv_pool_fused(bool on);

@@ -1,6 +1,7 @@
 // conv2d (autocast class lower): stride, padding, dilation, groups, bias and an optional fused
 // ReLU; oneDNN forward, backward-data and backward-weights on the fast path, reference otherwise.
 #include <algorithm>
+#include <utility>
 
 #include "ops/common.h"
 
@@ -66,11 +67,11 @@ struct ConvBackward {
         n);
   }
   // The same from the gradient of a max pool over y (its u8 argmax, geometry pool).
-  std::vector<Tensor> gradients_through_pool(const Tensor& grad, const Tensor& argmax,
-                                             const kernels::PoolGeometry& pool, const autograd::Node& n) const {
+  std::vector<Tensor> gradients_through_pool(const Tensor& grad, Tensor argmax, const kernels::PoolGeometry& pool,
+                                             const autograd::Node& n) const {
     const bool need_b = n.next.size() > 2 && n.needs_grad(2);
-    return listed(kernels::conv2d_max_pool2d_backward(grad, argmax, pool, x_saved, w_saved, g, n.needs_grad(0),
-                                                      n.needs_grad(1), need_b, bias_t, weight_t),
+    return listed(kernels::conv2d_max_pool2d_backward(grad, std::move(argmax), pool, x_saved, w_saved, g,
+                                                      n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t),
                   n);
   }
   static std::vector<Tensor> listed(const kernels::ConvGrads& grads, const autograd::Node& n) {
