@@ -1,8 +1,9 @@
 // Max pooling of a convolution's output read in the oneDNN primitive's own layout (dnnl_conv.h,
 // max_pool_from_layout): the pool of kernels::conv2d_max_pool2d_forward, which then never reorders
-// the full-size output into NCHW for the pool to read it back. Each task pools one output row of
-// one run of channels (a block of nChw8c / nChw16c, or all channels of NHWC), the channels side by
-// side in vectors, and writes the pooled row into the NCHW planes. The window rule is window_max's
+// the full-size output into NCHW for the pool to read it back. Each task pools one image's run of
+// channels (a block of nChw8c / nChw16c, or all channels of NHWC), eight channels side by side in
+// vectors, into a tile [output positions][run] that is then transposed 8 x 8 into the NCHW planes
+// with its argmax (docs/conv.md, item 6). The window rule is window_max's
 // (pool_window.h): ties keep the first tap, a NaN wins and the last NaN stays; the values are
 // rounded into the output's dtype before they are compared, so the winners are those of the pool
 // over the rounded NCHW output, bit for bit.
