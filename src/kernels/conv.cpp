@@ -53,8 +53,7 @@ void set_conv_pool_fused(bool on) { pool_fused_flag().store(on); }
 
 MaxPoolResult conv2d_max_pool2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                         const ConvGeometry& g, const PoolGeometry& pool) {
-  if (!x.device().is_cuda() && pool_fused_flag().load() && use_fast() &&
-      cpu::conv2d_forward_max_pool_applies(g, x.dtype())) {
+  if (!x.device().is_cuda() && pool_fused_flag().load() && use_fast() && cpu::conv2d_forward_max_pool_applies(g)) {
     const DeviceScope on({&x, &weight, &bias});
     MaxPoolResult r;
     r.dst = Tensor::empty({pool.n, pool.c, pool.oh, pool.ow}, x.dtype());
@@ -71,7 +70,6 @@ ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, Tensor argmax, const Po
                                      const Tensor& weight, const ConvGeometry& g, bool need_x, bool need_weight,
                                      bool need_bias, DType bias_dtype, DType weight_dtype) {
   if (!grad.device().is_cuda() && pool_fused_flag().load() && use_fast() && !need_x && need_weight &&
-      argmax.dtype() == DType::u8 &&
       cpu::conv2d_backward_max_unpool_applies(g, pool, grad.dtype(), x.dtype(), weight_dtype,
                                               need_bias ? std::optional<DType>(bias_dtype) : std::nullopt)) {
     const DeviceScope on({&grad, &argmax, &x});

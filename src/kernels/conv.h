@@ -74,10 +74,10 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
 namespace cpu {
 bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                     Tensor& dst);
-// Whether conv2d_forward_max_pool may take a convolution of x's dtype t (not a first layer, nor
-// channels-last); it may still decline at the primitive's layout. Then: dst and argmax of `out`
-// (allocated by the caller, [n, oc, pool.oh, pool.ow], t and u8) filled, or false, nothing run.
-bool conv2d_forward_max_pool_applies(const ConvGeometry& g, DType t);
+// Whether conv2d_forward_max_pool may take the convolution (not channels-last); it may still decline
+// at the primitive's layout. Then: dst and argmax of `out` (allocated by the caller, [n, oc, pool.oh,
+// pool.ow], x's dtype and u8) filled, or false, nothing run.
+bool conv2d_forward_max_pool_applies(const ConvGeometry& g);
 bool conv2d_forward_max_pool(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g,
                              const PoolGeometry& pool, MaxPoolResult& out);
 // The weight (and bias) gradient of a convolution whose output a max pool read, from the pool's

@@ -19,6 +19,11 @@ struct PoolGeometry {
   DType argmax_dtype() const { return kh * kw <= 256 ? DType::u8 : DType::i64; }
   // Whether max pooling may keep it in two bits an output (pack_argmax_2bit).
   bool argmax_fits_two_bits() const { return kh * kw <= 4; }
+  // The cnns' pool: 2x2 windows of stride 2, no padding or dilation (the fast kernels' own case).
+  bool is_2x2_stride2() const {
+    return !adaptive && kh == 2 && kw == 2 && stride_h == 2 && stride_w == 2 && pad_h == 0 && pad_w == 0 &&
+           dil_h == 1 && dil_w == 1;
+  }
 };
 struct MaxPoolResult {
   Tensor dst, argmax;  // [n, c, oh, ow]

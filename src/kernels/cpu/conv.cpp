@@ -349,7 +349,7 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   return forward_on(x, weight, bias, g, relu, dst, x.dtype());
 }
 
-bool conv2d_forward_max_pool_applies(const ConvGeometry& g, DType t) { return shapes_ok(g) && !g.channels_last; }
+bool conv2d_forward_max_pool_applies(const ConvGeometry& g) { return shapes_ok(g) && !g.channels_last; }
 
 bool conv2d_forward_max_pool(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g,
                              const PoolGeometry& pool, MaxPoolResult& out) {

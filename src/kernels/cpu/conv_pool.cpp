@@ -72,8 +72,10 @@ void window_lanes(const float* const* tap, const int32_t* k, int ntaps, int64_t 
 }
 
 // The same, eight channels at a time from j = 0 where the host has AVX2 (returns where it stopped).
-__attribute__((target("avx2"))) int64_t window_avx2(const float* const* tap, const int32_t* k, int ntaps, int64_t len,
-                                                    float* best, float* arg) {
+// Always inlined: the 2x2 rows below call it per window with its four taps known.
+__attribute__((target("avx2"), always_inline)) inline int64_t window_avx2(const float* const* tap, const int32_t* k,
+                                                                          int ntaps, int64_t len, float* best,
+                                                                          float* arg) {
   int64_t j = 0;
   for (; j + 8 <= len; j += 8) {
     __m256 b = _mm256_loadu_ps(tap[0] + j);
@@ -90,40 +92,38 @@ __attribute__((target("avx2"))) int64_t window_avx2(const float* const* tap, con
   return j;
 }
 
+__attribute__((target("avx2"))) int64_t any_window_avx2(const float* const* tap, const int32_t* k, int ntaps,
+                                                        int64_t len, float* best, float* arg) {
+  return window_avx2(tap, k, ntaps, len, best, arg);
+}
+
 void window(const float* const* tap, const int32_t* k, int ntaps, int64_t len, float* best, float* arg, bool avx2) {
   if (ntaps == 0) {  // a window wholly on the padding (window_max's start values)
     std::fill(best, best + len, -std::numeric_limits<float>::infinity());
     std::fill(arg, arg + len, float(uint8_t(-1)));  // -1 as the u8 argmax holds it
     return;
   }
-  window_lanes(tap, k, ntaps, avx2 ? window_avx2(tap, k, ntaps, len, best, arg) : 0, len, best, arg);
+  window_lanes(tap, k, ntaps, avx2 ? any_window_avx2(tap, k, ntaps, len, best, arg) : 0, len, best, arg);
 }
 
 // One output row of a 2x2, stride-2 pool without padding: input rows r0 and r1 (positions s3 apart),
-// output positions `run` apart in best and arg; taps 0 1 / 2 3 in window_max's order.
-__attribute__((target("avx2"))) void row_2x2_avx2(const float* r0, const float* r1, int64_t s3, int64_t ow, int64_t len,
-                                                  int64_t run, float* best, float* arg) {
-  const int64_t len8 = len / 8 * 8;
-  for (int64_t ox = 0; ox < ow; ++ox) {
-    const float* t[4] = {r0 + 2 * ox * s3, r0 + (2 * ox + 1) * s3, r1 + 2 * ox * s3, r1 + (2 * ox + 1) * s3};
-    float* bo = best + ox * run;
-    float* ao = arg + ox * run;
-    for (int64_t j = 0; j < len8; j += 8) {
-      __m256 b = _mm256_loadu_ps(t[0] + j);
-      __m256i a = _mm256_setzero_si256();
-      for (int k = 1; k < 4; ++k) {
-        const __m256 v = _mm256_loadu_ps(t[k] + j);
-        const __m256i take = _mm256_castps_si256(wins(v, b));
-        b = _mm256_blendv_ps(b, v, _mm256_castsi256_ps(take));
-        a = _mm256_blendv_epi8(a, _mm256_set1_epi32(k), take);
-      }
-      _mm256_storeu_ps(bo + j, b);
-      store_taps(a, ao + j);
-    }
-  }
+// output positions `run` apart in best and arg; taps 0 1 / 2 3 in window_max's order. The windows'
+// taps are known here: the AVX2 form inlines window_avx2 with its four.
+constexpr int32_t kTaps2x2[4] = {0, 1, 2, 3};
+
+// Window ox's taps: (2 ox, 2 ox + 1) of rows r0 and r1.
+inline void taps_2x2(const float* r0, const float* r1, int64_t s3, int64_t ox, const float* (&t)[4]) {
+  t[0] = r0 + 2 * ox * s3, t[1] = t[0] + s3, t[2] = r1 + 2 * ox * s3, t[3] = t[2] + s3;
 }
 
-constexpr int32_t kTaps2x2[4] = {0, 1, 2, 3};
+__attribute__((target("avx2"))) void row_2x2_avx2(const float* r0, const float* r1, int64_t s3, int64_t ow, int64_t len,
+                                                  int64_t run, float* best, float* arg) {
+  for (int64_t ox = 0; ox < ow; ++ox) {
+    const float* t[4];
+    taps_2x2(r0, r1, s3, ox, t);
+    window_avx2(t, kTaps2x2, 4, len, best + ox * run, arg + ox * run);
+  }
+}
 
 void row_2x2(const float* r0, const float* r1, int64_t s3, int64_t ow, int64_t len, int64_t run, float* best,
              float* arg, bool avx2) {
@@ -131,7 +131,8 @@ void row_2x2(const float* r0, const float* r1, int64_t s3, int64_t ow, int64_t l
   const int64_t j0 = avx2 ? len / 8 * 8 : 0;
   if (j0 == len) return;
   for (int64_t ox = 0; ox < ow; ++ox) {
-    const float* t[4] = {r0 + 2 * ox * s3, r0 + (2 * ox + 1) * s3, r1 + 2 * ox * s3, r1 + (2 * ox + 1) * s3};
+    const float* t[4];
+    taps_2x2(r0, r1, s3, ox, t);
     window_lanes(t, kTaps2x2, 4, j0, len, best + ox * run, arg + ox * run);
   }
 }
@@ -178,8 +179,7 @@ void max_pool_from_layout(const dnnl::memory::desc& md, const void* src, const P
   MIXPREC_ASSERT(!src_bf16 || out_t == DType::bf16, "conv pool: a bf16 output pools into bf16");
   // Rows are converted into f32 first where they are bf16, or f32 to be rounded into a 16-bit output.
   const bool convert_rows = src_bf16 || out_t != DType::f32;
-  const bool two_by_two = g.kh == 2 && g.kw == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
-                          g.pad_w == 0 && g.dil_h == 1 && g.dil_w == 1;
+  const bool two_by_two = g.is_2x2_stride2();
   const bool avx2 = simd_lanes() != Lanes::none;
   // A task: one image's run of channels, every output row of it.
   const int64_t groups = (g.c + l.run - 1) / l.run, tasks = g.n * groups;

@@ -25,11 +25,6 @@
 namespace mixprec::kernels::cpu {
 namespace {
 
-bool is_2x2_stride2(const PoolGeometry& g) {
-  return g.kh == 2 && g.kw == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0 && g.dil_h == 1 &&
-         g.dil_w == 1;
-}
-
 // The vector 2x2/2 kernels: every window inside the input (in ceil mode the last row or column of
 // windows can hang over the edge; those go to the plane kernels, which skip the missing taps).
 // AVX-512BW for the 16-bit and 8-bit masked loads, or AVX2 (8 outputs a step) without AVX-512.
@@ -38,7 +33,7 @@ bool avx512_rows() {
   return ok;
 }
 bool vector_2x2(const PoolGeometry& g) {
-  return is_2x2_stride2(g) && 2 * g.oh <= g.h && 2 * g.ow <= g.w && (avx512_rows() || mixprec::cpu::has_avx2_fma());
+  return g.is_2x2_stride2() && 2 * g.oh <= g.h && 2 * g.ow <= g.w && (avx512_rows() || mixprec::cpu::has_avx2_fma());
 }
 
 // b > a, or b is NaN: b wins the comparison.

@@ -16,10 +16,7 @@ namespace mixprec::kernels::cuda::pool2x2 {
 // w = 2 ow (no rows or columns past the last window), and every pointer aligned for a 2-element
 // access. The planes then stack: plane p's output row oy reads input rows 2 (p oh + oy) and the
 // one after, so an output's place is its row r = i / ow across all planes and its column.
-inline bool tiles_exactly(const PoolGeometry& g) {
-  return !g.adaptive && g.kh == 2 && g.kw == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0 &&
-         g.dil_h == 1 && g.dil_w == 1 && g.h == 2 * g.oh && g.w == 2 * g.ow;
-}
+inline bool tiles_exactly(const PoolGeometry& g) { return g.is_2x2_stride2() && g.h == 2 * g.oh && g.w == 2 * g.ow; }
 inline bool takes(const PoolGeometry& g, size_t elem, const void* a, const void* b) {
   const auto aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % (2 * elem) == 0; };
   return tiles_exactly(g) && aligned(a) && aligned(b);
