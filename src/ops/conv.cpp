@@ -88,9 +88,11 @@ struct Saved {
   ConvBackward backward;       // what the recorded lambda captures, and nothing else
 };
 
-// x, w, b: the operands after autocast (b in x's dtype); x_in, w_in, b_in: the op's arguments.
+// x, w, b_cast: the operands after autocast (the bias is cast into x's dtype here); x_in, w_in,
+// b_in: the op's arguments.
 Saved saved(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Tensor& x, const Tensor& w,
-            const Tensor& b, const kernels::ConvGeometry& g) {
+            const Tensor& b_cast, const kernels::ConvGeometry& g) {
+  const Tensor b = b_cast.defined() && b_cast.dtype() != x.dtype() ? b_cast.to(x.dtype()) : b_cast;
   Saved s;
   s.backward.g = g;
   // The weight goes in undetached when dense: its storage and version key the reordered-weight cache.
@@ -125,7 +127,6 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
   amp::autocast(OpId::conv2d, {&x, &w, &b});
   kernels::ConvGeometry g = checked_geometry(x, w, b, o);
   g.channels_last = o.channels_last || kernels::is_channels_last(x);
-  if (b.defined() && b.dtype() != x.dtype()) b = b.to(x.dtype());
   const Saved s = saved(x_in, w_in, b_in, x, w, b, g);
   Tensor out = kernels::conv2d_forward(s.xd, s.wk, s.bd, g, o.relu);
   // relu'(.) = [y > 0]; dropped as soon as the mask is applied (the lambda is mutable).
@@ -153,7 +154,6 @@ Tensor conv2d_max_pool2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b
   check_floating(x, "conv2d", "input");
   const kernels::ConvGeometry g = checked_geometry(x, w, b, o);
   const kernels::PoolGeometry pg = pool_geometry("max_pool2d", g.y_shape(), kernel_size, po, true);
-  if (b.defined() && b.dtype() != x.dtype()) b = b.to(x.dtype());
   const Saved s = saved(x_in, w_in, b_in, x, w, b, g);
   kernels::MaxPoolResult r = kernels::conv2d_max_pool2d_forward(s.xd, s.wk, s.bd, g, pg);
   const bool any_grad =
