@@ -64,21 +64,16 @@ std::vector<Tensor> operands(const Geometry& g, DType t, Values v) {
   const Shape ws{g.oc, g.x[1], 3, 3};
   Tensor x = Tensor::uniform(g.x, gen, -1, 1), w = Tensor::uniform(ws, gen, -0.5, 0.5);
   Tensor b = Tensor::uniform({g.oc}, gen, -0.5, 0.5);
-  if (v == Values::integers) {  // -2 .. 2, -1 .. 1, -1 .. 1
-    const auto rounded = [](const Tensor& u, double scale) {
-      std::vector<float> h = u.to_vector();
-      for (float& e : h) e = std::round(float(scale) * e);
-      return Tensor::from_vector(h, u.shape());
-    };
-    x = rounded(x, 2), w = rounded(w, 2), b = rounded(b, 1);
-  }
-  if (v == Values::near_ties) {  // integers plus 2^-12 noise: distinct in f32, equal once rounded to 16 bits
-    std::vector<float> h = x.to_vector(), wv = w.to_vector(), bv = b.to_vector();
-    for (float& e : h) e = std::round(2 * e) + std::ldexp(e, -12);
-    for (float& e : wv) e = std::round(2 * e);
-    for (float& e : bv) e = std::round(e);
-    x = Tensor::from_vector(h, x.shape()), w = Tensor::from_vector(wv, w.shape()),
-    b = Tensor::from_vector(bv, b.shape());
+  // Integers: x in -2 .. 2, w in -1 .. 1, b in -1 .. 1; for near ties x plus 2^-12 of its value.
+  const auto rounded = [](const Tensor& u, float scale, float noise) {
+    std::vector<float> h = u.to_vector();
+    for (float& e : h) e = std::round(scale * e) + noise * e;
+    return Tensor::from_vector(h, u.shape());
+  };
+  if (v == Values::integers || v == Values::near_ties) {
+    // near ties: distinct in f32, equal once rounded to 16 bits
+    x = rounded(x, 2, v == Values::near_ties ? std::ldexp(1.0f, -12) : 0.0f);
+    w = rounded(w, 2, 0), b = rounded(b, 1, 0);
   }
   x = x.to(t).contiguous();
   if (v == Values::nans) {
