@@ -99,6 +99,9 @@ std::vector<OpCase> build() {
   // (test_conv_pool.cpp has the deeper cases).
   c.push_back({"conv2d_max_pool2d", "pad1_bias_k2", {any({2, 3, 6, 5}), any({8, 3, 3, 3}), any({8})},
                [](const In& x) { return ops::conv2d_max_pool2d(x[0], x[1], x[2], {.padding = 1}, 2); }, 72});
+  c.push_back({"conv2d_max_pool2d", "fused_relu_k2", {any({2, 8, 6, 6}), any({16, 8, 3, 3}), any({16})},
+               [](const In& x) { return ops::conv2d_max_pool2d(x[0], x[1], x[2], {.padding = 1, .relu = true}, 2); },
+               72});
   c.push_back({"conv2d_max_pool2d", "k3_s2_p1", {any({2, 4, 7, 7}), any({8, 4, 3, 3})},
                [](const In& x) {
                  return ops::conv2d_max_pool2d(x[0], x[1], Tensor(), {}, 3, {.stride = 2, .padding = 1});

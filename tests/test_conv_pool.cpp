@@ -1,11 +1,13 @@
 // ops::conv2d_max_pool2d on the CPU: the pool reading the convolution's output in oneDNN's layout
 // (cpu/conv_pool.cpp: nChw8c on AVX2 hosts, nChw16c on AVX-512 ones for f32, NHWC for AMX's bf16),
-// or a first layer's planes as mixprec's kernel computes them (cpu/conv_first_layer.cpp), and a first
+// or a first layer's planes as mixprec's kernel computes them (cpu/conv_first_layer.cpp); a first
 // layer's weight gradient reading the pool's gradient routed plane by plane (cpu/conv_small_k.cpp),
-// against the same op with the fusion off (the convolution's output reordered into NCHW, then
-// kernels::max_pool2d_forward), bit for bit: the output, and every gradient (the argmax routes
-// them). Channel counts that fill blocks and leave a partial one; a 2x2 pool on odd sizes (its
-// own loop), overlapping, padded, ceil-mode and dilated windows (the general one); random values,
+// and a wider layer's backward primitives reading it routed into their layout (cpu/conv_pool.cpp,
+// max_unpool_to_layout); against the same op with the fusion off (the convolution's output
+// reordered into NCHW, then kernels::max_pool2d_forward), bit for bit: the output, and every
+// gradient (the argmax routes them). Channel counts that fill blocks of 8 or 16 and leave a partial
+// one (20); a 2x2 pool on odd sizes (its own loop) and on even ones (the cnns' case, its own
+// unpooling), overlapping, padded, ceil-mode and dilated windows (the general one); random values,
 // integer ones (ties everywhere: the first tap must win), integers with noise below a 16-bit ulp
 // (ties only once rounded: the values must be rounded before they are compared), and NaNs (a NaN
 // wins, the last one).
@@ -19,9 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "kernels/activation.h"
 #include "kernels/conv.h"
+#include "kernels/cpu/dnnl_common.h"
 #include "kernels/cpu/dnnl_conv.h"
+#include "kernels/pool.h"
 #include "mixprec/autocast.h"
+#include "mixprec/cpu.h"
 #include "mixprec/nn.h"
 #include "mixprec/ops.h"
 #include "mixprec/profile.h"
@@ -44,6 +50,8 @@ struct Geometry {
 const std::vector<Geometry>& geometries() {
   static const std::vector<Geometry> g = {
       {"k2_odd_sizes", {2, 16, 13, 11}, 24, {.padding = 1}, 2, {}},
+      // The 2x2 pool tiling its input exactly (the cnns' case; its own unpooling into the layout).
+      {"k2_even_sizes", {2, 8, 8, 6}, 20, {.padding = 1}, 2, {}},
       {"k3_s2_p1_ceil", {2, 8, 9, 9}, 16, {}, 3, {.stride = 2, .padding = 1, .ceil_mode = true}},
       {"k2_s1_overlapping", {1, 8, 8, 7}, 8, {.padding = 1}, 2, {.stride = 1}},
       {"k2_dilated_after_strided_conv", {2, 12, 10, 10}, 20, {.stride = 2, .padding = 1}, 2, {.dilation = 2}},
@@ -97,12 +105,19 @@ struct Result {
 // their weight gradient reads the pool's gradient routed plane by plane.
 bool is_first(const Geometry& g) { return g.x[1] <= kernels::cpu::kFirstLayerChannels; }
 
-Result run(const Geometry& g, DType t, Values v, bool fused) {
-  kernels::set_conv_pool_fused(fused);
+// The op with the fusion on or off, or the two ops it stands for (with a ReLU: on the convolution,
+// its mask the full-size output's).
+enum class Path { fused, separate, composed };
+
+Result run(const Geometry& g, DType t, Values v, Path path, bool relu) {
+  kernels::set_conv_pool_fused(path == Path::fused);
   std::vector<Tensor> in = operands(g, t, v);
   for (size_t i = is_first(g) ? 1 : 0; i < in.size(); ++i) in[i].set_requires_grad(true);
+  ops::Conv2dOptions conv = g.conv;
+  conv.relu = relu;
   profile::start();
-  const Tensor y = ops::conv2d_max_pool2d(in[0], in[1], in[2], g.conv, g.k, g.pool);
+  const Tensor y = path == Path::composed ? ops::max_pool2d(ops::conv2d(in[0], in[1], in[2], conv), g.k, g.pool)
+                                          : ops::conv2d_max_pool2d(in[0], in[1], in[2], conv, g.k, g.pool);
   // A gradient of distinct values, so that a winner moved shows in every gradient.
   Generator gen(11);
   const Tensor gy = Tensor::uniform(y.shape(), gen, 0.5, 1.5).to(y.dtype());
@@ -128,47 +143,131 @@ kernels::ConvGeometry conv_geometry(const Geometry& g) {
   kernels::ConvGeometry c;
   c.n = g.x[0], c.c = g.x[1], c.h = g.x[2], c.w = g.x[3], c.oc = g.oc, c.kh = 3, c.kw = 3;
   c.stride_h = g.conv.stride.h, c.stride_w = g.conv.stride.w;
+  c.pad_h = g.conv.padding.h, c.pad_w = g.conv.padding.w;
+  c.oh = (c.h + 2 * c.pad_h - c.kh) / c.stride_h + 1, c.ow = (c.w + 2 * c.pad_w - c.kw) / c.stride_w + 1;
   return c;
 }
 // Whether mixprec's first-layer kernel computes g's convolution in t on this host (its forward),
 // and its small-K kernel the weight gradient (the backward).
 bool first_layer(const Geometry& g, DType t) { return kernels::cpu::first_layer_applies(conv_geometry(g), t); }
 bool small_k(const Geometry& g, DType t) { return kernels::cpu::small_k_wgrad(conv_geometry(g), t); }
+// Whether a wider layer's backward must read the pool's gradient routed into its primitives' layout:
+// f32, where oneDNN's backward-data reads grad_y channel-blocked (nChw8c with AVX2, nChw16c with
+// AVX-512) and its backward-weights takes it in the same layout (split over the batch, or one
+// primitive), not as a forward convolution or as matmuls (hosts with a bf16 unit run those).
+bool layout_backward(const Geometry& g, DType t) {
+  const kernels::ConvGeometry c = conv_geometry(g);
+  return t == DType::f32 && !is_first(g) && mixprec::cpu::has_avx2_fma() && !kernels::cpu::wgrad_as_forward(c, t) &&
+         !kernels::cpu::wgrad_as_gemm(c, t);
+}
 
 TEST_P(ConvPool, FusedMatchesSeparateBitForBit) {
   const DType t = GetParam();
-  int fused_cases = 0, cases = 0;
+  int fused_cases = 0, fused_backward_cases = 0, cases = 0;
   for (const Geometry& g : geometries())
-    for (Values v : {Values::random, Values::integers, Values::near_ties, Values::nans}) {
-      SCOPED_TRACE(std::string(g.name) + (v == Values::random      ? " random"
-                                          : v == Values::integers  ? " ties"
-                                          : v == Values::near_ties ? " ties once rounded"
-                                                                   : " nan"));
-      const Result fused = run(g, t, v, true), separate = run(g, t, v, false);
-      EXPECT_FALSE(separate.fused);
-      // oneDNN's f32 convolutions of 8 or more input channels write a channel-blocked layout on
-      // every x86 host with AVX2 (nChw8c) or AVX-512 (nChw16c), which the pool reads, and a first
-      // layer that mixprec's kernel computes is pooled by it; elsewhere (a 16-bit primitive's
-      // layout, oneDNN's first layers) the fusion may not apply, and the comparison below is then
-      // of a path with itself.
-      if (first_layer(g, t) || (t == DType::f32 && g.x[1] >= 8)) {
-        EXPECT_TRUE(fused.fused) << "not fused";
+    for (Values v : {Values::random, Values::integers, Values::near_ties, Values::nans})
+      for (bool relu : {false, true}) {
+        SCOPED_TRACE(std::string(g.name) +
+                     (v == Values::random      ? " random"
+                      : v == Values::integers  ? " ties"
+                      : v == Values::near_ties ? " ties once rounded"
+                                               : " nan") +
+                     (relu ? ", ReLU" : ""));
+        const Result fused = run(g, t, v, Path::fused, relu), separate = run(g, t, v, Path::separate, relu);
+        if (relu) {  // the mask taken from the pooled output, against the convolution's own
+          const Result composed = run(g, t, v, Path::composed, relu);
+          EXPECT_EQ(fused.y, composed.y);
+          EXPECT_EQ(fused.gx, composed.gx);
+          EXPECT_EQ(fused.gw, composed.gw);
+          EXPECT_EQ(fused.gb, composed.gb);
+        }
+        EXPECT_FALSE(separate.fused);
+        // oneDNN's f32 convolutions of 8 or more input channels write a channel-blocked layout on
+        // every x86 host with AVX2 (nChw8c) or AVX-512 (nChw16c), which the pool reads, and a first
+        // layer that mixprec's kernel computes is pooled by it; elsewhere (a 16-bit primitive's
+        // layout, oneDNN's first layers) the fusion may not apply, and the comparison below is then
+        // of a path with itself.
+        if (first_layer(g, t) || (t == DType::f32 && g.x[1] >= 8)) {
+          EXPECT_TRUE(fused.fused) << "not fused";
+        }
+        EXPECT_FALSE(separate.fused_backward);
+        if (is_first(g)) {
+          EXPECT_EQ(fused.fused_backward, small_k(g, t));
+        } else if (layout_backward(g, t)) {
+          EXPECT_TRUE(fused.fused_backward) << "backward not fused";
+        }
+        fused_cases += fused.fused;
+        fused_backward_cases += fused.fused_backward;
+        ++cases;
+        EXPECT_EQ(fused.y, separate.y);
+        EXPECT_EQ(fused.gx, separate.gx);
+        EXPECT_EQ(fused.gw, separate.gw);
+        EXPECT_EQ(fused.gb, separate.gb);
       }
-      EXPECT_FALSE(separate.fused_backward);
-      EXPECT_EQ(fused.fused_backward, is_first(g) && small_k(g, t));
-      fused_cases += fused.fused;
-      ++cases;
-      EXPECT_EQ(fused.y, separate.y);
-      EXPECT_EQ(fused.gx, separate.gx);
-      EXPECT_EQ(fused.gw, separate.gw);
-      EXPECT_EQ(fused.gb, separate.gb);
-    }
   if (fused_cases == 0) GTEST_SKIP() << "no " << dtype_name(t) << " case was fused on this host";
-  if (fused_cases < cases) std::printf("[ NOTE     ] %d of %d cases fused on this host\n", fused_cases, cases);
+  if (fused_cases < cases || fused_backward_cases < cases)
+    std::printf("[ NOTE     ] %d of %d cases fused on this host, %d in their backward\n", fused_cases, cases,
+                fused_backward_cases);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, ConvPool, ::testing::Values(DType::f32, DType::bf16, DType::f16),
                          [](const ::testing::TestParamInfo<DType>& p) { return std::string(dtype_name(p.param)); });
+
+// max_unpool_to_layout on its own, on every host: each layout a primitive may read grad_y in
+// (nChw8c, nChw16c, NHWC), each gradient dtype into the layouts' dtypes it writes (f32 from f32,
+// bf16 or f16; bf16 from bf16), the cnns' exact 2x2 pool (its vector kernel where the host has
+// AVX2) and the general windows, channel counts that leave a partial block, with a ReLU's mask
+// (relu_y: the pooled integers' ReLU, zeros and negatives among them) or without; against
+// max_pool2d_backward's NCHW gradient (after activation_grad's mask) reordered into the layout by
+// oneDNN, byte for byte (padded channels zero, the destination filled with 0xff before).
+TEST(ConvPool, UnpoolIntoEachLayoutIsThePoolsBackwardReordered) {
+  using dnnl::memory;
+  struct Pool {
+    const char* name;
+    int64_t h, w, k, stride, pad;
+  };
+  const Pool pools[] = {{"2x2/2 exact", 8, 6, 2, 2, 0}, {"2x2/2 odd", 7, 9, 2, 2, 0}, {"3x3/2 pad 1", 9, 8, 3, 2, 1}};
+  int cases = 0;
+  for (const Pool& p : pools)
+    for (int64_t c : {16, 20, 8})
+      for (DType t : {DType::f32, DType::bf16, DType::f16})
+        for (memory::format_tag tag :
+             {memory::format_tag::nChw8c, memory::format_tag::nChw16c, memory::format_tag::nhwc})
+          for (DType layout_t : {DType::f32, DType::bf16})
+            for (bool relu : {false, true}) {
+              if (layout_t == DType::bf16 && t != DType::bf16) continue;
+              SCOPED_TRACE(std::string(p.name) + ", " + std::to_string(c) + " channels, " + std::string(dtype_name(t)) +
+                           " into " + std::string(dtype_name(layout_t)) + " tag " + std::to_string(int(tag)) +
+                           (relu ? ", ReLU" : ""));
+              kernels::PoolGeometry g;
+              g.n = 2, g.c = c, g.h = p.h, g.w = p.w, g.kh = g.kw = p.k, g.stride_h = g.stride_w = p.stride;
+              g.pad_h = g.pad_w = p.pad;
+              g.oh = (p.h + 2 * p.pad - p.k) / p.stride + 1, g.ow = (p.w + 2 * p.pad - p.k) / p.stride + 1;
+              Generator gen(uint64_t(13 + c));
+              // Integers: ties in the windows (the first tap's), as the argmax of a real pool.
+              std::vector<float> xs = Tensor::uniform({g.n, c, p.h, p.w}, gen, -3, 3).to_vector();
+              for (float& e : xs) e = std::round(e);
+              const Tensor x = Tensor::from_vector(xs, {g.n, c, p.h, p.w}).to(t);
+              const kernels::MaxPoolResult fwd = kernels::max_pool2d_forward(x, g);
+              const Tensor grad = Tensor::uniform({g.n, c, g.oh, g.ow}, gen, -1, 1).to(t);
+              const memory::dims dims{g.n, c, p.h, p.w};
+              const memory::desc md(dims, kernels::cpu::to_dnnl(layout_t), tag);
+              ASSERT_TRUE(kernels::cpu::unpool_writes_layout(md, g, t));
+              std::vector<uint8_t> got(md.get_size(), 0xff), want(md.get_size(), 0xff);
+              const Tensor relu_y = relu ? kernels::activation(kernels::Activation::relu, fwd.dst) : Tensor();
+              kernels::cpu::max_unpool_to_layout(grad, fwd.argmax, g, md, got.data(), relu ? &relu_y : nullptr);
+              const Tensor masked = relu ? kernels::activation_grad(kernels::Activation::relu, grad, relu_y) : grad;
+              const Tensor nchw = kernels::max_pool2d_backward(masked, fwd.argmax, g);
+              memory from(memory::desc(dims, kernels::cpu::to_dnnl(t), memory::format_tag::nchw),
+                          kernels::cpu::dnnl_engine(), const_cast<void*>(nchw.data_ptr()));
+              memory to(md, kernels::cpu::dnnl_engine(), want.data());
+              dnnl::reorder(from, to).execute(kernels::cpu::dnnl_stream(), from, to);
+              kernels::cpu::dnnl_stream().wait();
+              EXPECT_EQ(got, want);
+              ++cases;
+            }
+  EXPECT_EQ(cases, 3 * 3 * 4 * 3 * 2);
+}
 
 // Under autocast (the training step's case): x f32, the op lowered to bf16, the weight's and the
 // bias's gradients in f32 from the convolution's accumulation.
@@ -193,25 +292,33 @@ TEST(ConvPool, AutocastBf16MatchesSeparate) {
   EXPECT_EQ(got[1], got[0]);
 }
 
-// The containers' rewrite: Conv2d [, ReLU], MaxPool2d as one op, the same bits as the ops one after
-// the other (ReLU after the pool or before: the same values).
+// The containers' rewrite: Conv2d [, ReLU], MaxPool2d [, ReLU] as one op, the ReLU on the
+// convolution, the same bits as the ops one after the other (ReLU after the pool or before: the
+// same values).
 TEST(ConvPool, SequentialMatchesTheOpsComposed) {
-  for (bool relu : {false, true}) {
-    SCOPED_TRACE(relu ? "with ReLU" : "without ReLU");
+  enum class Relu { none, before_pool, after_pool };
+  for (Relu where : {Relu::none, Relu::before_pool, Relu::after_pool}) {
+    const bool relu = where != Relu::none;
+    SCOPED_TRACE(where == Relu::none ? "without ReLU" : where == Relu::before_pool ? "ReLU, pool" : "pool, ReLU");
     default_generator().manual_seed(3);
     nn::Sequential m;
     auto conv = std::make_shared<nn::Conv2d>(16, 24, 3, nn::Conv2dOptions{.padding = 1});
     m.push_back(conv);
-    if (relu) m.push_back(std::make_shared<nn::ReLU>());
+    if (where == Relu::before_pool) m.push_back(std::make_shared<nn::ReLU>());
     m.push_back(std::make_shared<nn::MaxPool2d>(2));
+    if (where == Relu::after_pool) m.push_back(std::make_shared<nn::ReLU>());
     Generator gen(5);
     const Tensor x = Tensor::uniform({2, 16, 9, 9}, gen, -1, 1);
     profile::start();
     const Tensor y = m.forward(x);
     profile::stop();
-    bool fused = false;
-    for (const profile::Row& row : profile::rows()) fused |= row.kernel == "conv2d_max_pool2d_forward";
+    bool fused = false, activation = false;
+    for (const profile::Row& row : profile::rows()) {
+      fused |= row.kernel == "conv2d_max_pool2d_forward";
+      activation |= row.kernel == "activation";
+    }
     EXPECT_TRUE(fused) << "Sequential did not run conv2d_max_pool2d";
+    EXPECT_FALSE(activation) << "the ReLU ran on its own";
     ops::sum(y).backward();
     const std::vector<uint8_t> gw = bytes_of(conv->weight.grad()), gb = bytes_of(conv->bias.grad());
     conv->weight.set_grad(Tensor()), conv->bias.set_grad(Tensor());

@@ -533,6 +533,11 @@ std::vector<Case> all_cases() {
                [](Generator& g) {
                  return In{U(g, {2, 3, 5, 4}), U(g, {4, 3, 3, 3}), U(g, {4})};
                }});
+  c.push_back({"conv2d_max_pool2d", "fused_relu_k2",
+               [](const In& x) { return ops::conv2d_max_pool2d(x[0], x[1], x[2], {.padding = 1, .relu = true}, 2); },
+               [](Generator& g) {
+                 return In{U(g, {2, 3, 5, 4}), U(g, {4, 3, 3, 3}), U(g, {4})};
+               }});
   // Channels-last inputs (NHWC bytes) through the ops that keep the layout.
   const auto cl = [](const Tensor& t) { return ops::contiguous(t, ops::MemoryFormat::channels_last); };
   c.push_back({"contiguous", "channels_last", [cl](const In& x) { return ops::exp(cl(x[0])); },

@@ -203,9 +203,10 @@ class Conv2d : public Module {
   // The convolution followed by ReLU in one oneDNN primitive (a container calls this instead of
   // forward() then ReLU when it sees the pair; same result and gradients).
   Tensor forward_relu(const Tensor& x);
-  // The convolution followed by `pool` in one op (ops::conv2d_max_pool2d: a container calls this
-  // when it sees the pair; same result and gradients). An error names the layer it is about.
-  Tensor forward_max_pool(const Tensor& x, const MaxPool2d& pool);
+  // The convolution followed by `pool` in one op, with a ReLU before or after the pool where
+  // `relu` (ops::conv2d_max_pool2d: a container calls this when it sees the layers; same result and
+  // gradients). An error names the layer it is about.
+  Tensor forward_max_pool(const Tensor& x, const MaxPool2d& pool, bool relu = false);
   std::string name() const override;
   Tensor weight, bias;
   int64_t in_channels, out_channels;

@@ -123,8 +123,11 @@ struct Pool2dOptions {
 // max_pool2d(conv2d(x, weight, bias, c), kernel_size, p) as one op (autocast: lower, as conv2d): the
 // same values and gradients, bit for bit. On the CPU the pool reads the convolution's output in
 // oneDNN's own layout, so the full-size output is never reordered into NCHW nor kept (nn::Sequential
-// runs Conv2d [, ReLU], MaxPool2d this way). A fused ReLU (c.relu), channels-last or an unbatched x
-// run the two ops.
+// runs Conv2d [, ReLU], MaxPool2d [, ReLU] this way). With c.relu, the ReLU rides on the convolution
+// (oneDNN's post-op, or mixprec's first-layer kernel), and its gradient's mask is taken from the
+// pooled output (a window's maximum is the value its winner had): the values and gradients of
+// max_pool2d(conv2d(...)) with c.relu, which are those of relu(max_pool2d(conv2d(...)))).
+// Channels-last or an unbatched x run the two ops.
 Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& c,
                          IntPair kernel_size, const Pool2dOptions& p = {});
 // Pooling over [N, C, H, W] (or [C, H, W]) windows (autocast: keep). max_pool2d keeps the argmax of

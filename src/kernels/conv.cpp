@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "kernels/activation.h"
 #include "kernels/shape.h"
 
 namespace mixprec::kernels {
@@ -52,35 +53,37 @@ std::atomic<bool>& pool_fused_flag() {
 void set_conv_pool_fused(bool on) { pool_fused_flag().store(on); }
 
 MaxPoolResult conv2d_max_pool2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                        const ConvGeometry& g, const PoolGeometry& pool) {
+                                        const ConvGeometry& g, const PoolGeometry& pool, bool relu) {
   if (!x.device().is_cuda() && pool_fused_flag().load() && use_fast() && cpu::conv2d_forward_max_pool_applies(g)) {
     const DeviceScope on({&x, &weight, &bias});
     MaxPoolResult r;
     r.dst = Tensor::empty({pool.n, pool.c, pool.oh, pool.ow}, x.dtype());
     r.argmax = Tensor::empty({pool.n, pool.c, pool.oh, pool.ow}, DType::u8);
-    if (cpu::conv2d_forward_max_pool(x, weight, bias, g, pool, r)) {
+    if (cpu::conv2d_forward_max_pool(x, weight, bias, g, relu, pool, r)) {
       profile::detail::add_flops(conv_flops(g));
       return r;
     }
   }
-  return max_pool2d_forward(conv2d_forward(x, weight, bias, g, false), pool);
+  return max_pool2d_forward(conv2d_forward(x, weight, bias, g, relu), pool);
 }
 
-ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, Tensor argmax, const PoolGeometry& pool, const Tensor& x,
-                                     const Tensor& weight, const ConvGeometry& g, bool need_x, bool need_weight,
-                                     bool need_bias, DType bias_dtype, DType weight_dtype) {
-  if (!grad.device().is_cuda() && pool_fused_flag().load() && use_fast() && !need_x && need_weight &&
-      cpu::conv2d_backward_max_unpool_applies(g, pool, grad.dtype(), x.dtype(), weight_dtype,
-                                              need_bias ? std::optional<DType>(bias_dtype) : std::nullopt)) {
-    const DeviceScope on({&grad, &argmax, &x});
-    profile::detail::add_flops(conv_flops(g));
+ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, Tensor argmax, const PoolGeometry& pool, Tensor relu_y,
+                                     const Tensor& x, const Tensor& weight, const ConvGeometry& g, bool need_x,
+                                     bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
+  if (!grad.device().is_cuda() && pool_fused_flag().load() && use_fast()) {
+    const DeviceScope on({&grad, &argmax, &relu_y, &x, &weight});
     ConvGrads out;
-    out.weight = Tensor::empty(g.w_shape(), weight_dtype);
+    if (need_x) out.x = Tensor::empty(g.x_shape(), grad.dtype());
+    if (need_weight) out.weight = Tensor::empty(g.w_shape(), weight_dtype);
     if (need_bias) out.bias = Tensor::empty({g.oc}, bias_dtype);
-    cpu::conv2d_backward_max_unpool(grad, argmax, pool, x, g, out);
-    return out;
+    if (cpu::conv2d_backward_max_unpool(grad, argmax, pool, relu_y, x, weight, g, out)) {
+      profile::detail::add_flops(conv_flops(g) * double(int(need_x) + int(need_weight)));
+      return out;
+    }
   }
-  Tensor grad_y = max_pool2d_backward(grad, argmax, pool);
+  const Tensor masked = relu_y.defined() ? activation_grad(Activation::relu, grad, relu_y) : grad;
+  relu_y = Tensor();
+  Tensor grad_y = max_pool2d_backward(masked, argmax, pool);
   argmax = Tensor();  // not held through the convolution's backward (where a step's peak may be)
   return conv2d_backward(grad_y, x, weight, g, need_x, need_weight, need_bias, bias_dtype, weight_dtype);
 }

@@ -43,7 +43,7 @@ struct ConvGrads {
 ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
                           bool need_x, bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype);
 
-// conv2d_forward (no ReLU) and max_pool2d_forward over its output (`pool`: y's [n, oc, oh, ow] as
+// conv2d_forward (with its fused ReLU or not) and max_pool2d_forward over its output (`pool`: y's [n, oc, oh, ow] as
 // its input) in one call: the pool's dst and argmax, bit for bit those of the two calls. On the CPU
 // the pool reads the convolution's output where oneDNN's primitive wrote it (blocked or NHWC), so
 // the full-size output is never reordered into NCHW nor read back from there
@@ -51,16 +51,17 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
 // written by mixprec's kernel, a layout the pool does not read) the two kernels run one after the
 // other.
 MaxPoolResult conv2d_max_pool2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                        const ConvGeometry& g, const PoolGeometry& pool);
+                                        const ConvGeometry& g, const PoolGeometry& pool, bool relu = false);
 // The gradients of conv2d_max_pool2d_forward's inputs from its output's gradient and the pool's
-// u8 argmax: max_pool2d_backward then conv2d_backward, bit for bit. On the CPU, where only the
-// weight and bias gradients are asked for and mixprec's small-K kernel computes them (a first
-// layer), grad_y is routed plane by plane as that kernel reads it, never written whole
-// (cpu::conv2d_backward_max_unpool); elsewhere the two kernels run one after the other, the
-// argmax (taken by value: pass the caller's last handle) released between them.
-ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, Tensor argmax, const PoolGeometry& pool, const Tensor& x,
-                                     const Tensor& weight, const ConvGeometry& g, bool need_x, bool need_weight,
-                                     bool need_bias, DType bias_dtype, DType weight_dtype);
+// u8 argmax: max_pool2d_backward then conv2d_backward, bit for bit; with relu_y (the forward's
+// output where it had a ReLU), the ReLU's backward first, its mask relu_y > 0 (activation_grad). On
+// the CPU, grad_y is routed by the argmax (and masked) where the convolution's backward reads it
+// (cpu::conv2d_backward_max_unpool: a first layer's planes, or the primitives' layout), never
+// written whole in NCHW; elsewhere the kernels run one after the other, the argmax and relu_y (taken
+// by value: pass the caller's last handles) released before the convolution's.
+ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, Tensor argmax, const PoolGeometry& pool, Tensor relu_y,
+                                     const Tensor& x, const Tensor& weight, const ConvGeometry& g, bool need_x,
+                                     bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype);
 // Whether the CPU pools in the primitive's layout (the default; MIXPREC_CONV_POOL=separate starts it
 // off): with it off, conv2d_max_pool2d_forward is always the two calls (tests, A/B runs).
 void set_conv_pool_fused(bool on);
@@ -79,16 +80,18 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
 // pool.ow], x's dtype and u8) filled, or false, nothing run.
 bool conv2d_forward_max_pool_applies(const ConvGeometry& g);
 bool conv2d_forward_max_pool(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g,
-                             const PoolGeometry& pool, MaxPoolResult& out);
-// The weight (and bias) gradient of a convolution whose output a max pool read, from the pool's
-// gradient and u8 argmax: where conv2d_backward would run mixprec's small-K kernel for them (a
-// first layer), that kernel routes each image's planes of grad_y as it reads them, so grad_y is
-// never written whole; the bits of max_pool2d_backward then conv2d_backward. out: weight (and
-// bias) allocated by the caller, x undefined.
-bool conv2d_backward_max_unpool_applies(const ConvGeometry& g, const PoolGeometry& pool, DType t, DType x_t,
-                                        DType weight_t, std::optional<DType> bias_t);
-void conv2d_backward_max_unpool(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& pool,
-                                const Tensor& x, const ConvGeometry& g, ConvGrads& out);
+                             bool relu, const PoolGeometry& pool, MaxPoolResult& out);
+// The gradients of a convolution whose output a max pool read, from the pool's gradient and u8
+// argmax, the bits of max_pool2d_backward then conv2d_backward, without grad_y written whole in
+// NCHW: a first layer's weight (and bias) gradient by mixprec's small-K kernel, which routes each
+// image's planes of grad_y as it reads them; or, where every primitive that reads grad_y takes it
+// in backward-data's layout (backward-data, then backward-weights split over the batch reading its
+// slices, or one primitive in that layout), grad_y routed straight into it (max_unpool_to_layout)
+// instead of written in NCHW and reordered. Fills the defined members of `out` (allocated by the
+// caller), or returns false with nothing run. relu_y: as conv2d_max_pool2d_backward's, or undefined.
+bool conv2d_backward_max_unpool(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& pool,
+                                const Tensor& relu_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                                ConvGrads& out);
 // Fills the defined members of `out` (allocated by the caller).
 bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
                      ConvGrads& out);

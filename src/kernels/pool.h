@@ -71,9 +71,12 @@ bool unpack_argmax_2bit(const Tensor& packed, Tensor& argmax);
 // first layer's forward pooling its output planes as it computes them).
 void max_pool_plane_f32(const float* src, const PoolGeometry& g, float* out, uint8_t* argmax);
 // One plane's max_pool2d_backward: gy [g.oh][g.ow] of dtype t (f32, bf16 or f16) routed by its u8
-// argmax into gx [g.h][g.w] (t), the bits max_pool2d_backward gives that plane. scratch: g.oh g.ow +
-// g.h g.w floats. For a caller that consumes the plane at once (a first layer's weight gradient).
-void max_unpool_plane(const void* gy, const uint8_t* argmax, const PoolGeometry& g, DType t, void* gx, float* scratch);
+// argmax into gx [g.h][g.w] (t), the bits max_pool2d_backward gives that plane. With relu_y (the
+// pooled plane after a ReLU, t), gy first passes the ReLU's backward: each value kept where relu_y
+// is > 0, +0 elsewhere (activation_grad's bits). scratch: 2 g.oh g.ow + g.h g.w floats. For a caller
+// that consumes the plane at once (a first layer's weight gradient, a layout's channels).
+void max_unpool_plane(const void* gy, const uint8_t* argmax, const PoolGeometry& g, DType t, void* gx, float* scratch,
+                      const void* relu_y = nullptr);
 }  // namespace cpu
 
 namespace cuda {

@@ -62,11 +62,11 @@ Tensor Conv2d::forward_relu(const Tensor& x) {
   });
 }
 
-Tensor Conv2d::forward_max_pool(const Tensor& x, const MaxPool2d& pool) {
+Tensor Conv2d::forward_max_pool(const Tensor& x, const MaxPool2d& pool, bool relu) {
   try {
     return ops::conv2d_max_pool2d(
         x, weight, bias,
-        {options.stride, options.padding, options.dilation, options.groups, false, options.channels_last},
+        {options.stride, options.padding, options.dilation, options.groups, relu, options.channels_last},
         pool.kernel_size(), pool.options());
   } catch (const OutOfMemory&) {
     throw;

@@ -195,16 +195,17 @@ Tensor Sequential::forward(const Tensor& x) {
   const auto relu_at = [&](size_t i) { return i < ch.size() && dynamic_cast<ReLU*>(ch[i].second.get()); };
   const auto max_pool_at = [&](size_t i) { return i < ch.size() && dynamic_cast<MaxPool2d*>(ch[i].second.get()); };
   for (size_t i = 0; i < ch.size(); ++i) {
-    // Conv2d then MaxPool2d (with a ReLU between them or not) run as one op: the pool reads the
-    // convolution's output where oneDNN wrote it, in its own layout, instead of that output being
-    // reordered into NCHW first (ops::conv2d_max_pool2d); a ReLU between them follows the pool, as
-    // below.
+    // Conv2d then MaxPool2d, with a ReLU between them, after them or neither, run as one op: the
+    // pool reads the convolution's output where oneDNN wrote it, in its own layout, instead of that
+    // output being reordered into NCHW first, and the ReLU rides on the convolution
+    // (ops::conv2d_max_pool2d; the ReLU commutes with the pool, as below).
     if (auto* conv = dynamic_cast<Conv2d*>(ch[i].second.get())) {
-      const size_t pool_i = relu_at(i + 1) ? i + 2 : i + 1;
+      const bool relu_before = relu_at(i + 1);
+      const size_t pool_i = relu_before ? i + 2 : i + 1;
       if (max_pool_at(pool_i)) {
-        h = conv->forward_max_pool(h, static_cast<const MaxPool2d&>(*ch[pool_i].second));
-        if (pool_i == i + 2) h = ch[i + 1].second->forward(h);
-        i = pool_i;
+        const bool relu = relu_before || relu_at(pool_i + 1);
+        h = conv->forward_max_pool(h, static_cast<const MaxPool2d&>(*ch[pool_i].second), relu);
+        i = relu && !relu_before ? pool_i + 1 : pool_i;
         continue;
       }
     }

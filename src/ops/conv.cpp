@@ -66,13 +66,15 @@ struct ConvBackward {
         kernels::conv2d_backward(gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t),
         n);
   }
-  // The same from the gradient of a max pool over y (its u8 argmax, geometry pool).
+  // The same from the gradient of a max pool over y (its u8 argmax, geometry pool), after a ReLU
+  // where relu_y (the pool's output) is defined.
   std::vector<Tensor> gradients_through_pool(const Tensor& grad, Tensor argmax, const kernels::PoolGeometry& pool,
-                                             const autograd::Node& n) const {
+                                             Tensor relu_y, const autograd::Node& n) const {
     const bool need_b = n.next.size() > 2 && n.needs_grad(2);
-    return listed(kernels::conv2d_max_pool2d_backward(grad, std::move(argmax), pool, x_saved, w_saved, g,
-                                                      n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t),
-                  n);
+    return listed(
+        kernels::conv2d_max_pool2d_backward(grad, std::move(argmax), pool, std::move(relu_y), x_saved, w_saved, g,
+                                            n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t),
+        n);
   }
   static std::vector<Tensor> listed(const kernels::ConvGrads& grads, const autograd::Node& n) {
     std::vector<Tensor> r{grads.x, grads.weight};
@@ -145,9 +147,9 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
 
 Tensor conv2d_max_pool2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dOptions& o,
                          IntPair kernel_size, const Pool2dOptions& po) {
-  // The two ops where the pool cannot follow the convolution in one call: a fused ReLU (its mask
-  // is the full-size output), channels-last, an unbatched input.
-  if (o.relu || o.channels_last || x_in.dim() != 4 || kernels::is_channels_last(x_in))
+  // The two ops where the pool cannot follow the convolution in one call: channels-last, an
+  // unbatched input.
+  if (o.channels_last || x_in.dim() != 4 || kernels::is_channels_last(x_in))
     return max_pool2d(conv2d(x_in, w_in, b_in, o), kernel_size, po);
   Tensor x = x_in, w = w_in, b = b_in;
   amp::autocast(OpId::conv2d_max_pool2d, {&x, &w, &b});
@@ -155,7 +157,7 @@ Tensor conv2d_max_pool2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b
   const kernels::ConvGeometry g = checked_geometry(x, w, b, o);
   const kernels::PoolGeometry pg = pool_geometry("max_pool2d", g.y_shape(), kernel_size, po, true);
   const Saved s = saved(x_in, w_in, b_in, x, w, b, g);
-  kernels::MaxPoolResult r = kernels::conv2d_max_pool2d_forward(s.xd, s.wk, s.bd, g, pg);
+  kernels::MaxPoolResult r = kernels::conv2d_max_pool2d_forward(s.xd, s.wk, s.bd, g, pg, o.relu);
   const bool any_grad =
       std::any_of(s.inputs.begin(), s.inputs.end(), [](const Tensor& t) { return t.defined() && t.requires_grad(); });
   if (!autograd::grad_enabled() || !any_grad) return r.dst;
@@ -163,14 +165,18 @@ Tensor conv2d_max_pool2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b
   const bool packed = pg.argmax_fits_two_bits();
   const Tensor argmax = packed ? kernels::pack_argmax_2bit(r.argmax) : r.argmax;
   r.argmax = Tensor();
-  return autograd::record(r.dst, "conv2d_max_pool2d", s.inputs,
-                          [bw = s.backward, pg, packed, argmax](const Tensor& g_in, const autograd::Node& n) {
-                            const Shape pooled{pg.n, pg.c, pg.oh, pg.ow};
-                            return bw.gradients_through_pool(
-                                kernels::contig(g_in), packed ? kernels::unpack_argmax_2bit(argmax, pooled) : argmax,
-                                pg, n);
-                          },
-                          {s.backward.x_saved, s.backward.w_saved});
+  // The ReLU's mask: [y > 0] of the pooled output, each value its window's winner's (the kernels
+  // apply it as they route the gradient; dropped once used: the lambda is mutable).
+  Tensor y_mask = o.relu ? r.dst.detach() : Tensor();
+  return autograd::record(
+      r.dst, "conv2d_max_pool2d", s.inputs,
+      [bw = s.backward, pg, packed, argmax, y_mask](const Tensor& g_in, const autograd::Node& n) mutable {
+        const Shape pooled{pg.n, pg.c, pg.oh, pg.ow};
+        return bw.gradients_through_pool(kernels::contig(g_in),
+                                         packed ? kernels::unpack_argmax_2bit(argmax, pooled) : argmax, pg,
+                                         std::move(y_mask), n);
+      },
+      {s.backward.x_saved, s.backward.w_saved, y_mask});
 }
 
 }  // namespace mixprec::ops

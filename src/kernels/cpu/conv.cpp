@@ -67,28 +67,47 @@ int64_t image_bytes_if_slices(const memory::desc& full, const memory::desc& part
 // partials are summed. oneDNN 2.6's own multi-threaded backward-weights reduces across threads
 // behind spinning barriers, which stall for whole scheduler slices when the cores are shared:
 // measured 1.5 ms or 750 ms for one 64x64x3x3 layer depending on the neighbours (docs/conv.md).
-// t: the primitives' dtype (x's, or f32 with bf16 operands widened by the reorders). gy_prim:
-// grad_y already reordered into the layout of the whole batch (by backward-data), or null; where
-// each share's layout is a slice of it, the parts read their shares there instead of reordering.
-bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out, DType t,
-                            const memory* gy_prim) {
-  const int64_t threads = omp_get_max_threads();
-  const int64_t share = (g.n + threads - 1) / threads, parts = (g.n + share - 1) / share;
-  const int64_t last = g.n - (parts - 1) * share;
-  const bool with_bias = out.bias.defined();
-  ConvGeometry gs = g, gl = g;
-  gs.n = share, gl.n = last;
+// SplitPlan: the shares and their primitives (of dtype t: x's, or f32 with bf16 operands widened by
+// the reorders; es null where oneDNN has none), and whether each part can read its share of grad_y
+// as a slice of gy_md, grad_y's layout for the whole batch where backward-data reordered it first.
+struct SplitPlan {
+  int64_t share = 0, parts = 0, last = 0;
   ConvEntry hold_s, hold_l;
-  const ConvEntry* es =
-      entry(gs, t, with_bias, DType::f32, false, ConvPass::backward_weights, hold_s, true, false, x.dtype());
-  const ConvEntry* el = last == share ? es
-                                      : entry(gl, t, with_bias, DType::f32, false, ConvPass::backward_weights, hold_l,
-                                              true, false, x.dtype());
-  if (!es || !el) return false;
-  const int64_t gy_image_bytes = gy_prim ? image_bytes_if_slices(gy_prim->get_desc(), es->inputs[1].prim) : 0;
-  const int64_t gy_last_bytes =
-      gy_prim && el != es ? image_bytes_if_slices(gy_prim->get_desc(), el->inputs[1].prim) : gy_image_bytes;
-  const bool gy_sliced = gy_image_bytes > 0 && gy_last_bytes == gy_image_bytes;
+  const ConvEntry* es = nullptr;
+  const ConvEntry* el = nullptr;
+  int64_t gy_image_bytes = 0;  // one image's bytes of gy_md where every share is a slice of it, else 0
+
+  SplitPlan(const ConvGeometry& g, DType t, bool with_bias, DType x_t, const memory::desc* gy_md) {
+    const int64_t threads = omp_get_max_threads();
+    share = (g.n + threads - 1) / threads, parts = (g.n + share - 1) / share;
+    last = g.n - (parts - 1) * share;
+    ConvGeometry gs = g, gl = g;
+    gs.n = share, gl.n = last;
+    es = entry(gs, t, with_bias, DType::f32, false, ConvPass::backward_weights, hold_s, true, false, x_t);
+    el = last == share
+             ? es
+             : entry(gl, t, with_bias, DType::f32, false, ConvPass::backward_weights, hold_l, true, false, x_t);
+    if (!es || !el || !gy_md) return;
+    const int64_t image = image_bytes_if_slices(*gy_md, es->inputs[1].prim);
+    const int64_t last_image = el != es ? image_bytes_if_slices(*gy_md, el->inputs[1].prim) : image;
+    gy_image_bytes = image == last_image ? image : 0;
+  }
+  SplitPlan(const SplitPlan&) = delete;
+  SplitPlan& operator=(const SplitPlan&) = delete;
+};
+
+// The split on plan sp (its entries there): gy_user, the caller's grad_y (x's dtype), or null where
+// gy_prim, grad_y in the layout sp was planned on, is sliced instead (sp.gy_image_bytes > 0).
+bool backward_weights_split(const SplitPlan& sp, const void* gy_user, const Tensor& x, const ConvGeometry& g,
+                            ConvGrads& out, const memory* gy_prim) {
+  if (!sp.es || !sp.el) return false;
+  const ConvEntry* es = sp.es;
+  const ConvEntry* el = sp.el;
+  const int64_t share = sp.share, parts = sp.parts;
+  const bool with_bias = out.bias.defined();
+  const bool gy_sliced = gy_prim != nullptr && sp.gy_image_bytes > 0;
+  const int64_t gy_image_bytes = sp.gy_image_bytes;
+  MIXPREC_ASSERT(gy_sliced || gy_user != nullptr, "conv split: grad_y neither given nor sliced");
   const int64_t w_count = out.weight.numel();
   const int64_t x_share = share * g.c * g.h * g.w, y_share = share * g.oc * g.oh * g.ow;
   const size_t es_bytes = dtype_size(x.dtype());  // the caller's x and grad_y
@@ -108,7 +127,7 @@ bool backward_weights_split(const Tensor& grad_y, const Tensor& x, const ConvGeo
     Part& pt = parts_of[size_t(p)];
     const ConvEntry& e = p == parts - 1 ? *el : *es;
     const void* src[2] = {static_cast<const char*>(x.data_ptr()) + p * x_share * int64_t(es_bytes),
-                          static_cast<const char*>(grad_y.data_ptr()) + p * y_share * int64_t(es_bytes)};
+                          gy_sliced ? nullptr : static_cast<const char*>(gy_user) + p * y_share * int64_t(es_bytes)};
     for (size_t i = 0; i < 2; ++i) {
       const Operand& op = e.inputs[i];
       const bool sliced = i == 1 && gy_sliced;
@@ -219,11 +238,16 @@ bool forward_on(const Tensor& x, const Tensor& weight, const Tensor& bias, const
 
 // The gradients on primitives of dtype t (the caller's grad_y, x and weight in t, or bf16 for t f32,
 // where only oneDNN's own primitives run: conv2d_backward checks), into out's tensors (out.x may be
-// 16-bit for t f32).
+// 16-bit for t f32). With `up`, grad_y is undefined: the pool's backward writes it straight into
+// backward-data's layout (max_unpool_to_layout), where every reader of grad_y must take it, or
+// nothing runs (false).
 bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g, ConvGrads& out,
-                 DType t) {
+                 DType t, const UnpooledGrad* up = nullptr) {
   const bool need_x = out.x.defined(), need_w = out.weight.defined(), need_b = out.bias.defined();
-  const DType in_t = grad_y.dtype();
+  const DType in_t = up ? up->pooled->dtype() : grad_y.dtype();
+  // grad_y's key among the call's reordered inputs (CallState::find): with `up`, the pool's gradient,
+  // whose pointer stands for the full-size gradient never written in NCHW.
+  const void* gy = up ? up->pooled->data_ptr() : grad_y.data_ptr();
   if (need_b && out.bias.dtype() != DType::f32 && out.bias.dtype() != t) return false;
   // The weight gradient: mixprec's kernel for a short bf16 contraction, one matmul per tap (gemm),
   // a forward convolution (wf), oneDNN's backward-weights split over the batch, or one oneDNN
@@ -253,8 +277,12 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
                                               ConvPass::backward_weights, hold_w, false, wgrad_f32, in_t)
                                       : nullptr;
   if ((need_x && !bd) || (one_primitive && !bw)) return false;
-  if (in_t != t || (need_x && out.x.dtype() != t)) profile::detail::note_impl(kFusedCasts);
-  CallState cs;
+  const memory::desc* gy_md = need_x ? &bd->inputs[0].prim : nullptr;  // grad_y as backward-data reads it
+  if (up) {
+    const bool wgrad_reads_it = !need_w || split || (one_primitive && bw->inputs[1].prim == *gy_md);
+    if (!need_x || !wgrad_reads_it || (need_b && !fused_bias) || !unpool_writes_layout(*gy_md, *up->pool, in_t))
+      return false;
+  }
   // The input gradient (backward-data, or a forward convolution of the flipped weight) runs first
   // where the split follows: the parts then read their shares of grad_y from the copy it reordered,
   // where the layouts agree, instead of reordering them again (a forward convolution's source and
@@ -262,19 +290,32 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
   // step on one thread per share). That copy is held through the split in place of the parts' own;
   // the flipped weight's reordered copy is not.
   const bool data_first = split && need_x;
+  std::optional<SplitPlan> plan;
+  if (split) {
+    plan.emplace(g, t, fused_bias, x.dtype(), data_first ? gy_md : nullptr);
+    if (!plan->es || !plan->el || (up && plan->gy_image_bytes == 0)) return false;
+  }
+  if (in_t != t || (need_x && out.x.dtype() != t)) profile::detail::note_impl(kFusedCasts);
+  CallState cs;
+  if (up) {
+    const memory unpooled = cs.buffer(*gy_md);
+    max_unpool_to_layout(*up->pooled, *up->argmax, *up->pool, *gy_md, unpooled.get_data_handle(), up->relu_y);
+    cs.reordered.push_back({gy, *gy_md, unpooled, cs.bufs.size() - 1});
+    profile::detail::note_impl(kPoolFused);
+  }
   const conv_detail::Output dx{need_x ? out.x.data_ptr() : nullptr, need_x ? out.x.dtype() : t};
   auto input_gradient = [&] {
     if (as_forward) {
       const Tensor flipped = flipped_transposed(weight, g);
       profile::detail::note_impl("dgrad_as_fwd");
-      execute(*bd, {{grad_y.data_ptr()}, {flipped.data_ptr()}}, {dx}, cs);
+      execute(*bd, {{gy}, {flipped.data_ptr()}}, {dx}, cs);
     } else {
-      execute(*bd, {{grad_y.data_ptr()}, {weight.data_ptr(), &weight}}, {dx}, cs);
+      execute(*bd, {{gy}, {weight.data_ptr(), &weight}}, {dx}, cs);
     }
   };
   if (data_first) {
     input_gradient();
-    cs.keep_only(grad_y.data_ptr());
+    cs.keep_only(gy);
   }
   if (small_k || amx || split) {
     ConvGrads wgrads;  // weight (and bias) only: backward-data runs apart
@@ -285,7 +326,7 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
     } else if (amx) {
       profile::detail::note_impl("mixprec:wgrad_amx");
       backward_weights_amx(grad_y, x, g, wgrads);
-    } else if (!backward_weights_split(grad_y, x, g, wgrads, t, data_first ? cs.find(grad_y.data_ptr()) : nullptr)) {
+    } else if (!backward_weights_split(*plan, up ? nullptr : gy, x, g, wgrads, data_first ? cs.find(gy) : nullptr)) {
       return false;
     }
   }
@@ -309,7 +350,7 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
   if (one_primitive) {
     std::vector<conv_detail::Output> outs{{out.weight.data_ptr(), out.weight.dtype()}};
     if (fused_bias) outs.push_back({out.bias.data_ptr(), out.bias.dtype()});
-    execute(*bw, {{x.data_ptr()}, {grad_y.data_ptr()}}, outs, cs);
+    execute(*bw, {{x.data_ptr()}, {gy}}, outs, cs);
   }
   if (need_b && !fused_bias) conv_bias_gradient(grad_y, g, out.bias);
   return true;
@@ -352,7 +393,7 @@ bool conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, c
 bool conv2d_forward_max_pool_applies(const ConvGeometry& g) { return shapes_ok(g) && !g.channels_last; }
 
 bool conv2d_forward_max_pool(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g,
-                             const PoolGeometry& pool, MaxPoolResult& out) {
+                             bool relu, const PoolGeometry& pool, MaxPoolResult& out) {
   if (!shapes_ok(g) || !dense(x) || !dense(weight) || !dense(bias) || g.channels_last) return false;
   if (weight.dtype() != x.dtype() || (bias.defined() && bias.dtype() != DType::f32 && bias.dtype() != x.dtype()))
     return false;
@@ -360,49 +401,46 @@ bool conv2d_forward_max_pool(const Tensor& x, const Tensor& weight, const Tensor
   // A first layer (mixprec's kernel) pools each image's planes while they are in cache.
   if (first_layer_applies(g, x.dtype())) {
     if (pool.argmax_dtype() != DType::u8) return false;
-    forward_first_layer(x, weight, bias, g, false, dst, &pool, &out);
+    forward_first_layer(x, weight, bias, g, relu, dst, &pool, &out);
     return true;
   }
   if (conv_in_f32(g, x.dtype())) {
     // The f32 road, as conv2d_forward takes it; the pool rounds each value into x's dtype first.
     const bool widened = fused_casts() && x.dtype() == DType::bf16 && weight.dtype() == DType::bf16;
-    return (widened && forward_on(x, weight, bias, g, false, dst, DType::f32, &pool, &out)) ||
-           forward_on(as_f32(x), as_f32(weight), as_f32(bias), g, false, dst, DType::f32, &pool, &out);
+    return (widened && forward_on(x, weight, bias, g, relu, dst, DType::f32, &pool, &out)) ||
+           forward_on(as_f32(x), as_f32(weight), as_f32(bias), g, relu, dst, DType::f32, &pool, &out);
   }
   if (x.dtype() != DType::f32 && !(x.dtype() == DType::bf16 && bf16_unit())) return false;
-  return forward_on(x, weight, bias, g, false, dst, x.dtype(), &pool, &out);
+  return forward_on(x, weight, bias, g, relu, dst, x.dtype(), &pool, &out);
 }
 
-bool conv2d_backward_max_unpool_applies(const ConvGeometry& g, const PoolGeometry& pool, DType t, DType x_t,
-                                        DType weight_t, std::optional<DType> bias_t) {
-  // conv2d_backward's choice for these gradients (weight and bias only): mixprec's small-K kernel,
-  // on either road, where the gradients' dtypes are t or f32.
-  const auto t_or_f32 = [&](DType d) { return d == t || d == DType::f32; };
-  return shapes_ok(g) && !g.channels_last && x_t == t && small_k_wgrad(g, t) && t_or_f32(weight_t) &&
-         (!bias_t || t_or_f32(*bias_t)) && pool.argmax_dtype() == DType::u8;
-}
+namespace {
 
-void conv2d_backward_max_unpool(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& pool,
-                                const Tensor& x, const ConvGeometry& g, ConvGrads& out) {
-  MIXPREC_ASSERT(dense(grad_pooled) && dense(x) && argmax.is_contiguous() && !out.x.defined(),
-                 "conv2d_backward_max_unpool: operands");
-  profile::detail::note_impl(kPoolFused);
-  const UnpooledGrad up{&grad_pooled, &argmax, &pool};
-  backward_weights_small_k(Tensor(), x, g, out, &up);
-}
-
-bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
-                     ConvGrads& out) {
+// conv2d_backward, from grad_y or (with `up`, grad_y undefined) from the gradient of a max pool
+// that read y: see conv2d_backward_max_unpool.
+bool backward(const Tensor& grad_y, const UnpooledGrad* up, const Tensor& x, const Tensor& weight,
+              const ConvGeometry& g, ConvGrads& out) {
   if (!shapes_ok(g) || !dense(grad_y) || !dense(x) || !dense(weight)) return false;
   const bool need_x = out.x.defined(), need_w = out.weight.defined(), need_b = out.bias.defined();
-  const DType t = grad_y.dtype();
+  const DType t = up ? up->pooled->dtype() : grad_y.dtype();
+  // A first layer's weight and bias gradients: mixprec's kernel, on either road, on the 16-bit
+  // tensors (the cnns' first layers need nothing else, so grad_y is never cast), the gradients in t
+  // or f32.
+  const auto t_or_f32 = [&](const Tensor& v) { return v.dtype() == t || v.dtype() == DType::f32; };
+  const bool small_k =
+      need_w && x.dtype() == t && small_k_wgrad(g, t) && t_or_f32(out.weight) && (!need_b || t_or_f32(out.bias));
+  if (up && !need_x) {
+    // It routes each image's planes of grad_y as it reads them.
+    if (!small_k) return false;
+    profile::detail::note_impl(kPoolFused);
+    backward_weights_small_k(Tensor(), x, g, out, up);
+    return true;
+  }
   if (conv_in_f32(g, t)) {
-    // A 16-bit first layer's weight and bias gradients: mixprec's kernel on the 16-bit tensors (the
-    // cnns' first layers need nothing else, so grad_y is never cast); the rest in f32.
-    const auto t_or_f32 = [&](const Tensor& v) { return v.dtype() == t || v.dtype() == DType::f32; };
-    const bool small_k =
-        need_w && x.dtype() == t && small_k_wgrad(g, t) && t_or_f32(out.weight) && (!need_b || t_or_f32(out.bias));
-    if (small_k) backward_weights_small_k(grad_y, x, g, out);
+    if (small_k) {
+      if (up) return false;  // with an input gradient: not from the pool (nothing run yet)
+      backward_weights_small_k(grad_y, x, g, out);
+    }
     const bool wide_w = need_w && !small_k, wide_b = need_b && !small_k;
     if (!need_x && !wide_w && !wide_b) return true;
     // The input gradient rounded straight into out.x where the casts are fused, else into f32 first.
@@ -417,16 +455,36 @@ bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight
     const bool widened = fused && t == DType::bf16 && (!wide_w || x.dtype() == t) && (!need_x || weight.dtype() == t) &&
                          (!wide_w || (!small_k_wgrad(g, DType::f32) && !wgrad_as_gemm(g, DType::f32) &&
                                       !wgrad_as_forward(g, DType::f32)));
-    if (!(widened && backward_on(grad_y, x, weight, g, o32, DType::f32)) &&
-        !backward_on(as_f32(grad_y), wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g, o32, DType::f32))
-      return false;
+    // From the pool's gradient only where it is widened as it is routed (no f32 copy to cast first).
+    const bool done = up ? widened && backward_on(grad_y, x, weight, g, o32, DType::f32, up)
+                         : (widened && backward_on(grad_y, x, weight, g, o32, DType::f32)) ||
+                               backward_on(as_f32(grad_y), wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g,
+                                           o32, DType::f32);
+    if (!done) return false;
     if (need_x && !fused) kernels::copy(o32.x, out.x);
     if (wide_w) kernels::copy(o32.weight, out.weight);
     if (wide_b) kernels::copy(o32.bias, out.bias);
     return true;
   }
   if (t != DType::f32 && !(t == DType::bf16 && bf16_unit())) return false;
-  return backward_on(grad_y, x, weight, g, out, t);
+  return backward_on(grad_y, x, weight, g, out, t, up);
+}
+
+}  // namespace
+
+bool conv2d_backward_max_unpool(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& pool,
+                                const Tensor& relu_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                                ConvGrads& out) {
+  if (g.channels_last || !dense(grad_pooled) || !argmax.is_contiguous() || argmax.dtype() != DType::u8 ||
+      pool.argmax_dtype() != DType::u8 || !dense(relu_y) || (relu_y.defined() && relu_y.dtype() != grad_pooled.dtype()))
+    return false;
+  const UnpooledGrad up{&grad_pooled, &argmax, &pool, relu_y.defined() ? &relu_y : nullptr};
+  return backward(Tensor(), &up, x, weight, g, out);
+}
+
+bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                     ConvGrads& out) {
+  return backward(grad_y, nullptr, x, weight, g, out);
 }
 
 }  // namespace mixprec::kernels::cpu

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <type_traits>
 
 #include "core/simd.h"
 #include "kernels/cpu/dnnl_conv.h"
@@ -165,7 +166,213 @@ void taps_to_bytes(const float* f, int64_t n, uint8_t* to, bool avx2) {
   for (int64_t i = avx2 ? taps_to_bytes_avx2(f, n, to) : 0; i < n; ++i) to[i] = uint8_t(int32_t(f[i]));
 }
 
+// The columns col [len][plane] as the tile [plane][run] (tile_to_columns reversed); lanes len .. run
+// of each position (a blocked layout's padded channels) zeroed.
+void columns_to_tile(const float* col, int64_t plane, int64_t len, int64_t run, float* tile, bool avx2) {
+  int64_t j0 = 0;
+  if (avx2)
+    for (; j0 + 8 <= len; j0 += 8) {
+      int64_t q0 = 0;
+      for (; q0 + 8 <= plane; q0 += 8) transpose_8x8_avx2(col + j0 * plane + q0, plane, tile + q0 * run + j0, run);
+      for (int64_t q = q0; q < plane; ++q)
+        for (int64_t j = j0; j < j0 + 8; ++j) tile[q * run + j] = col[j * plane + q];
+    }
+  for (int64_t q = 0; q < plane; ++q) {
+    for (int64_t j = j0; j < len; ++j) tile[q * run + j] = col[j * plane + q];
+    std::fill(tile + q * run + len, tile + (q + 1) * run, 0.0f);
+  }
+}
+
+// Eight f32 lanes from eight In values (float, or bf16's bits: widened exactly), and back into
+// eight Out values (float, or bf16: values that were bf16, narrowed exactly by dropping the low
+// bits).
+template <class In>
+__attribute__((target("avx2"))) inline __m256 load8(const In* p) {
+  if constexpr (std::is_same_v<In, float>) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+}
+template <class Out>
+__attribute__((target("avx2"))) inline void store8(Out* p, __m256 v) {
+  if constexpr (std::is_same_v<Out, float>) {
+    _mm256_storeu_ps(p, v);
+  } else {
+    const __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)));
+  }
+}
+template <class In>
+float widen(In v) {
+  if constexpr (std::is_same_v<In, float>) {
+    return v;
+  } else {
+    return bf16_to_f32(v);
+  }
+}
+
+// The 2x2/2 pool that tiles its input exactly, eight channels at a time (runs of whole eights): one
+// image's run of channels, gy and arg at its first plane, `to` at its first position. Each eight
+// channels' gradients and argmax are transposed into [output position][8] (f32: gt, at), then
+// every output position's four inputs are stored at once, each the gradient where its tap won and
+// +0 elsewhere: the values max_pool2d_backward writes there, each input reached by one window.
+// With relu_y (the pooled output after a ReLU, at the run's first plane), each gradient is first
+// kept where relu_y > 0 and +0 elsewhere (the ReLU's backward). scratch: 25 out_plane floats.
+template <class In, class Out>
+__attribute__((target("avx2"))) void unpool_run_2x2_avx2(const In* gy, const In* relu_y, const uint8_t* arg,
+                                                         const PoolGeometry& g, int64_t len, int64_t run,
+                                                         float* scratch, Out* to) {
+  const int64_t out_plane = g.oh * g.ow;
+  const __m256 tap[4] = {_mm256_set1_ps(0), _mm256_set1_ps(1), _mm256_set1_ps(2), _mm256_set1_ps(3)};
+  float* gt = scratch;                  // [out_plane][8]
+  float* at = gt + out_plane * 8;       // [out_plane][8]
+  float* rows = at + out_plane * 8;     // eight channels' argmax as floats [8][out_plane]
+  float* zeros = rows + 8 * out_plane;  // the gradient of a channel past len (a partial block's padding)
+  if (len < run) std::fill(zeros, zeros + out_plane, 0.0f);
+  for (int64_t j0 = 0; j0 < run; j0 += 8) {
+    // Channels j0 .. j0 + 8 as rows [8][out_plane] (those past len zero), transposed into [q][8].
+    for (int64_t j = 0; j < 8; ++j) {
+      float* r = rows + j * out_plane;
+      if (j0 + j >= len) {
+        std::fill(r, r + out_plane, 0.0f);
+        continue;
+      }
+      const uint8_t* a = arg + (j0 + j) * out_plane;
+      int64_t q = 0;
+      for (; q + 8 <= out_plane; q += 8)
+        _mm256_storeu_ps(
+            r + q, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a + q)))));
+      for (; q < out_plane; ++q) r[q] = float(a[q]);
+    }
+    int64_t q0 = 0;
+    for (; q0 + 8 <= out_plane; q0 += 8) {
+      transpose_8x8_avx2(rows + q0, out_plane, at + q0 * 8, 8);
+      alignas(32) float blk[64];
+      for (int64_t j = 0; j < 8; ++j) {  // channel j's gradients q0 .. q0 + 8
+        const int64_t at_q = (j0 + j) * out_plane + q0;
+        __m256 v = j0 + j < len ? load8(gy + at_q) : _mm256_loadu_ps(zeros + q0);
+        if (relu_y != nullptr && j0 + j < len)
+          v = _mm256_and_ps(v, _mm256_cmp_ps(load8(relu_y + at_q), _mm256_setzero_ps(), _CMP_GT_OQ));
+        _mm256_store_ps(blk + j * 8, v);
+      }
+      transpose_8x8_avx2(blk, 8, gt + q0 * 8, 8);
+    }
+    for (int64_t q = q0; q < out_plane; ++q)
+      for (int64_t j = 0; j < 8; ++j) {
+        at[q * 8 + j] = rows[j * out_plane + q];
+        const int64_t i = (j0 + j) * out_plane + q;
+        const bool passes = j0 + j < len && (relu_y == nullptr || widen(relu_y[i]) > 0.0f);
+        gt[q * 8 + j] = passes ? widen(gy[i]) : 0.0f;
+      }
+    for (int64_t oy = 0; oy < g.oh; ++oy)
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        const int64_t q = oy * g.ow + ox;
+        const __m256 v = _mm256_loadu_ps(gt + q * 8), a = _mm256_loadu_ps(at + q * 8);
+        Out* d0 = to + (2 * oy * g.w + 2 * ox) * run + j0;
+        Out* d1 = d0 + g.w * run;
+        store8(d0, _mm256_and_ps(v, _mm256_cmp_ps(a, tap[0], _CMP_EQ_OQ)));
+        store8(d0 + run, _mm256_and_ps(v, _mm256_cmp_ps(a, tap[1], _CMP_EQ_OQ)));
+        store8(d1, _mm256_and_ps(v, _mm256_cmp_ps(a, tap[2], _CMP_EQ_OQ)));
+        store8(d1 + run, _mm256_and_ps(v, _mm256_cmp_ps(a, tap[3], _CMP_EQ_OQ)));
+      }
+  }
+}
+
 }  // namespace
+
+bool unpool_writes_layout(const dnnl::memory::desc& md, const PoolGeometry& g, DType t) {
+  const std::optional<Layout> l = layout_of(md);
+  if (!l || g.argmax_dtype() != DType::u8 || g.adaptive) return false;
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.dims[0] != g.n || d.dims[1] != g.c || d.dims[2] != g.h || d.dims[3] != g.w) return false;
+  // One run's positions, every row of it, side by side: the tile a task writes is contiguous.
+  if (l->s2 != g.w * l->s3) return false;
+  if (d.data_type == dnnl_bf16) return t == DType::bf16;
+  return t == DType::f32 || t == DType::bf16 || t == DType::f16;
+}
+
+void max_unpool_to_layout(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& g,
+                          const dnnl::memory::desc& md, void* dst, const Tensor* relu_y) {
+  const Layout l = *layout_of(md);
+  const DType t = grad_pooled.dtype();
+  const bool dst_bf16 = md.data.data_type == dnnl_bf16;
+  const bool avx2 = simd_lanes() != Lanes::none;
+  const int64_t groups = (g.c + l.run - 1) / l.run, tasks = g.n * groups;
+  const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow, tile = in_plane * l.run;
+  const int threads = std::max(1, std::min<int>(omp_get_max_threads(), int(tasks)));
+  // The cnns' pool (2x2/2, the input tiled exactly) into runs of whole eights, from f32 or bf16:
+  // unpool_run_2x2_avx2.
+  if (avx2 && (t == DType::f32 || t == DType::bf16) && g.is_2x2_stride2() && g.h == 2 * g.oh && g.w == 2 * g.ow &&
+      l.run % 8 == 0) {
+    const size_t per_thread = (size_t(out_plane * 25) * sizeof(float) + 63) / 64 * 64;
+    WorkspaceBuffer scratch(per_thread * size_t(threads));
+    const uint8_t* arg = argmax.data<uint8_t>();
+    const auto run_all = [&](const auto* gy, auto* out) {
+      using In = std::remove_cv_t<std::remove_pointer_t<decltype(gy)>>;
+      const In* ry = relu_y != nullptr ? static_cast<const In*>(relu_y->data_ptr()) : nullptr;
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t task = 0; task < tasks; ++task) {
+        float* mine =
+            reinterpret_cast<float*>(static_cast<char*>(scratch.data()) + per_thread * size_t(omp_get_thread_num()));
+        const int64_t gi = task % groups, n = task / groups;
+        const int64_t c0 = gi * l.run, len = std::min(l.run, g.c - c0);
+        const int64_t p0 = (n * g.c + c0) * out_plane;
+        unpool_run_2x2_avx2(gy + p0, ry != nullptr ? ry + p0 : nullptr, arg + p0, g, len, l.run, mine,
+                            out + n * l.s0 + (l.block > 1 ? gi * l.s1 : 0));
+      }
+    };
+    if (t == DType::f32)
+      run_all(grad_pooled.data<float>(), static_cast<float*>(dst));
+    else if (dst_bf16)
+      run_all(static_cast<const uint16_t*>(grad_pooled.data_ptr()), static_cast<uint16_t*>(dst));
+    else
+      run_all(static_cast<const uint16_t*>(grad_pooled.data_ptr()), static_cast<float*>(dst));
+    return;
+  }
+  // Per thread: the run's planes as columns [run][in_plane] (f32), one 16-bit plane, max_unpool_plane's
+  // scratch, and an f32 tile where the destination is bf16; allocated before the parallel region.
+  const int64_t half_plane = t == DType::f32 ? 0 : (in_plane + 1) / 2;  // floats holding a 16-bit plane
+  const int64_t unpool_floats = 2 * out_plane + in_plane;
+  const int64_t floats = tile + half_plane + unpool_floats + (dst_bf16 ? tile : 0);
+  const size_t per_thread = (size_t(floats) * sizeof(float) + 63) / 64 * 64;
+  WorkspaceBuffer scratch(per_thread * size_t(threads));
+  const size_t es = dtype_size(t), dst_es = dst_bf16 ? 2 : 4;
+  const auto* gy = static_cast<const char*>(grad_pooled.data_ptr());
+  const uint8_t* arg = argmax.data<uint8_t>();
+  const auto* ry = relu_y != nullptr ? static_cast<const char*>(relu_y->data_ptr()) : nullptr;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t task = 0; task < tasks; ++task) {
+    float* col =
+        reinterpret_cast<float*>(static_cast<char*>(scratch.data()) + per_thread * size_t(omp_get_thread_num()));
+    float* half = col + tile;
+    float* unpool_scratch = half + half_plane;
+    const int64_t gi = task % groups, n = task / groups;
+    const int64_t c0 = gi * l.run, len = std::min(l.run, g.c - c0);
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t p = n * g.c + c0 + j;  // the plane's index in NCHW
+      float* to = col + j * in_plane;
+      const size_t at = size_t(p * out_plane) * es;
+      const void* mask = ry != nullptr ? ry + at : nullptr;
+      if (t == DType::f32) {
+        max_unpool_plane(gy + at, arg + p * out_plane, g, t, to, unpool_scratch, mask);
+      } else {  // routed in t (max_pool2d_backward's bits), then widened: exact
+        max_unpool_plane(gy + at, arg + p * out_plane, g, t, half, unpool_scratch, mask);
+        convert(half, t, to, DType::f32, size_t(in_plane));
+      }
+    }
+    char* run_dst = static_cast<char*>(dst) + size_t(n * l.s0 + (l.block > 1 ? gi * l.s1 : 0)) * dst_es;
+    if (!dst_bf16) {
+      columns_to_tile(col, in_plane, len, l.run, reinterpret_cast<float*>(run_dst), avx2);
+    } else {  // bf16 values widened above: narrowed again exactly
+      float* f32_tile = unpool_scratch + unpool_floats;
+      columns_to_tile(col, in_plane, len, l.run, f32_tile, avx2);
+      convert(f32_tile, DType::f32, run_dst, DType::bf16, size_t(tile));
+    }
+  }
+}
 
 bool pool_reads_layout(const dnnl::memory::desc& md, const PoolGeometry& g) {
   return layout_of(md).has_value() && g.argmax_dtype() == DType::u8 && !g.adaptive;

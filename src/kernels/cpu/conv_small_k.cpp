@@ -281,7 +281,8 @@ void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, in
         } else if (up) {
           const int64_t pooled = up->pool->oh * up->pool->ow, plane = (n * g.oc + oc + r) * pooled;
           max_unpool_plane(static_cast<const T*>(up->pooled->data_ptr()) + plane, up->argmax->data<uint8_t>() + plane,
-                           *up->pool, up->pooled->dtype(), up_rows + r * p_count, up_f32);
+                           *up->pool, up->pooled->dtype(), up_rows + r * p_count, up_f32,
+                           up->relu_y ? static_cast<const T*>(up->relu_y->data_ptr()) + plane : nullptr);
           rows[r] = up_rows + r * p_count;
         } else {
           rows[r] = dy + (n * g.oc + oc + r) * p_count;
@@ -333,7 +334,7 @@ void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
                                 : t == DType::bf16 ? scratch_bytes<uint16_t>(g, stride, by_rows).total
                                                    : scratch_bytes<f16_t>(g, stride, by_rows).total;
   // Routing a pool's gradient: four planes of x's dtype and the router's f32 scratch, per thread.
-  const int64_t up_f32 = up ? up->pool->oh * up->pool->ow + p_count : 0;
+  const int64_t up_f32 = up ? 2 * up->pool->oh * up->pool->ow + p_count : 0;
   const size_t up_bytes =
       up ? (size_t(4 * p_count) * dtype_size(t) + size_t(up_f32) * sizeof(float) + 63) / 64 * 64 : 0;
   const size_t thread_bytes = scratch_stride + up_bytes;

@@ -31,6 +31,9 @@ struct UnpooledGrad {
   const Tensor* pooled;  // the pool's gradient [n, oc, pool.oh, pool.ow], x's dtype
   const Tensor* argmax;  // u8, the same shape
   const PoolGeometry* pool;
+  // Where a ReLU followed the convolution: the pool's output (the same shape and dtype), whose
+  // values > 0 let the gradient through (max_unpool_plane's relu_y); else null.
+  const Tensor* relu_y = nullptr;
 };
 void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvGeometry& g, ConvGrads& out,
                               const UnpooledGrad* up = nullptr);
@@ -125,6 +128,17 @@ void round_nchw16c(const float* src, int64_t n, int64_t c, int64_t hw, DType t, 
 bool pool_reads_layout(const dnnl::memory::desc& md, const PoolGeometry& g);
 void max_pool_from_layout(const dnnl::memory::desc& md, const void* src, const PoolGeometry& g, Tensor& dst,
                           Tensor& argmax);
+// The other way (cpu/conv_pool.cpp): the max pool's backward written straight into the layout in
+// which a convolution's backward primitives read grad_y. unpool_writes_layout: md as the pool reads
+// it (blocked over channels or NHWC), each run's positions contiguous, of the pool's input shape,
+// bf16 for a bf16 gradient t, or f32 for t f32, bf16 or f16 (widened exactly). max_unpool_to_layout
+// writes dst (md's bytes, padded channels zeroed) with the values of max_pool2d_backward over the
+// pool's gradient [n, c, oh, ow] (t) and u8 argmax, laid out as md: the bits of that NCHW gradient
+// reordered into md.
+// With relu_y (the pool's output after a ReLU), the ReLU's backward first, as max_unpool_plane's.
+bool unpool_writes_layout(const dnnl::memory::desc& md, const PoolGeometry& g, DType t);
+void max_unpool_to_layout(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& g,
+                          const dnnl::memory::desc& md, void* dst, const Tensor* relu_y = nullptr);
 constexpr int64_t kWgradGemmMinProducts = int64_t(1) << 17;
 // Whether the bf16 weight gradient of a wide stride-1 layer runs on mixprec's AMX kernel
 // (backward_weights_amx): by default on AMX hosts where the layer is wide enough to gain
