@@ -152,13 +152,14 @@ kernels::ConvGeometry conv_geometry(const Geometry& g) {
 bool first_layer(const Geometry& g, DType t) { return kernels::cpu::first_layer_applies(conv_geometry(g), t); }
 bool small_k(const Geometry& g, DType t) { return kernels::cpu::small_k_wgrad(conv_geometry(g), t); }
 // Whether a wider layer's backward must read the pool's gradient routed into its primitives' layout:
-// f32, where oneDNN's backward-data reads grad_y channel-blocked (nChw8c with AVX2, nChw16c with
-// AVX-512) and its backward-weights takes it in the same layout (split over the batch, or one
-// primitive), not as a forward convolution or as matmuls (hosts with a bf16 unit run those).
+// on oneDNN's f32 primitives (f32, or a 16-bit layer on the f32 road), where backward-data reads
+// grad_y channel-blocked (nChw8c with AVX2, nChw16c with AVX-512) and backward-weights takes it in
+// the same layout (split over the batch, or one primitive), not as a forward convolution or as
+// matmuls (hosts with a bf16 unit run those).
 bool layout_backward(const Geometry& g, DType t) {
   const kernels::ConvGeometry c = conv_geometry(g);
-  return t == DType::f32 && !is_first(g) && mixprec::cpu::has_avx2_fma() && !kernels::cpu::wgrad_as_forward(c, t) &&
-         !kernels::cpu::wgrad_as_gemm(c, t);
+  return !is_first(g) && mixprec::cpu::has_avx2_fma() && (t == DType::f32 || kernels::cpu::conv_in_f32(c, t)) &&
+         !kernels::cpu::wgrad_as_forward(c, DType::f32) && !kernels::cpu::wgrad_as_gemm(c, DType::f32);
 }
 
 TEST_P(ConvPool, FusedMatchesSeparateBitForBit) {

@@ -244,7 +244,9 @@ bool forward_on(const Tensor& x, const Tensor& weight, const Tensor& bias, const
 bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g, ConvGrads& out,
                  DType t, const UnpooledGrad* up = nullptr) {
   const bool need_x = out.x.defined(), need_w = out.weight.defined(), need_b = out.bias.defined();
-  const DType in_t = up ? up->pooled->dtype() : grad_y.dtype();
+  // The caller's operands' dtype (grad_y's, or with `up` the weight's: the routing widens a 16-bit
+  // pool gradient for f32 primitives whose x and weight are f32 already).
+  const DType in_t = !up ? grad_y.dtype() : need_x ? weight.dtype() : up->pooled->dtype();
   // grad_y's key among the call's reordered inputs (CallState::find): with `up`, the pool's gradient,
   // whose pointer stands for the full-size gradient never written in NCHW.
   const void* gy = up ? up->pooled->data_ptr() : grad_y.data_ptr();
@@ -280,7 +282,8 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
   const memory::desc* gy_md = need_x ? &bd->inputs[0].prim : nullptr;  // grad_y as backward-data reads it
   if (up) {
     const bool wgrad_reads_it = !need_w || split || (one_primitive && bw->inputs[1].prim == *gy_md);
-    if (!need_x || !wgrad_reads_it || (need_b && !fused_bias) || !unpool_writes_layout(*gy_md, *up->pool, in_t))
+    if (!need_x || !wgrad_reads_it || (need_b && !fused_bias) ||
+        !unpool_writes_layout(*gy_md, *up->pool, up->pooled->dtype()))
       return false;
   }
   // The input gradient (backward-data, or a forward convolution of the flipped weight) runs first
@@ -452,11 +455,17 @@ bool backward(const Tensor& grad_y, const UnpooledGrad* up, const Tensor& x, con
     // bf16 operands widened by the reorders where f32 would run oneDNN's primitives alone (the
     // weight gradient's other paths read f32 x and grad_y from memory). x is there for a weight
     // gradient, the weight for an input gradient.
-    const bool widened = fused && t == DType::bf16 && (!wide_w || x.dtype() == t) && (!need_x || weight.dtype() == t) &&
-                         (!wide_w || (!small_k_wgrad(g, DType::f32) && !wgrad_as_gemm(g, DType::f32) &&
-                                      !wgrad_as_forward(g, DType::f32)));
-    // From the pool's gradient only where it is widened as it is routed (no f32 copy to cast first).
-    const bool done = up ? widened && backward_on(grad_y, x, weight, g, o32, DType::f32, up)
+    const bool primitives_only =
+        !wide_w || (!small_k_wgrad(g, DType::f32) && !wgrad_as_gemm(g, DType::f32) && !wgrad_as_forward(g, DType::f32));
+    const bool widened =
+        fused && t == DType::bf16 && (!wide_w || x.dtype() == t) && (!need_x || weight.dtype() == t) && primitives_only;
+    // From the pool's gradient, widened as it is routed into the primitives' layout (x and the
+    // weight widened by the reorders, or cast first), where only oneDNN's primitives read it.
+    const auto f32_operands = [&] {
+      return backward_on(grad_y, wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g, o32, DType::f32, up);
+    };
+    const bool done = up ? (widened && backward_on(grad_y, x, weight, g, o32, DType::f32, up)) ||
+                               (!widened && primitives_only && f32_operands())
                          : (widened && backward_on(grad_y, x, weight, g, o32, DType::f32)) ||
                                backward_on(as_f32(grad_y), wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g,
                                            o32, DType::f32);
