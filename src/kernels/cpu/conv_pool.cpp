@@ -138,18 +138,19 @@ void row_2x2(const float* r0, const float* r1, int64_t s3, int64_t ow, int64_t l
   }
 }
 
+// dst[c][r] = src[r][c] for r < rows and c < cols (src's rows lds apart, dst's ldd apart), by 8 x 8
+// blocks where the host has AVX2. The pool's tile [positions][run] into NCHW planes, and back.
+void transpose_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd, bool avx2) {
+  const int64_t r8 = avx2 ? rows / 8 * 8 : 0, c8 = avx2 ? cols / 8 * 8 : 0;
+  for (int64_t r = 0; r < r8; r += 8)
+    for (int64_t c = 0; c < c8; c += 8) transpose_8x8_avx2(src + r * lds + c, lds, dst + c * ldd + r, ldd);
+  for (int64_t r = 0; r < rows; ++r)  // the edges: past c8 in the blocks' rows, every column past r8
+    for (int64_t c = r < r8 ? c8 : 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+}
+
 // The tile [plane][run] (channels 0 .. len used) as columns col [len][plane].
 void tile_to_columns(const float* tile, int64_t run, int64_t plane, int64_t len, float* col, bool avx2) {
-  int64_t j0 = 0;
-  if (avx2)
-    for (; j0 + 8 <= len; j0 += 8) {
-      int64_t q0 = 0;
-      for (; q0 + 8 <= plane; q0 += 8) transpose_8x8_avx2(tile + q0 * run + j0, run, col + j0 * plane + q0, plane);
-      for (int64_t q = q0; q < plane; ++q)
-        for (int64_t j = j0; j < j0 + 8; ++j) col[j * plane + q] = tile[q * run + j];
-    }
-  for (int64_t j = j0; j < len; ++j)
-    for (int64_t q = 0; q < plane; ++q) col[j * plane + q] = tile[q * run + j];
+  transpose_f32(tile, run, plane, len, col, plane, avx2);
 }
 
 // n taps held as floats (0 .. 255) into bytes.
@@ -169,18 +170,9 @@ void taps_to_bytes(const float* f, int64_t n, uint8_t* to, bool avx2) {
 // The columns col [len][plane] as the tile [plane][run] (tile_to_columns reversed); lanes len .. run
 // of each position (a blocked layout's padded channels) zeroed.
 void columns_to_tile(const float* col, int64_t plane, int64_t len, int64_t run, float* tile, bool avx2) {
-  int64_t j0 = 0;
-  if (avx2)
-    for (; j0 + 8 <= len; j0 += 8) {
-      int64_t q0 = 0;
-      for (; q0 + 8 <= plane; q0 += 8) transpose_8x8_avx2(col + j0 * plane + q0, plane, tile + q0 * run + j0, run);
-      for (int64_t q = q0; q < plane; ++q)
-        for (int64_t j = j0; j < j0 + 8; ++j) tile[q * run + j] = col[j * plane + q];
-    }
-  for (int64_t q = 0; q < plane; ++q) {
-    for (int64_t j = j0; j < len; ++j) tile[q * run + j] = col[j * plane + q];
-    std::fill(tile + q * run + len, tile + (q + 1) * run, 0.0f);
-  }
+  transpose_f32(col, plane, len, plane, tile, run, avx2);
+  if (len < run)
+    for (int64_t q = 0; q < plane; ++q) std::fill(tile + q * run + len, tile + (q + 1) * run, 0.0f);
 }
 
 // Eight f32 lanes from eight In values (float, or bf16's bits: widened exactly), and back into
