@@ -218,7 +218,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, ConvPool, ::testing::Values(DType::f32, DType::
 // (nChw8c, nChw16c, NHWC), each gradient dtype into the layouts' dtypes it writes (f32 from f32,
 // bf16 or f16; bf16 from bf16), the cnns' exact 2x2 pool (its vector kernel where the host has
 // AVX2) and the general windows, channel counts that leave a partial block, with a ReLU's mask
-// (relu_y: the pooled integers' ReLU, zeros and negatives among them) or without; against
+// (relu_y: the pooled integers' ReLU, zeros and negatives among them) or without, the argmax in
+// bytes or (2x2 windows) packed two bits a tap, planes starting mid-byte; against
 // max_pool2d_backward's NCHW gradient (after activation_grad's mask) reordered into the layout by
 // oneDNN, byte for byte (padded channels zero, the destination filled with 0xff before).
 TEST(ConvPool, UnpoolIntoEachLayoutIsThePoolsBackwardReordered) {
@@ -227,7 +228,7 @@ TEST(ConvPool, UnpoolIntoEachLayoutIsThePoolsBackwardReordered) {
     const char* name;
     int64_t h, w, k, stride, pad;
   };
-  const Pool pools[] = {{"2x2/2 exact", 8, 6, 2, 2, 0}, {"2x2/2 odd", 7, 9, 2, 2, 0}, {"3x3/2 pad 1", 9, 8, 3, 2, 1}};
+  const Pool pools[] = {{"2x2/2 exact", 6, 10, 2, 2, 0}, {"2x2/2 odd", 7, 7, 2, 2, 0}, {"3x3/2 pad 1", 9, 8, 3, 2, 1}};
   int cases = 0;
   for (const Pool& p : pools)
     for (int64_t c : {16, 20, 8})
@@ -254,9 +255,8 @@ TEST(ConvPool, UnpoolIntoEachLayoutIsThePoolsBackwardReordered) {
               const memory::dims dims{g.n, c, p.h, p.w};
               const memory::desc md(dims, kernels::cpu::to_dnnl(layout_t), tag);
               ASSERT_TRUE(kernels::cpu::unpool_writes_layout(md, g, t));
-              std::vector<uint8_t> got(md.get_size(), 0xff), want(md.get_size(), 0xff);
+              std::vector<uint8_t> want(md.get_size(), 0xff);
               const Tensor relu_y = relu ? kernels::activation(kernels::Activation::relu, fwd.dst) : Tensor();
-              kernels::cpu::max_unpool_to_layout(grad, fwd.argmax, g, md, got.data(), relu ? &relu_y : nullptr);
               const Tensor masked = relu ? kernels::activation_grad(kernels::Activation::relu, grad, relu_y) : grad;
               const Tensor nchw = kernels::max_pool2d_backward(masked, fwd.argmax, g);
               memory from(memory::desc(dims, kernels::cpu::to_dnnl(t), memory::format_tag::nchw),
@@ -264,10 +264,20 @@ TEST(ConvPool, UnpoolIntoEachLayoutIsThePoolsBackwardReordered) {
               memory to(md, kernels::cpu::dnnl_engine(), want.data());
               dnnl::reorder(from, to).execute(kernels::cpu::dnnl_stream(), from, to);
               kernels::cpu::dnnl_stream().wait();
-              EXPECT_EQ(got, want);
-              ++cases;
+              for (bool two_bit : {false, true}) {
+                if (two_bit && !g.argmax_fits_two_bits()) continue;
+                SCOPED_TRACE(two_bit ? "argmax in two bits a tap" : "argmax in bytes");
+                const Tensor taps = two_bit ? kernels::pack_argmax_2bit(fwd.argmax) : fwd.argmax;
+                std::vector<uint8_t> got(md.get_size(), 0xff);
+                kernels::cpu::max_unpool_to_layout(grad, {taps.data<uint8_t>(), two_bit}, g, md, got.data(),
+                                                   relu ? &relu_y : nullptr);
+                EXPECT_EQ(got, want);
+                ++cases;
+              }
             }
-  EXPECT_EQ(cases, 3 * 3 * 4 * 3 * 2);
+  // Per pool: 3 channel counts, 4 dtype pairs, 3 layouts, with and without the mask; the 2x2 pools
+  // with both argmax forms.
+  EXPECT_EQ(cases, (2 * 2 + 1) * 3 * 4 * 3 * 2);
 }
 
 // Under autocast (the training step's case): x f32, the op lowered to bf16, the weight's and the

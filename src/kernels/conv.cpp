@@ -67,20 +67,22 @@ MaxPoolResult conv2d_max_pool2d_forward(const Tensor& x, const Tensor& weight, c
   return max_pool2d_forward(conv2d_forward(x, weight, bias, g, relu), pool);
 }
 
-ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, Tensor argmax, const PoolGeometry& pool, Tensor relu_y,
-                                     const Tensor& x, const Tensor& weight, const ConvGeometry& g, bool need_x,
-                                     bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype) {
+ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, Tensor argmax, bool argmax_2bit, const PoolGeometry& pool,
+                                     Tensor relu_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                                     bool need_x, bool need_weight, bool need_bias, DType bias_dtype,
+                                     DType weight_dtype) {
   if (!grad.device().is_cuda() && pool_fused_flag().load() && use_fast()) {
     const DeviceScope on({&grad, &argmax, &relu_y, &x, &weight});
     ConvGrads out;
     if (need_x) out.x = Tensor::empty(g.x_shape(), grad.dtype());
     if (need_weight) out.weight = Tensor::empty(g.w_shape(), weight_dtype);
     if (need_bias) out.bias = Tensor::empty({g.oc}, bias_dtype);
-    if (cpu::conv2d_backward_max_unpool(grad, argmax, pool, relu_y, x, weight, g, out)) {
+    if (cpu::conv2d_backward_max_unpool(grad, argmax, argmax_2bit, pool, relu_y, x, weight, g, out)) {
       profile::detail::add_flops(conv_flops(g) * double(int(need_x) + int(need_weight)));
       return out;
     }
   }
+  if (argmax_2bit) argmax = unpack_argmax_2bit(argmax, {pool.n, pool.c, pool.oh, pool.ow});
   const Tensor masked = relu_y.defined() ? activation_grad(Activation::relu, grad, relu_y) : grad;
   relu_y = Tensor();
   Tensor grad_y = max_pool2d_backward(masked, argmax, pool);

@@ -53,15 +53,18 @@ ConvGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w
 MaxPoolResult conv2d_max_pool2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                         const ConvGeometry& g, const PoolGeometry& pool, bool relu = false);
 // The gradients of conv2d_max_pool2d_forward's inputs from its output's gradient and the pool's
-// u8 argmax: max_pool2d_backward then conv2d_backward, bit for bit; with relu_y (the forward's
-// output where it had a ReLU), the ReLU's backward first, its mask relu_y > 0 (activation_grad). On
-// the CPU, grad_y is routed by the argmax (and masked) where the convolution's backward reads it
-// (cpu::conv2d_backward_max_unpool: a first layer's planes, or the primitives' layout), never
-// written whole in NCHW; elsewhere the kernels run one after the other, the argmax and relu_y (taken
-// by value: pass the caller's last handles) released before the convolution's.
-ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, Tensor argmax, const PoolGeometry& pool, Tensor relu_y,
-                                     const Tensor& x, const Tensor& weight, const ConvGeometry& g, bool need_x,
-                                     bool need_weight, bool need_bias, DType bias_dtype, DType weight_dtype);
+// u8 argmax (or that argmax packed by pack_argmax_2bit, where argmax_2bit): max_pool2d_backward then
+// conv2d_backward, bit for bit; with relu_y (the forward's output where it had a ReLU), the ReLU's
+// backward first, its mask relu_y > 0 (activation_grad). On the CPU, grad_y is routed by the argmax
+// (and masked) where the convolution's backward reads it (cpu::conv2d_backward_max_unpool: a first
+// layer's planes, or the primitives' layout), the packed taps read as they are, and grad_y is never
+// written whole in NCHW; elsewhere the kernels run one after the other (the argmax unpacked first),
+// the argmax and relu_y (taken by value: pass the caller's last handles) released before the
+// convolution's.
+ConvGrads conv2d_max_pool2d_backward(const Tensor& grad, Tensor argmax, bool argmax_2bit, const PoolGeometry& pool,
+                                     Tensor relu_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
+                                     bool need_x, bool need_weight, bool need_bias, DType bias_dtype,
+                                     DType weight_dtype);
 // Whether the CPU pools in the primitive's layout (the default; MIXPREC_CONV_POOL=separate starts it
 // off): with it off, conv2d_max_pool2d_forward is always the two calls (tests, A/B runs).
 void set_conv_pool_fused(bool on);
@@ -88,10 +91,11 @@ bool conv2d_forward_max_pool(const Tensor& x, const Tensor& weight, const Tensor
 // in backward-data's layout (backward-data, then backward-weights split over the batch reading its
 // slices, or one primitive in that layout), grad_y routed straight into it (max_unpool_to_layout)
 // instead of written in NCHW and reordered. Fills the defined members of `out` (allocated by the
-// caller), or returns false with nothing run. relu_y: as conv2d_max_pool2d_backward's, or undefined.
-bool conv2d_backward_max_unpool(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& pool,
-                                const Tensor& relu_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
-                                ConvGrads& out);
+// caller), or returns false with nothing run. argmax (u8 taps, or packed two bits a tap where
+// argmax_2bit) and relu_y: as conv2d_max_pool2d_backward's.
+bool conv2d_backward_max_unpool(const Tensor& grad_pooled, const Tensor& argmax, bool argmax_2bit,
+                                const PoolGeometry& pool, const Tensor& relu_y, const Tensor& x, const Tensor& weight,
+                                const ConvGeometry& g, ConvGrads& out);
 // Fills the defined members of `out` (allocated by the caller).
 bool conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
                      ConvGrads& out);

@@ -66,6 +66,14 @@ bool avg_pool2d_forward(const Tensor& x, const PoolGeometry& g, Tensor& dst);
 bool avg_pool2d_backward(const Tensor& grad_y, const PoolGeometry& g, Tensor& grad_x);
 bool pack_argmax_2bit(const Tensor& argmax, Tensor& packed);
 bool unpack_argmax_2bit(const Tensor& packed, Tensor& argmax);
+// A max pool's argmax as a kernel that routes its gradient reads it: one byte a tap (a u8 argmax),
+// or two bits a tap, four a byte (pack_argmax_2bit's layout, two_bit). taps(): taps begin .. begin
+// + n as bytes, in place where they are bytes, else unpacked into buf (n bytes) and buf returned.
+struct ArgmaxTaps {
+  const uint8_t* data = nullptr;
+  bool two_bit = false;
+  const uint8_t* taps(int64_t begin, int64_t n, uint8_t* buf) const;
+};
 // One f32 plane [g.h][g.w] max-pooled into out [g.oh][g.ow] and its u8 argmax (g.argmax_dtype()
 // u8): max_pool2d_forward's kernel for a plane, for a caller that holds the plane in cache (a
 // first layer's forward pooling its output planes as it computes them).

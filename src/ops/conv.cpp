@@ -66,14 +66,15 @@ struct ConvBackward {
         kernels::conv2d_backward(gy, x_saved, w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t),
         n);
   }
-  // The same from the gradient of a max pool over y (its u8 argmax, geometry pool), after a ReLU
-  // where relu_y (the pool's output) is defined.
-  std::vector<Tensor> gradients_through_pool(const Tensor& grad, Tensor argmax, const kernels::PoolGeometry& pool,
-                                             Tensor relu_y, const autograd::Node& n) const {
+  // The same from the gradient of a max pool over y (its u8 argmax, or packed two bits an output
+  // where argmax_2bit; geometry pool), after a ReLU where relu_y (the pool's output) is defined.
+  std::vector<Tensor> gradients_through_pool(const Tensor& grad, Tensor argmax, bool argmax_2bit,
+                                             const kernels::PoolGeometry& pool, Tensor relu_y,
+                                             const autograd::Node& n) const {
     const bool need_b = n.next.size() > 2 && n.needs_grad(2);
     return listed(
-        kernels::conv2d_max_pool2d_backward(grad, std::move(argmax), pool, std::move(relu_y), x_saved, w_saved, g,
-                                            n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t),
+        kernels::conv2d_max_pool2d_backward(grad, std::move(argmax), argmax_2bit, pool, std::move(relu_y), x_saved,
+                                            w_saved, g, n.needs_grad(0), n.needs_grad(1), need_b, bias_t, weight_t),
         n);
   }
   static std::vector<Tensor> listed(const kernels::ConvGrads& grads, const autograd::Node& n) {
@@ -171,10 +172,7 @@ Tensor conv2d_max_pool2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b
   return autograd::record(
       r.dst, "conv2d_max_pool2d", s.inputs,
       [bw = s.backward, pg, packed, argmax, y_mask](const Tensor& g_in, const autograd::Node& n) mutable {
-        const Shape pooled{pg.n, pg.c, pg.oh, pg.ow};
-        return bw.gradients_through_pool(kernels::contig(g_in),
-                                         packed ? kernels::unpack_argmax_2bit(argmax, pooled) : argmax, pg,
-                                         std::move(y_mask), n);
+        return bw.gradients_through_pool(kernels::contig(g_in), argmax, packed, pg, std::move(y_mask), n);
       },
       {s.backward.x_saved, s.backward.w_saved, y_mask});
 }

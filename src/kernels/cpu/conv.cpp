@@ -302,7 +302,7 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
   CallState cs;
   if (up) {
     const memory unpooled = cs.buffer(*gy_md);
-    max_unpool_to_layout(*up->pooled, *up->argmax, *up->pool, *gy_md, unpooled.get_data_handle(), up->relu_y);
+    max_unpool_to_layout(*up->pooled, up->argmax, *up->pool, *gy_md, unpooled.get_data_handle(), up->relu_y);
     cs.reordered.push_back({gy, *gy_md, unpooled, cs.bufs.size() - 1});
     profile::detail::note_impl(kPoolFused);
   }
@@ -481,13 +481,16 @@ bool backward(const Tensor& grad_y, const UnpooledGrad* up, const Tensor& x, con
 
 }  // namespace
 
-bool conv2d_backward_max_unpool(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& pool,
-                                const Tensor& relu_y, const Tensor& x, const Tensor& weight, const ConvGeometry& g,
-                                ConvGrads& out) {
+bool conv2d_backward_max_unpool(const Tensor& grad_pooled, const Tensor& argmax, bool argmax_2bit,
+                                const PoolGeometry& pool, const Tensor& relu_y, const Tensor& x, const Tensor& weight,
+                                const ConvGeometry& g, ConvGrads& out) {
+  const int64_t taps = grad_pooled.numel();
   if (g.channels_last || !dense(grad_pooled) || !argmax.is_contiguous() || argmax.dtype() != DType::u8 ||
-      pool.argmax_dtype() != DType::u8 || !dense(relu_y) || (relu_y.defined() && relu_y.dtype() != grad_pooled.dtype()))
+      argmax.numel() != (argmax_2bit ? (taps + 3) / 4 : taps) || pool.argmax_dtype() != DType::u8 || !dense(relu_y) ||
+      (relu_y.defined() && relu_y.dtype() != grad_pooled.dtype()))
     return false;
-  const UnpooledGrad up{&grad_pooled, &argmax, &pool, relu_y.defined() ? &relu_y : nullptr};
+  const UnpooledGrad up{
+      &grad_pooled, {argmax.data<uint8_t>(), argmax_2bit}, &pool, relu_y.defined() ? &relu_y : nullptr};
   return backward(Tensor(), &up, x, weight, g, out);
 }
 

@@ -212,10 +212,11 @@ float widen(In v) {
 // every output position's four inputs are stored at once, each the gradient where its tap won and
 // +0 elsewhere: the values max_pool2d_backward writes there, each input reached by one window.
 // With relu_y (the pooled output after a ReLU, at the run's first plane), each gradient is first
-// kept where relu_y > 0 and +0 elsewhere (the ReLU's backward). scratch: 25 out_plane floats.
+// kept where relu_y > 0 and +0 elsewhere (the ReLU's backward). The argmax's taps from tap p0 (the
+// run's first plane's). scratch: 26 out_plane floats.
 template <class In, class Out>
-__attribute__((target("avx2"))) void unpool_run_2x2_avx2(const In* gy, const In* relu_y, const uint8_t* arg,
-                                                         const PoolGeometry& g, int64_t len, int64_t run,
+__attribute__((target("avx2"))) void unpool_run_2x2_avx2(const In* gy, const In* relu_y, const ArgmaxTaps& argmax,
+                                                         int64_t p0, const PoolGeometry& g, int64_t len, int64_t run,
                                                          float* scratch, Out* to) {
   const int64_t out_plane = g.oh * g.ow;
   const __m256 tap[4] = {_mm256_set1_ps(0), _mm256_set1_ps(1), _mm256_set1_ps(2), _mm256_set1_ps(3)};
@@ -223,6 +224,7 @@ __attribute__((target("avx2"))) void unpool_run_2x2_avx2(const In* gy, const In*
   float* at = gt + out_plane * 8;       // [out_plane][8]
   float* rows = at + out_plane * 8;     // eight channels' argmax as floats [8][out_plane]
   float* zeros = rows + 8 * out_plane;  // the gradient of a channel past len (a partial block's padding)
+  auto* taps_buf = reinterpret_cast<uint8_t*>(zeros + out_plane);  // a channel's taps, unpacked
   if (len < run) std::fill(zeros, zeros + out_plane, 0.0f);
   for (int64_t j0 = 0; j0 < run; j0 += 8) {
     // Channels j0 .. j0 + 8 as rows [8][out_plane] (those past len zero), transposed into [q][8].
@@ -232,7 +234,7 @@ __attribute__((target("avx2"))) void unpool_run_2x2_avx2(const In* gy, const In*
         std::fill(r, r + out_plane, 0.0f);
         continue;
       }
-      const uint8_t* a = arg + (j0 + j) * out_plane;
+      const uint8_t* a = argmax.taps(p0 + (j0 + j) * out_plane, out_plane, taps_buf);
       int64_t q = 0;
       for (; q + 8 <= out_plane; q += 8)
         _mm256_storeu_ps(
@@ -286,7 +288,7 @@ bool unpool_writes_layout(const dnnl::memory::desc& md, const PoolGeometry& g, D
   return t == DType::f32 || t == DType::bf16 || t == DType::f16;
 }
 
-void max_unpool_to_layout(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& g,
+void max_unpool_to_layout(const Tensor& grad_pooled, const ArgmaxTaps& argmax, const PoolGeometry& g,
                           const dnnl::memory::desc& md, void* dst, const Tensor* relu_y) {
   const Layout l = *layout_of(md);
   const DType t = grad_pooled.dtype();
@@ -299,9 +301,8 @@ void max_unpool_to_layout(const Tensor& grad_pooled, const Tensor& argmax, const
   // unpool_run_2x2_avx2.
   if (avx2 && (t == DType::f32 || t == DType::bf16) && g.is_2x2_stride2() && g.h == 2 * g.oh && g.w == 2 * g.ow &&
       l.run % 8 == 0) {
-    const size_t per_thread = (size_t(out_plane * 25) * sizeof(float) + 63) / 64 * 64;
+    const size_t per_thread = (size_t(out_plane * 26) * sizeof(float) + 63) / 64 * 64;
     WorkspaceBuffer scratch(per_thread * size_t(threads));
-    const uint8_t* arg = argmax.data<uint8_t>();
     const auto run_all = [&](const auto* gy, auto* out) {
       using In = std::remove_cv_t<std::remove_pointer_t<decltype(gy)>>;
       const In* ry = relu_y != nullptr ? static_cast<const In*>(relu_y->data_ptr()) : nullptr;
@@ -312,7 +313,7 @@ void max_unpool_to_layout(const Tensor& grad_pooled, const Tensor& argmax, const
         const int64_t gi = task % groups, n = task / groups;
         const int64_t c0 = gi * l.run, len = std::min(l.run, g.c - c0);
         const int64_t p0 = (n * g.c + c0) * out_plane;
-        unpool_run_2x2_avx2(gy + p0, ry != nullptr ? ry + p0 : nullptr, arg + p0, g, len, l.run, mine,
+        unpool_run_2x2_avx2(gy + p0, ry != nullptr ? ry + p0 : nullptr, argmax, p0, g, len, l.run, mine,
                             out + n * l.s0 + (l.block > 1 ? gi * l.s1 : 0));
       }
     };
@@ -327,13 +328,12 @@ void max_unpool_to_layout(const Tensor& grad_pooled, const Tensor& argmax, const
   // Per thread: the run's planes as columns [run][in_plane] (f32), one 16-bit plane, max_unpool_plane's
   // scratch, and an f32 tile where the destination is bf16; allocated before the parallel region.
   const int64_t half_plane = t == DType::f32 ? 0 : (in_plane + 1) / 2;  // floats holding a 16-bit plane
-  const int64_t unpool_floats = 2 * out_plane + in_plane;
-  const int64_t floats = tile + half_plane + unpool_floats + (dst_bf16 ? tile : 0);
+  const int64_t unpool_floats = 2 * out_plane + in_plane, taps_floats = (out_plane + 3) / 4;
+  const int64_t floats = tile + half_plane + unpool_floats + taps_floats + (dst_bf16 ? tile : 0);
   const size_t per_thread = (size_t(floats) * sizeof(float) + 63) / 64 * 64;
   WorkspaceBuffer scratch(per_thread * size_t(threads));
   const size_t es = dtype_size(t), dst_es = dst_bf16 ? 2 : 4;
   const auto* gy = static_cast<const char*>(grad_pooled.data_ptr());
-  const uint8_t* arg = argmax.data<uint8_t>();
   const auto* ry = relu_y != nullptr ? static_cast<const char*>(relu_y->data_ptr()) : nullptr;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t task = 0; task < tasks; ++task) {
@@ -341,6 +341,7 @@ void max_unpool_to_layout(const Tensor& grad_pooled, const Tensor& argmax, const
         reinterpret_cast<float*>(static_cast<char*>(scratch.data()) + per_thread * size_t(omp_get_thread_num()));
     float* half = col + tile;
     float* unpool_scratch = half + half_plane;
+    auto* taps_buf = reinterpret_cast<uint8_t*>(unpool_scratch + unpool_floats);
     const int64_t gi = task % groups, n = task / groups;
     const int64_t c0 = gi * l.run, len = std::min(l.run, g.c - c0);
     for (int64_t j = 0; j < len; ++j) {
@@ -348,10 +349,11 @@ void max_unpool_to_layout(const Tensor& grad_pooled, const Tensor& argmax, const
       float* to = col + j * in_plane;
       const size_t at = size_t(p * out_plane) * es;
       const void* mask = ry != nullptr ? ry + at : nullptr;
+      const uint8_t* taps = argmax.taps(p * out_plane, out_plane, taps_buf);
       if (t == DType::f32) {
-        max_unpool_plane(gy + at, arg + p * out_plane, g, t, to, unpool_scratch, mask);
+        max_unpool_plane(gy + at, taps, g, t, to, unpool_scratch, mask);
       } else {  // routed in t (max_pool2d_backward's bits), then widened: exact
-        max_unpool_plane(gy + at, arg + p * out_plane, g, t, half, unpool_scratch, mask);
+        max_unpool_plane(gy + at, taps, g, t, half, unpool_scratch, mask);
         convert(half, t, to, DType::f32, size_t(in_plane));
       }
     }
@@ -359,7 +361,7 @@ void max_unpool_to_layout(const Tensor& grad_pooled, const Tensor& argmax, const
     if (!dst_bf16) {
       columns_to_tile(col, in_plane, len, l.run, reinterpret_cast<float*>(run_dst), avx2);
     } else {  // bf16 values widened above: narrowed again exactly
-      float* f32_tile = unpool_scratch + unpool_floats;
+      float* f32_tile = unpool_scratch + unpool_floats + taps_floats;
       columns_to_tile(col, in_plane, len, l.run, f32_tile, avx2);
       convert(f32_tile, DType::f32, run_dst, DType::bf16, size_t(tile));
     }

@@ -280,8 +280,11 @@ void part_sums(const T* x, const T* dy, const ConvGeometry& g, int64_t first, in
           rows[r] = zero_row;
         } else if (up) {
           const int64_t pooled = up->pool->oh * up->pool->ow, plane = (n * g.oc + oc + r) * pooled;
-          max_unpool_plane(static_cast<const T*>(up->pooled->data_ptr()) + plane, up->argmax->data<uint8_t>() + plane,
-                           *up->pool, up->pooled->dtype(), up_rows + r * p_count, up_f32,
+          // The plane's taps, unpacked past the router's scratch where they are two bits each.
+          uint8_t* const taps_buf = reinterpret_cast<uint8_t*>(up_f32 + 2 * pooled + p_count);
+          max_unpool_plane(static_cast<const T*>(up->pooled->data_ptr()) + plane,
+                           up->argmax.taps(plane, pooled, taps_buf), *up->pool, up->pooled->dtype(),
+                           up_rows + r * p_count, up_f32,
                            up->relu_y ? static_cast<const T*>(up->relu_y->data_ptr()) + plane : nullptr);
           rows[r] = up_rows + r * p_count;
         } else {
@@ -333,8 +336,10 @@ void backward_weights_small_k(const Tensor& grad_y, const Tensor& x, const ConvG
   const size_t scratch_stride = f32                ? scratch_bytes<float>(g, stride, by_rows).total
                                 : t == DType::bf16 ? scratch_bytes<uint16_t>(g, stride, by_rows).total
                                                    : scratch_bytes<f16_t>(g, stride, by_rows).total;
-  // Routing a pool's gradient: four planes of x's dtype and the router's f32 scratch, per thread.
-  const int64_t up_f32 = up ? 2 * up->pool->oh * up->pool->ow + p_count : 0;
+  // Routing a pool's gradient: four planes of x's dtype, and the router's f32 scratch with a plane's
+  // taps after it, per thread.
+  const int64_t pooled_plane = up ? up->pool->oh * up->pool->ow : 0;
+  const int64_t up_f32 = up ? 2 * pooled_plane + p_count + (pooled_plane + 3) / 4 : 0;
   const size_t up_bytes =
       up ? (size_t(4 * p_count) * dtype_size(t) + size_t(up_f32) * sizeof(float) + 63) / 64 * 64 : 0;
   const size_t thread_bytes = scratch_stride + up_bytes;

@@ -29,7 +29,7 @@ constexpr int64_t kSmallKTaps = 32;
 // as the kernel reads them, so the full-size grad_y is never written; the same bits.
 struct UnpooledGrad {
   const Tensor* pooled;  // the pool's gradient [n, oc, pool.oh, pool.ow], x's dtype
-  const Tensor* argmax;  // u8, the same shape
+  ArgmaxTaps argmax;     // its taps, one a byte or two bits each
   const PoolGeometry* pool;
   // Where a ReLU followed the convolution: the pool's output (the same shape and dtype), whose
   // values > 0 let the gradient through (max_unpool_plane's relu_y); else null.
@@ -137,7 +137,7 @@ void max_pool_from_layout(const dnnl::memory::desc& md, const void* src, const P
 // reordered into md.
 // With relu_y (the pool's output after a ReLU), the ReLU's backward first, as max_unpool_plane's.
 bool unpool_writes_layout(const dnnl::memory::desc& md, const PoolGeometry& g, DType t);
-void max_unpool_to_layout(const Tensor& grad_pooled, const Tensor& argmax, const PoolGeometry& g,
+void max_unpool_to_layout(const Tensor& grad_pooled, const ArgmaxTaps& argmax, const PoolGeometry& g,
                           const dnnl::memory::desc& md, void* dst, const Tensor* relu_y = nullptr);
 constexpr int64_t kWgradGemmMinProducts = int64_t(1) << 17;
 // Whether the bf16 weight gradient of a wide stride-1 layer runs on mixprec's AMX kernel

@@ -46,6 +46,16 @@ bool pack_argmax_2bit(const Tensor& argmax, Tensor& packed) {
   return true;
 }
 
+const uint8_t* ArgmaxTaps::taps(int64_t begin, int64_t n, uint8_t* buf) const {
+  if (!two_bit) return data + begin;
+  const auto tap = [&](int64_t i) { return uint8_t(data[i / 4] >> (2 * (i % 4)) & 3); };
+  int64_t i = 0;
+  for (; i < n && (begin + i) % 4 != 0; ++i) buf[i] = tap(begin + i);  // to a whole byte
+  for (; i + 4 <= n; i += 4) std::memcpy(buf + i, &kUnpacked[data[(begin + i) / 4]], 4);
+  for (; i < n; ++i) buf[i] = tap(begin + i);
+  return buf;
+}
+
 bool unpack_argmax_2bit(const Tensor& packed, Tensor& argmax) {
   if (!packed.is_contiguous()) return false;
   const int64_t n = argmax.numel(), whole = n / 4;
