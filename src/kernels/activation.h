@@ -32,6 +32,9 @@ namespace cpu {
 bool activation(Activation op, const Tensor& x, Tensor& dst);
 bool activation_grad(Activation op, const Tensor& grad, const Tensor& saved, Tensor& dst);
 bool relu_mask_inplace(Tensor& grad, const Tensor& y);
+// The same on n raw elements of dtype t (f32, bf16 or f16): out[i] = y[i] > 0 ? gy[i] : +0, one
+// thread (a kernel's own plane: the ReLU's mask as a max pool's backward routes its gradient).
+void relu_mask(const void* gy, const void* y, DType t, int64_t n, void* out);
 // For tests: while one lives, the 16-bit activations on this thread (relu aside) go through their
 // tables (on) or their arithmetic (off), whatever the tensor's size and MIXPREC_ACTIVATION_TABLE:
 // cpu/activation.cpp's table16, the default on AVX-512 hosts.
