@@ -27,6 +27,17 @@ namespace {
 // w s3 + c % block (block 1: c s1). Channels come in contiguous runs of `run`.
 struct Layout {
   int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, block = 1, run = 0;
+
+  // The kernels' tasks over c channels: one image's run of channels each, runs(c) an image.
+  struct Task {
+    int64_t n, c0, len;  // image n, channels c0 .. c0 + len
+    int64_t at;          // the run's first element in the layout
+  };
+  int64_t runs(int64_t c) const { return (c + run - 1) / run; }
+  Task task(int64_t i, int64_t c) const {
+    const int64_t gi = i % runs(c), n = i / runs(c), c0 = gi * run;
+    return {n, c0, std::min(run, c - c0), n * s0 + (block > 1 ? gi * s1 : 0)};
+  }
 };
 
 std::optional<Layout> layout_of(const dnnl::memory::desc& md) {
@@ -183,8 +194,7 @@ __attribute__((target("avx2"))) inline __m256 load8(const In* p) {
   if constexpr (std::is_same_v<In, float>) {
     return _mm256_loadu_ps(p);
   } else {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+    return bf16_widen_avx2(p);
   }
 }
 template <class Out>
@@ -294,7 +304,7 @@ void max_unpool_to_layout(const Tensor& grad_pooled, const ArgmaxTaps& argmax, c
   const DType t = grad_pooled.dtype();
   const bool dst_bf16 = md.data.data_type == dnnl_bf16;
   const bool avx2 = simd_lanes() != Lanes::none;
-  const int64_t groups = (g.c + l.run - 1) / l.run, tasks = g.n * groups;
+  const int64_t tasks = g.n * l.runs(g.c);
   const int64_t in_plane = g.h * g.w, out_plane = g.oh * g.ow, tile = in_plane * l.run;
   const int threads = std::max(1, std::min<int>(omp_get_max_threads(), int(tasks)));
   // The cnns' pool (2x2/2, the input tiled exactly) into runs of whole eights, from f32 or bf16:
@@ -310,11 +320,9 @@ void max_unpool_to_layout(const Tensor& grad_pooled, const ArgmaxTaps& argmax, c
       for (int64_t task = 0; task < tasks; ++task) {
         float* mine =
             reinterpret_cast<float*>(static_cast<char*>(scratch.data()) + per_thread * size_t(omp_get_thread_num()));
-        const int64_t gi = task % groups, n = task / groups;
-        const int64_t c0 = gi * l.run, len = std::min(l.run, g.c - c0);
-        const int64_t p0 = (n * g.c + c0) * out_plane;
-        unpool_run_2x2_avx2(gy + p0, ry != nullptr ? ry + p0 : nullptr, argmax, p0, g, len, l.run, mine,
-                            out + n * l.s0 + (l.block > 1 ? gi * l.s1 : 0));
+        const Layout::Task r = l.task(task, g.c);
+        const int64_t p0 = (r.n * g.c + r.c0) * out_plane;
+        unpool_run_2x2_avx2(gy + p0, ry != nullptr ? ry + p0 : nullptr, argmax, p0, g, r.len, l.run, mine, out + r.at);
       }
     };
     if (t == DType::f32)
@@ -342,10 +350,9 @@ void max_unpool_to_layout(const Tensor& grad_pooled, const ArgmaxTaps& argmax, c
     float* half = col + tile;
     float* unpool_scratch = half + half_plane;
     auto* taps_buf = reinterpret_cast<uint8_t*>(unpool_scratch + unpool_floats);
-    const int64_t gi = task % groups, n = task / groups;
-    const int64_t c0 = gi * l.run, len = std::min(l.run, g.c - c0);
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t p = n * g.c + c0 + j;  // the plane's index in NCHW
+    const Layout::Task r = l.task(task, g.c);
+    for (int64_t j = 0; j < r.len; ++j) {
+      const int64_t p = r.n * g.c + r.c0 + j;  // the plane's index in NCHW
       float* to = col + j * in_plane;
       const size_t at = size_t(p * out_plane) * es;
       const void* mask = ry != nullptr ? ry + at : nullptr;
@@ -357,12 +364,12 @@ void max_unpool_to_layout(const Tensor& grad_pooled, const ArgmaxTaps& argmax, c
         convert(half, t, to, DType::f32, size_t(in_plane));
       }
     }
-    char* run_dst = static_cast<char*>(dst) + size_t(n * l.s0 + (l.block > 1 ? gi * l.s1 : 0)) * dst_es;
+    char* run_dst = static_cast<char*>(dst) + size_t(r.at) * dst_es;
     if (!dst_bf16) {
-      columns_to_tile(col, in_plane, len, l.run, reinterpret_cast<float*>(run_dst), avx2);
+      columns_to_tile(col, in_plane, r.len, l.run, reinterpret_cast<float*>(run_dst), avx2);
     } else {  // bf16 values widened above: narrowed again exactly
       float* f32_tile = unpool_scratch + unpool_floats + taps_floats;
-      columns_to_tile(col, in_plane, len, l.run, f32_tile, avx2);
+      columns_to_tile(col, in_plane, r.len, l.run, f32_tile, avx2);
       convert(f32_tile, DType::f32, run_dst, DType::bf16, size_t(tile));
     }
   }
@@ -383,7 +390,7 @@ void max_pool_from_layout(const dnnl::memory::desc& md, const void* src, const P
   const bool two_by_two = g.is_2x2_stride2();
   const bool avx2 = simd_lanes() != Lanes::none;
   // A task: one image's run of channels, every output row of it.
-  const int64_t groups = (g.c + l.run - 1) / l.run, tasks = g.n * groups;
+  const int64_t tasks = g.n * l.runs(g.c);
   const int64_t row = g.w * l.s3;  // one input row of a run, padded channels included
   const int64_t plane = g.oh * g.ow;
   const int threads = std::max(1, std::min<int>(omp_get_max_threads(), int(tasks)));
@@ -406,9 +413,8 @@ void max_pool_from_layout(const dnnl::memory::desc& md, const void* src, const P
     float* col_v = tile_a + tile;  // [len][plane]: the same, one channel's plane after another
     float* col_a = col_v + tile;
     uint16_t* stage = reinterpret_cast<uint16_t*>(col_a + tile);
-    const int64_t gi = task % groups, n = task / groups;
-    const int64_t c0 = gi * l.run, len = std::min(l.run, g.c - c0);
-    const int64_t run_off = n * l.s0 + (l.block > 1 ? gi * l.s1 : 0);
+    const Layout::Task run = l.task(task, g.c);
+    const int64_t n = run.n, c0 = run.c0, len = run.len;
     for (int64_t oy = 0; oy < g.oh; ++oy) {
       // Row ky of the window in f32: the buffer's own row, or the source's where it is f32 already.
       const float* row_of[256];
@@ -416,7 +422,7 @@ void max_pool_from_layout(const dnnl::memory::desc& md, const void* src, const P
         const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dil_h;
         row_of[ky] = nullptr;
         if (iy < 0 || iy >= g.h) continue;
-        const char* s = base + size_t(run_off + iy * l.s2) * es;
+        const char* s = base + size_t(run.at + iy * l.s2) * es;
         if (!convert_rows) {
           row_of[ky] = reinterpret_cast<const float*>(s);
           continue;
