@@ -427,36 +427,6 @@ void backward_blocks(const Tensor& grad, const Tensor& saved, Tensor& dst) {
                       [](const float* g, const float* v, float* o, int64_t len) { backward_f32<OP>(g, v, o, len); });
 }
 
-// The ReLU's backward on raw elements: out[i] = y[i] > 0 ? gy[i] : +0, in t (activation_grad's
-// mask). A 16-bit y is positive where its bits, as a signed number, lie in (0, +inf]: the sign
-// clear and not zero or NaN. Vectors of 8 f32 or 16 16-bit values where the host has AVX2 (returns
-// where they stopped).
-__attribute__((target("avx2"))) int64_t relu_mask_avx2(const void* gy, const void* y, DType t, int64_t n, void* out) {
-  int64_t i = 0;
-  if (t == DType::f32) {
-    const auto* g = static_cast<const float*>(gy);
-    const auto* v = static_cast<const float*>(y);
-    auto* o = static_cast<float*>(out);
-    for (; i + 8 <= n; i += 8) {
-      const __m256 keep = _mm256_cmp_ps(_mm256_loadu_ps(v + i), _mm256_setzero_ps(), _CMP_GT_OQ);
-      _mm256_storeu_ps(o + i, _mm256_and_ps(_mm256_loadu_ps(g + i), keep));
-    }
-    return i;
-  }
-  const __m256i above_inf = _mm256_set1_epi16(t == DType::bf16 ? 0x7f81 : 0x7c01);
-  const auto* g = static_cast<const uint16_t*>(gy);
-  const auto* v = static_cast<const uint16_t*>(y);
-  auto* o = static_cast<uint16_t*>(out);
-  for (; i + 16 <= n; i += 16) {
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i));
-    const __m256i keep =
-        _mm256_and_si256(_mm256_cmpgt_epi16(b, _mm256_setzero_si256()), _mm256_cmpgt_epi16(above_inf, b));
-    const __m256i gv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), _mm256_and_si256(gv, keep));
-  }
-  return i;
-}
-
 }  // namespace
 
 bool activation(Activation op, const Tensor& x, Tensor& dst) {
@@ -531,19 +501,27 @@ bool relu_mask_inplace(Tensor& grad, const Tensor& y) {
 }
 
 void relu_mask(const void* gy, const void* y, DType t, int64_t n, void* out) {
-  const int64_t i0 = simd_lanes() != Lanes::none ? relu_mask_avx2(gy, y, t, n, out) : 0;
+  // apply()'s kernels on the one range, where the host has them (supported()'s rule).
+  const Lanes lanes = simd_lanes();
+  const bool avx2 = lanes == Lanes::avx2;
   if (t == DType::f32) {
     const auto* g = static_cast<const float*>(gy);
     const auto* v = static_cast<const float*>(y);
     auto* o = static_cast<float*>(out);
-    for (int64_t i = i0; i < n; ++i) o[i] = v[i] > 0.0f ? g[i] : 0.0f;
+    if (lanes != Lanes::none)
+      (avx2 ? mask_f32_avx2 : mask_f32)(o, g, v, 0, n);
+    else
+      for (int64_t i = 0; i < n; ++i) o[i] = v[i] > 0.f ? g[i] : 0.f;
     return;
   }
-  const uint16_t inf = t == DType::bf16 ? 0x7f80 : 0x7c00;
+  const uint16_t inf = t == DType::bf16 ? 0x7F80 : 0x7C00;
   const auto* g = static_cast<const uint16_t*>(gy);
   const auto* v = static_cast<const uint16_t*>(y);
   auto* o = static_cast<uint16_t*>(out);
-  for (int64_t i = i0; i < n; ++i) o[i] = v[i] != 0 && v[i] <= inf ? g[i] : uint16_t(0);
+  if (avx2 || (lanes == Lanes::avx512 && has_avx512bw()))
+    (avx2 ? mask_16_avx2 : mask_16)(o, g, v, inf, 0, n);
+  else
+    for (int64_t i = 0; i < n; ++i) o[i] = v[i] >= 0x0001 && v[i] <= inf ? g[i] : uint16_t(0);
 }
 
 }  // namespace mixprec::kernels::cpu
