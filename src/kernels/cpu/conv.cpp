@@ -459,16 +459,15 @@ bool backward(const Tensor& grad_y, const UnpooledGrad* up, const Tensor& x, con
         !wide_w || (!small_k_wgrad(g, DType::f32) && !wgrad_as_gemm(g, DType::f32) && !wgrad_as_forward(g, DType::f32));
     const bool widened =
         fused && t == DType::bf16 && (!wide_w || x.dtype() == t) && (!need_x || weight.dtype() == t) && primitives_only;
-    // From the pool's gradient, widened as it is routed into the primitives' layout (x and the
-    // weight widened by the reorders, or cast first), where only oneDNN's primitives read it.
-    const auto f32_operands = [&] {
-      return backward_on(grad_y, wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g, o32, DType::f32, up);
+    // Else the operands cast to f32 first. With `up`, grad_y (undefined) is the pool's gradient,
+    // widened as it is routed into the primitives' layout: only where oneDNN's primitives alone read
+    // it, and not after the widened try declined (it ran nothing, and the cast would not change why).
+    const auto cast_first = [&] {
+      return backward_on(as_f32(grad_y), wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g, o32, DType::f32,
+                         up);
     };
-    const bool done = up ? (widened && backward_on(grad_y, x, weight, g, o32, DType::f32, up)) ||
-                               (!widened && primitives_only && f32_operands())
-                         : (widened && backward_on(grad_y, x, weight, g, o32, DType::f32)) ||
-                               backward_on(as_f32(grad_y), wide_w ? as_f32(x) : x, need_x ? as_f32(weight) : weight, g,
-                                           o32, DType::f32);
+    const bool done = (widened && backward_on(grad_y, x, weight, g, o32, DType::f32, up)) ||
+                      ((!up || (!widened && primitives_only)) && cast_first());
     if (!done) return false;
     if (need_x && !fused) kernels::copy(o32.x, out.x);
     if (wide_w) kernels::copy(o32.weight, out.weight);
