@@ -3,15 +3,15 @@
 // mixprec's kernel computes them, another layer's output read in oneDNN's layout) against the two
 // kernels one after the other (false: the output written in NCHW, then pooled), interleaved so
 // that machine-wide speed swings hit both alike; best and median of the repeats. The layers are
-// the cnns' two convolutions with their 2x2 pools. `backward` times the op's backward instead
-// (a first layer's weight and bias gradients, another layer's input gradient too, as in the cnns):
-// fused, the pool's gradient routed where the convolution's backward reads grad_y; separate, the
-// pool's backward into NCHW, then the convolution's. `relu` gives the layers their ReLU (the cnns'
-// Conv2d, ReLU, MaxPool2d): on the convolution, its mask applied as the gradient is routed (fused)
-// or by its own pass (separate).
+// the cnns' two convolutions with their 2x2 pools (`first`: the cnn 32/64's first alone).
+// `backward` times the op's backward instead (a first layer's weight and bias gradients, another
+// layer's input gradient too, as in the cnns): fused, the pool's gradient routed where the
+// convolution's backward reads grad_y; separate, the pool's backward into NCHW, then the
+// convolution's. `relu` gives the layers their ReLU (the cnns' Conv2d, ReLU, MaxPool2d): on the
+// convolution, its mask applied as the gradient is routed (fused) or by its own pass (separate).
 //
 //   cmake --build build --target conv_pool_probe
-//   OMP_NUM_THREADS=2 build/conv_pool_probe [reps=20] [f32|bf16|f16|all] [small|wide|all] [forward|backward]
+//   OMP_NUM_THREADS=2 build/conv_pool_probe [reps=20] [f32|bf16|f16|all] [small|first|wide|all] [forward|backward]
 //                                           [relu]
 #include <algorithm>
 #include <chrono>
@@ -48,9 +48,9 @@ int main(int argc, char** argv) {
   std::vector<Layer> ls;
   if (layers != "wide") {
     ls.push_back({"cnn 32/64 first layer, batch 256", 256, 1, 32, 28});
-    ls.push_back({"cnn 32/64 second layer, batch 256", 256, 32, 64, 14});
+    if (layers != "first") ls.push_back({"cnn 32/64 second layer, batch 256", 256, 32, 64, 14});
   }
-  if (layers != "small") {
+  if (layers == "wide" || layers == "all") {
     ls.push_back({"cnn 420/1000 first layer, batch 64", 64, 1, 420, 28});
     ls.push_back({"cnn 420/1000 second layer, batch 64", 64, 420, 1000, 14});
   }

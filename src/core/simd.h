@@ -306,6 +306,19 @@ __attribute__((target("avx2"))) inline __m128i bf16_round_avx2(__m256 x) {
   return _mm256_castsi256_si128(packed);
 }
 
+// 8 f32 -> each rounded into bf16 by bf16_round_avx2's rule and widened back (exact) in its own
+// lane: bf16_round_avx2 then bf16_widen_avx2's values, without the packing and unpacking.
+__attribute__((target("avx2"))) inline __m256 bf16_round_keep_avx2(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x), top = _mm256_set1_epi32(int(0xffff0000u));
+  const __m256i bias =
+      _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
+  const __m256i rne = _mm256_and_si256(_mm256_add_epi32(u, bias), top);
+  const __m256i nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_and_si256(u, top), _mm256_set1_epi32(0x00400000));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(rne, quiet, nan));
+}
+
 // 8 f16 (bits) at p -> 8 f32, exactly (F16C).
 __attribute__((target("avx2,f16c"))) inline __m256 f16_widen_avx2(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -323,6 +336,10 @@ __attribute__((target("avx2,f16c"))) inline __m256 widen16_avx2(const uint16_t* 
 }
 __attribute__((target("avx2,f16c"))) inline __m128i round16_avx2(__m256 x, bool f16) {
   return f16 ? f16_round_avx2(x) : bf16_round_avx2(x);
+}
+// 8 f32 -> the values round16_avx2 gives them, widened back (exact) to f32.
+__attribute__((target("avx2,f16c"))) inline __m256 round16_keep_avx2(__m256 x, bool f16) {
+  return f16 ? _mm256_cvtph_ps(f16_round_avx2(x)) : bf16_round_keep_avx2(x);
 }
 
 }  // namespace mixprec

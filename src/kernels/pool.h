@@ -74,10 +74,11 @@ struct ArgmaxTaps {
   bool two_bit = false;
   const uint8_t* taps(int64_t begin, int64_t n, uint8_t* buf) const;
 };
-// One f32 plane [g.h][g.w] max-pooled into out [g.oh][g.ow] and its u8 argmax (g.argmax_dtype()
-// u8): max_pool2d_forward's kernel for a plane, for a caller that holds the plane in cache (a
-// first layer's forward pooling its output planes as it computes them).
-void max_pool_plane_f32(const float* src, const PoolGeometry& g, float* out, uint8_t* argmax);
+// One f32 plane [g.h][g.w], its rows row_stride (>= g.w) floats apart, max-pooled into out
+// [g.oh][g.ow] and its u8 argmax (g.argmax_dtype() u8): max_pool2d_forward's kernel for a plane,
+// for a caller that holds the plane in cache (a first layer's forward pooling its output planes as
+// it computes them).
+void max_pool_plane_f32(const float* src, int64_t row_stride, const PoolGeometry& g, float* out, uint8_t* argmax);
 // One plane's max_pool2d_backward: gy [g.oh][g.ow] of dtype t (f32, bf16 or f16) routed by its u8
 // argmax into gx [g.h][g.w] (t), the bits max_pool2d_backward gives that plane. With relu_y (the
 // pooled plane after a ReLU, t), gy first passes the ReLU's backward: each value kept where relu_y

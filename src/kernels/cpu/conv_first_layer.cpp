@@ -100,75 +100,112 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
     }
 }
 
-// The same on AVX2 hosts, 8 outputs a step (a row's tail loaded with load_first8, stored with
-// store_first8), into an output of dtype t: the f32 planes copied, 16-bit ones rounded once
-// (round16_avx2: convert()'s bits), a plane's last piece under 8 by convert(); or, with y null,
-// left in `planes` as y would hold them (16-bit ones rounded and widened back), for the pool.
-// ReLU by max(0, acc), which returns acc where it is NaN, and keeps -0, as AVX-512's.
-__attribute__((target("avx2,fma,f16c"))) void forward_four_channels_avx2(const float* xp, int64_t pw,
-                                                                         const int64_t* off, int64_t taps,
-                                                                         const ConvGeometry& g, const float* w4,
+// The same on AVX2 hosts, into an output of dtype t, over the padded image's rows as one run:
+// output q = oy * pw + ox for q in [0, qn), qn = (oh - 1) * pw + ow, so that a step's 16 outputs
+// (two vectors of 8 for each of the four channels: eight accumulators, enough to keep both FMA
+// units busy through the FMA's latency) may span rows and no row has a tail of its own; the kw - 1
+// outputs at ox >= ow of each row are computed and dropped. Each output's sum is the same chain
+// (bias, then the taps in order) as the AVX-512 kernel's. Plane r is computed into planes + r *
+// pstride with rows pw apart (pstride: qn rounded up to 16; xp holds 16 zeros past its image, so
+// the last step reads inside it), f32 values as is, 16-bit ones rounded into 16 bits and widened
+// back where `round_trip` (the values y would hold, for the pool), f32 sums otherwise. ReLU by
+// max(0, acc), which returns acc where it is NaN, and keeps -0, as AVX-512's. store_planes_avx2
+// then rounds them once into y; the pool reads them as they are.
+__attribute__((target("avx2,fma,f16c"))) void forward_four_channels_avx2(const float* xp, const int64_t* off,
+                                                                         int64_t taps, int64_t qn, const float* w4,
                                                                          const float* b4, int64_t channels, bool relu,
-                                                                         bool stream, DType t, float* planes, char* y) {
-  const int64_t plane = g.oh * g.ow;
+                                                                         bool round_trip, bool f16, float* planes,
+                                                                         int64_t pstride) {
   const __m256 zero = _mm256_setzero_ps();
   const float *w0 = w4, *w1 = w4 + taps, *w2 = w4 + 2 * taps, *w3 = w4 + 3 * taps;
-  for (int64_t oy = 0; oy < g.oh; ++oy)
-    for (int64_t ox = 0; ox < g.ow; ox += 8) {
-      const int64_t n = std::min<int64_t>(8, g.ow - ox);
-      const float* base = xp + oy * pw + ox;
-      __m256 a0 = _mm256_set1_ps(b4[0]), a1 = _mm256_set1_ps(b4[1]), a2 = _mm256_set1_ps(b4[2]),
-             a3 = _mm256_set1_ps(b4[3]);
-      for (int64_t k = 0; k < taps; ++k) {
-        const __m256 v = n == 8 ? _mm256_loadu_ps(base + off[k]) : load_first8(base + off[k], n);
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(w0[k]), v, a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(w1[k]), v, a1);
-        a2 = _mm256_fmadd_ps(_mm256_set1_ps(w2[k]), v, a2);
-        a3 = _mm256_fmadd_ps(_mm256_set1_ps(w3[k]), v, a3);
-      }
-      const __m256 acc[4] = {a0, a1, a2, a3};
-      for (int64_t r = 0; r < channels; ++r) {
-        const __m256 v = relu ? _mm256_max_ps(zero, acc[r]) : acc[r];
-        // For the pool, each value as y would hold it: rounded into 16 bits, widened back exactly.
-        const bool round_trip = y == nullptr && t != DType::f32;
-        const __m128i h = round_trip ? round16_avx2(v, t == DType::f16) : __m128i{};
-        const __m256 kept = !round_trip       ? v
-                            : t == DType::f16 ? _mm256_cvtph_ps(h)
-                                              : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        store_first8(planes + r * plane + oy * g.ow + ox, kept, n);
-      }
+  for (int64_t q = 0; q < qn; q += 16) {
+    const float* base = xp + q;
+    __m256 a0 = _mm256_set1_ps(b4[0]), a1 = _mm256_set1_ps(b4[1]), a2 = _mm256_set1_ps(b4[2]),
+           a3 = _mm256_set1_ps(b4[3]);
+    __m256 c0 = a0, c1 = a1, c2 = a2, c3 = a3;
+    for (int64_t k = 0; k < taps; ++k) {
+      const __m256 u = _mm256_loadu_ps(base + off[k]), v = _mm256_loadu_ps(base + off[k] + 8);
+      const __m256 s0 = _mm256_set1_ps(w0[k]), s1 = _mm256_set1_ps(w1[k]), s2 = _mm256_set1_ps(w2[k]),
+                   s3 = _mm256_set1_ps(w3[k]);
+      a0 = _mm256_fmadd_ps(s0, u, a0);
+      c0 = _mm256_fmadd_ps(s0, v, c0);
+      a1 = _mm256_fmadd_ps(s1, u, a1);
+      c1 = _mm256_fmadd_ps(s1, v, c1);
+      a2 = _mm256_fmadd_ps(s2, u, a2);
+      c2 = _mm256_fmadd_ps(s2, v, c2);
+      a3 = _mm256_fmadd_ps(s3, u, a3);
+      c3 = _mm256_fmadd_ps(s3, v, c3);
     }
-  if (y == nullptr) return;  // the planes are pooled instead (forward_first_layer)
+    const __m256 acc[8] = {a0, c0, a1, c1, a2, c2, a3, c3};
+    for (int64_t r = 0; r < channels; ++r)
+      for (int64_t h = 0; h < 2; ++h) {
+        const __m256 v = relu ? _mm256_max_ps(zero, acc[2 * r + h]) : acc[2 * r + h];
+        _mm256_storeu_ps(planes + r * pstride + q + 8 * h, round_trip ? round16_keep_avx2(v, f16) : v);
+      }
+  }
+}
+
+// The four (`channels`) f32 planes forward_four_channels_avx2 computed (rows pw apart) into y's
+// planes (dtype t, rows ow apart): f32 copied, 16-bit ones rounded once (round16_avx2: convert()'s
+// bits), with non-temporal stores where `stream` (each output plane whole vectors of 8, 32-byte
+// aligned, and rows of at least 8, so that a vector spans two rows at most), a row's last piece
+// under 8 otherwise by convert().
+__attribute__((target("avx2,f16c"))) void store_planes_avx2(const float* planes, int64_t pstride, int64_t pw,
+                                                            const ConvGeometry& g, int64_t channels, bool stream,
+                                                            DType t, char* y) {
+  const int64_t plane = g.oh * g.ow;
   const size_t es = dtype_size(t);
   for (int64_t r = 0; r < channels; ++r) {
-    const float* src = planes + r * plane;
+    const float* src = planes + r * pstride;
     char* dst = y + size_t(r * plane) * es;
-    int64_t i = 0;
-    for (; i + 8 <= plane; i += 8) {
-      const __m256 v = _mm256_loadu_ps(src + i);
-      if (t == DType::f32) {
-        float* d = reinterpret_cast<float*>(dst) + i;
-        stream ? _mm256_stream_ps(d, v) : _mm256_storeu_ps(d, v);
-      } else {
-        auto* d = reinterpret_cast<__m128i*>(reinterpret_cast<uint16_t*>(dst) + i);
-        const __m128i h = round16_avx2(v, t == DType::f16);
-        stream ? _mm_stream_si128(d, h) : _mm_storeu_si128(d, h);
+    if (stream) {  // the plane in whole, aligned vectors of 8 (plane % 8 == 0), each gathered across rows
+      for (int64_t i = 0; i < plane; i += 8) {
+        const int64_t oy = i / g.ow, ox = i % g.ow, n = std::min<int64_t>(8, g.ow - ox);
+        const float* s = src + oy * pw + ox;
+        // The vector's first n outputs end row oy; the rest begin row oy + 1, which sits pw - ow
+        // floats further than they would in a packed plane.
+        __m256 v = _mm256_loadu_ps(s);
+        if (n < 8)
+          v = _mm256_blendv_ps(v, _mm256_loadu_ps(s + (pw - g.ow)),
+                               _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                                      _mm256_set1_epi32(int(n) - 1))));
+        if (t == DType::f32)
+          _mm256_stream_ps(reinterpret_cast<float*>(dst) + i, v);
+        else
+          _mm_stream_si128(reinterpret_cast<__m128i*>(reinterpret_cast<uint16_t*>(dst) + i),
+                           round16_avx2(v, t == DType::f16));
       }
+      continue;
     }
-    if (i < plane) convert(src + i, DType::f32, dst + size_t(i) * es, t, size_t(plane - i));
+    for (int64_t oy = 0; oy < g.oh; ++oy) {
+      const float* s = src + oy * pw;
+      char* d = dst + size_t(oy * g.ow) * es;
+      int64_t i = 0;
+      for (; i + 8 <= g.ow; i += 8) {
+        const __m256 v = _mm256_loadu_ps(s + i);
+        if (t == DType::f32)
+          _mm256_storeu_ps(reinterpret_cast<float*>(d) + i, v);
+        else
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(reinterpret_cast<uint16_t*>(d) + i),
+                           round16_avx2(v, t == DType::f16));
+      }
+      if (i < g.ow) convert(s + i, DType::f32, d + size_t(i) * es, t, size_t(g.ow - i));
+    }
   }
 }
 
 constexpr size_t kStreamBytes = size_t(8) << 20;
 
-// The four (`channels`) planes just computed (f32, each value as the output of dtype t holds it),
-// max-pooled by `pool` into planes p0 .. of out.dst and out.argmax by the pool's own plane kernel
-// (max_pool_plane_f32), the maxima stored exactly. maxima: 4 pooled planes of f32.
-void pool_planes(const float* planes, int64_t channels, const PoolGeometry& pool, DType t, float* maxima, int64_t p0,
-                 MaxPoolResult& out) {
-  const int64_t plane = pool.h * pool.w, pooled = pool.oh * pool.ow;
+// The four (`channels`) planes just computed (f32, each value as the output of dtype t holds it;
+// plane r at planes + r * pstride, its rows row_stride apart), max-pooled by `pool` into planes p0 .. of out.dst and
+// out.argmax by the pool's own plane kernel (max_pool_plane_f32), the maxima stored exactly. maxima: 4 pooled planes of
+// f32.
+void pool_planes(const float* planes, int64_t pstride, int64_t row_stride, int64_t channels, const PoolGeometry& pool,
+                 DType t, float* maxima, int64_t p0, MaxPoolResult& out) {
+  const int64_t pooled = pool.oh * pool.ow;
   for (int64_t r = 0; r < channels; ++r)
-    max_pool_plane_f32(planes + r * plane, pool, maxima + r * pooled, out.argmax.data<uint8_t>() + (p0 + r) * pooled);
+    max_pool_plane_f32(planes + r * pstride, row_stride, pool, maxima + r * pooled,
+                       out.argmax.data<uint8_t>() + (p0 + r) * pooled);
   convert(maxima, DType::f32, static_cast<char*>(out.dst.data_ptr()) + size_t(p0 * pooled) * dtype_size(t), t,
           size_t(channels * pooled));
 }
@@ -192,40 +229,49 @@ void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bi
   std::vector<float> wf(size_t(oc4 * taps), 0.0f), bf(size_t(oc4), 0.0f);
   convert(weight.data_ptr(), weight.dtype(), wf.data(), DType::f32, size_t(g.oc * taps));
   if (bias.defined()) convert(bias.data_ptr(), bias.dtype(), bf.data(), DType::f32, size_t(g.oc));
-  // Per thread: the padded image and four f32 output planes (and where they are pooled, four pooled
-  // planes), allocated before the parallel region.
+  // Per thread: the padded image (and 16 floats after it that the AVX2 kernel's last step may read)
+  // and four f32 output planes (on AVX2 hosts with rows pw apart, pstride apart), and where they
+  // are pooled, four pooled planes; allocated before the parallel region.
+  const bool avx2 = simd_lanes() == Lanes::avx2;
+  const int64_t qn = (g.oh - 1) * pd.pw + g.ow, pstride = avx2 ? (qn + 15) / 16 * 16 : plane;
+  const int64_t image_floats = g.c * pplane + 16;
   const int threads = omp_get_max_threads();
-  const int64_t scratch_floats = g.c * pplane + 4 * plane + (pooled ? 4 * pool_plane : 0);
+  const int64_t scratch_floats = image_floats + 4 * pstride + (pooled ? 4 * pool_plane : 0);
   WorkspaceBuffer scratch(size_t(threads) * size_t(scratch_floats) * sizeof(float));
   const char* const xb = static_cast<const char*>(x.data_ptr());
   char* const yb = static_cast<char*>(dst.data_ptr());
   auto* const y = reinterpret_cast<uint16_t*>(yb);
   const DType t = dst.dtype();
   const size_t es = dtype_size(t);
-  const bool avx2 = simd_lanes() == Lanes::avx2;
   // Non-temporal stores need aligned planes (AVX-512: 16 outputs of 16 bits, 32 bytes; AVX2: 8
-  // outputs). On the AMD Zen 5 host (micro-benchmark, 2 threads) they took the wide cnn's first
-  // layer (64 x 420 x 28 x 28 out, 42 MB) from 3.9-4.5 to 3.3-4.2 ms and the 256 x 32 x 28 x 28 one
-  // (13 MB) from 1.18-1.24 to 1.09-1.17 ms.
+  // outputs, from rows of at least 8). On the AMD Zen 5 host (micro-benchmark, 2 threads) they took
+  // the wide cnn's first layer (64 x 420 x 28 x 28 out, 42 MB) from 3.9-4.5 to 3.3-4.2 ms and the
+  // 256 x 32 x 28 x 28 one (13 MB) from 1.18-1.24 to 1.09-1.17 ms.
   const bool f16 = t == DType::f16;
-  const bool stream = !pooled && dst.nbytes() >= kStreamBytes && plane % (avx2 ? 8 : 16) == 0 &&
+  const bool stream = !pooled && dst.nbytes() >= kStreamBytes && plane % (avx2 ? 8 : 16) == 0 && (!avx2 || g.ow >= 8) &&
                       reinterpret_cast<uintptr_t>(yb) % 32 == 0;
   profile::detail::note_impl("mixprec:first_layer_fwd");
   if (pooled) profile::detail::note_impl(kPoolFused);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t n = 0; n < g.n; ++n) {
     float* const xp = static_cast<float*>(scratch.data()) + int64_t(omp_get_thread_num()) * scratch_floats;
-    float* const planes = xp + g.c * pplane;
+    float* const planes = xp + image_floats;
     pad_image(xb, x.dtype(), n, g, pd, xp);
+    std::fill(xp + g.c * pplane, xp + image_floats, 0.0f);
     for (int64_t o = 0; o < g.oc; o += 4) {
       const int64_t channels = std::min<int64_t>(4, g.oc - o);
-      if (avx2)
-        forward_four_channels_avx2(xp, pd.pw, pd.off, taps, g, wf.data() + o * taps, bf.data() + o, channels, relu,
-                                   stream, t, planes, pooled ? nullptr : yb + size_t((n * g.oc + o) * plane) * es);
-      else
+      if (avx2) {
+        forward_four_channels_avx2(xp, pd.off, taps, qn, wf.data() + o * taps, bf.data() + o, channels, relu,
+                                   pooled && t != DType::f32, f16, planes, pstride);
+        if (!pooled)
+          store_planes_avx2(planes, pstride, pd.pw, g, channels, stream, t, yb + size_t((n * g.oc + o) * plane) * es);
+      } else {
         forward_four_channels(xp, pd.pw, pd.off, taps, g, wf.data() + o * taps, bf.data() + o, channels, relu, stream,
                               f16, planes, pooled ? nullptr : y + (n * g.oc + o) * plane);
-      if (pooled) pool_planes(planes, channels, *pool, t, planes + 4 * plane, n * g.oc + o, *pooled);
+      }
+      if (pooled)
+        pool_planes(planes, pstride, avx2 ? pd.pw : g.ow, channels, *pool, t, planes + 4 * pstride, n * g.oc + o,
+                    *pooled);
     }
     if (stream) _mm_sfence();  // the streamed lines are in memory before the region's barrier
   }

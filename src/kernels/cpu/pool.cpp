@@ -497,8 +497,17 @@ void for_planes(const PoolGeometry& g, F&& f) {
 
 }  // namespace
 
-void max_pool_plane_f32(const float* src, const PoolGeometry& g, float* out, uint8_t* argmax) {
-  max_plane(src, g, out, argmax);
+void max_pool_plane_f32(const float* src, int64_t row_stride, const PoolGeometry& g, float* out, uint8_t* argmax) {
+  if (row_stride == g.w) {
+    max_plane(src, g, out, argmax);
+  } else if (vector_2x2(g)) {  // the row kernels take any stride
+    max_rows_2x2(src, row_stride, g.ow, g.oh, out, argmax);
+  } else {  // the general kernel reads packed rows
+    thread_local std::vector<float> packed;
+    packed.resize(size_t(g.h * g.w));
+    for (int64_t r = 0; r < g.h; ++r) std::copy_n(src + r * row_stride, g.w, packed.data() + r * g.w);
+    max_plane(packed.data(), g, out, argmax);
+  }
 }
 
 void max_unpool_plane(const void* gy, const uint8_t* argmax, const PoolGeometry& g, DType t, void* gx, float* scratch,
