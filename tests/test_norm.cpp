@@ -379,33 +379,36 @@ TEST(NormKernels, LayerNormXhatOutputAndBackwardFromXhat) {
     }
 }
 
-// The backward from autocast's bf16 x̂ with a bf16 gradient and an f32 grad_x (a transformer's
-// norms) reads both in place where the host has AVX-512 and the rows are a multiple of 16 long
-// (cpu/norm.cpp, layer_norm_row_backward_bf16): its gradients must be, bit for bit, those of the
-// same values widened to f32 beforehand, the converted path it replaces; with and without the
-// weight, grad_x or not, rows in whole groups and not.
-TEST(NormKernels, LayerNormBackwardOnBf16IsTheF32KernelsBits) {
+// The backward from autocast's 16-bit x̂ with a gradient of the same dtype and an f32 grad_x (a
+// transformer's norms) reads both in place where the rows are a multiple of 16 long: bf16 with
+// AVX-512 (cpu/norm.cpp, layer_norm_row_backward_bf16), bf16 and f16 with AVX2
+// (layer_norm_row_backward_16_avx2). Its gradients must be, bit for bit, those of the same values
+// widened to f32 beforehand, the converted path it replaces (the path f16 takes on AVX-512 hosts,
+// and both dtypes on a host with neither); with and without the weight, grad_x or not, rows in
+// whole groups and not.
+TEST(NormKernels, LayerNormBackwardOn16BitsIsTheF32KernelsBits) {
   Generator g(22);
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 128}, {1, 16}, {5, 48}, {300, 1024}})
-    for (bool weighted : {true, false})
-      for (bool need_x : {true, false}) {
-        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + (weighted ? " weighted" : "") +
-                     (need_x ? " grad_x" : ""));
-        const Tensor gy = convtest::rand(g, {rows, cols}, DType::f32, -3, 3).to(DType::bf16);
-        const Tensor xhat = convtest::rand(g, {rows, cols}, DType::f32, -4, 4).to(DType::bf16);
-        const Tensor rstd = convtest::rand(g, {rows}, DType::f32, 0.1, 5);
-        const Tensor w = weighted ? convtest::rand(g, {cols}, DType::f32, 0.5, 1.5) : Tensor();
-        kernels::NormGrads direct, widened;
-        ASSERT_TRUE(
-            kernels::cpu::layer_norm_backward(gy, xhat, Tensor(), rstd, w, need_x, true, true, DType::f32, direct));
-        ASSERT_TRUE(kernels::cpu::layer_norm_backward(gy.to(DType::f32), xhat.to(DType::f32), Tensor(), rstd, w, need_x,
-                                                      true, true, DType::f32, widened));
-        if (need_x) {
-          EXPECT_TRUE(same_bits(direct.x, widened.x)) << "grad_x";
+  for (DType t : {DType::bf16, DType::f16})
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 128}, {1, 16}, {5, 48}, {300, 1024}})
+      for (bool weighted : {true, false})
+        for (bool need_x : {true, false}) {
+          SCOPED_TRACE(std::string(dtype_name(t)) + " " + std::to_string(rows) + " x " + std::to_string(cols) +
+                       (weighted ? " weighted" : "") + (need_x ? " grad_x" : ""));
+          const Tensor gy = convtest::rand(g, {rows, cols}, DType::f32, -3, 3).to(t);
+          const Tensor xhat = convtest::rand(g, {rows, cols}, DType::f32, -4, 4).to(t);
+          const Tensor rstd = convtest::rand(g, {rows}, DType::f32, 0.1, 5);
+          const Tensor w = weighted ? convtest::rand(g, {cols}, DType::f32, 0.5, 1.5) : Tensor();
+          kernels::NormGrads direct, widened;
+          ASSERT_TRUE(
+              kernels::cpu::layer_norm_backward(gy, xhat, Tensor(), rstd, w, need_x, true, true, DType::f32, direct));
+          ASSERT_TRUE(kernels::cpu::layer_norm_backward(gy.to(DType::f32), xhat.to(DType::f32), Tensor(), rstd, w,
+                                                        need_x, true, true, DType::f32, widened));
+          if (need_x) {
+            EXPECT_TRUE(same_bits(direct.x, widened.x)) << "grad_x";
+          }
+          EXPECT_TRUE(same_bits(direct.weight, widened.weight)) << "grad_weight";
+          EXPECT_TRUE(same_bits(direct.bias, widened.bias)) << "grad_bias";
         }
-        EXPECT_TRUE(same_bits(direct.weight, widened.weight)) << "grad_weight";
-        EXPECT_TRUE(same_bits(direct.bias, widened.bias)) << "grad_bias";
-      }
 }
 
 // Under 16-bit autocast, layer norm saves x̂ in that dtype, not its f32 input: the forward keeps

@@ -295,7 +295,7 @@ __attribute__((target("avx512f"))) inline void add_to_f64(double* acc, __m512 v)
 // operations of layer_norm_row_backward<true>, in its order, where the rows went through two bulk
 // conversions a group and an x̂ buffer (the gpt's amp-bf16 norms: a third of the backward's time
 // in bf16_to_f32). Rows of a multiple of 16 columns; the bits of the converted path
-// (NormKernels.LayerNormBackwardOnBf16IsTheF32KernelsBits).
+// (NormKernels.LayerNormBackwardOn16BitsIsTheF32KernelsBits).
 __attribute__((target("avx512f"))) void layer_norm_row_backward_bf16(const float* w, int64_t n, const uint16_t* gy,
                                                                      const uint16_t* x, float rs, double* gw,
                                                                      double* gb, float* dx) {
@@ -327,6 +327,49 @@ __attribute__((target("avx512f"))) void layer_norm_row_backward_bf16(const float
   }
 }
 #undef MIXPREC_LN_BF16
+
+// acc[0 .. 8) += double(v), lane by lane.
+__attribute__((target("avx2"))) inline void add_to_f64_avx2(double* acc, __m256 v) {
+  _mm256_storeu_pd(acc, _mm256_add_pd(_mm256_loadu_pd(acc), _mm256_cvtps_pd(_mm256_castps256_ps128(v))));
+  _mm256_storeu_pd(acc + 4, _mm256_add_pd(_mm256_loadu_pd(acc + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))));
+}
+
+// layer_norm_row_backward_bf16 on AVX2 hosts, for bf16 or f16 (`f16`) gy and x̂ read in place: 16
+// columns a step as two vectors of 8 (the row kernel's 16 partial sums, lanes 0-7 and 8-15),
+// widened in registers, the row kernel's operations in its order; dx stored as f32. Rows of a
+// multiple of 16 columns; the bits of the converted path (the test named above).
+__attribute__((target("avx2,f16c"))) void layer_norm_row_backward_16_avx2(const float* w, int64_t n, const uint16_t* gy,
+                                                                          const uint16_t* x, bool f16, float rs,
+                                                                          double* gw, double* gb, float* dx) {
+  fetch_ahead(gy, n * 2);
+  fetch_ahead(x, n * 2);
+  __m256 sg[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, sgx[2] = {sg[0], sg[0]};
+  for (int64_t j = 0; j < n; j += 16)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t c = j + 8 * h;
+      const __m256 g16 = widen16_avx2(gy + c, f16), xh = widen16_avx2(x + c, f16);
+      const __m256 g = _mm256_mul_ps(g16, _mm256_loadu_ps(w + c));
+      sg[h] = _mm256_add_ps(sg[h], g);
+      sgx[h] = _mm256_add_ps(sgx[h], _mm256_mul_ps(g, xh));
+      add_to_f64_avx2(gw + c, _mm256_mul_ps(g16, xh));
+      add_to_f64_avx2(gb + c, g16);
+    }
+  if (!dx) return;
+  float lanes[kLanes];
+  _mm256_storeu_ps(lanes, sg[0]);
+  _mm256_storeu_ps(lanes + 8, sg[1]);
+  const __m256 mean_g = _mm256_set1_ps(lanes_total(lanes) / float(n));
+  _mm256_storeu_ps(lanes, sgx[0]);
+  _mm256_storeu_ps(lanes + 8, sgx[1]);
+  const __m256 mean_gx = _mm256_set1_ps(lanes_total(lanes) / float(n));
+  const __m256 vrs = _mm256_set1_ps(rs);
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 g16 = widen16_avx2(gy + j, f16), xh = widen16_avx2(x + j, f16);
+    const __m256 t =
+        _mm256_sub_ps(_mm256_sub_ps(_mm256_mul_ps(g16, _mm256_loadu_ps(w + j)), mean_g), _mm256_mul_ps(xh, mean_gx));
+    _mm256_storeu_ps(dx + j, _mm256_mul_ps(vrs, t));
+  }
+}
 
 // The function for groups of R rows (1 or kRowGroup).
 template <int R>
@@ -577,8 +620,13 @@ bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
   // Rows in groups of kRowGroup, each group's 16-bit rows converted by one call (they are contiguous)
   // and its grad_x rounded by one: a call per row of the gpt's 128 columns cost more than the row.
   const int64_t groups = (rows + kRowGroup - 1) / kRowGroup, group_elems = kRowGroup * cols;
-  const bool direct = normalized && grad_y.dtype() == DType::bf16 && x.dtype() == DType::bf16 &&
-                      (!need_x || grad_x_dtype == DType::f32) && cols % 16 == 0 && simd_lanes() == Lanes::avx512;
+  // The 16-bit rows read in place (no conversion calls, no x̂ buffer): bf16 with AVX-512, bf16 and
+  // f16 with AVX2.
+  const bool sixteen = grad_y.dtype() == x.dtype() &&
+                       (x.dtype() == DType::bf16 || (x.dtype() == DType::f16 && simd_lanes() == Lanes::avx2));
+  const bool direct =
+      normalized && sixteen && (!need_x || grad_x_dtype == DType::f32) && cols % 16 == 0 && simd_lanes() != Lanes::none;
+  const bool avx2 = simd_lanes() == Lanes::avx2, f16 = x.dtype() == DType::f16;
   const auto* gy16 = static_cast<const uint16_t*>(grad_y.data_ptr());
   const auto* x16 = static_cast<const uint16_t*>(x.data_ptr());
 #pragma omp parallel
@@ -592,9 +640,15 @@ bool layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& me
     for (int64_t grp = 0; grp < groups; ++grp) {
       const int64_t r0 = grp * kRowGroup, count = std::min<int64_t>(kRowGroup, rows - r0);
       if (direct) {
-        for (int64_t r = r0; r < r0 + count; ++r)
-          layer_norm_row_backward_bf16(w.data(), cols, gy16 + r * cols, x16 + r * cols, rs[size_t(r)], gw_t.data(),
-                                       gb_t.data(), need_x ? out.x.data<float>() + r * cols : nullptr);
+        for (int64_t r = r0; r < r0 + count; ++r) {
+          float* const dx = need_x ? out.x.data<float>() + r * cols : nullptr;
+          if (avx2)
+            layer_norm_row_backward_16_avx2(w.data(), cols, gy16 + r * cols, x16 + r * cols, f16, rs[size_t(r)],
+                                            gw_t.data(), gb_t.data(), dx);
+          else
+            layer_norm_row_backward_bf16(w.data(), cols, gy16 + r * cols, x16 + r * cols, rs[size_t(r)], gw_t.data(),
+                                         gb_t.data(), dx);
+        }
         continue;
       }
       const float* gy = in_f32(grad_y, r0 * cols, count * cols, gbuf);
