@@ -4,7 +4,10 @@
 For each repeat, for each configuration, runs `A bench ...` then `B bench ...` once each and
 takes each run's median step time; reports per configuration the median of those over the
 repeats and the ratio B/A computed pair by pair (same repeat), as min/median/max: runs close
-in time are comparable on this shared machine, runs minutes apart are not.
+in time are comparable on this shared machine, runs minutes apart are not. It also reports each
+build's best step over all its runs and their ratio: where neighbours slow the host by the
+minute (2026-12-07: pair-wise ratios from 0.6 to 1.6 for the same two binaries), the fastest
+step either build ran is the figure least touched by them.
 
 Usage (standard library only):
     python3 bench/ab.py OLD_BINARY NEW_BINARY [--repeats 5] [--steps 30] [--warmup 5]
@@ -35,7 +38,8 @@ def step_ms(binary, config, precision, a):
     cmd = [binary, "bench", "--model", model, "--precision", precision, "--steps", str(a.steps),
            "--warmup", str(a.warmup), "--threads", str(a.threads)] + flags
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out)["step_ms"]["median"]
+    ms = json.loads(out)["step_ms"]
+    return ms["median"], ms["best"]
 
 
 def main():
@@ -55,12 +59,14 @@ def main():
             times[c][0].append(step_ms(a.a, *c, a))
             times[c][1].append(step_ms(a.b, *c, a))
     print(f"A = {a.a}\nB = {a.b}\n{a.repeats} interleaved repeats, median step ms of {a.steps} steps each")
-    print(f"{'config':<16} {'A ms':>8} {'B ms':>8}   B/A min / median / max")
+    print(f"{'config':<16} {'A ms':>8} {'B ms':>8}   B/A min / median / max   best A ms   best B ms   B/A")
     for c in configs:
-        ta, tb = times[c]
+        ta, tb = ([m for m, _ in runs] for runs in times[c])
+        best_a, best_b = (min(b for _, b in runs) for runs in times[c])
         r = [y / x for x, y in zip(ta, tb)]
         print(f"{c[0] + ' ' + c[1]:<16} {statistics.median(ta):8.2f} {statistics.median(tb):8.2f}   "
-              f"{min(r):.3f} / {statistics.median(r):.3f} / {max(r):.3f}")
+              f"{min(r):.3f} / {statistics.median(r):.3f} / {max(r):.3f}   "
+              f"{best_a:9.2f}   {best_b:9.2f}   {best_b / best_a:.3f}")
 
 
 if __name__ == "__main__":

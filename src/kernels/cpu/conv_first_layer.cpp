@@ -197,9 +197,9 @@ __attribute__((target("avx2,f16c"))) void store_planes_avx2(const float* planes,
 constexpr size_t kStreamBytes = size_t(8) << 20;
 
 // The four (`channels`) planes just computed (f32, each value as the output of dtype t holds it;
-// plane r at planes + r * pstride, its rows row_stride apart), max-pooled by `pool` into planes p0 .. of out.dst and
-// out.argmax by the pool's own plane kernel (max_pool_plane_f32), the maxima stored exactly. maxima: 4 pooled planes of
-// f32.
+// plane r at planes + r * pstride, its rows row_stride apart), max-pooled by `pool` into planes p0
+// .. of out.dst and out.argmax by the pool's own plane kernel (max_pool_plane_f32), the maxima
+// stored exactly. maxima: 4 pooled planes of f32.
 void pool_planes(const float* planes, int64_t pstride, int64_t row_stride, int64_t channels, const PoolGeometry& pool,
                  DType t, float* maxima, int64_t p0, MaxPoolResult& out) {
   const int64_t pooled = pool.oh * pool.ow;
