@@ -233,7 +233,7 @@ void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bi
   // and four f32 output planes (on AVX2 hosts with rows pw apart, pstride apart), and where they
   // are pooled, four pooled planes; allocated before the parallel region.
   const bool avx2 = simd_lanes() == Lanes::avx2;
-  const int64_t qn = (g.oh - 1) * pd.pw + g.ow, pstride = avx2 ? (qn + 15) / 16 * 16 : plane;
+  const int64_t qn = g.oh > 0 && g.ow > 0 ? (g.oh - 1) * pd.pw + g.ow : 0, pstride = avx2 ? (qn + 15) / 16 * 16 : plane;
   const int64_t image_floats = g.c * pplane + 16;
   const int threads = omp_get_max_threads();
   const int64_t scratch_floats = image_floats + 4 * pstride + (pooled ? 4 * pool_plane : 0);
