@@ -100,7 +100,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
     }
 }
 
-// The same on AVX2 hosts, into an output of dtype t, over the padded image's rows as one run:
+// The same on AVX2 hosts, over the padded image's rows as one run:
 // output q = oy * pw + ox for q in [0, qn), qn = (oh - 1) * pw + ow, so that a step's 16 outputs
 // (two vectors of 8 for each of the four channels: eight accumulators, enough to keep both FMA
 // units busy through the FMA's latency) may span rows and no row has a tail of its own; the kw - 1
@@ -165,10 +165,7 @@ __attribute__((target("avx2,f16c"))) void store_planes_avx2(const float* planes,
         // The vector's first n outputs end row oy; the rest begin row oy + 1, which sits pw - ow
         // floats further than they would in a packed plane.
         __m256 v = _mm256_loadu_ps(s);
-        if (n < 8)
-          v = _mm256_blendv_ps(v, _mm256_loadu_ps(s + (pw - g.ow)),
-                               _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                                                      _mm256_set1_epi32(int(n) - 1))));
+        if (n < 8) v = _mm256_blendv_ps(_mm256_loadu_ps(s + (pw - g.ow)), v, _mm256_castsi256_ps(first_lanes8(n)));
         if (t == DType::f32)
           _mm256_stream_ps(reinterpret_cast<float*>(dst) + i, v);
         else
