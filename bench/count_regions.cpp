@@ -2,7 +2,8 @@
 // that started them: an LD_PRELOAD library around libgomp's GOMP_parallel (what GCC emits for
 // `#pragma omp parallel`, in mixprec and in oneDNN alike). At exit it writes "count object offset"
 // lines to $COUNT_REGIONS_OUT; bench/count_regions.py turns two runs into regions per step by
-// caller. A region whose `if` clause was false (one thread) wakes nobody and is not counted.
+// caller. A region whose `if` clause was false (one thread) wakes nobody and is not counted (it
+// still costs a team of one and a futex call: docs/design.md, Threads).
 //   cmake --build build --target count_regions   (build/libcount_regions.so)
 #include <dlfcn.h>
 

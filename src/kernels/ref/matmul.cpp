@@ -26,17 +26,23 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
   std::vector<double> out(size_t(batch * m * n)), gelu_in(o.gelu_input ? out.size() : 0);
   const int64_t a_cols = a.size(r0 + 1), b_cols = b.size(r0 + 1);
   const int64_t a_mat = a.size(r0) * a_cols, b_mat = b.size(r0) * b_cols;
-  for (int64_t q = 0; q < batch; ++q)
+  // op(a)'s rows and op(b)'s columns as contiguous rows of k values, so that each sum reads two
+  // rows: the same terms, added in the same order. The walk down a transposed operand's columns
+  // (a stride of a row per term) took two thirds of MatmulWidened's test (11.3 -> 3.5 s, AMD Zen 3).
+  std::vector<double> rows_a(size_t(m * k)), cols_b(size_t(n * k));
+  for (int64_t q = 0; q < batch; ++q) {
+    const double* pa = va.data() + q * a_mat;
+    const double* pb = vb.data() + q * b_mat;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t p = 0; p < k; ++p) rows_a[size_t(i * k + p)] = o.trans_a ? pa[p * a_cols + i] : pa[i * a_cols + p];
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p) cols_b[size_t(j * k + p)] = o.trans_b ? pb[j * b_cols + p] : pb[p * b_cols + j];
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
-        const double* pa = va.data() + q * a_mat;
-        const double* pb = vb.data() + q * b_mat;
+        const double* ar = rows_a.data() + i * k;
+        const double* bc = cols_b.data() + j * k;
         double s = 0;
-        for (int64_t p = 0; p < k; ++p) {
-          const double av = o.trans_a ? pa[p * a_cols + i] : pa[i * a_cols + p];
-          const double bv = o.trans_b ? pb[j * b_cols + p] : pb[p * b_cols + j];
-          s += av * bv;
-        }
+        for (int64_t p = 0; p < k; ++p) s += ar[p] * bc[p];
         if (o.bias) s += bias[size_t(j)];
         const size_t at = size_t((q * m + i) * n + j);
         if (o.relu && s < 0) s = 0;  // NaN stays NaN
@@ -47,6 +53,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) 
         if (o.accumulate) s += prev[at];
         out[at] = s;
       }
+  }
   convert(out.data(), DType::f64, dst.data_ptr(), dst.dtype(), out.size());
   if (o.gelu_input) {
     MIXPREC_ASSERT(o.gelu_input->shape() == dst.shape() && o.gelu_input->is_contiguous(), "matmul gelu_input");
