@@ -2,8 +2,9 @@
 // that started them: an LD_PRELOAD library around libgomp's GOMP_parallel (what GCC emits for
 // `#pragma omp parallel`, in mixprec and in oneDNN alike). At exit it writes "count object offset"
 // lines to $COUNT_REGIONS_OUT; bench/count_regions.py turns two runs into regions per step by
-// caller. A region whose `if` clause was false (one thread) wakes nobody and is not counted (it
-// still costs a team of one and a futex call: docs/design.md, Threads).
+// caller. A region whose `if` clause was false (one thread) wakes nobody and is not counted; with
+// COUNT_REGIONS_ONE_THREAD=1 only those are (each still costs a team of one and a futex call:
+// docs/design.md, Threads).
 //   cmake --build build --target count_regions   (build/libcount_regions.so)
 #include <dlfcn.h>
 
@@ -49,6 +50,10 @@ __attribute__((destructor)) void write_counts() {
 
 extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags) {
   static const auto real = reinterpret_cast<GompParallel>(dlsym(RTLD_NEXT, "GOMP_parallel"));
-  if (num_threads != 1) count(__builtin_return_address(0));
+  static const bool one_thread = [] {
+    const char* v = std::getenv("COUNT_REGIONS_ONE_THREAD");
+    return v != nullptr && v[0] == '1';
+  }();
+  if ((num_threads == 1) == one_thread) count(__builtin_return_address(0));
   real(fn, data, num_threads, flags);
 }
