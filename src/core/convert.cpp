@@ -228,7 +228,10 @@ const Kernels& kernels() {
   return g_path.load(std::memory_order_relaxed) == detail::ConversionPath::avx512f ? avx512f : best;
 }
 
-// Splits a large conversion into cache-sized chunks across OpenMP threads.
+// Splits a large conversion into cache-sized chunks across OpenMP threads; a short one runs on the
+// calling thread before any pragma, not through an `if` clause: a region whose `if` is false still
+// makes libgomp a team of one, and its end barrier a futex wake (a system call, 0.4 us a region
+// on our hosts: docs/design.md, Threads).
 template <class Src, class Dst>
 void run_chunked(void (*fn)(const Src*, Dst*, size_t), const Src* src, Dst* dst, size_t n) {
   if (!detail::parallel_worth(int64_t(n), int64_t(kParallelMin) + 1)) {
@@ -426,19 +429,16 @@ typename Elem<D>::type convert_elem(typename Elem<S>::type v) {
 }
 
 template <DType S, DType D>
+void convert_run(const typename Elem<S>::type* src, typename Elem<D>::type* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = convert_elem<S, D>(src[i]);
+}
+
+// Through run_chunked, which leaves a short run to the calling thread: the reference kernels convert
+// one element a call.
+template <DType S, DType D>
 void convert_loop(const void* src, void* dst, size_t n) {
-  auto* s = static_cast<const typename Elem<S>::type*>(src);
-  auto* d = static_cast<typename Elem<D>::type*>(dst);
-  const long count = long(n);
-  // Short runs before the pragma, not through its `if`: a region whose `if` is false still makes
-  // libgomp a team of one, and its end barrier a futex wake (a system call, 0.4 us a region on our
-  // hosts), where the reference kernels convert one element a call.
-  if (!detail::parallel_worth(int64_t(n), int64_t(kParallelMin) + 1)) {
-    for (long i = 0; i < count; ++i) d[i] = convert_elem<S, D>(s[i]);
-    return;
-  }
-#pragma omp parallel for schedule(static)
-  for (long i = 0; i < count; ++i) d[i] = convert_elem<S, D>(s[i]);
+  run_chunked(convert_run<S, D>, static_cast<const typename Elem<S>::type*>(src),
+              static_cast<typename Elem<D>::type*>(dst), n);
 }
 
 template <DType S>
