@@ -48,69 +48,59 @@ void pad_image(const char* xb, DType t, int64_t n, const ConvGeometry& g, const 
     }
 }
 
-// Forward: four output channels' planes of one image, 16 outputs per step (masked on the row's
-// tail): acc_r = bias_r + sum over taps k = (c, ky, kx) of w[r][k] * xp[c][oy + ky][ox + kx], xp
-// the image zero-padded in f32 (rows of pw; off[k] = the tap's offset in it), each tap's inputs
-// loaded once for the four channels. ReLU as the reference's (NaN and -0 kept). The planes are
-// computed into `planes` (f32, L1-sized), then each is rounded once into y (bf16 by the scalar
-// rule, bf16_round_epi32; f16 by VCVTPS2PH to nearest, convert()'s instruction) with whole-vector
-// stores, non-temporal where `stream` (an output far larger than the caches, whose lines would
-// only be read for ownership and evicted). With y null the planes are left in `planes`, each value
-// rounded into 16 bits and widened back (the values y would hold), for the pool.
+// Forward: four output channels' planes of one image, over the padded image's rows as one run:
+// output q = oy * pw + ox for q in [0, qn), qn = (oh - 1) * pw + ow, so that a step's outputs may
+// span rows and no row has a tail of its own (the kw - 1 outputs at ox >= ow of each row are
+// computed and dropped). acc_r = bias_r + sum over taps k = (c, ky, kx) of w[r][k] * xp[q + off[k]],
+// xp the image zero-padded in f32 (rows of pw; off[k] = the tap's offset in it), each tap's inputs
+// loaded once for the four channels; the same chain (bias, then the taps in order) on every road.
+// AVX-512: 32 outputs a step, two vectors of 16 for each of the four channels (eight accumulators:
+// enough to keep two FMA units busy through the FMA's latency, where four rows of 16 with a masked
+// tail each did not: docs/conv.md, item 1). Plane r is computed into planes + r * pstride with rows
+// pw apart (pstride: qn rounded up to kRunStep; xp holds kRunStep zeros past its image, so the
+// last step reads inside it), f32 values as is, 16-bit ones rounded into 16 bits and widened back
+// where `round_trip` (the values y would hold, for the pool), f32 sums otherwise. ReLU by max(0,
+// acc), which returns acc where it is NaN, and keeps -0. store_planes then rounds them once into y;
+// the pool reads them as they are.
+constexpr int64_t kRunStep = 32;
+
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
-    const float* xp, int64_t pw, const int64_t* off, int64_t taps, const ConvGeometry& g, const float* w4,
-    const float* b4, int64_t channels, bool relu, bool stream, bool f16, float* planes, uint16_t* y) {
-  const int64_t plane = g.oh * g.ow;
+    const float* xp, const int64_t* off, int64_t taps, int64_t qn, const float* w4, const float* b4, int64_t channels,
+    bool relu, bool round_trip, bool f16, float* planes, int64_t pstride) {
   const __m512 zero = _mm512_setzero_ps();
   const float *w0 = w4, *w1 = w4 + taps, *w2 = w4 + 2 * taps, *w3 = w4 + 3 * taps;
-  for (int64_t oy = 0; oy < g.oh; ++oy)
-    for (int64_t ox = 0; ox < g.ow; ox += 16) {
-      const __mmask16 m = first_lanes(g.ow - ox);
-      const float* base = xp + oy * pw + ox;
-      __m512 a0 = _mm512_set1_ps(b4[0]), a1 = _mm512_set1_ps(b4[1]), a2 = _mm512_set1_ps(b4[2]),
-             a3 = _mm512_set1_ps(b4[3]);
-      for (int64_t k = 0; k < taps; ++k) {
-        const __m512 v = _mm512_maskz_loadu_ps(m, base + off[k]);
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(w0[k]), v, a0);
-        a1 = _mm512_fmadd_ps(_mm512_set1_ps(w1[k]), v, a1);
-        a2 = _mm512_fmadd_ps(_mm512_set1_ps(w2[k]), v, a2);
-        a3 = _mm512_fmadd_ps(_mm512_set1_ps(w3[k]), v, a3);
-      }
-      const __m512 acc[4] = {a0, a1, a2, a3};
-      for (int64_t r = 0; r < channels; ++r) {
-        const __m512 v = relu ? _mm512_max_ps(zero, acc[r]) : acc[r];  // max returns its second operand for NaN
+  for (int64_t q = 0; q < qn; q += 32) {
+    const float* base = xp + q;
+    __m512 a0 = _mm512_set1_ps(b4[0]), a1 = _mm512_set1_ps(b4[1]), a2 = _mm512_set1_ps(b4[2]),
+           a3 = _mm512_set1_ps(b4[3]);
+    __m512 c0 = a0, c1 = a1, c2 = a2, c3 = a3;
+    for (int64_t k = 0; k < taps; ++k) {
+      const __m512 u = _mm512_loadu_ps(base + off[k]), v = _mm512_loadu_ps(base + off[k] + 16);
+      const __m512 s0 = _mm512_set1_ps(w0[k]), s1 = _mm512_set1_ps(w1[k]), s2 = _mm512_set1_ps(w2[k]),
+                   s3 = _mm512_set1_ps(w3[k]);
+      a0 = _mm512_fmadd_ps(s0, u, a0);
+      c0 = _mm512_fmadd_ps(s0, v, c0);
+      a1 = _mm512_fmadd_ps(s1, u, a1);
+      c1 = _mm512_fmadd_ps(s1, v, c1);
+      a2 = _mm512_fmadd_ps(s2, u, a2);
+      c2 = _mm512_fmadd_ps(s2, v, c2);
+      a3 = _mm512_fmadd_ps(s3, u, a3);
+      c3 = _mm512_fmadd_ps(s3, v, c3);
+    }
+    const __m512 acc[8] = {a0, c0, a1, c1, a2, c2, a3, c3};
+    for (int64_t r = 0; r < channels; ++r)
+      for (int64_t h = 0; h < 2; ++h) {
+        const __m512 v = relu ? _mm512_max_ps(zero, acc[2 * r + h]) : acc[2 * r + h];
         // For the pool, each value as y would hold it: rounded into 16 bits, widened back exactly.
-        const __m512 kept = y != nullptr ? v
+        const __m512 kept = !round_trip ? v
                             : f16 ? _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
                                   : _mm512_castsi512_ps(_mm512_slli_epi32(bf16_round_epi32(v), 16));
-        _mm512_mask_storeu_ps(planes + r * plane + oy * g.ow + ox, m, kept);
+        _mm512_storeu_ps(planes + r * pstride + q + 16 * h, kept);
       }
-    }
-  if (y == nullptr) return;  // the planes are pooled instead (forward_first_layer)
-  for (int64_t r = 0; r < channels; ++r)
-    for (int64_t i = 0; i < plane; i += 16) {
-      const __mmask16 m = first_lanes(plane - i);
-      const __m512 v = _mm512_maskz_loadu_ps(m, planes + r * plane + i);
-      const __m256i h = f16 ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-                            : _mm512_cvtepi32_epi16(bf16_round_epi32(v));  // not vpmovdw to memory: slow on AMD
-      if (stream)
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(y + r * plane + i), h);
-      else
-        _mm256_mask_storeu_epi16(y + r * plane + i, m, h);
-    }
+  }
 }
 
-// The same on AVX2 hosts, over the padded image's rows as one run:
-// output q = oy * pw + ox for q in [0, qn), qn = (oh - 1) * pw + ow, so that a step's 16 outputs
-// (two vectors of 8 for each of the four channels: eight accumulators, enough to keep both FMA
-// units busy through the FMA's latency) may span rows and no row has a tail of its own; the kw - 1
-// outputs at ox >= ow of each row are computed and dropped. Each output's sum is the same chain
-// (bias, then the taps in order) as the AVX-512 kernel's. Plane r is computed into planes + r *
-// pstride with rows pw apart (pstride: qn rounded up to 16; xp holds 16 zeros past its image, so
-// the last step reads inside it), f32 values as is, 16-bit ones rounded into 16 bits and widened
-// back where `round_trip` (the values y would hold, for the pool), f32 sums otherwise. ReLU by
-// max(0, acc), which returns acc where it is NaN, and keeps -0, as AVX-512's. store_planes_avx2
-// then rounds them once into y; the pool reads them as they are.
+// The same on AVX2 hosts, 16 outputs a step (two vectors of 8 for each of the four channels).
 __attribute__((target("avx2,fma,f16c"))) void forward_four_channels_avx2(const float* xp, const int64_t* off,
                                                                          int64_t taps, int64_t qn, const float* w4,
                                                                          const float* b4, int64_t channels, bool relu,
@@ -146,13 +136,13 @@ __attribute__((target("avx2,fma,f16c"))) void forward_four_channels_avx2(const f
 }
 
 // The four (`channels`) f32 planes forward_four_channels_avx2 computed (rows pw apart) into y's
-// planes (dtype t, rows ow apart): f32 copied, 16-bit ones rounded once (round16_avx2: convert()'s
-// bits), with non-temporal stores where `stream` (each output plane whole vectors of 8, 32-byte
-// aligned, and rows of at least 8, so that a vector spans two rows at most), a row's last piece
-// under 8 otherwise by convert().
-__attribute__((target("avx2,f16c"))) void store_planes_avx2(const float* planes, int64_t pstride, int64_t pw,
-                                                            const ConvGeometry& g, int64_t channels, bool stream,
-                                                            DType t, char* y) {
+// planes (dtype t, rows ow apart): f32 copied, 16-bit ones rounded once
+// (round16_avx2: convert()'s bits), with non-temporal stores where `stream` (each output plane
+// whole vectors of 8, 32-byte aligned, and rows of at least 8, so that a vector spans two rows at
+// most), a row's last piece under 8 otherwise by convert().
+__attribute__((target("avx2,f16c"))) void store_planes(const float* planes, int64_t pstride, int64_t pw,
+                                                       const ConvGeometry& g, int64_t channels, bool stream, DType t,
+                                                       char* y) {
   const int64_t plane = g.oh * g.ow;
   const size_t es = dtype_size(t);
   for (int64_t r = 0; r < channels; ++r) {
@@ -191,6 +181,43 @@ __attribute__((target("avx2,f16c"))) void store_planes_avx2(const float* planes,
   }
 }
 
+// 16 f32 into 16-bit: bf16 by the scalar rule (bf16_round_epi32), f16 by VCVTPS2PH to nearest
+// (convert()'s instruction).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m256i round16(__m512 v, bool f16) {
+  return f16 ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+             : _mm512_cvtepi32_epi16(bf16_round_epi32(v));  // not vpmovdw to memory: slow on AMD
+}
+
+// The same for 16-bit outputs on AVX-512 hosts, 16 outputs a vector: each row of ow in vectors
+// of 16 and a masked tail (round16); where `stream`, each plane in whole, aligned vectors of 16
+// (plane % 16 == 0, 32-byte aligned, rows of at least 16), each gathered across two rows at most.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void store_planes16(const float* planes, int64_t pstride,
+                                                                         int64_t pw, const ConvGeometry& g,
+                                                                         int64_t channels, bool stream, bool f16,
+                                                                         uint16_t* y) {
+  const int64_t plane = g.oh * g.ow;
+  for (int64_t r = 0; r < channels; ++r) {
+    const float* src = planes + r * pstride;
+    uint16_t* dst = y + r * plane;
+    if (stream) {
+      for (int64_t i = 0; i < plane; i += 16) {
+        const int64_t oy = i / g.ow, ox = i % g.ow, n = std::min<int64_t>(16, g.ow - ox);
+        const float* s = src + oy * pw + ox;
+        // The vector's first n outputs end row oy; the rest begin row oy + 1, pw - ow floats further.
+        __m512 v = _mm512_loadu_ps(s);
+        if (n < 16) v = _mm512_mask_loadu_ps(v, static_cast<__mmask16>(~first_lanes(n)), s + (pw - g.ow));
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), round16(v, f16));
+      }
+      continue;
+    }
+    for (int64_t oy = 0; oy < g.oh; ++oy)
+      for (int64_t ox = 0; ox < g.ow; ox += 16) {
+        const __mmask16 m = first_lanes(g.ow - ox);
+        _mm256_mask_storeu_epi16(dst + oy * g.ow + ox, m, round16(_mm512_maskz_loadu_ps(m, src + oy * pw + ox), f16));
+      }
+  }
+}
+
 constexpr size_t kStreamBytes = size_t(8) << 20;
 
 // The four (`channels`) planes just computed (f32, each value as the output of dtype t holds it;
@@ -226,26 +253,28 @@ void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bi
   std::vector<float> wf(size_t(oc4 * taps), 0.0f), bf(size_t(oc4), 0.0f);
   convert(weight.data_ptr(), weight.dtype(), wf.data(), DType::f32, size_t(g.oc * taps));
   if (bias.defined()) convert(bias.data_ptr(), bias.dtype(), bf.data(), DType::f32, size_t(g.oc));
-  // Per thread: the padded image (and 16 floats after it that the AVX2 kernel's last step may read)
-  // and four f32 output planes (on AVX2 hosts with rows pw apart, pstride apart), and where they
-  // are pooled, four pooled planes; allocated before the parallel region.
+  // Per thread: the padded image (and kRunStep floats after it that a kernel's last step may read),
+  // four f32 output planes (rows pw apart, pstride apart), and where they are pooled, four pooled
+  // planes; allocated before the parallel region.
   const bool avx2 = simd_lanes() == Lanes::avx2;
-  const int64_t qn = g.oh > 0 && g.ow > 0 ? (g.oh - 1) * pd.pw + g.ow : 0, pstride = avx2 ? (qn + 15) / 16 * 16 : plane;
-  const int64_t image_floats = g.c * pplane + 16;
+  const int64_t qn = g.oh > 0 && g.ow > 0 ? (g.oh - 1) * pd.pw + g.ow : 0,
+                pstride = (qn + kRunStep - 1) / kRunStep * kRunStep;
+  const int64_t image_floats = g.c * pplane + kRunStep;
   const int threads = omp_get_max_threads();
   const int64_t scratch_floats = image_floats + 4 * pstride + (pooled ? 4 * pool_plane : 0);
   WorkspaceBuffer scratch(size_t(threads) * size_t(scratch_floats) * sizeof(float));
   const char* const xb = static_cast<const char*>(x.data_ptr());
   char* const yb = static_cast<char*>(dst.data_ptr());
-  auto* const y = reinterpret_cast<uint16_t*>(yb);
   const DType t = dst.dtype();
   const size_t es = dtype_size(t);
-  // Non-temporal stores need aligned planes (AVX-512: 16 outputs of 16 bits, 32 bytes; AVX2: 8
-  // outputs, from rows of at least 8). On the AMD Zen 5 host (micro-benchmark, 2 threads) they took
-  // the wide cnn's first layer (64 x 420 x 28 x 28 out, 42 MB) from 3.9-4.5 to 3.3-4.2 ms and the
-  // 256 x 32 x 28 x 28 one (13 MB) from 1.18-1.24 to 1.09-1.17 ms.
-  const bool f16 = t == DType::f16;
-  const bool stream = !pooled && dst.nbytes() >= kStreamBytes && plane % (avx2 ? 8 : 16) == 0 && (!avx2 || g.ow >= 8) &&
+  // Non-temporal stores need aligned planes (vectors of 8 outputs on AVX2 hosts, 16 on AVX-512
+  // ones, from rows of at least that many). On the AMD Zen 5
+  // host (micro-benchmark, 2 threads) they took the wide cnn's first layer (64 x 420 x 28 x 28 out,
+  // 42 MB) from 3.9-4.5 to 3.3-4.2 ms and the 256 x 32 x 28 x 28 one (13 MB) from 1.18-1.24 to
+  // 1.09-1.17 ms.
+  const bool f16 = t == DType::f16, round_trip = pooled && t != DType::f32;
+  const int64_t vec = avx2 ? 8 : 16;
+  const bool stream = !pooled && dst.nbytes() >= kStreamBytes && plane % vec == 0 && g.ow >= vec &&
                       reinterpret_cast<uintptr_t>(yb) % 32 == 0;
   profile::detail::note_impl("mixprec:first_layer_fwd");
   if (pooled) profile::detail::note_impl(kPoolFused);
@@ -257,18 +286,20 @@ void forward_first_layer(const Tensor& x, const Tensor& weight, const Tensor& bi
     std::fill(xp + g.c * pplane, xp + image_floats, 0.0f);
     for (int64_t o = 0; o < g.oc; o += 4) {
       const int64_t channels = std::min<int64_t>(4, g.oc - o);
-      if (avx2) {
-        forward_four_channels_avx2(xp, pd.off, taps, qn, wf.data() + o * taps, bf.data() + o, channels, relu,
-                                   pooled && t != DType::f32, f16, planes, pstride);
-        if (!pooled)
-          store_planes_avx2(planes, pstride, pd.pw, g, channels, stream, t, yb + size_t((n * g.oc + o) * plane) * es);
-      } else {
-        forward_four_channels(xp, pd.pw, pd.off, taps, g, wf.data() + o * taps, bf.data() + o, channels, relu, stream,
-                              f16, planes, pooled ? nullptr : y + (n * g.oc + o) * plane);
-      }
+      const float* const w4 = wf.data() + o * taps;
+      if (avx2)
+        forward_four_channels_avx2(xp, pd.off, taps, qn, w4, bf.data() + o, channels, relu, round_trip, f16, planes,
+                                   pstride);
+      else
+        forward_four_channels(xp, pd.off, taps, qn, w4, bf.data() + o, channels, relu, round_trip, f16, planes,
+                              pstride);
       if (pooled)
-        pool_planes(planes, pstride, avx2 ? pd.pw : g.ow, channels, *pool, t, planes + 4 * pstride, n * g.oc + o,
-                    *pooled);
+        pool_planes(planes, pstride, pd.pw, channels, *pool, t, planes + 4 * pstride, n * g.oc + o, *pooled);
+      else if (avx2)
+        store_planes(planes, pstride, pd.pw, g, channels, stream, t, yb + size_t((n * g.oc + o) * plane) * es);
+      else
+        store_planes16(planes, pstride, pd.pw, g, channels, stream, f16,
+                       reinterpret_cast<uint16_t*>(yb) + (n * g.oc + o) * plane);
     }
     if (stream) _mm_sfence();  // the streamed lines are in memory before the region's barrier
   }
