@@ -16,6 +16,7 @@
 #include "mixprec/ops.h"
 #include "mixprec/optim.h"
 #include "mixprec/profile.h"
+#include "tensor_bytes.h"
 
 namespace mixprec {
 namespace {
@@ -635,6 +636,40 @@ TEST(ConvModule, ParameterNamesShapesAndInit) {
   const double bound = 1.0 / std::sqrt(3.0 * 15.0);  // fan_in = in/groups * kh * kw
   for (float v : conv.weight.to_vector()) ASSERT_LE(std::fabs(v), bound + 1e-7);
   EXPECT_EQ(conv.name(), "Conv2d(6, 12, kernel_size=(3, 5), stride=(1, 1), groups=2)");
+}
+
+// A fused ReLU keeps a NaN as ops::relu does (x > 0 or NaN ? x : +0), bit for bit, wherever it
+// rides: a convolution's (oneDNN's kernels, mixprec's first-layer kernel), a convolution pooled by
+// conv2d_max_pool2d, linear_relu; in every dtype. oneDNN's own ReLU post-op, max(x, 0) in its jit
+// kernels, makes a NaN +0 on AVX-512 hosts: it is not used (docs/conv.md, "The fused ReLU").
+TEST(FusedRelu, KeepsNaNAsTheReluOpDoes) {
+  using testutil::bytes_of;
+  std::vector<Device> devices{Device::cpu()};
+  if (cuda::device_count() > 0) devices.push_back(Device::cuda(0));  // cuDNN's and cuBLASLt's fused ReLU
+  for (const Device& device : devices)
+    for (DType t : {DType::f32, DType::bf16, DType::f16})
+      for (int64_t c : {2, 8}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + ", " + std::to_string(c) + " input channels" +
+                     (device.is_cuda() ? ", cuda" : ""));
+        Generator g(21);
+        std::vector<float> xv = Tensor::randn({2, c, 8, 6}, g).to_vector();
+        xv[5] = NAN;     // image 0, channel 0, row 0
+        xv[100] = -NAN;  // a NaN with its sign bit set
+        const Tensor x = Tensor::from_vector(xv, {2, c, 8, 6}).to(t).to(device);
+        const Tensor w = Tensor::randn({16, c, 3, 3}, g).to(t).to(device), b = Tensor::randn({16}, g).to(t).to(device);
+        Conv2dOptions o{.padding = 1};
+        const Tensor plain = ops::conv2d(x, w, b, o);
+        int64_t nans = 0;
+        for (double v : plain.to_vector_f64()) nans += std::isnan(v);
+        ASSERT_GT(nans, 0);
+        o.relu = true;
+        EXPECT_EQ(bytes_of(ops::conv2d(x, w, b, o)), bytes_of(ops::relu(plain))) << "conv2d";
+        EXPECT_EQ(bytes_of(ops::conv2d_max_pool2d(x, w, b, o, 2)), bytes_of(ops::max_pool2d(ops::relu(plain), 2)))
+            << "conv2d_max_pool2d";
+        const Tensor rows = x.reshape({2 * c * 4, 12}), lw = Tensor::randn({16, 12}, g).to(t).to(device);
+        const Tensor lin = ops::linear(rows, lw, b);
+        EXPECT_EQ(bytes_of(ops::linear_relu(rows, lw, b)), bytes_of(ops::relu(lin))) << "linear";
+      }
 }
 
 }  // namespace

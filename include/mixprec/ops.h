@@ -104,7 +104,7 @@ struct IntPair {
 struct Conv2dOptions {
   IntPair stride = 1, padding = 0, dilation = 1;
   int64_t groups = 1;
-  bool relu = false;  // fused ReLU after the bias (one oneDNN post-op): relu(conv(x) + b)
+  bool relu = false;  // fused ReLU after the bias, in place on the output: relu(conv(x) + b)
   // The output channels-last (NHWC bytes, PyTorch's torch.channels_last) whatever x's layout; an
   // x that is channels-last gives a channels-last output anyway, as in PyTorch.
   bool channels_last = false;
@@ -123,8 +123,8 @@ struct Pool2dOptions {
 // max_pool2d(conv2d(x, weight, bias, c), kernel_size, p) as one op (autocast: lower, as conv2d): the
 // same values and gradients, bit for bit. On the CPU the pool reads the convolution's output in
 // oneDNN's own layout, so the full-size output is never reordered into NCHW nor kept (nn::Sequential
-// runs Conv2d [, ReLU], MaxPool2d [, ReLU] this way). With c.relu, the ReLU rides on the convolution
-// (oneDNN's post-op, or mixprec's first-layer kernel), and its gradient's mask is taken from the
+// runs Conv2d [, ReLU], MaxPool2d [, ReLU] this way). With c.relu, the ReLU rides on the op (on
+// the pooled output, or in mixprec's first-layer kernel), and its gradient's mask is taken from the
 // pooled output (a window's maximum is the value its winner had): the values and gradients of
 // max_pool2d(conv2d(...)) with c.relu, which are those of relu(max_pool2d(conv2d(...)))).
 // Channels-last or an unbatched x run the two ops.

@@ -35,6 +35,10 @@ bool relu_mask_inplace(Tensor& grad, const Tensor& y);
 // The same on n raw elements of dtype t (f32, bf16 or f16): out[i] = y[i] > 0 ? gy[i] : +0, one
 // thread (a kernel's own plane: the ReLU's mask as a max pool's backward routes its gradient).
 void relu_mask(const void* gy, const void* y, DType t, int64_t n, void* out);
+// relu (x > 0 or NaN ? x : +0, the reference's bits) in place on n raw elements of dtype t (f32,
+// bf16 or f16), in parallel where they are many: a fused ReLU applied after a oneDNN primitive,
+// whose own ReLU post-op makes a NaN +0 on AVX-512 hosts (docs/conv.md, "The fused ReLU").
+void relu_inplace(void* p, DType t, int64_t n);
 // For tests: while one lives, the 16-bit activations on this thread (relu aside) go through their
 // tables (on) or their arithmetic (off), whatever the tensor's size and MIXPREC_ACTIVATION_TABLE:
 // cpu/activation.cpp's table16, the default on AVX-512 hosts.

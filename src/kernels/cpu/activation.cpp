@@ -500,6 +500,30 @@ bool relu_mask_inplace(Tensor& grad, const Tensor& y) {
   return true;
 }
 
+void relu_inplace(void* p, DType t, int64_t n) {
+  // relu_forward's kernels where the host has them (supported()'s rule), else their scalar tails.
+  const Lanes lanes = simd_lanes();
+  const bool avx2 = lanes == Lanes::avx2;
+  const bool vector = t == DType::f32 ? lanes != Lanes::none : avx2 || (lanes == Lanes::avx512 && has_avx512bw());
+  for_chunks(n, t, [&](int64_t begin, int64_t end, uint16_t inf) {
+    if (t == DType::f32) {
+      auto* x = static_cast<float*>(p);
+      if (vector) {
+        (avx2 ? relu_f32_avx2 : relu_f32)(x, x, begin, end);
+      } else {
+        for (int64_t i = begin; i < end; ++i) x[i] = x[i] > 0.f || x[i] != x[i] ? x[i] : 0.f;
+      }
+      return;
+    }
+    auto* x = static_cast<uint16_t*>(p);
+    if (vector) {
+      (avx2 ? relu_16_avx2 : relu_16)(x, x, inf, begin, end);
+    } else {
+      for (int64_t i = begin; i < end; ++i) x[i] = x[i] >= 0x8000 && x[i] <= (0x8000 | inf) ? uint16_t(0) : x[i];
+    }
+  });
+}
+
 void relu_mask(const void* gy, const void* y, DType t, int64_t n, void* out) {
   // apply()'s kernels on the one range, where the host has them (supported()'s rule).
   const Lanes lanes = simd_lanes();

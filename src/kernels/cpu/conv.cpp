@@ -15,6 +15,7 @@
 
 #include "core/profile_detail.h"
 #include "core/simd.h"
+#include "kernels/activation.h"
 #include "kernels/cpu/conv_entries.h"
 #include "kernels/cpu/dnnl_conv.h"
 #include "kernels/reduce.h"
@@ -83,10 +84,8 @@ struct SplitPlan {
     last = g.n - (parts - 1) * share;
     ConvGeometry gs = g, gl = g;
     gs.n = share, gl.n = last;
-    es = entry(gs, t, with_bias, DType::f32, false, ConvPass::backward_weights, hold_s, true, false, x_t);
-    el = last == share
-             ? es
-             : entry(gl, t, with_bias, DType::f32, false, ConvPass::backward_weights, hold_l, true, false, x_t);
+    es = entry(gs, t, with_bias, DType::f32, ConvPass::backward_weights, hold_s, true, false, x_t);
+    el = last == share ? es : entry(gl, t, with_bias, DType::f32, ConvPass::backward_weights, hold_l, true, false, x_t);
     if (!es || !el || !gy_md) return;
     const int64_t image = image_bytes_if_slices(*gy_md, es->inputs[1].prim);
     const int64_t last_image = el != es ? image_bytes_if_slices(*gy_md, el->inputs[1].prim) : image;
@@ -216,7 +215,7 @@ bool fused_casts() { return fused_casts_flag().load() && simd_lanes() == Lanes::
 bool forward_on(const Tensor& x, const Tensor& weight, const Tensor& bias, const ConvGeometry& g, bool relu,
                 Tensor& dst, DType t, const PoolGeometry* pool = nullptr, MaxPoolResult* pooled = nullptr) {
   ConvEntry holder;
-  const ConvEntry* e = entry(g, t, bias.defined(), bias.defined() ? bias.dtype() : DType::f32, relu, ConvPass::forward,
+  const ConvEntry* e = entry(g, t, bias.defined(), bias.defined() ? bias.dtype() : DType::f32, ConvPass::forward,
                              holder, false, false, x.dtype());
   if (!e) return false;
   if (pooled && !pool_reads_layout(e->outputs[0].prim, *pool)) return false;
@@ -233,6 +232,13 @@ bool forward_on(const Tensor& x, const Tensor& weight, const Tensor& bias, const
     };
   }
   execute(*e, in, {out}, cs);
+  // The ReLU after the primitive, not as its post-op (oneDNN's jit post-op makes a NaN +0 on
+  // AVX-512 hosts: docs/conv.md, "The fused ReLU"); on the pooled output where there is one, a
+  // quarter of the elements for a 2x2 pool: a ReLU commutes with a window's max.
+  if (relu) {
+    const Tensor& y = pooled ? pooled->dst : dst;
+    relu_inplace(y.data_ptr(), y.dtype(), y.numel());
+  }
   return true;
 }
 
@@ -259,7 +265,7 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
   const bool gemm = need_w && !small_k && !amx && x.dtype() == t && wgrad_as_gemm(g, t);
   ConvEntry hold_d, hold_w, hold_wf;
   const ConvEntry* wf = need_w && !small_k && !amx && !gemm && x.dtype() == t && wgrad_as_forward(g, t)
-                            ? entry(g, t, false, DType::f32, false, ConvPass::weights_as_forward, hold_wf)
+                            ? entry(g, t, false, DType::f32, ConvPass::weights_as_forward, hold_wf)
                             : nullptr;
   const bool split = need_w && !small_k && !amx && !gemm && !wf && split_wgrad(g);
   const bool one_primitive = need_w && !small_k && !amx && !gemm && !wf && !split;
@@ -269,13 +275,13 @@ bool backward_on(const Tensor& grad_y, const Tensor& x, const Tensor& weight, co
   const bool fused_bias = need_b && need_w && !wf && !gemm;
   // The input gradient: a forward convolution of the flipped weight, else oneDNN's backward-data.
   const ConvEntry* bd = need_x && in_t == t && dgrad_as_forward(g, t)
-                            ? entry(dgrad_geometry(g), t, false, DType::f32, false, ConvPass::forward, hold_d)
+                            ? entry(dgrad_geometry(g), t, false, DType::f32, ConvPass::forward, hold_d)
                             : nullptr;
   const bool as_forward = bd != nullptr;
-  if (need_x && !bd) bd = entry(g, t, false, DType::f32, false, ConvPass::backward_data, hold_d, false, false, in_t);
+  if (need_x && !bd) bd = entry(g, t, false, DType::f32, ConvPass::backward_data, hold_d, false, false, in_t);
   const bool wgrad_f32 = need_w && out.weight.dtype() == DType::f32 && t == DType::bf16;
   if (need_w && out.weight.dtype() != t && !wgrad_f32) return false;
-  const ConvEntry* bw = one_primitive ? entry(g, t, fused_bias, need_b ? out.bias.dtype() : DType::f32, false,
+  const ConvEntry* bw = one_primitive ? entry(g, t, fused_bias, need_b ? out.bias.dtype() : DType::f32,
                                               ConvPass::backward_weights, hold_w, false, wgrad_f32, in_t)
                                       : nullptr;
   if ((need_x && !bd) || (one_primitive && !bw)) return false;

@@ -23,7 +23,7 @@ using Tag = memory::format_tag;
 struct ConvKey {
   std::array<int64_t, 17> geometry;
   DType t, bias_t;
-  bool has_bias, relu;
+  bool has_bias;
   bool wgrad_f32;  // backward-weights writes an f32 weight gradient from bf16 operands
   ConvPass pass;
   bool split;  // backward-weights over one thread's share of the batch (see backward_weights_split)
@@ -34,21 +34,19 @@ struct ConvKeyHash {
   size_t operator()(const ConvKey& k) const {
     size_t h = 0;
     for (int64_t v : k.geometry) h = hash_mix(h, uint64_t(v));
-    h = hash_mix(h, uint64_t(k.t) | uint64_t(k.bias_t) << 8 | uint64_t(k.has_bias) << 16 | uint64_t(k.relu) << 17 |
-                        uint64_t(k.pass) << 18 | uint64_t(k.split) << 20 | uint64_t(k.wgrad_f32) << 21 |
-                        uint64_t(k.in_t) << 24);
+    h = hash_mix(h, uint64_t(k.t) | uint64_t(k.bias_t) << 8 | uint64_t(k.has_bias) << 16 | uint64_t(k.pass) << 18 |
+                        uint64_t(k.split) << 20 | uint64_t(k.wgrad_f32) << 21 | uint64_t(k.in_t) << 24);
     return h;
   }
 };
 
-ConvKey make_key(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bool relu, ConvPass pass, bool split,
-                 bool wgrad_f32, DType in_t) {
+ConvKey make_key(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, ConvPass pass, bool split, bool wgrad_f32,
+                 DType in_t) {
   return ConvKey{{g.n, g.c, g.h, g.w, g.oc, g.kh, g.kw, g.oh, g.ow, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.dil_h,
                   g.dil_w, g.groups, 0},
                  t,
                  has_bias ? bias_t : DType::f32,
                  has_bias,
-                 relu,
                  wgrad_f32,
                  pass,
                  split,
@@ -143,13 +141,9 @@ ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
   ConvEntry e;
   const auto alg = dnnl::algorithm::convolution_direct;
   if (key.pass == ConvPass::forward) {
-    dnnl::primitive_attr fwd_attr = attr;
-    if (key.relu) {
-      dnnl::post_ops ops;
-      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-      fwd_attr.set_post_ops(ops);
-    }
-    auto pd = forward_pd(d, key.has_bias, fwd_attr);
+    // No ReLU post-op: its jit form (max(x, 0)) makes a NaN +0 on AVX-512 hosts; the caller applies
+    // mixprec's ReLU after the primitive (cpu/conv.cpp, forward_on).
+    auto pd = forward_pd(d, key.has_bias, attr);
     if (g.c <= kFirstLayerChannels && key.t != DType::f32 && pd.dst_desc() != d.user_dst) {
       // A 16-bit first layer (1-4 input channels) writes NCHW directly: oneDNN's im2col kernel
       // costs what its blocked kernel does at K = 9*C, and the blocked output would need a reorder
@@ -158,7 +152,7 @@ ConvEntry create_entry(const ConvGeometry& g, const ConvKey& key) {
       Descs plain = d;
       plain.dst = d.user_dst;
       try {
-        auto pd_plain = forward_pd(plain, key.has_bias, fwd_attr);
+        auto pd_plain = forward_pd(plain, key.has_bias, attr);
         if (!std::string_view(pd_plain.impl_info_str()).starts_with("ref")) pd = pd_plain;
       } catch (const dnnl::error&) {
       }
@@ -332,9 +326,9 @@ void round_out(const Operand& op, const memory& staged, const Output& out, CallS
 
 }  // namespace
 
-const ConvEntry* entry(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bool relu, ConvPass pass,
-                       ConvEntry& holder, bool split, bool wgrad_f32, std::optional<DType> in_t) {
-  const ConvKey key = make_key(g, t, has_bias, bias_t, relu, pass, split, wgrad_f32 && !split, in_t.value_or(t));
+const ConvEntry* entry(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, ConvPass pass, ConvEntry& holder,
+                       bool split, bool wgrad_f32, std::optional<DType> in_t) {
+  const ConvKey key = make_key(g, t, has_bias, bias_t, pass, split, wgrad_f32 && !split, in_t.value_or(t));
   holder = cache().get_or_create(key, [&] {
     try {
       return create_entry(g, key);
@@ -382,7 +376,7 @@ void execute(const ConvEntry& e, const std::vector<Input>& in, const std::vector
 
 std::string conv_impl_name(const ConvGeometry& g, DType t, ConvPass pass) {
   conv_detail::ConvEntry holder;
-  const conv_detail::ConvEntry* e = conv_detail::entry(g, t, false, DType::f32, false, pass, holder);
+  const conv_detail::ConvEntry* e = conv_detail::entry(g, t, false, DType::f32, pass, holder);
   return e ? e->impl : "";
 }
 

@@ -33,9 +33,8 @@ struct ConvEntry {
 
 // The cached entry, or nullptr when oneDNN cannot run this convolution (the caller falls back to
 // the reference). Creation failures are cached too, as an entry without a primitive.
-const ConvEntry* entry(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, bool relu, ConvPass pass,
-                       ConvEntry& holder, bool split = false, bool wgrad_f32 = false,
-                       std::optional<DType> in_t = std::nullopt);
+const ConvEntry* entry(const ConvGeometry& g, DType t, bool has_bias, DType bias_t, ConvPass pass, ConvEntry& holder,
+                       bool split = false, bool wgrad_f32 = false, std::optional<DType> in_t = std::nullopt);
 
 // What one convolution call owns: reordered activations and output staging buffers (workspace
 // bytes, freed when the call returns), and the reordered inputs a second primitive of the same call

@@ -7,6 +7,7 @@
 // bf16 products on Intel's AVX512-BF16 without AMX (bf16_in_f32). The road runs a block per thread
 // where matmul_widened takes the shape, else as whole tensors.
 #include "kernels/matmul.h"
+#include "kernels/activation.h"
 #include "kernels/cpu/dnnl_common.h"
 #include "kernels/cpu/dnnl_matmul.h"
 #include "kernels/cpu/matmul_widened.h"
@@ -34,6 +35,17 @@ bool large_product(int64_t batch, int64_t m, int64_t k, int64_t n) {
 }  // namespace
 
 bool matmul(const Tensor& a, const Tensor& b, Tensor& dst, const MatmulOpts& o) {
+  // A fused ReLU runs after the product, on every road, not as oneDNN's post-op: its jit form
+  // (max(x, 0)) makes a NaN +0 on AVX-512 hosts, where mixprec's ReLU and PyTorch's keep it
+  // (docs/conv.md, "The fused ReLU"). With `accumulate` (no caller asks for both) the post-op stays,
+  // since dst = relu(a b) + dst needs the ReLU before the sum.
+  if (o.relu && !o.accumulate) {
+    MatmulOpts plain = o;
+    plain.relu = false;
+    if (!kernels::cpu::matmul(a, b, dst, plain)) return false;
+    relu_inplace(dst.data_ptr(), dst.dtype(), dst.numel());
+    return true;
+  }
   const DType t = a.dtype();
   const int64_t rank = a.dim(), r0 = rank - 2;  // [m, k] or [batch, m, k]
   if (o.gelu) return false;                     // no op fuses GELU on the CPU yet: the reference serves the tests
