@@ -156,10 +156,19 @@ bool small_k(const Geometry& g, DType t) { return kernels::cpu::small_k_wgrad(co
 // grad_y channel-blocked (nChw8c with AVX2, nChw16c with AVX-512) and backward-weights takes it in
 // the same layout (split over the batch, or one primitive), not as a forward convolution or as
 // matmuls (hosts with a bf16 unit run those).
+// On AVX-512 hosts oneDNN runs the backward-weights of a narrow layer (the geometries' 8 and 12
+// input channels) with its AVX2 kernel, which reads grad_y in nChw8c where backward-data reads
+// nChw16c: one routing cannot serve both, and the backward runs unfused there (both primitives'
+// vector width, from the implementations oneDNN names, must agree).
 bool layout_backward(const Geometry& g, DType t) {
   const kernels::ConvGeometry c = conv_geometry(g);
-  return !is_first(g) && mixprec::cpu::has_avx2_fma() && (t == DType::f32 || kernels::cpu::conv_in_f32(c, t)) &&
-         !kernels::cpu::wgrad_as_forward(c, DType::f32) && !kernels::cpu::wgrad_as_gemm(c, DType::f32);
+  if (is_first(g) || !mixprec::cpu::has_avx2_fma() || !(t == DType::f32 || kernels::cpu::conv_in_f32(c, t)) ||
+      kernels::cpu::wgrad_as_forward(c, DType::f32) || kernels::cpu::wgrad_as_gemm(c, DType::f32))
+    return false;
+  const auto avx512 = [&](kernels::cpu::ConvPass pass) {
+    return kernels::cpu::conv_impl_name(c, DType::f32, pass).find("avx512") != std::string::npos;
+  };
+  return avx512(kernels::cpu::ConvPass::backward_data) == avx512(kernels::cpu::ConvPass::backward_weights);
 }
 
 TEST_P(ConvPool, FusedMatchesSeparateBitForBit) {
