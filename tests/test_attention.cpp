@@ -89,7 +89,12 @@ class AttentionKernels : public ::testing::TestWithParam<Param> {};
 // Each result against the f64 reference on the same (dtype-exact) inputs, next to the error of the
 // reference kernel in the dtype itself: the fast kernel may lose up to twice as much (it rounds P
 // and dS to bf16 before their products, and its backward reads the rounded output), plus two units
-// of roundoff of the largest true value (S) in the max norm (a bug shows as an O(S) error).
+// of roundoff of the largest true value (S) in the max norm (a bug shows as an O(S) error). In the
+// rms, bf16's dQ and dK get three times the reference's: they sum Tk and Tq products of
+// rounded dS, and on the small shapes below their rms ran at 1.6-1.9x the reference's on average
+// and up to 2.5x (40 seeds of each CpuBlocking shape and of 2 x 1 x 65 x 65, AMD Zen 4, 2026-12-07),
+// while dQ stored at 1.004 times its scale fails this bound on four bf16 shapes (at 1.02, the
+// max norm on 26).
 TEST_P(AttentionKernels, FastMatchesTheReference) {
   const auto [s, t, device] = GetParam();
   if (device.is_cpu() && !fused_cpu_attention())
@@ -113,7 +118,8 @@ TEST_P(AttentionKernels, FastMatchesTheReference) {
       ASSERT_EQ(r.t[i].shape(), truth.t[i].shape());
       const Err ef = error_of(r.t[i], truth.t[i]), er = error_of(ref.t[i], truth.t[i]);
       EXPECT_LE(ef.max, 2 * er.max + 2 * unit_roundoff(dtype) * scale) << names[i] << kind;
-      EXPECT_LE(ef.rms, 2 * er.rms + 4 * 0x1p-24 * scale) << names[i] << kind << " (rms)";
+      const double rms_factor = dtype == DType::bf16 && (i == 1 || i == 2) ? 3 : 2;  // dq, dk
+      EXPECT_LE(ef.rms, rms_factor * er.rms + 4 * 0x1p-24 * scale) << names[i] << kind << " (rms)";
     }
   };
   expect_close(fast, "");
