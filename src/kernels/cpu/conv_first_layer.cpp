@@ -54,14 +54,14 @@ void pad_image(const char* xb, DType t, int64_t n, const ConvGeometry& g, const 
 // computed and dropped). acc_r = bias_r + sum over taps k = (c, ky, kx) of w[r][k] * xp[q + off[k]],
 // xp the image zero-padded in f32 (rows of pw; off[k] = the tap's offset in it), each tap's inputs
 // loaded once for the four channels; the same chain (bias, then the taps in order) on every road.
-// AVX-512: 32 outputs a step, two vectors of 16 for each of the four channels (eight accumulators:
-// enough to keep two FMA units busy through the FMA's latency, where four rows of 16 with a masked
-// tail each did not: docs/conv.md, item 1). Plane r is computed into planes + r * pstride with rows
-// pw apart (pstride: qn rounded up to kRunStep; xp holds kRunStep zeros past its image, so the
-// last step reads inside it), f32 values as is, 16-bit ones rounded into 16 bits and widened back
-// where `round_trip` (the values y would hold, for the pool), f32 sums otherwise. ReLU by max(0,
-// acc), which returns acc where it is NaN, and keeps -0. store_planes then rounds them once into y;
-// the pool reads them as they are.
+// AVX-512: 32 outputs a step, two vectors of 16 for each of the four channels (eight accumulators,
+// enough to cover the FMA's latency on two 512-bit FMA units; it had four, a row's 16 outputs and a
+// masked tail: docs/conv.md, item 1). Plane r is computed into planes + r * pstride with rows pw
+// apart (pstride: qn rounded up to kRunStep; xp holds kRunStep zeros past its image, so the last
+// step reads inside it), f32 values as is, 16-bit ones rounded into 16 bits and widened back where
+// `round_trip` (the values y would hold, for the pool), f32 sums otherwise. ReLU by max(0, acc),
+// which returns acc where it is NaN, and keeps -0. store_planes16 (store_planes on AVX2 hosts) then
+// rounds them once into y; the pool reads them as they are.
 constexpr int64_t kRunStep = 32;
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void forward_four_channels(
