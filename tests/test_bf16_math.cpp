@@ -273,15 +273,16 @@ std::set<std::string> attention_impls() {
 // bf16 attention follows the same rule as the products (cpu/attention.cpp, tiles_for): bf16 tiles
 // where bf16 computes natively, f32 tiles (bf16 widened on load) on the f32 road and on the by_size
 // kind, whose bf16 tiles ran slower than its f32 ones (docs/hosts.md); on an AMX host the bf16
-// tiles multiply on AMX (attention_amx.cpp), and the forward transposes its scores
+// tiles multiply on AMX (attention_amx.cpp); on both, the bf16 tiles' forward transposes its scores
 // (forward_transposed).
 TEST(Bf16Math, AttentionTakesTheTilesItsHostKindSays) {
   if (!cpu::has_avx512f())
     GTEST_SKIP() << "no AVX-512 on this host: attention runs the AVX2 row kernel, in f32 for every dtype";
   const std::set<std::string> f32_tiles{"mixprec:attention_tiles_f32"},
-      bf16_tiles = cpu::has_amx_bf16() ? std::set<std::string>{"mixprec:attention_tiles_bf16_amx_transposed",
-                                                               "mixprec:attention_tiles_bf16_amx"}
-                                       : std::set<std::string>{"mixprec:attention_tiles_bf16"};
+      bf16_tiles =
+          cpu::has_amx_bf16()
+              ? std::set<std::string>{"mixprec:attention_tiles_bf16_amx_transposed", "mixprec:attention_tiles_bf16_amx"}
+              : std::set<std::string>{"mixprec:attention_tiles_bf16_transposed", "mixprec:attention_tiles_bf16"};
   {
     const Bf16ProductsGuard road(Bf16Products::f32);
     EXPECT_EQ(attention_impls(), f32_tiles);
