@@ -8,8 +8,9 @@
 #              (always runs first: it is the record of which machine ran the rest)
 #   setup      unpack the bundle, find the CUDA libraries, check `mixprec --version` and `devices`;
 #              else build from source with the kit (MIXPREC_GPU_BUILD=auto|bundle|source)
-#   test       the CUDA suites (TEST_FILTER, default '*Cuda*:*_cuda_*:*_cuda:CliDevices.*:DeviceTensors.*': the Cuda
-#              suites, every op and attention case on cuda, the CLI's device tests): run/skipped/failed counts;
+#   test       the CUDA suites (TEST_FILTER, default '*Cuda*:*_cuda_*:*_cuda:CliDevices.*:DeviceTensors.*:FusedRelu.*':
+#              the Cuda suites, every op and attention case on cuda, the CLI's device tests, the fused ReLUs'
+#              NaN test, which runs on GPU 0 too): run/skipped/failed counts;
 #              then the tests of a machine without a GPU, with the GPU hidden (NOGPU_FILTER)
 #   memcheck   the same suites under compute-sanitizer: memcheck, racecheck, synccheck, initcheck
 #              (SANITIZER_TOOLS; MEMCHECK_FILTER, MEMCHECK_EXCLUDE, SANITIZER_EXCLUDE); initcheck runs
@@ -290,7 +291,7 @@ step_setup() {
 
 step_test() {
   need_binary
-  local filter=${TEST_FILTER:-*Cuda*:*_cuda_*:*_cuda:CliDevices.*:DeviceTensors.*}
+  local filter=${TEST_FILTER:-*Cuda*:*_cuda_*:*_cuda:CliDevices.*:DeviceTensors.*:FusedRelu.*}
   gpu_present || echo "no GPU: the CUDA tests are expected to skip"
   # The tests find the source tree and the CLI through these (tests/test_paths.h).
   local rc=0
@@ -341,7 +342,7 @@ sanitizer_path() {
 step_memcheck() {
   need_gpu
   need_binary
-  local cs filter=${MEMCHECK_FILTER:-${TEST_FILTER:-*Cuda*:*_cuda_*:*_cuda:CliDevices.*:DeviceTensors.*}}
+  local cs filter=${MEMCHECK_FILTER:-${TEST_FILTER:-*Cuda*:*_cuda_*:*_cuda:CliDevices.*:DeviceTensors.*:FusedRelu.*}}
   cs=$(sanitizer_path) || return 1
   # Each tool over the suites, one after the other: memcheck (out-of-bounds and misaligned
   # accesses, leaks), racecheck (shared-memory races in our block reductions), synccheck (barriers),
