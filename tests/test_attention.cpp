@@ -91,10 +91,10 @@ class AttentionKernels : public ::testing::TestWithParam<Param> {};
 // and dS to bf16 before their products, and its backward reads the rounded output), plus two units
 // of roundoff of the largest true value (S) in the max norm (a bug shows as an O(S) error). In the
 // rms, bf16's dQ and dK get three times the reference's: they sum Tk and Tq products of
-// rounded dS, and on the small shapes below their rms ran at 1.6-1.9x the reference's on average
-// and up to 2.5x (40 seeds of each CpuBlocking shape and of 2 x 1 x 65 x 65, AMD Zen 4, 2026-12-07),
-// while dQ stored at 1.004 times its scale fails this bound on four bf16 shapes (at 1.02, the
-// max norm on 26).
+// rounded dS, and on the small shapes below their rms ran at 1.5-1.9x the reference's on average
+// and up to 2.5x (`bench/attention_error_probe 200`: 200 draws of each CpuBlocking shape and of a
+// 65 x 65 causal one, AMD Zen 4, 2026-12-07; dV at most 1.8x), while dQ stored at 1.004 times its
+// scale fails this bound on four bf16 shapes (at 1.02, the max norm on 26).
 TEST_P(AttentionKernels, FastMatchesTheReference) {
   const auto [s, t, device] = GetParam();
   if (device.is_cpu() && !fused_cpu_attention())
