@@ -378,15 +378,36 @@ void apply(Tensor& dst, const Tensor& grad, const Tensor& y) {
   });
 }
 
+// dst = relu(x) over n raw elements of dtype t (f32, bf16 or f16; dst may be x), in chunks: the
+// vector kernels where the host has them (supported()'s rule), else their scalar tails' rule.
+void relu_elements(const void* x, void* dst, DType t, int64_t n) {
+  const Lanes lanes = simd_lanes();
+  const bool avx2 = lanes == Lanes::avx2;
+  const bool vector = t == DType::f32 ? lanes != Lanes::none : avx2 || (lanes == Lanes::avx512 && has_avx512bw());
+  for_chunks(n, t, [&](int64_t begin, int64_t end, uint16_t inf) {
+    if (t == DType::f32) {
+      const auto* in = static_cast<const float*>(x);
+      auto* out = static_cast<float*>(dst);
+      if (vector) {
+        (avx2 ? relu_f32_avx2 : relu_f32)(out, in, begin, end);
+      } else {
+        for (int64_t i = begin; i < end; ++i) out[i] = in[i] > 0.f || in[i] != in[i] ? in[i] : 0.f;
+      }
+      return;
+    }
+    const auto* in = static_cast<const uint16_t*>(x);
+    auto* out = static_cast<uint16_t*>(dst);
+    if (vector) {
+      (avx2 ? relu_16_avx2 : relu_16)(out, in, inf, begin, end);
+    } else {
+      for (int64_t i = begin; i < end; ++i) out[i] = in[i] >= 0x8000 && in[i] <= (0x8000 | inf) ? uint16_t(0) : in[i];
+    }
+  });
+}
+
 bool relu_forward(const Tensor& x, Tensor& dst) {
   if (!supported(dst, x, x)) return false;
-  const bool avx2 = simd_lanes() == Lanes::avx2;
-  for_chunks(x.numel(), x.dtype(), [&](int64_t begin, int64_t end, uint16_t inf) {
-    if (x.dtype() == DType::f32)
-      (avx2 ? relu_f32_avx2 : relu_f32)(dst.data<float>(), x.data<float>(), begin, end);
-    else
-      (avx2 ? relu_16_avx2 : relu_16)(dst.data<uint16_t>(), x.data<uint16_t>(), inf, begin, end);
-  });
+  relu_elements(x.data_ptr(), dst.data_ptr(), x.dtype(), x.numel());
   return true;
 }
 
@@ -500,29 +521,7 @@ bool relu_mask_inplace(Tensor& grad, const Tensor& y) {
   return true;
 }
 
-void relu_inplace(void* p, DType t, int64_t n) {
-  // relu_forward's kernels where the host has them (supported()'s rule), else their scalar tails.
-  const Lanes lanes = simd_lanes();
-  const bool avx2 = lanes == Lanes::avx2;
-  const bool vector = t == DType::f32 ? lanes != Lanes::none : avx2 || (lanes == Lanes::avx512 && has_avx512bw());
-  for_chunks(n, t, [&](int64_t begin, int64_t end, uint16_t inf) {
-    if (t == DType::f32) {
-      auto* x = static_cast<float*>(p);
-      if (vector) {
-        (avx2 ? relu_f32_avx2 : relu_f32)(x, x, begin, end);
-      } else {
-        for (int64_t i = begin; i < end; ++i) x[i] = x[i] > 0.f || x[i] != x[i] ? x[i] : 0.f;
-      }
-      return;
-    }
-    auto* x = static_cast<uint16_t*>(p);
-    if (vector) {
-      (avx2 ? relu_16_avx2 : relu_16)(x, x, inf, begin, end);
-    } else {
-      for (int64_t i = begin; i < end; ++i) x[i] = x[i] >= 0x8000 && x[i] <= (0x8000 | inf) ? uint16_t(0) : x[i];
-    }
-  });
-}
+void relu_inplace(void* p, DType t, int64_t n) { relu_elements(p, p, t, n); }
 
 void relu_mask(const void* gy, const void* y, DType t, int64_t n, void* out) {
   // apply()'s kernels on the one range, where the host has them (supported()'s rule).
