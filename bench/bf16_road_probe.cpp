@@ -20,6 +20,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench/peak_rates.h"
 #include "kernels/cpu/dnnl_common.h"
 #include "kernels/cpu/dnnl_conv.h"
 #include "kernels/cpu/matmul_widened.h"
@@ -34,52 +35,7 @@ using Road = kernels::cpu::Bf16Products;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Ten independent accumulators (more than either instruction's latency times its issue rate), each
-// a variable of its own so that they stay in registers.
-#define MIXPREC_TEN(op) op(a0) op(a1) op(a2) op(a3) op(a4) op(a5) op(a6) op(a7) op(a8) op(a9)
-#define MIXPREC_ZERO(v) __m512 v = _mm512_setzero_ps();
-#define MIXPREC_SUM(v) sum = _mm512_add_ps(sum, v);
-
-__attribute__((target("avx512f,avx512bf16"))) double dot_bf16_gflops(long n) {
-  MIXPREC_TEN(MIXPREC_ZERO)
-  __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = x;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (long i = 0; i < n; ++i) {
-    __asm__ volatile("" : "+v"(x), "+v"(y));
-#define MIXPREC_DOT(v) v = _mm512_dpbf16_ps(v, x, y);
-    MIXPREC_TEN(MIXPREC_DOT)
-#undef MIXPREC_DOT
-  }
-  const double t = seconds_since(t0);
-  __m512 sum = _mm512_setzero_ps();
-  MIXPREC_TEN(MIXPREC_SUM)
-  float s[16];
-  _mm512_storeu_ps(s, sum);
-  std::fprintf(stderr, "%s", s[0] == 1 ? " " : "");  // keeps the sums live
-  return double(n) * 10 * 64 / t / 1e9;              // 32 products and 32 additions an instruction
-}
-__attribute__((target("avx512f"))) double fma_f32_gflops(long n) {
-  MIXPREC_TEN(MIXPREC_ZERO)
-  __m512 x = _mm512_set1_ps(1), y = x;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (long i = 0; i < n; ++i) {
-    __asm__ volatile("" : "+v"(x), "+v"(y));
-#define MIXPREC_FMA(v) v = _mm512_fmadd_ps(x, y, v);
-    MIXPREC_TEN(MIXPREC_FMA)
-#undef MIXPREC_FMA
-  }
-  const double t = seconds_since(t0);
-  __m512 sum = _mm512_setzero_ps();
-  MIXPREC_TEN(MIXPREC_SUM)
-  float s[16];
-  _mm512_storeu_ps(s, sum);
-  std::fprintf(stderr, "%s", s[0] == 1 ? " " : "");
-  return double(n) * 10 * 32 / t / 1e9;
-}
+using bench::seconds_since;
 
 void rates() {
   if (!cpu::has_avx512_bf16()) {
@@ -87,8 +43,8 @@ void rates() {
     return;
   }
   for (int r = 0; r < 3; ++r)
-    std::printf("one core: VDPBF16PS %.0f GFLOP/s, VFMADD231PS %.0f GFLOP/s\n", dot_bf16_gflops(100000000),
-                fma_f32_gflops(100000000));
+    std::printf("one core: VDPBF16PS %.0f GFLOP/s, VFMADD231PS %.0f GFLOP/s\n", bench::dot_bf16_gflops(100000000),
+                bench::fma_f32_gflops(100000000));
 }
 
 // Runs fn once per road per repeat, interleaved; returns the best seconds of each road.

@@ -2,15 +2,18 @@
 """Regenerates, for the host it runs on, the figures docs/hosts.md keeps per host kind.
 
 1. The host: CPU model, the features mixprec detects, oneDNN's bf16 implementation.
+   bench/peak_probe (built beside the CLI when missing): the host's arithmetic ceiling, every thread
+   at once, f32 FMAs and bf16 products on its fastest bf16 unit.
 2. Per model of bench/compare.py's set (mlp 512; mlp 256 with 2048/512 hidden; mlp 1024 with 512x3;
    cnn 420/1000 at 64; cnn 32/64 at 256; gpt), from `mixprec bench --profile --json`: the step's
    FLOPs (counted from the ops), its best time and FLOP rate, the host's matmul rate in the same
    process and the share of it, and the share its matrix kernels alone would give (at the rates
    they ran at, the rest of the step free: the ceiling without faster matrix kernels), in fp32
-   and amp-bf16; the bf16/fp32 step ratio against the
-   matmul's own bf16/fp32 ratio; the slowest kernels of the amp-bf16 step.
+   and amp-bf16, and the step's share of the host's arithmetic peak; the bf16/fp32 step ratio
+   against the matmul's own bf16/fp32 ratio; the slowest kernels of the amp-bf16 step.
 3. With --pytorch: bench/compare.py on each model (mixprec against PyTorch's eager step, fp32 and
-   autocast-bf16, interleaved repeats): min / median / max of the pair-wise ratios. The peer runs
+   autocast-bf16, interleaved repeats): min / median / max of the pair-wise ratios, and with the peak
+   the most any step could be ahead of the peer's median step here (its FLOPs at the peak). The peer runs
    on compare.py's default heap (glibc with its mmap and trim thresholds raised: bench/README.md).
 4. With --skips: the test suite's skipped tests on this host, grouped by the reason they give, and
    the op cases whose fast run fell back to the reference for some kernel (OpBackends' NOTE lines).
@@ -102,6 +105,20 @@ def host(cli):
     return {"model": model, "features": cpu, "kind": kind, "cores": os.cpu_count(), "wait_policy": policy}
 
 
+def peak(cli):
+    """bench/peak_probe's JSON line (the host's f32 and bf16 arithmetic ceilings), or None."""
+    build = os.path.dirname(cli)
+    probe = os.path.join(build, "peak_probe")
+    if not os.path.exists(probe):  # built as compare.py builds its matmul probe
+        cmd = ["cmake", "--build", build, "--target", "peak_probe"]
+        print(f"figures.py: building the peak probe: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        if r.returncode != 0 or not os.path.exists(probe):
+            print(f"figures.py: {shlex.join(cmd)} failed: no peak columns", file=sys.stderr)
+            return None
+    return json.loads(run([probe]))
+
+
 def profile(cli, name, flags, precision, repeats):
     best = None
     for _ in range(repeats):
@@ -166,7 +183,7 @@ def main(argv=None):
         if n not in names:
             sys.exit(f"figures.py: --models: unknown '{n}' (known: {', '.join(names)})")
     h = host(cli)
-    out = {"host": h, "profiles": {}, "compare": {}}
+    out = {"host": h, "peak": peak(cli), "profiles": {}, "compare": {}}
     for name, flags in SHAPES:
         if name not in wanted:
             continue
@@ -178,13 +195,23 @@ def main(argv=None):
 
     print(f"Host: {h['model']}, {h['cores']} cores; mixprec detects {h['features']} ({h['kind']}); "
           f"OMP_WAIT_POLICY {h['wait_policy']}.\n")
+    pk = out["peak"]
+    if pk:
+        print(f"Arithmetic peak (bench/peak_probe, {pk['threads']} threads at once): f32 {pk['f32_gflops']:.0f} "
+              f"GFLOP/s ({pk['f32_unit']}), bf16 {pk['bf16_gflops']:.0f} GFLOP/s ({pk['bf16_unit']}).\n")
+
+    def peak_of(precision):
+        return pk["f32_gflops" if precision == "fp32" else "bf16_gflops"] if pk else None
+
     # "Matrix kernels alone": the share the step would have if it were only its matrix kernels
     # (matmul, convolution, attention: the profile rows with a FLOP rate) at the rates they ran at
     # in the profile, the rest of the step taking no time: the ceiling on the share without faster
     # matrix kernels (oneDNN's, on the model's own shapes, or mixprec's attention).
+    # "Of the peak": the step's FLOP rate over the host's arithmetic ceiling in its dtype (the matmul
+    # rate's own share of it in brackets).
     print("| model | precision | GFLOP/step | step ms (best) | GFLOP/s | host matmul GFLOP/s | share "
-          "| matrix kernels alone |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+          "| matrix kernels alone | of the peak (matmul's) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, by_p in out["profiles"].items():
         for p, j in by_p.items():
             pr = j["profile"]
@@ -193,7 +220,9 @@ def main(argv=None):
             alone = sum(k["gflops"] * k["ms"] for k in rows) / ms / pr["reference_gflops"] if ms else 0
             print(f"| {name} | {p} | {pr['gflop_per_step']:.2f} | {j['step_ms']['best']:.2f} | "
                   f"{pr['step_gflops']:.0f} | {pr['reference_gflops']:.0f} ({pr['reference_dtype']}) | "
-                  f"{100 * pr['share_of_reference']:.0f}% | {100 * alone:.0f}% |")
+                  f"{100 * pr['share_of_reference']:.0f}% | {100 * alone:.0f}% | " +
+                  (f"{100 * pr['step_gflops'] / peak_of(p):.0f}% ({100 * pr['reference_gflops'] / peak_of(p):.0f}%) |"
+                   if pk else " |"))
     print("\n| model | bf16/fp32 step | bf16/f32 matmul | share of it | oneDNN bf16 implementation |")
     print("|---|---:|---:|---:|---|")
     for name, by_p in out["profiles"].items():
@@ -219,6 +248,22 @@ def main(argv=None):
         for name, c in out["compare"].items():
             for r in c["summary"]["ratios"]:
                 print(f"| {name} | {r['name']} | {r['min']:.2f} | {r['median']:.2f} | {r['max']:.2f} |")
+        if pk:
+            # The fastest step the host's arithmetic allows is the step's FLOPs (counted from its matrix
+            # ops, the profile's) at the peak; the peer's median step over it bounds any speed-up over
+            # the peer here, whatever the kernels.
+            print("\nThe most any step could be ahead of PyTorch here (PyTorch's median step over the step's FLOPs "
+                  "at the arithmetic peak):\n")
+            print("| model | precision | GFLOP/step | at the peak, ms | PyTorch median ms | at most |")
+            print("|---|---|---:|---:|---:|---:|")
+            for name, c in out["compare"].items():
+                for row in c["summary"]["per_impl"]:
+                    if row["impl"] != "pytorch" or name not in out["profiles"]:
+                        continue
+                    gflop = out["profiles"][name][row["precision"]]["profile"]["gflop_per_step"]
+                    floor = 1000 * gflop / peak_of(row["precision"])
+                    print(f"| {name} | {row['precision']} | {gflop:.2f} | {floor:.2f} | "
+                          f"{row['step_ms_median']:.2f} | {row['step_ms_median'] / floor:.2f}x |")
     if a.skips:
         s = out["skips"]
         total = sum(len(v) for v in s["by_reason"].values())
