@@ -233,34 +233,55 @@ MIXPREC_ATTN_TARGET void pack_bt(const E* src, int64_t ld, int64_t k, int64_t n,
 }
 
 // C[MR x 16 NV] (+)= A[MR x k] B: the accumulators stay in registers across the contraction.
+// Every loop over MR and NV is unrolled before GCC's scalar replacement of the accumulator array:
+// without the pragmas it built acc in a stack array and moved it to and from registers around
+// the contraction (48 extra loads and stores a call of micro<4, 4>, where the gpt's k = 32 makes
+// 256 dot products; docs/hosts.md, 2026-12-07, seventh session).
 template <class E, int MR, int NV>
 MIXPREC_ATTN_TARGET void micro(const E* a, int64_t lda, const E* b, int64_t n_pad, int64_t k, float* c, int64_t ldc,
                                bool accumulate) {
   constexpr int64_t P = kPair<E>;
   __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+  if (accumulate) {
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_loadu_ps(c + r * ldc + 16 * v);
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
   for (int64_t p = 0; p < k / P; ++p) {
     const E* bp = b + p * n_pad * P;
     if constexpr (kBf16Tile<E>) {
       __m512i bv[NV];
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(bp + 32 * v);
+#pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         int32_t pair;
         std::memcpy(&pair, a + r * lda + 2 * p, 4);
         const __m512i av = _mm512_set1_epi32(pair);
+#pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) acc[r][v] = dot_pairs<E>(acc[r][v], av, bv[v]);
       }
     } else {
       __m512 bv[NV];
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(bp + 16 * v);
+#pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const __m512 av = _mm512_set1_ps(a[r * lda + p]);
+#pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
       }
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
 }
 
