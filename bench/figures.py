@@ -261,7 +261,7 @@ def main(argv=None):
             print("|---|---|---:|---:|---:|---:|---:|---:|")
             for name, c in out["compare"].items():
                 for row in c["summary"]["per_impl"]:
-                    if row["impl"] != "pytorch" or name not in out["profiles"]:
+                    if row["impl"] != "pytorch":
                         continue
                     gflop = out["profiles"][name][row["precision"]]["profile"]["gflop_per_step"]
                     floor = 1000 * gflop / peak_of(row["precision"])

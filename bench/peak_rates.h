@@ -3,12 +3,11 @@
 // tiles). bench/peak_probe.cpp runs them on every thread at once (the host's ceiling for any step,
 // bench/figures.py); bench/bf16_road_probe.cpp on one. Each returns GFLOP/s over n iterations.
 #pragma once
-#include <immintrin.h>
-
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 
+#include "core/simd.h"  // <immintrin.h>, as the kernels include it
 #include "kernels/cpu/amx_tiles.h"
 
 namespace mixprec::bench {
